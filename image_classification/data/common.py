@@ -1,0 +1,113 @@
+"""What every data backend shares: normalisation constants, sizes, and the move to the device."""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator, Protocol
+
+import torch
+
+from ..runtime import Runtime
+
+# ImageNet mean and std on the 0-255 scale: batches stay uint8 until they reach the device.
+MEAN_255 = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+STD_255 = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+CROP_RATIO = 0.875  # validation crops 224 out of 256
+
+
+def val_resize_size(image_size: int) -> int:
+    """Short side before the centre crop: 256 for 224, in proportion at other sizes."""
+    return round(image_size / CROP_RATIO)
+
+
+class BatchSource(Protocol):
+    """What a backend hands to :class:`DeviceLoader`: host batches of (uint8 NCHW images, int64 targets)."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+
+class Loader(Protocol):
+    """What the training loop receives from every backend: (images, targets) ready on the device.
+
+    Images are float32, normalised, in the runtime's memory format; targets are int64 class ids.
+    ``set_epoch`` is called before each epoch and picks that epoch's shuffle; ``num_samples`` is how
+    many images this process sees in one pass (validation counts every image exactly once overall).
+    """
+
+    num_samples: int
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+
+class DeviceLoader:
+    """Moves host batches to the device, normalises them and applies the memory format.
+
+    On CUDA the copy and normalisation of the next batch run on a side stream while the current one
+    is used; on CPU the work is done in line.  ``normalized=True`` skips normalisation for backends
+    that already produce float, normalised batches.
+    """
+
+    def __init__(self, source, runtime: Runtime, num_samples: int, normalized: bool = False):
+        self.source = source
+        self.runtime = runtime
+        self.num_samples = num_samples
+        self.normalized = normalized
+        shape = (1, 3, 1, 1)
+        self.mean = torch.tensor(MEAN_255, device=runtime.device).view(shape)
+        self.std = torch.tensor(STD_255, device=runtime.device).view(shape)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    @property
+    def skipped(self) -> int:
+        """How many unreadable images the backend has skipped so far."""
+        return len(getattr(self.source, "skipped", ()))
+
+    @property
+    def supports_start_batch(self) -> bool:
+        """Whether ``set_epoch`` can start an epoch part-way (for an exact mid-epoch resume)."""
+        return getattr(self.source, "supports_start_batch", False)
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        if start_batch:
+            self.source.set_epoch(epoch, start_batch=start_batch)
+        else:
+            self.source.set_epoch(epoch)
+
+    def _prepare(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        device = self.runtime.device
+        images = images.to(device, non_blocking=True)
+        targets = targets.to(device, non_blocking=True).long().view(-1)
+        if not self.normalized:
+            images = images.float().sub_(self.mean).div_(self.std)
+        return images.contiguous(memory_format=self.runtime.memory_format), targets
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if not self.runtime.is_cuda:
+            for images, targets in self.source:
+                yield self._prepare(images, targets)
+            return
+        yield from self._cuda_prefetch(iter(self.source))
+
+    def _cuda_prefetch(self, batches: Iterable) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        stream = torch.cuda.Stream(self.runtime.device)
+        pending = None
+        for images, targets in batches:
+            with torch.cuda.stream(stream):
+                ready = self._prepare(images, targets)
+            if pending is not None:
+                yield pending
+            torch.cuda.current_stream().wait_stream(stream)
+            for tensor in ready:
+                tensor.record_stream(torch.cuda.current_stream())
+            pending = ready
+        if pending is not None:
+            yield pending

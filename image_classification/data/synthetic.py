@@ -1,0 +1,49 @@
+"""The ``synthetic`` backend: one random, already normalised batch made on the device, served N times.
+
+It measures the model alone.  An epoch is ``--prof`` batches when set, else
+:data:`DEFAULT_EPOCH_LENGTH` batches (the reference's synthetic epoch never ended).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Iterator
+
+import torch
+
+from ..runtime import Runtime
+
+DEFAULT_EPOCH_LENGTH = 100
+
+
+class SyntheticLoader:
+    def __init__(self, batch_size: int, image_size: int, num_classes: int, length: int, runtime: Runtime,
+                 seed: int):
+        generator = torch.Generator(device=runtime.device).manual_seed(seed)
+        shape = (batch_size, 3, image_size, image_size)
+        self.images = torch.randn(shape, generator=generator, device=runtime.device).contiguous(
+            memory_format=runtime.memory_format
+        )
+        self.targets = torch.randint(0, num_classes, (batch_size,), generator=generator, device=runtime.device)
+        self.length = length
+        self.num_samples = batch_size * length
+        self.skipped = 0
+
+    def __len__(self) -> int:
+        return self.length
+
+    def set_epoch(self, epoch: int) -> None:
+        pass
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for _ in range(self.length):
+            yield self.images, self.targets
+
+
+def synthetic_loaders(args: argparse.Namespace, runtime: Runtime, image_size: int, *, want_train: bool,
+                      want_val: bool) -> tuple[SyntheticLoader | None, SyntheticLoader | None]:
+    length = args.prof if args.prof > 0 else DEFAULT_EPOCH_LENGTH
+    make = lambda offset: SyntheticLoader(  # noqa: E731
+        args.batch_size, image_size, args.num_classes, length, runtime, args.seed + runtime.rank + offset
+    )
+    return (make(0) if want_train else None), (make(1) if want_val else None)

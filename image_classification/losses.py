@@ -1,0 +1,30 @@
+"""Losses, MixUp and accuracy as plain functions of their inputs."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def classification_loss(logits: torch.Tensor, target: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
+    """Cross entropy with label smoothing; ``target`` is class ids or soft (MixUp) probabilities.
+
+    Equals the reference's ``(1-s) * nll + s * mean_c(-log p)``, for hard and soft targets alike.
+    """
+    return F.cross_entropy(logits.float(), target, label_smoothing=smoothing)
+
+
+def mixup(images: torch.Tensor, targets: torch.Tensor, num_classes: int, lam: float,
+          permutation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blend each sample with ``permutation``'s partner: one ``lam`` for the batch, soft targets out."""
+    one_hot = F.one_hot(targets, num_classes).to(images.dtype)
+    mixed_images = images.mul(lam).add_(images[permutation], alpha=1.0 - lam)
+    mixed_targets = one_hot.mul(lam).add_(one_hot[permutation], alpha=1.0 - lam)
+    return mixed_images, mixed_targets
+
+
+def correct_counts(logits: torch.Tensor, targets: torch.Tensor, ks: tuple[int, ...]) -> torch.Tensor:
+    """How many samples have their target among the top-k logits, for each k (a tensor on the device)."""
+    top = logits.topk(min(max(ks), logits.shape[1]), dim=1).indices
+    hits = top.eq(targets.view(-1, 1))
+    return torch.stack([hits[:, :k].any(dim=1).sum() for k in ks])

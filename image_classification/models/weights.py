@@ -1,0 +1,143 @@
+"""Reading checkpoint files and loading weights into a model, whatever layout they were saved in.
+
+Accepted: torchvision / NGC 20.06 names (``layer1``..``layer4``), the later NVIDIA names
+(``layers.0``..``layers.3``), a ``module.`` (DDP) or ``_orig_mod.`` (torch.compile) prefix, a whole
+training checkpoint (its ``state_dict`` or ``model`` entry) and TensorRT-style 4-D SE weights.
+Anything that does not fit the model exactly is an error, never a silent partial load.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.error
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Union
+
+import torch
+from torch import nn
+
+from image_classification.errors import UserError
+
+NGC = "https://api.ngc.nvidia.com/v2/models/nvidia/"
+PRETRAINED_URLS = {  # NGC 20.06.0 releases: plain state dicts with layer1..layer4 names
+    "resnet50": NGC + "resnet50_pyt_amp/versions/20.06.0/files/nvidia_resnet50_200821.pth.tar",
+    "resnext101-32x4d":
+        NGC + "resnext101_32x4d_pyt_amp/versions/20.06.0/files/nvidia_resnext101-32x4d_200821.pth.tar",
+    "se-resnext101-32x4d":
+        NGC + "seresnext101_32x4d_pyt_amp/versions/20.06.0/files/nvidia_se-resnext101-32x4d_200821.pth.tar",
+}
+
+HEAD_KEYS = ("fc.weight", "fc.bias")
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DistributedDataParallel, torch.compile
+SHOWN = 5  # how many offending keys an error message names
+
+
+def load_checkpoint_file(path: Union[str, Path]) -> dict:
+    """``torch.load`` a checkpoint safely (tensors and plain containers only) onto the CPU."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"Checkpoint file '{path}' does not exist or is not a file.")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for foreign or truncated files
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UserError(f"'{path}' could not be read as a PyTorch checkpoint of tensors ({reason}).") from e
+    if not isinstance(obj, dict):
+        raise UserError(f"'{path}' holds a {type(obj).__name__}, not a state dict or checkpoint dict.")
+    return obj
+
+
+def extract_state_dict(checkpoint: Mapping) -> dict[str, torch.Tensor]:
+    """The model weights of a checkpoint, with wrapper prefixes and later NVIDIA stage names undone."""
+    for key in ("state_dict", "model"):
+        if isinstance(checkpoint.get(key), Mapping):
+            checkpoint = checkpoint[key]
+            break
+    state = {}
+    for key, value in checkpoint.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            raise UserError(f"The checkpoint entry {key!r} is not a tensor, so this is not a state dict.")
+        while key.startswith(WRAPPER_PREFIXES):
+            key = key.split(".", 1)[1]
+        key = re.sub(r"^layers\.(\d+)\.", lambda m: f"layer{int(m.group(1)) + 1}.", key)
+        state[key] = value
+    return state
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The plain model inside DistributedDataParallel (``.module``) and torch.compile (``._orig_mod``)."""
+    for attr in ("module", "_orig_mod"):
+        inner = getattr(model, attr, None)
+        if isinstance(inner, nn.Module):
+            return _unwrap(inner)
+    return model
+
+
+def _names(keys: list[str]) -> str:
+    more = f" and {len(keys) - SHOWN} more" if len(keys) > SHOWN else ""
+    return ", ".join(keys[:SHOWN]) + more
+
+
+def load_weights(model: nn.Module, source: Union[str, Path, Mapping], *, allow_head_mismatch: bool = False,
+                 log: Callable[[str], None] = print) -> None:
+    """Load a checkpoint file or state dict into ``model``, which it must fit exactly.
+
+    With ``allow_head_mismatch`` a classifier of another size is skipped (the model keeps its fresh ``fc``),
+    for fine-tuning to a different number of classes.
+    """
+    where = f"'{source}'" if isinstance(source, (str, Path)) else "the given state dict"
+    checkpoint = load_checkpoint_file(source) if isinstance(source, (str, Path)) else source
+    if not isinstance(checkpoint, Mapping):
+        raise UserError(f"Weights come from a checkpoint file or state dict, not a {type(source).__name__}.")
+    state = extract_state_dict(checkpoint)
+    model = _unwrap(model)
+    expected = model.state_dict()
+
+    for key, value in state.items():  # TensorRT-style SE: 1x1 convs where we have Linear layers
+        target = expected.get(key)
+        if target is not None and target.dim() == 2 and value.dim() == 4 and value.shape[2:] == (1, 1):
+            state[key] = value.flatten(1)
+    for key in expected:  # checkpoints from before BN counted its batches
+        if key.endswith("num_batches_tracked") and key not in state:
+            state[key] = expected[key]
+
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    mismatched = [k for k in expected if k in state and state[k].shape != expected[k].shape]
+    head_only = bool(mismatched) and not missing and not unexpected and set(mismatched) <= set(HEAD_KEYS)
+    if head_only and allow_head_mismatch:
+        log(f"Replaced the classifier head: the weights have {len(state['fc.bias'])} classes, the model "
+            f"{len(expected['fc.bias'])}; fc starts from its fresh initialisation.")
+        for key in mismatched:
+            state[key] = expected[key]
+    elif missing or unexpected or mismatched:
+        problems = []
+        if missing:
+            problems.append(f"missing keys {_names(missing)}")
+        if unexpected:
+            problems.append(f"unexpected keys {_names(unexpected)}")
+        if mismatched:
+            problems.append("shape mismatches " + _names(
+                [f"{k} {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}" for k in mismatched]))
+        hint = " (to fine-tune with another number of classes, allow a head mismatch)" if head_only else ""
+        raise UserError(f"The weights in {where} do not fit this model: {'; '.join(problems)}{hint}.")
+    model.load_state_dict(state, strict=True)
+
+
+def fetch_pretrained(arch: str, log: Callable[[str], None] = print) -> Path:
+    """Path of the published NGC weights for ``arch``, downloaded into the torch.hub cache if needed."""
+    if arch not in PRETRAINED_URLS:
+        raise UserError(f"No published weights for '{arch}'; they exist for: {', '.join(PRETRAINED_URLS)}.")
+    url = PRETRAINED_URLS[arch]
+    path = Path(torch.hub.get_dir()) / "checkpoints" / url.rsplit("/", 1)[1]
+    if not path.is_file():
+        log(f"Downloading {url} to {path}")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.hub.download_url_to_file(url, str(path), progress=True)
+        except (urllib.error.URLError, OSError) as e:
+            raise UserError(f"Downloading the {arch} weights from {url} failed ({e}); download the file "
+                            f"elsewhere and pass its path instead (--pretrained-from-file PATH, or "
+                            f"load_weights(model, PATH)).") from e
+    return path

@@ -1,0 +1,125 @@
+"""Decide the runtime once: device, precision, memory format and the process's place in the job.
+
+Everything else receives a :class:`Runtime`; nothing else calls ``.cuda()``, picks a dtype or reads
+the distributed environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .errors import UserError
+
+_MEMORY_FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class Runtime:
+    device: torch.device
+    amp_dtype: torch.dtype | None  # None: full precision
+    memory_format: torch.memory_format
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def needs_loss_scaling(self) -> bool:
+        """fp16 gradients underflow without a loss scale; bf16 and fp32 ones do not."""
+        return self.amp_dtype == torch.float16
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def synchronize(self) -> None:
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+
+    def print(self, *values, **kwargs) -> None:
+        """Print on the global rank 0 only."""
+        if self.is_main:
+            print(*values, **kwargs, flush=True)
+
+
+def _env_int(*names: str) -> int | None:
+    for name in names:
+        if name in os.environ:
+            return int(os.environ[name])
+    return None
+
+
+def distributed_env() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) from torchrun's or SLURM's variables; (0, 0, 1) otherwise."""
+    world = _env_int("WORLD_SIZE")
+    if world is not None:
+        return _env_int("RANK") or 0, _env_int("LOCAL_RANK") or 0, world
+    slurm_world = _env_int("SLURM_NTASKS")
+    if slurm_world is not None and slurm_world > 1 and "MASTER_ADDR" in os.environ:
+        return _env_int("SLURM_PROCID") or 0, _env_int("SLURM_LOCALID") or 0, slurm_world
+    return 0, 0, 1
+
+
+def make_runtime(
+    device: str = "auto",
+    amp: bool = False,
+    amp_dtype: str | None = None,
+    memory_format: str = "nchw",
+    tf32: bool = True,
+    log=print,
+) -> Runtime:
+    """Pick the device and precision, and join the process group when launched by torchrun/SLURM."""
+    cuda_available = torch.cuda.is_available()
+    if device == "cuda" and not cuda_available:
+        raise UserError("--device cuda was asked for, but no CUDA device is available")
+    use_cuda = cuda_available if device == "auto" else device == "cuda"
+    rank, local_rank, world_size = distributed_env()
+
+    if use_cuda:
+        gpu = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(gpu)
+        torch_device = torch.device("cuda", gpu)
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+    else:
+        torch_device = torch.device("cpu")
+
+    dtype = None
+    if amp:
+        if amp_dtype is None:
+            amp_dtype = "float16" if use_cuda else "bfloat16"
+            if not use_cuda and rank == 0:
+                log("=> --amp on CPU: bf16 autocast, no loss scaling")
+        dtype = _DTYPES[amp_dtype]
+        if dtype == torch.float16 and not use_cuda:
+            raise UserError("--amp-dtype float16 needs CUDA; use bfloat16 on CPU")
+
+    if world_size > 1 and not dist.is_initialized():
+        if "SLURM_PROCID" in os.environ and "RANK" not in os.environ:
+            os.environ.setdefault("RANK", str(rank))
+            os.environ.setdefault("WORLD_SIZE", str(world_size))
+            os.environ.setdefault("LOCAL_RANK", str(local_rank))
+            os.environ.setdefault("MASTER_PORT", "29500")
+        backend = "nccl" if use_cuda else "gloo"
+        init_kwargs = {"device_id": torch_device} if use_cuda else {}
+        dist.init_process_group(backend, init_method="env://", **init_kwargs)
+    return Runtime(torch_device, dtype, _MEMORY_FORMATS[memory_format], rank, local_rank, world_size)
