@@ -1,0 +1,80 @@
+"""Every flag of the reference README's ``main.py -h`` parses with the same meaning."""
+
+import pytest
+
+from image_classification.arguments import build_parser, parse_args
+from image_classification.errors import UserError
+
+SEED_FLAGS = [
+    "--data-backend", "pytorch", "--arch", "resnext101-32x4d", "--model-config", "fanin", "--num-classes", "10",
+    "-j", "3", "--epochs", "5", "--run-epochs", "2", "-b", "16", "--optimizer-batch-size", "64", "--lr", "0.2",
+    "--lr-schedule", "cosine", "--warmup", "1", "--label-smoothing", "0.1", "--mixup", "0.2", "--momentum", "0.875",
+    "--weight-decay", "3e-5", "--bn-weight-decay", "--nesterov", "--print-freq", "5", "--resume", "c.pth.tar",
+    "--static-loss-scale", "128", "--dynamic-loss-scale", "--prof", "7", "--amp", "--seed", "3",
+    "--gather-checkpoints", "--raport-file", "r.json", "--training-only", "--no-checkpoints",
+    "--checkpoint-filename", "c.pth.tar", "--workspace", "ws", "--memory-format", "nhwc", "/data",
+]
+
+
+def test_every_seed_flag_parses():
+    args = parse_args(SEED_FLAGS)
+    assert (args.data_backend, args.arch, args.model_config, args.num_classes) == ("pytorch", "resnext101-32x4d",
+                                                                                   "fanin", 10)
+    assert (args.workers, args.epochs, args.run_epochs, args.batch_size, args.optimizer_batch_size) == (3, 5, 2, 16, 64)
+    assert (args.lr, args.lr_schedule, args.warmup, args.label_smoothing, args.mixup) == (0.2, "cosine", 1, 0.1, 0.2)
+    assert (args.momentum, args.weight_decay, args.bn_weight_decay, args.nesterov) == (0.875, 3e-5, True, True)
+    assert (args.print_freq, args.resume, args.static_loss_scale, args.dynamic_loss_scale) == (5, "c.pth.tar", 128, True)
+    assert (args.prof, args.amp, args.seed, args.gather_checkpoints) == (7, True, 3, -1)
+    assert (args.raport_file, args.training_only, args.save_checkpoints) == ("r.json", True, False)
+    assert (args.checkpoint_filename, args.workspace, args.memory_format, args.data) == ("c.pth.tar", "ws", "nhwc",
+                                                                                         "/data")
+
+
+def test_later_reference_flags_and_both_spellings():
+    args = parse_args([
+        "--image-size", "160", "--interpolation", "bicubic", "--prefetch", "4", "--end-lr", "1e-5",
+        "--optimizer", "rmsprop", "--rmsprop-alpha", "0.8", "--rmsprop-eps", "0.01", "--use-ema", "0.999",
+        "--augmentation", "autoaugment", "--topk", "3", "--early-stopping-patience", "4", "--jit", "script",
+        "--gpu-affinity", "socket_unique_contiguous", "--num_classes", "7", "--pretrained-from-file", "w.pth",
+        "--gather-checkpoints", "3", "--data-backend", "syntetic", "--crop-scale", "0.3", "0.9", "--hflip", "0",
+        "--device", "cpu", "--no-tf32", "--conv_init", "fan_in", "--last_bn_0_init",
+    ])
+    assert args.data_backend == "synthetic" and args.data is None
+    assert (args.num_classes, args.pretrained_weights, args.gather_checkpoints) == (7, "w.pth", 3)
+    assert args.crop_scale == [0.3, 0.9] and args.hflip == 0 and args.tf32 is False and args.last_bn_0_init is True
+
+
+def test_defaults_match_the_reference():
+    args = parse_args(["/data"])
+    assert (args.workers, args.epochs, args.batch_size, args.lr, args.lr_schedule) == (5, 90, 256, 0.1, "step")
+    assert (args.momentum, args.weight_decay, args.print_freq, args.static_loss_scale) == (0.9, 1e-4, 10, 1.0)
+    assert (args.raport_file, args.checkpoint_filename, args.workspace) == ("experiment_raport.json",
+                                                                            "checkpoint.pth.tar", "./")
+    assert (args.memory_format, args.topk, args.arch, args.model_config) == ("nchw", 5, "resnet50", "classic")
+    assert args.gather_checkpoints == 0 and args.save_checkpoints is True and args.num_classes == 1000
+
+
+def test_prefix_abbreviations_used_by_the_reference_scripts_work():
+    args = parse_args(["--mom", "0.875", "--checkpoint", "x.pth.tar", "/data"])
+    assert args.momentum == 0.875 and args.checkpoint_filename == "x.pth.tar"
+
+
+@pytest.mark.parametrize("argv", [
+    ["--arch", "resnet99", "/d"], ["--lr-schedule", "poly", "/d"], ["-b", "0", "/d"], ["--epochs", "0", "/d"],
+    ["--memory-format", "nwhc", "/d"], ["--data-backend", "tfrecord", "/d"], [], ["--hflip", "2", "/d"],
+    ["--crop-scale", "0.9", "0.1", "/d"], ["--evaluate", "--training-only", "/d"],
+])
+def test_bad_flags_are_user_errors(argv):
+    with pytest.raises(UserError):
+        parse_args(argv)
+
+
+def test_unknown_preset_key_is_named():
+    with pytest.raises(UserError, match="learning_rat"):
+        parse_args(["/d"], defaults={"learning_rat": 1})
+
+
+def test_help_lists_every_architecture():
+    text = build_parser().format_help()
+    for arch in ("resnet18", "resnext101-32x8d-basic", "se-resnext101-32x4d"):
+        assert arch in text
