@@ -295,3 +295,39 @@ def test_nothing_is_overwritten_when_a_save_fails(tmp_path, monkeypatch):
         ckpt.save_atomic({"epoch": 2, "state_dict": {}}, target)
     assert torch.load(target, weights_only=True)["epoch"] == 1
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_later_reference_features_run_together(image_folder, tmp_path):
+    code = train(image_folder, tmp_path, "--data-backend", "pytorch", "-j", "1", "--epochs", "2", "--prof", "2",
+                 "--augmentation", "autoaugment", "--interpolation", "triangular", "--optimizer", "rmsprop",
+                 "--jit", "script", "--use-ema", "0.99", "--topk", "2", "--early-stopping-patience", "1",
+                 "--lr-schedule", "linear", "--warmup", "1")
+    assert code == 0
+    data = summary(tmp_path / "experiment_raport.json")
+    assert "val_ema.top1" in data and "val.top2" in data
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_loss_scaling_skips_overflowing_steps_static_keeps_its_scale(dynamic):
+    """An inf gradient skips the step and is counted; a static scale stays, a dynamic one halves."""
+    import argparse
+
+    from image_classification.runtime import make_runtime
+    from image_classification.training import Trainer, TrainState
+
+    runtime = make_runtime("cpu")
+    args = argparse.Namespace(mixup=0.0, label_smoothing=0.0, dynamic_loss_scale=dynamic, static_loss_scale=128.0,
+                              num_classes=2)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))
+    before = model[1].weight.detach().clone()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=128.0, growth_interval=100 if dynamic else 2**31 - 1)
+    trainer = Trainer(args, runtime, model, model, optimizer, scaler, None, None, TrainState(), 1)
+    skipped = torch.zeros(())
+    images = torch.full((2, 1, 2, 2), float("inf"))
+    trainer._train_step(images, torch.tensor([0, 1]), 0, skipped)
+    assert skipped.item() == 1
+    assert torch.equal(model[1].weight, before)
+    assert scaler.get_scale() == (64.0 if dynamic else 128.0)
+    trainer._train_step(torch.ones(2, 1, 2, 2), torch.tensor([0, 1]), 1, skipped)
+    assert skipped.item() == 1 and not torch.equal(model[1].weight, before)
