@@ -12,23 +12,16 @@ import sys
 from typing import Sequence
 
 from .errors import UserError
+from .gpu_affinity import MODES as GPU_AFFINITY_MODES
 from .models import MODEL_CONFIGS, list_models
 
 DATA_BACKENDS = ("pytorch", "synthetic", "dali-cpu", "dali-gpu")
 BACKEND_ALIASES = {"syntetic": "synthetic"}  # the reference README's spelling
 LR_SCHEDULES = ("step", "linear", "cosine")
 INTERPOLATIONS = ("bilinear", "bicubic", "triangular")
-GPU_AFFINITY_MODES = (
-    "none",
-    "socket",
-    "socket_single",
-    "socket_single_unique",
-    "socket_unique_interleaved",
-    "socket_unique_contiguous",
-)
 
 
-class _Parser(argparse.ArgumentParser):
+class UserErrorParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors become :class:`UserError` (one line, exit code 2)."""
 
     def error(self, message: str):  # type: ignore[override]
@@ -44,7 +37,7 @@ def _str2bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
-def _positive_int(value: str) -> int:
+def positive_int(value: str) -> int:
     number = int(value)
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
@@ -69,7 +62,7 @@ def _backend(value: str) -> str:
 
 def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     """Return the parser for training, evaluation and benchmarking runs."""
-    parser = _Parser(prog=prog, description="PyTorch ImageNet Training")
+    parser = UserErrorParser(prog=prog, description="PyTorch ImageNet Training")
     parser.add_argument(
         "data", metavar="DIR", nargs="?", default=None,
         help="path to dataset (holds train/ and val/); may be left out with --data-backend synthetic",
@@ -83,9 +76,9 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     )
     data.add_argument("-j", "--workers", metavar="N", type=int, default=5,
                       help="number of data loading workers; 0 loads in the main process (default: 5)")
-    data.add_argument("--prefetch", metavar="N", type=_positive_int, default=2,
+    data.add_argument("--prefetch", metavar="N", type=positive_int, default=2,
                       help="batches each pytorch-backend worker loads ahead (default: 2)")
-    data.add_argument("--image-size", metavar="S", type=_positive_int, default=None,
+    data.add_argument("--image-size", metavar="S", type=positive_int, default=None,
                       help="training and validation crop size (default: the architecture's, 224)")
     data.add_argument("--interpolation", choices=INTERPOLATIONS, default="bilinear",
                       help="resize interpolation (default: bilinear)")
@@ -102,7 +95,7 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     model.add_argument("--model-config", "-c", metavar="CONF", default="classic", choices=list(MODEL_CONFIGS),
                        help="model configs: " + " | ".join(MODEL_CONFIGS) + " (default: classic)")
     model.add_argument("--num-classes", "--num_classes", metavar="N", dest="num_classes",
-                       type=_positive_int, default=1000, help="number of classes in the dataset (default: 1000)")
+                       type=positive_int, default=1000, help="number of classes in the dataset (default: 1000)")
     model.add_argument("--conv_init", choices=("fan_in", "fan_out"), default=None,
                        help="kaiming init mode of the convolutions; overrides the model config's")
     model.add_argument("--last_bn_0_init", metavar="BOOL", type=_str2bool, nargs="?", const=True, default=False,
@@ -117,13 +110,13 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
                        help="compile the model with torch.compile (default: false)")
 
     optim = parser.add_argument_group("optimisation")
-    optim.add_argument("--epochs", metavar="N", type=_positive_int, default=90,
+    optim.add_argument("--epochs", metavar="N", type=positive_int, default=90,
                        help="number of total epochs to run; the length of the LR schedule (default: 90)")
     optim.add_argument("--run-epochs", metavar="N", type=int, default=-1,
                        help="run only N epochs, used for checkpointing runs (default: -1, all)")
     optim.add_argument("--early-stopping-patience", metavar="N", type=int, default=-1,
                        help="stop after N epochs in a row without a new best top1 (default: -1, never)")
-    optim.add_argument("-b", "--batch-size", metavar="N", type=_positive_int, default=256,
+    optim.add_argument("-b", "--batch-size", metavar="N", type=positive_int, default=256,
                        help="mini-batch size (default: 256) per gpu")
     optim.add_argument("--optimizer-batch-size", metavar="N", type=int, default=-1,
                        help="size of a total batch size, for simulating bigger batches using gradient "
@@ -179,13 +172,13 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     run = parser.add_argument_group("run, checkpoints and logging")
     run.add_argument("--seed", metavar="SEED", type=int, default=None,
                      help="random seed; every RNG is seeded from it and the global rank")
-    run.add_argument("--print-freq", "-p", metavar="N", type=_positive_int, default=10,
+    run.add_argument("--print-freq", "-p", metavar="N", type=positive_int, default=10,
                      help="print frequency (default: 10)")
     run.add_argument("--prof", metavar="N", type=int, default=-1,
                      help="Run only N iterations of training and of validation per epoch")
     run.add_argument("--evaluate", action="store_true", help="evaluate checkpoint/model")
     run.add_argument("--training-only", action="store_true", help="do not evaluate")
-    run.add_argument("--topk", metavar="K", type=_positive_int, default=5,
+    run.add_argument("--topk", metavar="K", type=positive_int, default=5,
                      help="the second accuracy reported, top-K (default: 5)")
     run.add_argument("--resume", metavar="PATH", default=None,
                      help="path to latest checkpoint (default: none)")

@@ -47,6 +47,12 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
             return model
 
 
+def _umask_mode() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return 0o666 & ~current
+
+
 def save_atomic(state: dict, path: str | os.PathLike) -> None:
     """Write ``state`` to ``path`` through a temporary file and a rename: never a half-written file."""
     path = Path(path)
@@ -57,6 +63,7 @@ def save_atomic(state: dict, path: str | os.PathLike) -> None:
             torch.save(state, handle)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, _umask_mode())  # mkstemp makes 0600 files; give the usual permissions
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -70,6 +77,7 @@ def copy_atomic(source: str | os.PathLike, target: str | os.PathLike) -> None:
     os.close(fd)
     try:
         shutil.copyfile(source, tmp)
+        os.chmod(tmp, _umask_mode())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -72,8 +72,9 @@ def distributed_env() -> tuple[int, int, int]:
     world = _env_int("WORLD_SIZE")
     if world is not None:
         return _env_int("RANK") or 0, _env_int("LOCAL_RANK") or 0, world
-    slurm_world = _env_int("SLURM_NTASKS")
-    if slurm_world is not None and slurm_world > 1 and "MASTER_ADDR" in os.environ:
+    # srun sets the step's task count in every task; a batch script alone has none, so it stays single.
+    slurm_world = _env_int("SLURM_STEP_NUM_TASKS")
+    if slurm_world is not None and slurm_world > 1:
         return _env_int("SLURM_PROCID") or 0, _env_int("SLURM_LOCALID") or 0, slurm_world
     return 0, 0, 1
 
@@ -118,7 +119,10 @@ def make_runtime(
             os.environ.setdefault("RANK", str(rank))
             os.environ.setdefault("WORLD_SIZE", str(world_size))
             os.environ.setdefault("LOCAL_RANK", str(local_rank))
-            os.environ.setdefault("MASTER_PORT", "29500")
+            from .multiproc import slurm_rendezvous_env
+
+            for key, value in slurm_rendezvous_env().items():
+                os.environ.setdefault(key, value)
         backend = "nccl" if use_cuda else "gloo"
         init_kwargs = {"device_id": torch_device} if use_cuda else {}
         dist.init_process_group(backend, init_method="env://", **init_kwargs)

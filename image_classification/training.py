@@ -159,6 +159,7 @@ class Trainer:
         self.optimizer, self.scaler, self.ema = optimizer, scaler, ema
         self.raport, self.state, self.accumulation = raport, state, accumulation
         self.val_smoothing = args.label_smoothing if args.mixup == 0 else 0.0
+        self.classes: list[str] = []
 
     # -- training -------------------------------------------------------------------------------
     def train_epoch(self, loader, epoch: int, stop: StopSignal, progress) -> int:
@@ -383,7 +384,8 @@ def build(args: argparse.Namespace, runtime: Runtime, resumed: dict | None, log)
         load_weights(model, resumed["state_dict"], log=log)
         log(f"=> loaded checkpoint '{args.resume}' (epoch {resumed['epoch']})")
     elif args.pretrained_weights:
-        load_weights(model, args.pretrained_weights, allow_head_mismatch=True, log=log)
+        # Fine-tuning may replace the head; evaluating a freshly initialised head would be meaningless.
+        load_weights(model, args.pretrained_weights, allow_head_mismatch=not args.evaluate, log=log)
         log(f"=> loaded pretrained weights '{args.pretrained_weights}'")
     return model.to(runtime.device, memory_format=runtime.memory_format)
 
@@ -408,6 +410,8 @@ def save(trainer: Trainer, workspace: Path, filename: str, *, finished_epoch: bo
         "world_size": trainer.runtime.world_size,
         "rng": ckpt.rng_state(),
     }
+    if trainer.classes:
+        payload["classes"] = list(trainer.classes)  # classify.py prints these names
     if trainer.ema is not None:
         payload["state_dict_ema"] = trainer.ema.state_dict()
     latest = workspace / filename
@@ -509,6 +513,10 @@ def _run(args: argparse.Namespace, runtime: Runtime, log) -> int:
     trainer = Trainer(args, runtime, model, base_model, optimizer, scaler, ema, raport, state, accumulation)
     if resumed is not None:
         restore(trainer, resumed, log)
+    if args.data_backend != "synthetic":
+        from .data.folder import class_names
+
+        trainer.classes = class_names(args.data)
 
     raport.parameters({**vars(args), "world_size": runtime.world_size, "device": str(runtime.device),
                        "amp_dtype": str(runtime.amp_dtype), "image_size": image_size})

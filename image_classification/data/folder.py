@@ -7,6 +7,7 @@ same whatever the number of workers, and an epoch can be replayed exactly after 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import sys
@@ -22,7 +23,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from ..errors import UserError
 from ..runtime import Runtime
-from .common import DeviceLoader, val_resize_size
+from .common import MEAN_255, STD_255, DeviceLoader, val_resize_size
 
 _INTERPOLATION = {
     "bilinear": transforms.InterpolationMode.BILINEAR,
@@ -50,6 +51,26 @@ def list_samples(split_dir: Path, classes: list[str]) -> list[tuple[str, int]]:
         for root, _, files in sorted(os.walk(class_dir, followlinks=True)):
             samples.extend((os.path.join(root, f), label) for f in sorted(files) if is_image_file(f))
     return samples
+
+
+def train_samples(root: Path, classes: list[str], batch_size: int, world_size: int) -> list[tuple[str, int]]:
+    """The train/ samples, refusing a set too small for one batch per process."""
+    samples = list_samples(root / "train", classes)
+    if len(samples) // world_size < batch_size:
+        raise UserError(
+            f"train/ holds {len(samples)} images, fewer than one batch of {batch_size} per process; "
+            "lower -b/--batch-size"
+        )
+    return samples
+
+
+def class_names(data_dir: str) -> list[str]:
+    """The class folder names (label order) of a dataset, from train/ or else val/."""
+    for split in ("train", "val"):
+        split_dir = Path(data_dir) / split
+        if split_dir.is_dir():
+            return _class_folders(split_dir)
+    return []
 
 
 def check_dataset(data_dir: str, num_classes: int, *, want_train: bool, want_val: bool) -> list[str]:
@@ -161,12 +182,17 @@ class ImageFiles(Dataset):
         return np.asarray(image, dtype=np.uint8), label, None
 
 
-def collate_uint8(batch):
-    """Stack HWC uint8 arrays into an NCHW uint8 tensor; broken samples are dropped and reported."""
+def collate_uint8(batch, normalize: bool = False):
+    """Stack HWC uint8 arrays into an NCHW tensor; broken samples are dropped and reported.
+
+    With ``normalize`` (CPU training) the workers also normalise, so the main process does not.
+    """
     good = [(image, label) for image, label, _ in batch if image is not None]
     broken = [problem for _, _, problem in batch if problem is not None]
     if good:
         images = torch.from_numpy(np.stack([image for image, _ in good])).permute(0, 3, 1, 2)
+        if normalize:  # (x - mean) / std as one contiguous multiply-add: several times faster on a CPU
+            images = images.contiguous().float().mul_(_INV_STD).sub_(_MEAN_OVER_STD)
         labels = torch.tensor([label for _, label in good], dtype=torch.int64)
     else:
         images = torch.empty(0, dtype=torch.uint8)
@@ -221,6 +247,10 @@ def val_transform(args: argparse.Namespace, image_size: int):
     ])
 
 
+_INV_STD = 1.0 / torch.tensor(STD_255).view(1, 3, 1, 1)
+_MEAN_OVER_STD = torch.tensor(MEAN_255).view(1, 3, 1, 1) * _INV_STD
+
+
 def _worker_init(_worker_id: int) -> None:
     # Each sample reseeds torch and random itself; numpy is seeded for any user transform.
     np.random.seed(torch.initial_seed() % 2**32)
@@ -229,12 +259,13 @@ def _worker_init(_worker_id: int) -> None:
 def _loader(samples, transform, args, runtime: Runtime, train: bool) -> DeviceLoader:
     sampler = ShardSampler(len(samples), runtime.rank, runtime.world_size, shuffle=train, seed=args.seed)
     workers = args.workers
+    normalize_in_workers = not runtime.is_cuda and workers > 0
     loader = DataLoader(
         ImageFiles(samples, transform),
         batch_size=args.batch_size,
         sampler=sampler,
         num_workers=workers,
-        collate_fn=collate_uint8,
+        collate_fn=functools.partial(collate_uint8, normalize=normalize_in_workers),
         pin_memory=runtime.is_cuda,
         drop_last=train,
         persistent_workers=workers > 0,
@@ -242,7 +273,8 @@ def _loader(samples, transform, args, runtime: Runtime, train: bool) -> DeviceLo
         worker_init_fn=_worker_init if workers > 0 else None,
         generator=torch.Generator().manual_seed(args.seed),  # leaves the global RNG untouched
     )
-    return DeviceLoader(FolderBatches(loader, sampler), runtime, num_samples=len(sampler))
+    return DeviceLoader(FolderBatches(loader, sampler), runtime, num_samples=len(sampler),
+                        normalized=normalize_in_workers)
 
 
 def folder_loaders(
@@ -252,12 +284,7 @@ def folder_loaders(
     root = Path(args.data)
     train = val = None
     if want_train:
-        samples = list_samples(root / "train", classes)
-        if len(samples) // runtime.world_size < args.batch_size:
-            raise UserError(
-                f"train/ holds {len(samples)} images, fewer than one batch of {args.batch_size} per process; "
-                "lower -b/--batch-size"
-            )
+        samples = train_samples(root, classes, args.batch_size, runtime.world_size)
         train = _loader(samples, train_transform(args, image_size), args, runtime, train=True)
     if want_val:
         val = _loader(list_samples(root / "val", classes), val_transform(args, image_size), args, runtime, False)

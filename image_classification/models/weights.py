@@ -41,8 +41,14 @@ def load_checkpoint_file(path: Union[str, Path]) -> dict:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for foreign or truncated files
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise UserError(f"'{path}' could not be read as a PyTorch checkpoint of tensors ({reason}).") from e
+        text = str(e)
+        if "WeightsUnpickler error:" in text:  # torch's advice to pass weights_only=False does not apply here
+            detail = text.split("WeightsUnpickler error:", 1)[1].strip().splitlines()
+            reason = detail[0] if detail else "it holds more than tensors and plain containers"
+        else:
+            reason = (text.strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f"'{path}' could not be read as a PyTorch checkpoint of tensors ({reason[:160]}); "
+                        "checkpoints are loaded as data only, never as code.") from e
     if not isinstance(obj, dict):
         raise UserError(f"'{path}' holds a {type(obj).__name__}, not a state dict or checkpoint dict.")
     return obj

@@ -1,0 +1,287 @@
+"""Classify images with a trained model: preprocessing, prediction, class names and ``classify.py``.
+
+Preprocessing is the validation pipeline's: the short side is resized to ``val_resize_size(size)``
+(256 for 224), the centre ``size`` x ``size`` crop is kept, and pixels are normalised with the ImageNet
+mean and standard deviation, exactly as the ``pytorch`` data backend does for validation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import torch
+from PIL import Image, UnidentifiedImageError
+from torch import nn
+from torchvision import transforms
+
+from .arguments import UserErrorParser, positive_int
+from .data.common import MEAN_255, STD_255, val_resize_size
+from .data.folder import is_image_file
+from .errors import UserError
+from .models import (MODEL_CONFIGS, build_model, default_image_size, list_models, load_checkpoint_file,
+                     load_weights)
+from .models.weights import extract_state_dict, fetch_pretrained
+from .runtime import Runtime, make_runtime
+
+BATCH_SIZE = 32  # images classified per forward pass
+
+
+def warn(message: str) -> None:
+    """Notices go to stderr, so that stdout holds only the predictions (and stays valid JSON lines)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Images
+# ------------------------------------------------------------------------------------------------
+def image_transform(image_size: int) -> Callable[[Image.Image], torch.Tensor]:
+    """PIL image -> normalised float CHW tensor, as validation sees it."""
+    resize_crop = transforms.Compose([
+        transforms.Resize(val_resize_size(image_size), interpolation=transforms.InterpolationMode.BILINEAR),
+        transforms.CenterCrop(image_size),
+        transforms.PILToTensor(),
+    ])
+    mean = torch.tensor(MEAN_255).view(3, 1, 1)
+    std = torch.tensor(STD_255).view(3, 1, 1)
+    return lambda image: (resize_crop(image).float() - mean) / std
+
+
+def load_image(path: str | os.PathLike, decode: bool = True) -> Image.Image | None:
+    """Open ``path`` as an RGB image; anything that is not one is a :class:`UserError`.
+
+    With ``decode=False`` only the header is read: a cheap check before any work starts.
+    """
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB") if decode else None
+    except FileNotFoundError:
+        raise UserError(f"image file {path} does not exist") from None
+    except (UnidentifiedImageError, OSError, ValueError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UserError(f"{path} could not be read as an image ({reason})") from None
+
+
+def expand_image_paths(paths: Sequence[str]) -> list[Path]:
+    """Files as given, folders replaced by the image files directly inside them (sorted).
+
+    Every file's header is read, so a missing or non-image file stops the run before the model is built.
+    """
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            images = sorted(p for p in path.iterdir() if p.is_file() and is_image_file(p.name))
+            if not images:
+                raise UserError(f"folder {path} holds no image files")
+            found.extend(images)
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise UserError(f"image file {path} does not exist")
+    for path in found:
+        load_image(path, decode=False)
+    return found
+
+
+# ------------------------------------------------------------------------------------------------
+# Model and class names
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    arch: str
+    num_classes: int
+    class_names: list[str] | None  # names recorded in the checkpoint, if any
+
+
+def _recorded_num_classes(checkpoint: dict) -> int | None:
+    options = checkpoint.get("model_options")
+    if isinstance(options, dict) and isinstance(options.get("num_classes"), int):
+        return options["num_classes"]
+    try:
+        head = extract_state_dict(checkpoint).get("fc.weight")
+    except UserError:
+        return None  # load_weights explains what is wrong with the file
+    return int(head.shape[0]) if head is not None and head.dim() == 2 else None
+
+
+def load_model(arch: str | None, weights: str | None = None, num_classes: int | None = None,
+               model_config: str = "classic", pretrained: bool = False, log: Callable[[str], None] = warn,
+               ) -> LoadedModel:
+    """Build ``arch`` and load ``weights`` (any layout ``load_weights`` reads), in eval mode on the CPU.
+
+    A training checkpoint that records its architecture and class count supplies them when the caller
+    leaves ``arch`` or ``num_classes`` as None; a plain state dict supplies its head's class count.
+    Contradictions between the flags and the file are :class:`UserError`.
+    """
+    if weights and pretrained:
+        raise UserError("--weights and --pretrained exclude each other; pass one source of weights")
+    checkpoint: dict = {}
+    if weights:
+        checkpoint = load_checkpoint_file(weights)
+        recorded_arch = checkpoint.get("arch")
+        if isinstance(recorded_arch, str) and arch is not None and recorded_arch != arch:
+            raise UserError(f"{weights} holds a {recorded_arch} checkpoint, not {arch}; "
+                            f"pass --arch {recorded_arch}")
+        if arch is None and isinstance(recorded_arch, str):
+            arch = recorded_arch
+        recorded_classes = _recorded_num_classes(checkpoint)
+        if num_classes is not None and recorded_classes is not None and recorded_classes != num_classes:
+            raise UserError(f"{weights} has {recorded_classes} classes, but --num-classes is {num_classes}; "
+                            f"pass --num-classes {recorded_classes}")
+        if num_classes is None:
+            num_classes = recorded_classes
+    arch = arch or "resnet50"
+    num_classes = num_classes or 1000
+    model = build_model(arch, num_classes=num_classes, model_config=model_config)
+    if pretrained:
+        weights = str(fetch_pretrained(arch, log=log))
+    if weights:
+        try:
+            load_weights(model, checkpoint or weights, log=log)
+        except UserError as error:
+            message = str(error).replace("the given state dict", f"'{weights}'").rstrip(".")
+            raise UserError(f"{message}; are they weights of --arch {arch}?") from None
+    names = checkpoint.get("classes")
+    if not (isinstance(names, list) and len(names) == num_classes and all(isinstance(n, str) for n in names)):
+        names = None
+    return LoadedModel(model.eval(), arch, num_classes, names)
+
+
+def imagenet_class_names() -> list[str]:
+    """The 1000 ImageNet-1k class names, in class-index order, from torchvision's bundled metadata."""
+    from torchvision.models import ResNet50_Weights
+
+    return list(ResNet50_Weights.IMAGENET1K_V1.meta["categories"])
+
+
+def read_labels(path: str | os.PathLike, num_classes: int) -> list[str]:
+    """One class name per line (blank lines at the end ignored); the count must match the model."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise UserError(f"labels file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"labels file {path} could not be read as text ({error})") from None
+    while lines and not lines[-1].strip():
+        lines.pop()
+    if len(lines) != num_classes:
+        raise UserError(f"labels file {path} has {len(lines)} names, but the model has {num_classes} classes")
+    return [line.strip() for line in lines]
+
+
+def class_names_for(num_classes: int, labels_file: str | None, recorded: list[str] | None) -> list[str]:
+    """Names from --labels, else the checkpoint's, else ImageNet's for 1000 classes, else the indices."""
+    if labels_file:
+        return read_labels(labels_file, num_classes)
+    if recorded:
+        return recorded
+    if num_classes == 1000:
+        return imagenet_class_names()
+    return [str(index) for index in range(num_classes)]
+
+
+# ------------------------------------------------------------------------------------------------
+# Prediction
+# ------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def predict(model: nn.Module, images: torch.Tensor, runtime: Runtime) -> torch.Tensor:
+    """Class probabilities (float32, softmax over the logits) for a batch of normalised images."""
+    images = images.to(runtime.device).contiguous(memory_format=runtime.memory_format)
+    with runtime.autocast():
+        logits = model(images)
+    return logits.float().softmax(dim=1).cpu()
+
+
+def top_predictions(probabilities: torch.Tensor, names: Sequence[str], k: int) -> list[dict]:
+    """The ``k`` most likely classes of one image, highest first, as {label, index, probability}."""
+    values, indices = probabilities.topk(min(k, probabilities.numel()))
+    return [{"label": names[i], "index": i, "probability": p}
+            for p, i in zip(values.tolist(), indices.tolist())]
+
+
+def classify_paths(model: nn.Module, paths: Sequence[Path], runtime: Runtime, image_size: int,
+                   names: Sequence[str], topk: int) -> Iterator[tuple[Path, list[dict]]]:
+    """(path, top-k predictions) for every image, classified ``BATCH_SIZE`` at a time."""
+    transform = image_transform(image_size)
+    for start in range(0, len(paths), BATCH_SIZE):
+        chunk = paths[start:start + BATCH_SIZE]
+        batch = torch.stack([transform(load_image(path)) for path in chunk])
+        for path, probabilities in zip(chunk, predict(model, batch, runtime)):
+            yield path, top_predictions(probabilities, names, topk)
+
+
+# ------------------------------------------------------------------------------------------------
+# classify.py
+# ------------------------------------------------------------------------------------------------
+def add_model_arguments(parser: argparse.ArgumentParser, default_arch: str | None) -> None:
+    """The flags that pick a model and its weights, shared by classify.py and model2onnx.py."""
+    group = parser.add_argument_group("model")
+    group.add_argument("--arch", "-a", metavar="ARCH", default=default_arch, choices=list_models(),
+                       help="model architecture: " + " | ".join(list_models())
+                       + " (default: the checkpoint's, else resnet50)")
+    group.add_argument("--model-config", "-c", metavar="CONF", default="classic", choices=list(MODEL_CONFIGS),
+                       help="model config: " + " | ".join(MODEL_CONFIGS)
+                       + " (initialisation only; default: classic)")
+    group.add_argument("--weights", "--pretrained-weights", "--pretrained-from-file", metavar="PATH",
+                       dest="weights", default=None,
+                       help="model weights: an NGC or torchvision file, checkpoint2model.py's output or a "
+                       "training checkpoint")
+    group.add_argument("--pretrained", action="store_true",
+                       help="download NVIDIA's published NGC weights for --arch (needs network access once)")
+    group.add_argument("--num-classes", "--num_classes", metavar="N", dest="num_classes", type=positive_int,
+                       default=None, help="number of classes (default: the weights', else 1000)")
+    group.add_argument("--image-size", metavar="S", type=positive_int, default=None,
+                       help="crop size (default: the architecture's, 224)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = UserErrorParser(prog="classify.py", description="Classify images with a trained model.")
+    parser.add_argument("--image", metavar="PATH", nargs="+", action="extend", required=True,
+                        help="image file, or folder whose images are all classified; may be repeated")
+    add_model_arguments(parser, default_arch=None)
+    run = parser.add_argument_group("inference")
+    run.add_argument("--precision", choices=("AMP", "FP32"), default="AMP",
+                     help="AMP: fp16 autocast on CUDA, bf16 on CPU; FP32: full precision (default: AMP)")
+    run.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                     help="where to run; auto takes CUDA when present (default: auto)")
+    run.add_argument("--cpu", dest="device", action="store_const", const="cpu", help="same as --device cpu")
+    run.add_argument("--topk", metavar="K", type=positive_int, default=5,
+                     help="how many classes to show per image (default: 5)")
+    run.add_argument("--labels", metavar="FILE", default=None,
+                     help="class names, one per line in class-index order (default: ImageNet's names for "
+                     "1000 classes, else the checkpoint's names or the class index)")
+    run.add_argument("--json", action="store_true",
+                     help="print one JSON object per image: "
+                     "{path, predictions: [{label, index, probability}]}")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    paths = expand_image_paths(args.image)
+    if args.labels and not Path(args.labels).is_file():
+        raise UserError(f"labels file {args.labels} does not exist")
+    if not args.weights and not args.pretrained:
+        warn(f"warning: no --weights given: {args.arch or 'resnet50'} is untrained and its predictions "
+             "mean nothing")
+    loaded = load_model(args.arch, args.weights, args.num_classes, args.model_config, args.pretrained)
+    names = class_names_for(loaded.num_classes, args.labels, loaded.class_names)
+    image_size = args.image_size or default_image_size(loaded.arch)
+    runtime = make_runtime(args.device, amp=args.precision == "AMP", log=warn)
+    model = loaded.model.to(runtime.device)
+    for path, predictions in classify_paths(model, paths, runtime, image_size, names, args.topk):
+        if args.json:
+            print(json.dumps({"path": str(path), "predictions": predictions}), flush=True)
+            continue
+        print(path)
+        for prediction in predictions:
+            print(f"{prediction['label']}: {100 * prediction['probability']:.1f}%")
+        sys.stdout.flush()
+    return 0

@@ -1,0 +1,202 @@
+"""``launch.py``: run main.py with a preset from ``configs.yml``.
+
+A preset is picked by model, platform, precision and mode, and resolved as
+``{**precision[P], **platform[H], **models[M][H][P], **mode[X]}`` (later entries win).  The result
+becomes the defaults of main.py's parser, so every flag given on the command line still wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import yaml
+
+from .arguments import UserErrorParser, build_parser as build_main_parser, parse_args
+from .errors import UserError
+from .runtime import distributed_env
+
+DEFAULT_CFG_FILE = Path(__file__).resolve().parents[1] / "configs.yml"
+SECTIONS = ("precision", "platform", "mode", "models")
+
+
+# ------------------------------------------------------------------------------------------------
+# Presets
+# ------------------------------------------------------------------------------------------------
+def load_config(cfg_file: str | Path = DEFAULT_CFG_FILE) -> dict:
+    """Read and sanity-check a presets file; raises :class:`UserError` for a bad file."""
+    try:
+        config = yaml.safe_load(Path(cfg_file).read_text())
+    except OSError as error:
+        raise UserError(f"cannot read the presets file {cfg_file}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        where = getattr(error, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        raise UserError(f"{cfg_file} is not valid YAML{line}: {getattr(error, 'problem', error)}") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{cfg_file} must hold a mapping with the sections {', '.join(SECTIONS)}")
+    missing = [section for section in SECTIONS if not isinstance(config.get(section), dict)]
+    if missing:
+        raise UserError(f"{cfg_file} lacks the section(s) {', '.join(missing)}")
+    return config
+
+
+def _choose(table: dict, name: str, what: str) -> dict:
+    if name not in table:
+        raise UserError(f"unknown {what} {name!r}; choose one of: {', '.join(table)}")
+    entry = table[name]
+    return {} if entry is None else entry
+
+
+def resolve(model: str, precision: str, mode: str, platform: str,
+            cfg_file: str | Path = DEFAULT_CFG_FILE) -> dict:
+    """The preset for one model x platform x precision x mode: a dict of main.py argparse dests."""
+    config = load_config(cfg_file)
+    platforms = _choose(config["models"], model, "model")
+    precision_preset = _choose(config["precision"], precision, "precision")
+    platform_preset = _choose(config["platform"], platform, "platform")
+    mode_preset = _choose(config["mode"], mode, "mode")
+    if platform not in platforms:
+        raise UserError(f"{model} has no presets for platform {platform}; "
+                        f"its platforms: {', '.join(platforms)}")
+    precisions = platforms[platform] or {}
+    if precision not in precisions:
+        raise UserError(f"{model} on {platform} has no {precision} preset; "
+                        f"choose one of: {', '.join(precisions)}")
+    return {**precision_preset, **platform_preset, **(precisions[precision] or {}), **mode_preset}
+
+
+def adapt_to_host(preset: dict, device: str, cuda_available: bool) -> tuple[dict, list[str]]:
+    """Make a GPU preset runnable on a machine without CUDA; return it and one notice per change.
+
+    ``device`` is the device the run asks for after the command line is applied ("auto", "cpu",
+    "cuda").  An explicit ``--device cuda`` without CUDA is left for main.py to reject.
+    """
+    on_cpu = device == "cpu" or (device == "auto" and not cuda_available)
+    if not on_cpu:
+        return dict(preset), []
+    adapted, notices = dict(preset), []
+    if device == "auto":
+        adapted["device"] = "cpu"
+        notices.append("no CUDA device found: the run uses the CPU")
+    if adapted.get("amp") and adapted.get("amp_dtype") != "bfloat16":
+        adapted["amp_dtype"] = "bfloat16"
+        notices.append("AMP on the CPU: bf16 autocast instead of fp16, without loss scaling")
+    if adapted.get("gpu_affinity", "none") != "none":
+        notices.append(f"gpu_affinity {adapted['gpu_affinity']} pins processes to GPUs' cores: "
+                       "left at none on the CPU")
+        adapted["gpu_affinity"] = "none"
+    return adapted, notices
+
+
+def list_presets(cfg_file: str | Path = DEFAULT_CFG_FILE) -> str:
+    """A readable table of what ``cfg_file`` offers."""
+    config = load_config(cfg_file)
+    lines = [f"presets in {cfg_file}:", f"  modes: {', '.join(config['mode'])}"]
+    for model, platforms in config["models"].items():
+        lines.append(f"  {model}:")
+        for platform, precisions in (platforms or {}).items():
+            lines.append(f"    {platform}: {', '.join(precisions or {})}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# The resolved run as a main.py command line
+# ------------------------------------------------------------------------------------------------
+def main_py_argv(args: argparse.Namespace, always: Sequence[str] = ()) -> list[str]:
+    """main.py arguments that reproduce ``args``: every value that differs from main.py's default.
+
+    Dests in ``always`` (say, a preset's keys) are written out even when they equal the default.
+    """
+    parser = build_main_parser()
+    argv: list[str] = []
+    positional: list[str] = []
+    for action in parser._actions:
+        if action.dest == "help" or not hasattr(args, action.dest):
+            continue
+        value = getattr(args, action.dest)
+        if value is None:  # only ever a default, and no flag spells it
+            continue
+        is_default = value == action.default or (
+            isinstance(value, (list, tuple)) and list(value) == list(action.default))
+        if is_default and action.dest not in always:
+            continue
+        if not action.option_strings:
+            positional.append(str(value))
+            continue
+        flag = next((s for s in action.option_strings if s.startswith("--")), action.option_strings[0])
+        if isinstance(action, argparse.BooleanOptionalAction):
+            argv.append(flag if value else "--no-" + flag[2:])
+        elif action.nargs == 0:  # store_true / store_false
+            if value == action.const:
+                argv.append(flag)
+        elif isinstance(value, (list, tuple)):
+            argv += [flag, *map(str, value)]
+        else:
+            argv.append(f"{flag}={value}")
+    return argv + positional
+
+
+# ------------------------------------------------------------------------------------------------
+# Command line
+# ------------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = UserErrorParser(
+        prog="launch.py",
+        allow_abbrev=False,  # an abbreviated main.py flag must not be taken for one of ours
+        usage="launch.py --model M --precision P --mode X --platform H [--cfg_file FILE] [--dry-run] "
+        "[main.py flags] [DIR]",
+        description="Run main.py with a preset from configs.yml (see --list).",
+        epilog="Every other argument goes to main.py (python main.py -h lists them) and overrides the "
+        "preset. DIR may be left out with --mode benchmark_training_short (synthetic data).",
+    )
+    parser.add_argument("--cfg_file", "--cfg-file", metavar="FILE", default=str(DEFAULT_CFG_FILE),
+                        help="presets file (default: configs.yml next to launch.py)")
+    parser.add_argument("--model", metavar="M", help="model preset, e.g. resnet50")
+    parser.add_argument("--precision", metavar="P", help="precision preset: AMP, BF16, TF32 or FP32")
+    parser.add_argument("--mode", metavar="X",
+                        help="benchmark_training, benchmark_training_short, benchmark_inference, "
+                        "convergence or evaluate")
+    parser.add_argument("--platform", metavar="H", help="platform preset, e.g. DGXA100, DGXH100 or CPU")
+    parser.add_argument("--dry-run", "--print-config", dest="dry_run", action="store_true",
+                        help="print the resolved main.py command line and exit")
+    parser.add_argument("--list", action="store_true", help="list the presets of the config file and exit")
+    return parser
+
+
+def _notify(message: str) -> None:
+    """A one-line notice, from the first process of a job only."""
+    rank, _, _ = distributed_env()
+    if rank == 0:
+        print(f"launch.py: {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = None) -> int:
+    """Resolve the preset, adapt it to this machine, then train (or print it, with --dry-run)."""
+    launch, rest = build_parser().parse_known_args(argv)
+    if launch.list:
+        print(list_presets(launch.cfg_file))
+        return 0
+    required = ("model", "precision", "mode", "platform")
+    missing = [f"--{name}" for name in required if getattr(launch, name) is None]
+    if missing:
+        raise UserError(f"launch.py: the following arguments are required: {', '.join(missing)}")
+    preset = resolve(launch.model, launch.precision, launch.mode, launch.platform, launch.cfg_file)
+    args = parse_args(rest, defaults=preset)
+    if cuda_available is None:
+        import torch
+
+        cuda_available = torch.cuda.is_available()
+    preset, notices = adapt_to_host(preset, args.device, cuda_available)
+    for notice in notices:
+        _notify(notice)
+    if launch.dry_run:
+        print(f"# {launch.model} {launch.precision} {launch.mode} {launch.platform} ({launch.cfg_file})")
+        print(shlex.join(["python", "main.py", *main_py_argv(parse_args(rest, defaults=preset), preset)]))
+        return 0
+    from .training import main as train
+
+    return train(rest, preset)

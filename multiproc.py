@@ -1,0 +1,9 @@
+"""Start one training process per GPU: ``python multiproc.py --nproc_per_node 8 main.py ARGS`` (see -h)."""
+
+import sys
+
+from image_classification.cli import run
+from image_classification.multiproc import main
+
+if __name__ == "__main__":
+    sys.exit(run(main))

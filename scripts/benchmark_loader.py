@@ -1,0 +1,190 @@
+"""Time a training data loader on its own: decode, augment, batch, device move and normalise, no model.
+
+    python scripts/benchmark_loader.py --data-backend dali-cpu -b 64 -j 2 --epochs 4 --baseline DIR
+
+prints images/s and CPU milliseconds per image for every epoch and, as its last line, ``images/s: N``:
+the median over the epochs after the first, which pays for start-up.  ``--baseline`` also times a plain
+torchvision ImageFolder loader with the same batch size and workers, alternating epochs with the
+measured one, and prints the speed-up.  CPU time per image counts the loader's threads and worker
+processes; it is the steadier figure on a machine shared with other jobs.  ``--make-dataset`` first writes a
+small JPEG dataset into DIR (photos from scikit-image, cropped and resized to 500x375).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from image_classification.arguments import DATA_BACKENDS, parse_args  # noqa: E402
+from image_classification.cli import run  # noqa: E402
+from image_classification.data import get_loaders  # noqa: E402
+from image_classification.data.common import MEAN_255, STD_255  # noqa: E402
+from image_classification.errors import UserError  # noqa: E402
+from image_classification.runtime import Runtime, make_runtime  # noqa: E402
+
+PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("data", metavar="DIR", help="dataset root holding train/<class>/<image>")
+    backends = [b for b in DATA_BACKENDS if b != "synthetic"] + ["torchvision"]
+    parser.add_argument("--data-backend", choices=backends, default="dali-cpu",
+                        help="loader to time; torchvision is a plain ImageFolder + DataLoader (default: dali-cpu)")
+    parser.add_argument("-b", "--batch-size", type=int, default=64, help="images per batch (default: 64)")
+    parser.add_argument("-j", "--workers", type=int, default=2, help="loader workers or DALI threads (default: 2)")
+    parser.add_argument("--epochs", type=int, default=4, help="passes over train/ (default: 4)")
+    parser.add_argument("--image-size", type=int, default=224, help="crop size (default: 224)")
+    parser.add_argument("--memory-format", choices=("nchw", "nhwc"), default="nchw",
+                        help="layout of the batches (default: nchw)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="where batches end up (default: auto, CUDA when available)")
+    parser.add_argument("--baseline", action="store_true", help="also time the plain torchvision loader")
+    parser.add_argument("--make-dataset", metavar="N", type=int, nargs="?", const=200, default=0,
+                        help="first write 2 classes x N (default 200) JPEGs of 500x375 into DIR/train "
+                        "(needs scikit-image)")
+    return parser
+
+
+def make_dataset(root: Path, classes: int = 2, per_class: int = 200, size=(500, 375), seed: int = 0) -> None:
+    """Random crops of scikit-image's sample photos, resized to ``size`` and saved as quality-90 JPEGs."""
+    import numpy as np
+    from PIL import Image
+
+    try:
+        import skimage.data
+    except ImportError:
+        raise UserError("--make-dataset needs scikit-image: pip install scikit-image") from None
+    photos = [Image.fromarray(getattr(skimage.data, name)()).convert("RGB") for name in PHOTOS]
+    rng = np.random.default_rng(seed)
+    for label in range(classes):
+        folder = root / "train" / f"class_{label}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for index in range(per_class):
+            photo = photos[rng.integers(len(photos))]
+            width, height = photo.size
+            crop_w, crop_h = int(width * rng.uniform(0.5, 1)), int(height * rng.uniform(0.5, 1))
+            left, top = rng.integers(width - crop_w + 1), rng.integers(height - crop_h + 1)
+            image = photo.crop((left, top, left + crop_w, top + crop_h)).resize(size, Image.BILINEAR)
+            if rng.random() < 0.5:
+                image = image.transpose(Image.FLIP_LEFT_RIGHT)
+            image.save(folder / f"img_{index:04d}.jpg", quality=90)
+
+
+class TorchvisionLoader:
+    """The plain loader we compare with: ImageFolder, RandomResizedCrop, flip, ToTensor, Normalize."""
+
+    def __init__(self, opts: argparse.Namespace, runtime: Runtime):
+        from torch.utils.data import DataLoader
+        from torchvision import datasets, transforms
+
+        transform = transforms.Compose([
+            transforms.RandomResizedCrop(opts.image_size),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize([m / 255 for m in MEAN_255], [s / 255 for s in STD_255]),
+        ])
+        dataset = datasets.ImageFolder(str(Path(opts.data) / "train"), transform)
+        self.runtime = runtime
+        self.loader = DataLoader(
+            dataset, batch_size=opts.batch_size, shuffle=True, num_workers=opts.workers, drop_last=True,
+            pin_memory=runtime.is_cuda, persistent_workers=opts.workers > 0,
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        pass
+
+    def __iter__(self):
+        for images, targets in self.loader:
+            images = images.to(self.runtime.device, non_blocking=True)
+            yield images.contiguous(memory_format=self.runtime.memory_format), targets.to(self.runtime.device)
+
+
+def project_loader(opts: argparse.Namespace, runtime: Runtime):
+    argv = [opts.data, "--data-backend", opts.data_backend, "-b", str(opts.batch_size), "-j", str(opts.workers),
+            "--seed", "0", "--memory-format", opts.memory_format]
+    args = parse_args(argv)
+    train, _ = get_loaders(args, runtime, opts.image_size, want_train=True, want_val=False)
+    return train
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process's threads and its live children (loader workers); Linux counts both."""
+    total = time.process_time()
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == os.getpid():  # fields: state, ppid, ..., utime (11), stime (12)
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+@dataclass
+class Timing:
+    name: str
+    rates: list[float] = field(default_factory=list)  # images/s per epoch
+    cpu_ms: list[float] = field(default_factory=list)  # CPU milliseconds per image per epoch
+
+    def epoch(self, loader, number: int, runtime: Runtime) -> None:
+        loader.set_epoch(number)
+        start, cpu_start = time.perf_counter(), cpu_seconds()
+        images = 0
+        for batch, _ in loader:
+            images += batch.shape[0]
+        runtime.synchronize()
+        elapsed, cpu = time.perf_counter() - start, cpu_seconds() - cpu_start
+        self.rates.append(images / elapsed)
+        self.cpu_ms.append(1000 * cpu / max(images, 1))
+        print(f"{self.name} epoch {number}: {images} images in {elapsed:.2f} s, {self.rates[-1]:.1f} images/s, "
+              f"{self.cpu_ms[-1]:.2f} CPU ms/image", flush=True)
+
+    def median(self, values: list[float]) -> float:
+        """The median over the epochs after the first, which pays for start-up."""
+        return statistics.median(values[1:] if len(values) > 1 else values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = build_parser().parse_args(argv)
+    if opts.make_dataset:
+        make_dataset(Path(opts.data), per_class=opts.make_dataset)
+    runtime = make_runtime(opts.device, memory_format=opts.memory_format)
+    print(f"device: {runtime.device}, batch {opts.batch_size}, workers {opts.workers}, "
+          f"{opts.image_size} px crops, torch {torch.__version__}", flush=True)
+    if opts.data_backend == "torchvision":
+        runs = [(Timing("torchvision"), TorchvisionLoader(opts, runtime))]
+    else:
+        runs = [(Timing(opts.data_backend), project_loader(opts, runtime))]
+        if opts.baseline:
+            runs.insert(0, (Timing("torchvision"), TorchvisionLoader(opts, runtime)))
+    # Epochs alternate between the loaders, so that load from other processes hits both alike.
+    for number in range(opts.epochs):
+        for timing, loader in runs:
+            timing.epoch(loader, number, runtime)
+    timing = runs[-1][0]
+    rate, cpu_ms = timing.median(timing.rates), timing.median(timing.cpu_ms)
+    if len(runs) == 2:
+        base = runs[0][0]
+        base_rate, base_cpu = base.median(base.rates), base.median(base.cpu_ms)
+        print(f"torchvision: {base_rate:.1f} images/s, {base_cpu:.2f} CPU ms/image; {timing.name}: "
+              f"{rate:.1f} images/s, {cpu_ms:.2f} CPU ms/image; speed-up {rate / base_rate:.2f}x, "
+              f"CPU per image {base_cpu / cpu_ms:.2f}x less", flush=True)
+    print(f"images/s: {rate:.1f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(main))

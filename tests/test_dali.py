@@ -1,0 +1,220 @@
+"""The DALI backends on the CPU: batches like the pytorch backend's, exact sharding, per-epoch shuffles."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from image_classification.arguments import parse_args
+from image_classification.data.common import MEAN_255, STD_255
+from image_classification.data.folder import check_dataset, folder_loaders
+from image_classification.errors import UserError
+from image_classification.runtime import Runtime
+
+SIZE = 32
+
+
+@pytest.fixture
+def dali():
+    return pytest.importorskip("nvidia.dali")
+
+
+def make_args(root: Path, *extra: str, backend: str = "dali-cpu", batch_size: int = 4):
+    return parse_args([str(root), "--data-backend", backend, "-b", str(batch_size), "-j", "1", "--seed", "3", *extra])
+
+
+def cpu_runtime(memory_format=torch.contiguous_format, rank: int = 0, world_size: int = 1) -> Runtime:
+    return Runtime(torch.device("cpu"), None, memory_format, rank=rank, local_rank=rank, world_size=world_size)
+
+
+def loaders(args, runtime: Runtime, *, want_train: bool = True, want_val: bool = True):
+    from image_classification.data.dali import dali_loaders
+
+    classes = check_dataset(args.data, args.num_classes, want_train=want_train, want_val=want_val)
+    return dali_loaders(args, runtime, SIZE, classes, want_train=want_train, want_val=want_val)
+
+
+def epoch(loader, number: int, **kwargs) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    loader.set_epoch(number, **kwargs)
+    return list(loader)
+
+
+# Flat colours survive any crop, flip and resize, so each image can be told apart after augmentation.
+def _colour(index: int) -> tuple[int, int, int]:
+    return 20 + 6 * index, 120, 230 - 6 * index
+
+
+@pytest.fixture(scope="module")
+def flat_folder(tmp_path_factory) -> Path:
+    """3 classes, 7 train and 5 val images each (odd totals), every image a distinct flat colour."""
+    root = tmp_path_factory.mktemp("flat")
+    index = 0
+    for split, count in (("train", 7), ("val", 5)):
+        for label in range(3):
+            folder = root / split / f"c{label}"
+            folder.mkdir(parents=True)
+            for item in range(count):
+                Image.new("RGB", (40, 36), _colour(index)).save(folder / f"{item}.jpg", quality=95)
+                index += 1
+    return root
+
+
+def identify(images: torch.Tensor) -> list[int]:
+    """The index of the flat colour each normalised image shows."""
+    mean = torch.tensor(MEAN_255).view(1, 3, 1, 1)
+    std = torch.tensor(STD_255).view(1, 3, 1, 1)
+    red = (images * std + mean)[:, 0].mean(dim=(1, 2))
+    return [round((value - 20) / 6) for value in red.tolist()]
+
+
+def seen(batches) -> list[int]:
+    return [ident for images, _ in batches for ident in identify(images)]
+
+
+# -- errors a user can cause ---------------------------------------------------------------------------
+def test_missing_dali_is_a_user_error_and_the_module_still_imports(image_folder, monkeypatch):
+    monkeypatch.setitem(sys.modules, "nvidia.dali", None)
+    monkeypatch.delitem(sys.modules, "image_classification.data.dali", raising=False)
+    module = importlib.import_module("image_classification.data.dali")
+    args = make_args(image_folder)
+    with pytest.raises(UserError, match="pip install nvidia-dali.*--data-backend pytorch"):
+        module.dali_loaders(args, cpu_runtime(), SIZE, ["a"], want_train=True, want_val=True)
+
+
+def test_dali_gpu_without_a_gpu_points_to_dali_cpu(image_folder):
+    from image_classification.data.dali import dali_loaders
+
+    args = make_args(image_folder, backend="dali-gpu")
+    with pytest.raises(UserError, match="dali-cpu"):
+        dali_loaders(args, cpu_runtime(), SIZE, ["a"], want_train=True, want_val=True)
+
+
+def test_autoaugment_is_refused(image_folder):
+    from image_classification.data.dali import dali_loaders
+
+    args = make_args(image_folder, "--augmentation", "autoaugment")
+    with pytest.raises(UserError, match="--data-backend pytorch"):
+        dali_loaders(args, cpu_runtime(), SIZE, ["a"], want_train=True, want_val=False)
+
+
+def write_one_class(root: Path, images: list[Image.Image], suffix: str = ".jpg") -> Path:
+    """The same images under train/only/ and val/only/."""
+    for split in ("train", "val"):
+        folder = root / split / "only"
+        folder.mkdir(parents=True)
+        for index, image in enumerate(images):
+            image.save(folder / f"{index}{suffix}")
+    return root
+
+
+def test_an_undecodable_image_is_named(dali, tmp_path):
+    write_one_class(tmp_path, [Image.new("RGB", (40, 36), _colour(index)) for index in range(3)])
+    (tmp_path / "val" / "only" / "1.jpg").write_bytes(b"\xff\xd8\xff not a jpeg")
+    _, val = loaders(make_args(tmp_path, batch_size=2), cpu_runtime(), want_train=False)
+    with pytest.raises(UserError, match=r"1\.jpg"):
+        epoch(val, 0)
+
+
+# -- batches -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
+def test_batches_match_the_pytorch_backend(dali, image_folder, memory_format):
+    args = make_args(image_folder)
+    runtime = cpu_runtime(memory_format)
+    classes = check_dataset(args.data, args.num_classes, want_train=True, want_val=True)
+    train, val = loaders(args, runtime)
+    ref_train, ref_val = folder_loaders(args, runtime, SIZE, classes, want_train=True, want_val=True)
+    assert (len(train), len(val), val.num_samples) == (len(ref_train), len(ref_val), ref_val.num_samples) == (6, 3, 12)
+
+    for split, ours, theirs in (("train", train, ref_train), ("val", val, ref_val)):
+        batches, ref_batches = epoch(ours, 0), epoch(theirs, 0)
+        assert len(batches) == len(ours)
+        for (images, targets), (ref_images, ref_targets) in zip(batches, ref_batches, strict=True):
+            assert images.shape == ref_images.shape == (4, 3, SIZE, SIZE)
+            assert images.dtype == torch.float32 and targets.dtype == torch.int64
+            assert images.is_contiguous(memory_format=memory_format)
+            assert images.stride() == ref_images.stride()
+            assert -2.2 <= images.min() and images.max() <= 2.7
+            # Both backends walk the same sampler, so the labels agree batch by batch.
+            assert torch.equal(targets, ref_targets)
+            if split == "val":  # same resize and centre crop; only the resampling filters differ
+                assert (images - ref_images).abs().mean() < 0.4
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic", "triangular"])
+def test_every_interpolation_and_no_flip_build(dali, image_folder, interpolation):
+    args = parse_args([str(image_folder), "--data-backend", "dali-cpu", "-b", "4", "-j", "0", "--seed", "3",
+                       "--interpolation", interpolation, "--hflip", "0", "--crop-scale", "0.5", "0.9"])
+    train, val = loaders(args, cpu_runtime())
+    for loader in (train, val):
+        images, targets = next(iter(loader))
+        assert images.shape == (4, 3, SIZE, SIZE) and targets.shape == (4,)
+
+
+@pytest.mark.parametrize("hflip", [0.0, 1.0])
+def test_hflip_is_the_flip_probability(dali, tmp_path, hflip):
+    ramp = np.tile(np.linspace(0, 255, 48, dtype=np.uint8)[None, :, None], (40, 1, 3))  # dark left, bright right
+    write_one_class(tmp_path, [Image.fromarray(ramp)] * 4, suffix=".png")
+    args = parse_args([str(tmp_path), "--data-backend", "dali-cpu", "-b", "4", "-j", "1", "--seed", "3",
+                       "--hflip", str(hflip)])
+    images, _ = next(iter(loaders(args, cpu_runtime(), want_val=False)[0]))
+    left, right = images[..., : SIZE // 2].mean(dim=(1, 2, 3)), images[..., SIZE // 2 :].mean(dim=(1, 2, 3))
+    assert bool((left > right).all()) == (hflip == 1.0) and bool((left < right).all()) == (hflip == 0.0)
+
+
+def test_trains_and_validates_end_to_end(dali, image_folder, tmp_path):
+    from image_classification.training import main
+
+    argv = ["--data-backend", "dali-cpu", "-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "1",
+            "--image-size", str(SIZE), "--workspace", str(tmp_path), "--device", "cpu", str(image_folder)]
+    assert main(argv) == 0
+    records = [json.loads(line.removeprefix("DLLL "))
+               for line in (tmp_path / "experiment_raport.json").read_text().splitlines()]
+    assert any("val.top1" in record.get("data", {}) for record in records)
+
+
+# -- sharding and shuffling ----------------------------------------------------------------------------
+def test_validation_shards_cover_every_image_once(dali, flat_folder):
+    args = make_args(flat_folder)
+    per_rank = []
+    for rank in range(2):
+        _, val = loaders(args, cpu_runtime(rank=rank, world_size=2), want_train=False)
+        batches = epoch(val, 0)
+        assert [len(t) for _, t in batches] == ([4, 4] if rank == 0 else [4, 3])  # 15 images: 8 + 7
+        assert len(batches) == len(val) and sum(len(t) for _, t in batches) == val.num_samples
+        labels = [label for _, targets in batches for label in targets.tolist()]
+        idents = seen(batches)
+        assert labels == [(ident - 21) // 5 for ident in idents]  # val images 21..35, 5 per class
+        per_rank.append(idents)
+    assert sorted(per_rank[0] + per_rank[1]) == list(range(21, 36))
+
+
+def test_train_shards_are_disjoint_and_reshuffled(dali, flat_folder):
+    args = make_args(flat_folder)
+    trains = [loaders(args, cpu_runtime(rank=r, world_size=2), want_val=False)[0] for r in range(2)]
+    assert [len(t) for t in trains] == [2, 2]  # 21 images: 10 per rank, 2 whole batches of 4
+    orders = {}
+    for number in (0, 1):
+        shards = [seen(epoch(train, number)) for train in trains]
+        assert all(len(shard) == 8 == len(set(shard)) for shard in shards)
+        assert not set(shards[0]) & set(shards[1])
+        assert all(0 <= ident < 21 for shard in shards for ident in shard)
+        orders[number] = shards
+    assert orders[0] != orders[1]
+
+
+def test_an_epoch_is_reproducible_and_can_start_part_way(dali, flat_folder):
+    args = make_args(flat_folder)
+    first = loaders(args, cpu_runtime(), want_val=False)[0]
+    again = loaders(args, cpu_runtime(), want_val=False)[0]
+    batches, repeat = epoch(first, 2), epoch(again, 2)
+    assert all(torch.equal(a, b) and torch.equal(s, t) for (a, s), (b, t) in zip(batches, repeat, strict=True))
+    resumed = epoch(again, 2, start_batch=3)
+    assert seen(resumed) == seen(batches[3:])
+    assert len(again) == len(batches) == 5

@@ -1,0 +1,135 @@
+"""checkpoint2model.py (plain weights out of a training checkpoint) and model2onnx.py (ONNX round trip)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from image_classification import export
+from image_classification.models import build_model, load_weights
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def script(name: str, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, name, *map(str, args)], cwd=REPO, capture_output=True, text=True,
+                          timeout=180)
+
+
+def randomised(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Give every parameter and BN statistic values that differ from a fresh model's."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if tensor.is_floating_point():
+                noise = torch.rand(tensor.shape, generator=generator)
+                tensor.copy_(noise + 0.5 if "running_var" in name else (noise - 0.5) * 0.2)
+    return model
+
+
+@pytest.fixture(scope="module")
+def training_checkpoint(tmp_path_factory) -> tuple[Path, dict, dict]:
+    """A checkpoint in the training layout, with different model and EMA weights."""
+    weights = randomised(build_model("resnet18", num_classes=4), seed=1).state_dict()
+    ema = randomised(build_model("resnet18", num_classes=4), seed=2).state_dict()
+    path = tmp_path_factory.mktemp("ckpt") / "checkpoint.pth.tar"
+    torch.save({"epoch": 7, "arch": "resnet18", "model_options": {"num_classes": 4}, "best_prec1": 61.25,
+                "state_dict": weights, "state_dict_ema": ema, "optimizer": {"state": {}, "param_groups": []}},
+               path)
+    return path, weights, ema
+
+
+@pytest.mark.parametrize("use_ema", [False, True])
+def test_checkpoint2model_extracts_model_or_ema_weights(training_checkpoint, tmp_path, use_ema):
+    path, weights, ema = training_checkpoint
+    target = tmp_path / "weights.pth"
+    result = script("checkpoint2model.py", "--checkpoint-path", path, "--weight-path", target,
+                    *(["--ema"] if use_ema else []))
+    assert result.returncode == 0, result.stderr
+    assert "epoch 7" in result.stdout and "61.25" in result.stdout
+    saved = torch.load(target, weights_only=True)
+    expected = ema if use_ema else weights
+    assert list(saved) == list(expected)
+    for key in expected:
+        torch.testing.assert_close(saved[key], expected[key], rtol=0, atol=0)
+    model = build_model("resnet18", num_classes=4)
+    load_weights(model, target)  # a plain state dict in the native layout
+
+
+def test_checkpoint2model_strips_the_ddp_prefix(training_checkpoint, tmp_path):
+    _, weights, _ = training_checkpoint
+    source = tmp_path / "ddp.pth.tar"
+    ddp_weights = {f"module.{k}": v for k, v in weights.items()}
+    torch.save({"epoch": 3, "best_prec1": 10.0, "state_dict": ddp_weights}, source)
+    target = tmp_path / "weights.pth"
+    assert export.checkpoint2model_main(["--checkpoint-path", str(source), "--weight-path", str(target)]) == 0
+    assert list(torch.load(target, weights_only=True)) == list(weights)
+
+
+@pytest.mark.parametrize("case", ["ema missing", "not a checkpoint", "garbage"])
+def test_checkpoint2model_failures_leave_the_target_alone(tmp_path, case):
+    source = tmp_path / "source.pth"
+    if case == "ema missing":
+        state = build_model("resnet18").state_dict()
+        torch.save({"epoch": 1, "best_prec1": 0.0, "state_dict": state}, source)
+    elif case == "not a checkpoint":
+        torch.save(build_model("resnet18").state_dict(), source)
+    else:
+        source.write_bytes(b"\x00garbage" * 100)
+    target = tmp_path / "weights.pth"
+    target.write_bytes(b"previous weights")
+    result = script("checkpoint2model.py", "--checkpoint-path", source, "--weight-path", target, "--ema")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert target.read_bytes() == b"previous weights"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["source.pth", "weights.pth"]
+
+
+def test_onnx_round_trip(tmp_path):
+    weights = tmp_path / "resnet18.pth"
+    model = randomised(build_model("resnet18", num_classes=10), seed=3).eval()
+    torch.save(model.state_dict(), weights)
+    output = tmp_path / "out" / "resnet18.onnx"
+    result = script("model2onnx.py", "--arch", "resnet18", "--weights", weights, "--output", output,
+                    "-b", "2", "--image-size", "64", "--dynamic-batch")
+    assert result.returncode == 0, result.stderr
+    assert "max abs difference" in result.stdout
+    import onnx
+    import onnxruntime
+
+    graph = onnx.load(str(output))
+    assert graph.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    session = onnxruntime.InferenceSession(str(output), providers=["CPUExecutionProvider"])
+    images = torch.randn(3, 3, 64, 64)
+    (got,) = session.run(None, {"input": images.numpy()})
+    with torch.no_grad():
+        expected = model(images).numpy()
+    assert got.shape == (3, 10)
+    assert np.abs(got - expected).max() < 1e-3
+
+
+def test_onnx_mismatch_fails_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    def fake_export(model, example, path, **_):
+        Path(path).write_bytes(b"onnx")
+
+    monkeypatch.setattr(export, "export_onnx", fake_export)
+    monkeypatch.setattr(export, "onnx_max_difference", lambda *_: 0.5)
+    output = tmp_path / "model.onnx"
+    argv = ["-a", "resnet18", "--output", str(output), "-b", "1", "--image-size", "32"]
+    code = export.model2onnx_main(argv)
+    assert code == 1
+    assert "differ" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_default_onnx_path():
+    ngc = "w/nvidia_resnet50_200821.pth.tar"
+    assert export.default_onnx_path(ngc, "resnet50") == Path("w/nvidia_resnet50_200821.onnx")
+    assert export.default_onnx_path("pth_models/model.pt", "resnet50") == Path("pth_models/model.onnx")
+    assert export.default_onnx_path(None, "resnet18") == Path("resnet18.onnx")

@@ -1,0 +1,274 @@
+"""classify.py (preprocessing, predictions, class names, bad input) and scripts/inference_benchmark.py."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from torchvision import transforms
+
+from image_classification.arguments import parse_args
+from image_classification.data.common import MEAN_255, STD_255
+from image_classification.data.folder import val_transform
+from image_classification.cli import run
+from image_classification.inference import image_transform, imagenet_class_names
+from image_classification.inference import main as classify_main
+from image_classification.models import build_model
+
+REPO = Path(__file__).resolve().parents[1]
+CLASSES = ["class_00", "class_01", "class_02"]
+SIZE = 32
+
+
+def classify(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "classify.py", *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+
+
+def percent_lines(stdout: str) -> list[tuple[str, float]]:
+    """(label, percent) of every ``label: 12.3%`` line."""
+    rows = []
+    for line in stdout.splitlines():
+        if line.endswith("%") and ": " in line:
+            label, value = line.rsplit(": ", 1)
+            rows.append((label, float(value[:-1])))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def photo(tmp_path_factory) -> Path:
+    """A real photograph (scikit-image's cat, Chelsea) as a JPEG."""
+    from skimage import data
+
+    path = tmp_path_factory.mktemp("photo") / "chelsea.jpg"
+    Image.fromarray(data.chelsea()).save(path, quality=90)
+    return path
+
+
+@pytest.fixture(scope="module")
+def colour_checkpoint(image_folder, tmp_path_factory) -> Path:
+    """A resnet18 trained for a few SGD steps on the colour dataset, saved as a training checkpoint."""
+    torch.manual_seed(0)
+    transform = image_transform(SIZE)
+    images, targets = [], []
+    for label, name in enumerate(CLASSES):
+        for path in sorted((image_folder / "train" / name).iterdir()):
+            images.append(transform(Image.open(path).convert("RGB")))
+            targets.append(label)
+    images, targets = torch.stack(images), torch.tensor(targets)
+    model = build_model("resnet18", num_classes=3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model.train()
+    for _ in range(6):  # the colours are learnt in a few steps
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(images), targets).backward()
+        optimizer.step()
+    with torch.no_grad():  # BN statistics of the final weights, over the whole training set
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.reset_running_stats()
+                module.momentum = None
+        model(images)
+    model.eval()
+    with torch.no_grad():
+        assert (model(images).argmax(1) == targets).all()
+    path = tmp_path_factory.mktemp("trained") / "checkpoint.pth.tar"
+    torch.save({"epoch": 1, "arch": "resnet18", "best_prec1": 100.0, "state_dict": model.state_dict(),
+                "model_options": {"num_classes": 3, "model_config": "classic"}}, path)
+    return path
+
+
+def test_preprocessing_is_the_validation_pipeline(photo):
+    image = Image.open(photo).convert("RGB")
+    cropped = val_transform(argparse.Namespace(interpolation="bilinear"), 224)(image)
+    mean, std = torch.tensor(MEAN_255).view(3, 1, 1), torch.tensor(STD_255).view(3, 1, 1)
+    expected = (transforms.PILToTensor()(cropped).float() - mean) / std
+    got = image_transform(224)(image)
+    assert got.shape == (3, 224, 224)
+    torch.testing.assert_close(got, expected)
+
+
+def test_classify_photo_without_weights_prints_falling_percentages(photo):
+    result = classify("--image", photo)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == str(photo)
+    rows = percent_lines(result.stdout)
+    assert len(rows) == 5 == len(lines) - 1
+    percents = [p for _, p in rows]
+    assert percents == sorted(percents, reverse=True)
+    assert 0 <= sum(percents) <= 100.0 + 0.05 * len(percents)  # each is rounded to 0.1
+    names = set(imagenet_class_names())
+    assert all(label in names for label, _ in rows)
+    assert "untrained" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_classify_names_the_trained_class(colour_checkpoint, image_folder, tmp_path):
+    labels = tmp_path / "labels.txt"
+    labels.write_text("red\ngreen\nblue\n")
+    blue = sorted((image_folder / "val" / "class_02").iterdir())
+    result = classify("--weights", colour_checkpoint, "--image", blue[0], "--image-size", SIZE,
+                      "--precision", "FP32", "--labels", labels, "--topk", "3")
+    assert result.returncode == 0, result.stderr
+    rows = percent_lines(result.stdout)
+    assert [label for label, _ in rows][0] == "blue"  # arch and class count come from the checkpoint
+    assert sorted(label for label, _ in rows) == ["blue", "green", "red"]
+    assert result.stderr == ""
+
+    # A folder means every image in it; --json gives one object per image; no labels: class indices.
+    red = image_folder / "val" / "class_00"
+    result = classify("--weights", colour_checkpoint, "-a", "resnet18", "--image", red,
+                      "--image-size", SIZE, "--precision", "FP32", "--json", "--topk", "2")
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [Path(r["path"]).name for r in records] == sorted(p.name for p in red.iterdir())
+    for record in records:
+        best = record["predictions"][0]
+        assert (best["label"], best["index"]) == ("0", 0)
+        assert len(record["predictions"]) == 2 and 0.0 <= best["probability"] <= 1.0
+
+
+def test_class_names_recorded_in_a_checkpoint_are_used(colour_checkpoint, image_folder, tmp_path, capsys):
+    checkpoint = torch.load(colour_checkpoint, weights_only=True)
+    checkpoint["classes"] = ["red", "green", "blue"]
+    named = tmp_path / "named.pth.tar"
+    torch.save(checkpoint, named)
+    green = sorted((image_folder / "val" / "class_01").iterdir())[0]
+    argv = ["--weights", str(named), "--image", str(green), "--image-size", str(SIZE), "--precision", "FP32"]
+    assert run(classify_main, argv) == 0
+    assert [label for label, _ in percent_lines(capsys.readouterr().out)][0] == "green"
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory, photo, colour_checkpoint) -> dict[str, list[str]]:
+    root = tmp_path_factory.mktemp("bad")
+    text = root / "notes.jpg"
+    text.write_text("this is not a picture\n")
+    garbage = root / "garbage.pth"
+    garbage.write_bytes(bytes(range(256)) * 8)
+    resnet18_weights = root / "resnet18.pth"
+    torch.save(build_model("resnet18", num_classes=3).state_dict(), resnet18_weights)
+    return {
+        "missing image": ["--image", str(root / "nowhere.jpg")],
+        "text as image": ["--image", str(text)],
+        "weights of another arch": ["-a", "resnet34", "--weights", str(resnet18_weights),
+                                    "--image", str(photo)],
+        "checkpoint of another arch": ["-a", "resnet34", "--weights", str(colour_checkpoint),
+                                       "--image", str(photo)],
+        "another class count": ["-a", "resnet18", "--num-classes", "10", "--weights", str(resnet18_weights),
+                                "--image", str(photo)],
+        "garbage as weights": ["--weights", str(garbage), "--image", str(photo)],
+        "missing weights": ["--weights", str(root / "nowhere.pth"), "--image", str(photo)],
+    }
+
+
+@pytest.mark.parametrize("case", ["missing image", "text as image", "garbage as weights"])
+def test_bad_input_is_one_line_and_exit_2(bad_inputs, case):
+    result = classify(*bad_inputs[case])
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("case, words", [
+    ("weights of another arch", "resnet34"), ("checkpoint of another arch", "pass --arch resnet18"),
+    ("another class count", "pass --num-classes 3"), ("missing weights", "does not exist"),
+])
+def test_weights_that_do_not_fit_are_one_line_and_exit_2(bad_inputs, case, words, capsys):
+    """The same entry point as classify.py, called in this process (the subprocess wiring is tested above)."""
+    assert run(classify_main, bad_inputs[case]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], captured.err
+    assert captured.out == ""
+
+
+# ------------------------------------------------------------------------------------------------
+# scripts/inference_benchmark.py
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def benchmark():
+    path = REPO / "scripts" / "inference_benchmark.py"
+    spec = importlib.util.spec_from_file_location("inference_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def fake_main(fail_from_batch: int | None = None):
+    """Stands in for training.main: checks the command line with main.py's parser and writes a raport
+    whose latency is 1 ms per image."""
+    calls = []
+
+    def runner(argv: list[str]) -> int:
+        args = parse_args(argv)
+        calls.append(args)
+        assert args.evaluate and args.data_backend == "synthetic"
+        if fail_from_batch is not None and args.batch_size >= fail_from_batch:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        latency = 1e-3 * args.batch_size
+        ips = args.batch_size / latency
+        data = {"val.top1": 0.1, "val.total_ips": ips, "val.compute_ips": ips, "val.compute_latency": latency}
+        data.update({f"val.compute_latency_at{q}": latency * (1 + q / 1000) for q in (90, 95, 99, 100)})
+        record = {"type": "LOG", "step": [], "data": data}
+        Path(args.workspace, args.raport_file).write_text(
+            'DLLL {"type": "LOG", "step": [0], "data": {}}\nDLLL ' + json.dumps(record) + "\n")
+        return 0
+
+    runner.calls = calls
+    return runner
+
+
+def test_benchmark_writes_markdown_csv_and_png(benchmark, tmp_path):
+    runner = fake_main()
+    code = benchmark.main(["-a", "resnet50", "--device", "cpu", "--batch-sizes", "1", "2",
+                           "--iterations", "7", "--output-dir", str(tmp_path)], runner=runner)
+    assert code == 0
+    assert [(a.amp, a.memory_format, a.batch_size, a.prof) for a in runner.calls] == [
+        (False, "nchw", 1, 5), (False, "nchw", 1, 7), (False, "nchw", 2, 5), (False, "nchw", 2, 7),
+        (True, "nhwc", 1, 5), (True, "nhwc", 1, 7), (True, "nhwc", 2, 5), (True, "nhwc", 2, 7),
+    ]  # a discarded 5-batch warm-up run before every measured point
+    report = (tmp_path / "inference_resnet50_cpu.md").read_text()
+    assert "| Batch Size | Throughput | Avg Latency | Latency 90% | Latency 95% | Latency 99% |" in report
+    assert "#### FP32 Inference Latency" in report and "Mixed Precision" in report
+    assert "| 2 | 1000 img/s | 2.00 ms | 2.18 ms | 2.19 ms | 2.20 ms |" in report
+    assert "Intel" in report or "torch" in report
+    rows = list(csv.DictReader(open(tmp_path / "inference_resnet50_cpu.csv")))
+    assert [(r["precision"], r["batch_size"]) for r in rows] == [
+        ("FP32", "1"), ("FP32", "2"), ("AMP", "1"), ("AMP", "2")]
+    assert float(rows[1]["latency_p99_ms"]) == pytest.approx(2.198)
+    assert (tmp_path / "inference_resnet50_cpu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_benchmark_stops_a_precision_at_the_first_failure(benchmark, tmp_path, capsys):
+    argv = ["--device", "cpu", "--precisions", "FP32", "--max-batch-size", "8", "--warmup", "0",
+            "--output-dir", str(tmp_path)]
+    code = benchmark.main(argv, runner=fake_main(fail_from_batch=4))
+    assert code == 1
+    report = (tmp_path / "inference_resnet50_cpu.md").read_text()
+    assert "| 2 |" in report and "| 4 |" not in report and "| 8 |" not in report
+    assert "out of memory" in capsys.readouterr().err
+
+
+def test_benchmark_runs_main_for_real(benchmark, tmp_path):
+    code = benchmark.main(["-a", "resnet18", "--device", "cpu", "--batch-sizes", "1", "2",
+                           "--iterations", "2", "--warmup", "1", "--image-size", "32", "--num-classes", "10",
+                           "--output-dir", str(tmp_path)])
+    assert code == 0
+    rows = list(csv.DictReader(open(tmp_path / "inference_resnet18_cpu.csv")))
+    assert len(rows) == 4
+    for row in rows:
+        assert float(row["throughput_img_s"]) > 0
+        assert 0 < float(row["latency_avg_ms"]) <= float(row["latency_max_ms"])
+    assert (tmp_path / "inference_resnet18_cpu.png").exists()
