@@ -97,13 +97,13 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     model.add_argument("--num-classes", "--num_classes", metavar="N", dest="num_classes",
                        type=positive_int, default=1000, help="number of classes in the dataset (default: 1000)")
     model.add_argument("--conv_init", choices=("fan_in", "fan_out"), default=None,
-                       help="kaiming init mode of the convolutions; overrides the model config's")
+                       help="kaiming init mode of the convolutions (default: the model config's)")
     model.add_argument("--last_bn_0_init", metavar="BOOL", type=_str2bool, nargs="?", const=True, default=False,
                        help="zero-initialise the last BatchNorm of every residual block (default: false)")
     model.add_argument("--pretrained-weights", "--pretrained-from-file", metavar="PATH",
                        dest="pretrained_weights", default=None,
                        help="load model weights from here (NGC, torchvision or our files); "
-                       "a head of another size is replaced to fit --num-classes")
+                       "a head of another size is replaced to fit --num-classes (default: none)")
     model.add_argument("--jit", choices=("no", "script"), default="no",
                        help="script the model with TorchScript (default: no)")
     model.add_argument("--compile", action="store_true",
@@ -165,17 +165,18 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
                            help="allow TF32 matmuls and convolutions on CUDA; --no-tf32 makes FP32 really "
                            "FP32 (default: on)")
     precision.add_argument("--memory-format", choices=("nchw", "nhwc"), default="nchw",
-                           help="memory layout, nchw or nhwc")
+                           help="memory layout, nchw or nhwc (default: nchw)")
     precision.add_argument("--gpu-affinity", choices=GPU_AFFINITY_MODES, default="none",
                            help="pin each process to the CPU cores near its GPU (default: none)")
 
     run = parser.add_argument_group("run, checkpoints and logging")
     run.add_argument("--seed", metavar="SEED", type=int, default=None,
-                     help="random seed; every RNG is seeded from it and the global rank")
+                     help="random seed; every RNG is seeded from it and the global rank (default: a random one, "
+                     "recorded in checkpoints)")
     run.add_argument("--print-freq", "-p", metavar="N", type=positive_int, default=10,
                      help="print frequency (default: 10)")
     run.add_argument("--prof", metavar="N", type=int, default=-1,
-                     help="Run only N iterations of training and of validation per epoch")
+                     help="Run only N iterations of training and of validation per epoch (default: -1, all)")
     run.add_argument("--evaluate", action="store_true", help="evaluate checkpoint/model")
     run.add_argument("--training-only", action="store_true", help="do not evaluate")
     run.add_argument("--topk", metavar="K", type=positive_int, default=5,
@@ -183,7 +184,7 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="PATH", default=None,
                      help="path to latest checkpoint (default: none)")
     run.add_argument("--workspace", metavar="DIR", default="./",
-                     help="path to directory where checkpoints will be stored")
+                     help="path to directory where checkpoints will be stored (default: ./)")
     run.add_argument("--checkpoint-filename", metavar="NAME", default="checkpoint.pth.tar",
                      help="name of the latest checkpoint in the workspace (default: checkpoint.pth.tar)")
     run.add_argument("--no-checkpoints", dest="save_checkpoints", action="store_false",
@@ -192,7 +193,8 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
                      help="also keep per-epoch checkpoints: alone, all of them; with N, the last N "
                      "(default: only the latest and the best are kept)")
     run.add_argument("--raport-file", metavar="FILE", default="experiment_raport.json",
-                     help="file in which to store JSON experiment raport, inside the workspace")
+                     help="file in which to store JSON experiment raport, inside the workspace "
+                     "(default: experiment_raport.json)")
     return parser
 
 
