@@ -169,8 +169,7 @@ class Trainer:
         lr = lr_at(epoch, base_lr=args.lr, schedule=args.lr_schedule, warmup=args.warmup, epochs=args.epochs,
                    end_lr=args.end_lr)
         set_lr(self.optimizer, lr)
-        length = len(loader) if args.prof <= 0 else min(args.prof, len(loader))
-        length -= length % self.accumulation  # an epoch ends on an optimizer step
+        length = self.epoch_length(loader)
         start = self.state.batch
         batches = _start_epoch(loader, epoch, start)
         loss_sum = torch.zeros((), device=runtime.device)
@@ -210,7 +209,13 @@ class Trainer:
             end = time.perf_counter()
         if window_steps:
             self._log_train_window(loss_sum / window_steps, window_images, skipped, [epoch, done])
+        self.optimizer.zero_grad(set_to_none=True)  # a short --prof epoch may end mid-accumulation
         return done
+
+    def epoch_length(self, loader) -> int:
+        """Train batches per epoch: --prof caps it; it ends on an optimizer step when it can."""
+        length = len(loader) if self.args.prof <= 0 else min(self.args.prof, len(loader))
+        return length - length % self.accumulation if length >= self.accumulation else length
 
     def _train_step(self, images, targets, index: int, skipped: torch.Tensor) -> torch.Tensor:
         args, runtime = self.args, self.runtime
@@ -566,7 +571,7 @@ def _train_loop(trainer: Trainer, train_loader, val_loader, prefixes, workspace:
             bar = progress_bar(len(train_loader), f"epoch {epoch}", show_progress)
             done = trainer.train_epoch(train_loader, epoch, stop, bar)
             bar.close()
-            interrupted = stop.received and done < _epoch_length(trainer, train_loader)
+            interrupted = stop.received and done < trainer.epoch_length(train_loader)
             if interrupted:
                 state.batch = done
                 raport.end_epoch(epoch)
@@ -600,11 +605,6 @@ def _train_loop(trainer: Trainer, train_loader, val_loader, prefixes, workspace:
             if stop.received:
                 log("Stopped by SIGTERM at the end of an epoch")
                 break
-
-
-def _epoch_length(trainer: Trainer, loader) -> int:
-    length = len(loader) if trainer.args.prof <= 0 else min(trainer.args.prof, len(loader))
-    return length - length % trainer.accumulation
 
 
 def _print_summary(args, runtime: Runtime, trainer: Trainer, summary: dict, workspace: Path, train_loader,

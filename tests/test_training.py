@@ -331,3 +331,13 @@ def test_loss_scaling_skips_overflowing_steps_static_keeps_its_scale(dynamic):
     assert scaler.get_scale() == (64.0 if dynamic else 128.0)
     trainer._train_step(torch.ones(2, 1, 2, 2), torch.tensor([0, 1]), 1, skipped)
     assert skipped.item() == 1 and not torch.equal(model[1].weight, before)
+
+
+def test_a_benchmark_shorter_than_one_accumulation_still_trains(tmp_path):
+    """The presets' large --optimizer-batch-size with a short --prof still runs its iterations."""
+    code = main(TINY + ["--data-backend", "synthetic", "--prof", "3", "--epochs", "1", "-b", "2",
+                        "--optimizer-batch-size", "16", "--training-only", "--workspace", str(tmp_path)])
+    assert code == 0
+    records = read_raport(tmp_path / "experiment_raport.json")
+    assert [r["step"] for r in records if r["type"] == "LOG" and isinstance(r["step"], list)
+            and len(r["step"]) == 2][-1] == [0, 3]
