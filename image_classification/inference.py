@@ -21,7 +21,8 @@ from torch import nn
 from torchvision import transforms
 
 from .arguments import UserErrorParser, positive_int
-from .data.common import MEAN_255, STD_255, val_resize_size
+from .data.common import MEAN_255, STD_255
+from .data.folder import val_transform
 from .data.folder import is_image_file
 from .errors import UserError
 from .models import (MODEL_CONFIGS, build_model, default_image_size, list_models, load_checkpoint_file,
@@ -42,11 +43,7 @@ def warn(message: str) -> None:
 # ------------------------------------------------------------------------------------------------
 def image_transform(image_size: int) -> Callable[[Image.Image], torch.Tensor]:
     """PIL image -> normalised float CHW tensor, as validation sees it."""
-    resize_crop = transforms.Compose([
-        transforms.Resize(val_resize_size(image_size), interpolation=transforms.InterpolationMode.BILINEAR),
-        transforms.CenterCrop(image_size),
-        transforms.PILToTensor(),
-    ])
+    resize_crop = transforms.Compose([val_transform(image_size), transforms.PILToTensor()])
     mean = torch.tensor(MEAN_255).view(3, 1, 1)
     std = torch.tensor(STD_255).view(3, 1, 1)
     return lambda image: (resize_crop(image).float() - mean) / std

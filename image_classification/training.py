@@ -490,7 +490,7 @@ def _run(args: argparse.Namespace, runtime: Runtime, log) -> int:
     seed_everything(seed, runtime.rank)
     model = build(args, runtime, resumed, log)
 
-    train_loader, val_loader = get_loaders(
+    train_loader, val_loader, classes = get_loaders(
         args, runtime, image_size, want_train=not args.evaluate, want_val=not args.training_only
     )
 
@@ -518,10 +518,7 @@ def _run(args: argparse.Namespace, runtime: Runtime, log) -> int:
     trainer = Trainer(args, runtime, model, base_model, optimizer, scaler, ema, raport, state, accumulation)
     if resumed is not None:
         restore(trainer, resumed, log)
-    if args.data_backend != "synthetic":
-        from .data.folder import class_names
-
-        trainer.classes = class_names(args.data)
+    trainer.classes = classes
 
     raport.parameters({**vars(args), "world_size": runtime.world_size, "device": str(runtime.device),
                        "amp_dtype": str(runtime.amp_dtype), "image_size": image_size})

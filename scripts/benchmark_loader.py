@@ -115,7 +115,7 @@ def project_loader(opts: argparse.Namespace, runtime: Runtime):
     argv = [opts.data, "--data-backend", opts.data_backend, "-b", str(opts.batch_size), "-j", str(opts.workers),
             "--seed", "0", "--memory-format", opts.memory_format]
     args = parse_args(argv)
-    train, _ = get_loaders(args, runtime, opts.image_size, want_train=True, want_val=False)
+    train, _, _ = get_loaders(args, runtime, opts.image_size, want_train=True, want_val=False)
     return train
 
 

@@ -28,22 +28,21 @@ def resolve_backend(requested: str | None, log=print) -> str:
 
 def get_loaders(
     args: argparse.Namespace, runtime: Runtime, image_size: int, *, want_train: bool, want_val: bool
-) -> tuple[Loader | None, Loader | None]:
-    """Build the train and val loaders that ``args`` asks for (None for the ones not wanted)."""
+) -> tuple[Loader | None, Loader | None, list[str]]:
+    """The train and val loaders that ``args`` asks for (None for the ones not wanted), and the class
+    folder names in label order (empty for synthetic data)."""
     backend = args.data_backend
     if backend == "synthetic":
         from .synthetic import synthetic_loaders
 
-        return synthetic_loaders(args, runtime, image_size, want_train=want_train, want_val=want_val)
+        return (*synthetic_loaders(args, runtime, image_size, want_train=want_train, want_val=want_val), [])
     from .folder import check_dataset
 
     classes = check_dataset(args.data, args.num_classes, want_train=want_train, want_val=want_val)
     if backend == "pytorch":
-        from .folder import folder_loaders
-
-        return folder_loaders(args, runtime, image_size, classes, want_train=want_train, want_val=want_val)
-    if backend in ("dali-cpu", "dali-gpu"):
-        from .dali import dali_loaders
-
-        return dali_loaders(args, runtime, image_size, classes, want_train=want_train, want_val=want_val)
-    raise UserError(f"unknown data backend {backend!r}")
+        from .folder import folder_loaders as build
+    elif backend in ("dali-cpu", "dali-gpu"):
+        from .dali import dali_loaders as build
+    else:
+        raise UserError(f"unknown data backend {backend!r}")
+    return (*build(args, runtime, image_size, classes, want_train=want_train, want_val=want_val), classes)

@@ -64,15 +64,6 @@ def train_samples(root: Path, classes: list[str], batch_size: int, world_size: i
     return samples
 
 
-def class_names(data_dir: str) -> list[str]:
-    """The class folder names (label order) of a dataset, from train/ or else val/."""
-    for split in ("train", "val"):
-        split_dir = Path(data_dir) / split
-        if split_dir.is_dir():
-            return _class_folders(split_dir)
-    return []
-
-
 def check_dataset(data_dir: str, num_classes: int, *, want_train: bool, want_val: bool) -> list[str]:
     """Validate the dataset layout before the first step; return the sorted class names."""
     root = Path(data_dir)
@@ -240,9 +231,10 @@ def train_transform(args: argparse.Namespace, image_size: int):
     return transforms.Compose(steps)
 
 
-def val_transform(args: argparse.Namespace, image_size: int):
+def val_transform(image_size: int, interpolation: str = "bilinear"):
+    """Resize the short side to ``val_resize_size`` and take the centre crop (PIL in, PIL out)."""
     return transforms.Compose([
-        transforms.Resize(val_resize_size(image_size), interpolation=_INTERPOLATION[args.interpolation]),
+        transforms.Resize(val_resize_size(image_size), interpolation=_INTERPOLATION[interpolation]),
         transforms.CenterCrop(image_size),
     ])
 
@@ -287,5 +279,6 @@ def folder_loaders(
         samples = train_samples(root, classes, args.batch_size, runtime.world_size)
         train = _loader(samples, train_transform(args, image_size), args, runtime, train=True)
     if want_val:
-        val = _loader(list_samples(root / "val", classes), val_transform(args, image_size), args, runtime, False)
+        val = _loader(list_samples(root / "val", classes), val_transform(image_size, args.interpolation), args,
+                      runtime, False)
     return train, val
