@@ -14,7 +14,7 @@ $(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
 	$(PY) -m pip install --disable-pip-version-check -q -r requirements-dev.txt
 	touch $@
 
-demo: $(VENV)/.installed  ## train ResNet-18 on the bundled handwritten digits (about 3 minutes on 2 CPU cores)
+demo: $(VENV)/.installed  ## train ResNet-18 on the bundled handwritten digits (under a minute on 2 CPU cores once installed)
 	$(PY) -m image_classification.demo
 
 test: $(VENV)/.installed-dev  ## the fast suite (slow and GPU tests excluded)

@@ -8,6 +8,7 @@ flags and our own additions sit beside them in small groups.  ``launch.py`` feed
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Sequence
 
@@ -79,9 +80,10 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     data.add_argument("--prefetch", metavar="N", type=positive_int, default=2,
                       help="batches each pytorch-backend worker loads ahead (default: 2)")
     data.add_argument("--image-size", metavar="S", type=positive_int, default=None,
-                      help="training and validation crop size (default: the architecture's, 224)")
-    data.add_argument("--interpolation", choices=INTERPOLATIONS, default="bilinear",
-                      help="resize interpolation (default: bilinear)")
+                      help="training and validation crop size, at least 32 (default: the checkpoint's, else "
+                      "the architecture's, 224)")
+    data.add_argument("--interpolation", choices=INTERPOLATIONS, default=None,
+                      help="resize interpolation (default: the checkpoint's, else bilinear)")
     data.add_argument("--augmentation", choices=("autoaugment",), default=None,
                       help="extra training augmentation (default: none)")
     data.add_argument("--crop-scale", metavar=("MIN", "MAX"), type=float, nargs=2, default=(0.08, 1.0),
@@ -95,7 +97,9 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     model.add_argument("--model-config", "-c", metavar="CONF", default="classic", choices=list(MODEL_CONFIGS),
                        help="model configs: " + " | ".join(MODEL_CONFIGS) + " (default: classic)")
     model.add_argument("--num-classes", "--num_classes", metavar="N", dest="num_classes",
-                       type=positive_int, default=1000, help="number of classes in the dataset (default: 1000)")
+                       type=positive_int, default=None,
+                       help="number of classes (default: the checkpoint's, else the dataset's class folders, "
+                       "else 1000)")
     model.add_argument("--conv_init", choices=("fan_in", "fan_out"), default=None,
                        help="kaiming init mode of the convolutions (default: the model config's)")
     model.add_argument("--last_bn_0_init", metavar="BOOL", type=_str2bool, nargs="?", const=True, default=False,
@@ -179,38 +183,91 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
                      help="Run only N iterations of training and of validation per epoch (default: -1, all)")
     run.add_argument("--evaluate", action="store_true", help="evaluate checkpoint/model")
     run.add_argument("--training-only", action="store_true", help="do not evaluate")
-    run.add_argument("--topk", metavar="K", type=positive_int, default=5,
-                     help="the second accuracy reported, top-K (default: 5)")
+    run.add_argument("--topk", metavar="K", type=positive_int, default=None,
+                     help="the second accuracy reported, top-K, at most the class count (default: 5, or the "
+                     "class count when smaller)")
     run.add_argument("--resume", metavar="PATH", default=None,
-                     help="path to latest checkpoint (default: none)")
+                     help="path to latest checkpoint; 'auto': the newest valid checkpoint in --workspace, or a "
+                     "fresh start when there is none (default: none)")
     run.add_argument("--workspace", metavar="DIR", default="./",
                      help="path to directory where checkpoints will be stored (default: ./)")
-    run.add_argument("--checkpoint-filename", metavar="NAME", default="checkpoint.pth.tar",
+    run.add_argument("--checkpoint-filename", "--checkpoint", metavar="NAME", default="checkpoint.pth.tar",
                      help="name of the latest checkpoint in the workspace (default: checkpoint.pth.tar)")
     run.add_argument("--no-checkpoints", dest="save_checkpoints", action="store_false",
                      help="do not store any checkpoints, useful for benchmarking")
+    run.add_argument("--checkpoint-interval", metavar="N|Nm", default=None,
+                     help="also write the latest checkpoint in the middle of an epoch, every N iterations or "
+                     "every N minutes (Nm); a killed run loses at most that much (default: at epoch ends only)")
     run.add_argument("--gather-checkpoints", metavar="N", type=int, nargs="?", const=-1, default=0,
                      help="also keep per-epoch checkpoints: alone, all of them; with N, the last N "
                      "(default: only the latest and the best are kept)")
     run.add_argument("--raport-file", metavar="FILE", default="experiment_raport.json",
                      help="file in which to store JSON experiment raport, inside the workspace "
                      "(default: experiment_raport.json)")
+    run.add_argument("--tensorboard", metavar="DIR", default=None,
+                     help="also write the raport's metrics as TensorBoard event files into DIR (default: off)")
     return parser
 
 
-def parse_args(argv: Sequence[str] | None = None, defaults: dict | None = None) -> argparse.Namespace:
-    """Parse ``argv`` (``sys.argv[1:]`` when None), with ``defaults`` applied under explicit flags."""
+def parse_args(argv: Sequence[str] | None = None, defaults: dict | None = None, *,
+               require_data: bool = True) -> argparse.Namespace:
+    """Parse ``argv`` (``sys.argv[1:]`` when None), with ``defaults`` (a preset) applied under explicit flags.
+
+    A preset's values go through exactly the checks a typed flag does: each is written as the flag it
+    stands for and parsed, so ``batch_size: 0`` fails like ``-b 0`` does, naming the key.
+    ``require_data=False`` accepts a missing DIR (``launch.py --dry-run`` prints a command without one).
+    """
     parser = build_parser()
-    argv = _bare_gather_flag(list(sys.argv[1:] if argv is None else argv))
-    if defaults:
-        known = {action.dest for action in parser._actions}
-        unknown = sorted(set(defaults) - known)
-        if unknown:
-            raise UserError(f"unknown configuration key(s): {', '.join(unknown)}")
-        parser.set_defaults(**defaults)
-    args = parser.parse_args(argv)
-    validate_args(args)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    preset_argv: list[str] = []
+    for key, value in (defaults or {}).items():
+        tokens = preset_tokens(parser, key, value)
+        try:
+            check_values(parser.parse_args(_bare_gather_flag(tokens)))
+        except UserError as error:
+            reason = str(error).split(": ", 1)[-1] if str(error).startswith(parser.prog) else str(error)
+            raise UserError(f"preset value {key}: {value!r} is not valid: {reason}") from None
+        preset_argv += tokens
+    args = parser.parse_args(_bare_gather_flag(preset_argv + argv))
+    validate_args(args, require_data=require_data)
     return args
+
+
+def _action_for(parser: argparse.ArgumentParser, dest: str) -> argparse.Action | None:
+    return next((a for a in parser._actions if a.dest == dest and a.option_strings), None)
+
+
+def preset_tokens(parser: argparse.ArgumentParser, key: str, value) -> list[str]:
+    """The command-line tokens that set ``key`` (an argparse dest) to ``value``; [] for the default."""
+    action = _action_for(parser, key)
+    if action is None or key == "help":
+        raise UserError(f"unknown configuration key: {key}")
+    flag = next(s for s in action.option_strings if s.startswith("--"))
+    if value is None:
+        return []
+    if isinstance(action, argparse.BooleanOptionalAction):
+        _require(key, value, bool)
+        return [flag if value else "--no-" + flag[2:]]
+    if action.nargs == 0:  # store_true / store_false
+        _require(key, value, bool)
+        return [flag] if value == action.const else []
+    if action.nargs == 2:
+        if not isinstance(value, (list, tuple)) or len(value) != 2:
+            raise UserError(f"preset value {key}: {value!r} is not valid: expected a list of two numbers")
+        for item in value:
+            _require(key, item, (int, float), scalar=True)
+        return [flag, *map(str, value)]
+    if isinstance(value, bool) and action.type is _str2bool:
+        return [f"{flag}={str(value).lower()}"]
+    _require(key, value, (str, int, float), scalar=True)
+    return [f"{flag}={value}"]
+
+
+def _require(key: str, value, kinds, scalar: bool = False) -> None:
+    wrong = not isinstance(value, kinds) or (scalar and isinstance(value, bool))
+    if wrong:
+        expected = "true or false" if kinds is bool else "a single value"
+        raise UserError(f"preset value {key}: {value!r} is not valid: expected {expected}")
 
 
 def _bare_gather_flag(argv: list[str]) -> list[str]:
@@ -224,28 +281,62 @@ def _bare_gather_flag(argv: list[str]) -> list[str]:
     return out
 
 
-def validate_args(args: argparse.Namespace) -> None:
-    """Check what argparse cannot: combinations and ranges. Raises :class:`UserError`."""
-    if args.data_backend is not None:
-        args.data_backend = _backend(args.data_backend)
-    if args.data is None and args.data_backend != "synthetic":
-        raise UserError("the dataset directory DIR is required unless --data-backend synthetic is used")
+MIN_IMAGE_SIZE = 32  # a ResNet reduces its input 32-fold
+
+
+def check_values(args: argparse.Namespace) -> None:
+    """Check each value on its own: ranges argparse's types do not cover. Raises :class:`UserError`."""
+    floats = ("lr", "end_lr", "momentum", "weight_decay", "label_smoothing", "mixup", "rmsprop_alpha",
+              "rmsprop_eps", "use_ema", "static_loss_scale", "hflip")
+    for name in floats:
+        value = getattr(args, name)
+        if value is not None and not math.isfinite(value):
+            raise UserError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
     low, high = args.crop_scale
-    if not 0.0 < low <= high <= 1.0:
+    if not (math.isfinite(low) and math.isfinite(high) and 0.0 < low <= high <= 1.0):
         raise UserError(f"--crop-scale needs 0 < MIN <= MAX <= 1, got {low} {high}")
-    if args.workers < 0:
-        raise UserError(f"-j/--workers must be 0 or more, got {args.workers}")
+    checks = (
+        (args.workers < 0, f"-j/--workers must be 0 or more, got {args.workers}"),
+        (args.image_size is not None and args.image_size < MIN_IMAGE_SIZE,
+         f"--image-size must be at least {MIN_IMAGE_SIZE} (the network reduces its input 32-fold), got "
+         f"{args.image_size}"),
+        (args.lr < 0, f"--lr must be 0 or more, got {args.lr}"),
+        (args.end_lr < 0, f"--end-lr must be 0 or more, got {args.end_lr}"),
+        (not 0.0 <= args.momentum < 1.0, f"--momentum must be in [0, 1), got {args.momentum}"),
+        (args.weight_decay < 0, f"--weight-decay must be 0 or more, got {args.weight_decay}"),
+        (not 0.0 <= args.rmsprop_alpha < 1.0, f"--rmsprop-alpha must be in [0, 1), got {args.rmsprop_alpha}"),
+        (args.rmsprop_eps <= 0, f"--rmsprop-eps must be positive, got {args.rmsprop_eps}"),
+        (args.warmup < 0, f"--warmup must be 0 or more, got {args.warmup}"),
+        (not 0 <= args.label_smoothing < 1, f"--label-smoothing must be in [0, 1), got {args.label_smoothing}"),
+        (args.mixup < 0, f"--mixup must be 0 or more, got {args.mixup}"),
+        (args.use_ema is not None and not 0.0 < args.use_ema < 1.0,
+         f"--use-ema needs a decay between 0 and 1, got {args.use_ema}"),
+        (args.static_loss_scale <= 0, f"--static-loss-scale must be positive, got {args.static_loss_scale}"),
+        (args.optimizer_batch_size == 0 or args.optimizer_batch_size < -1,
+         f"--optimizer-batch-size must be -1 (off) or positive, got {args.optimizer_batch_size}"),
+        (args.gather_checkpoints < -1,
+         f"--gather-checkpoints must be -1 (all), 0 (none) or a count, got {args.gather_checkpoints}"),
+    )
+    for failed, message in checks:
+        if failed:
+            raise UserError(message)
+    if args.checkpoint_interval is not None:
+        from .engine import CheckpointInterval
+
+        try:
+            CheckpointInterval.parse(args.checkpoint_interval)
+        except ValueError as error:
+            raise UserError(f"--checkpoint-interval {error}") from None
+
+
+def validate_args(args: argparse.Namespace, *, require_data: bool = True) -> None:
+    """Check values and their combinations. Raises :class:`UserError`."""
+    check_values(args)
+    if require_data and args.data is None and args.data_backend != "synthetic":
+        raise UserError("the dataset directory DIR is required unless --data-backend synthetic is used")
     if args.evaluate and args.training_only:
         raise UserError("--evaluate and --training-only exclude each other")
-    if args.warmup < 0:
-        raise UserError(f"--warmup must be 0 or more, got {args.warmup}")
-    if args.label_smoothing < 0 or args.label_smoothing >= 1:
-        raise UserError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
-    if args.mixup < 0:
-        raise UserError(f"--mixup must be 0 or more, got {args.mixup}")
-    if args.use_ema is not None and not 0.0 < args.use_ema < 1.0:
-        raise UserError(f"--use-ema needs a decay between 0 and 1, got {args.use_ema}")
-    if args.static_loss_scale <= 0:
-        raise UserError(f"--static-loss-scale must be positive, got {args.static_loss_scale}")
+    if args.nesterov and (args.optimizer != "sgd" or args.momentum <= 0):
+        raise UserError("--nesterov needs --optimizer sgd with a positive --momentum")
     if args.resume and args.pretrained_weights:
         raise UserError("--resume and --pretrained-weights exclude each other: a checkpoint already holds weights")

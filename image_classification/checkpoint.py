@@ -1,12 +1,13 @@
-"""Training checkpoints: what they hold, how they are written (atomically) and read (as data only).
+"""Checkpoint files: written atomically and sealed with a content hash, read as data only.
 
-A checkpoint is a dict of tensors and plain Python values, loadable with ``weights_only=True``:
+A training checkpoint is a dict of tensors and plain values (``weights_only=True`` loads it); what it
+holds is :meth:`image_classification.engine.Engine.state_dict`'s business, defined there once. Here:
 
-* ``epoch``: number of finished epochs (resume starts there); ``arch``; ``model_options``
-  (``num_classes``, ``model_config``, ...); ``best_prec1``;
-* ``state_dict``: the model in the native layout, no ``module.`` prefix; ``state_dict_ema`` with EMA;
-* ``optimizer``, ``scaler`` (loss-scaler state, or None), ``optimizer_steps`` (for the EMA warm-up);
-* ``rng``: every random generator (python, numpy, torch CPU, torch CUDA) and ``seed``.
+* :func:`save_checkpoint` seals the dict with its SHA-256 (:mod:`image_classification.integrity`) and
+  writes it through a temporary file, fsync and rename, so a kill never leaves a torn file and a full
+  disk leaves the previous file intact (:class:`StorageError`, the temporary file removed);
+* :func:`load_checkpoint` refuses a file whose hash does not match (a damaged copy) with one line;
+* the per-epoch files kept by ``--gather-checkpoints`` and the RNG snapshot of a process.
 """
 
 from __future__ import annotations
@@ -17,23 +18,19 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 import numpy as np
 import torch
 
-from .errors import UserError
+from .errors import StorageError, UserError
+from .integrity import seal_checkpoint, seal_state_dict
 from .models.weights import load_checkpoint_file
 
-__all__ = [
-    "save_atomic",
-    "copy_atomic",
-    "load_checkpoint",
-    "rng_state",
-    "restore_rng_state",
-    "unwrap",
-    "prune_epoch_checkpoints",
-    "epoch_checkpoint_name",
-]
+FORMAT = 2  # 1: no hash, one RNG snapshot; 2: sealed, one RNG snapshot per rank
+BEST_NAME = "model_best.pth.tar"
+TEMP_SUFFIX = ".tmp"
+_EPOCH_FILE = re.compile(r"checkpoint_(\d{4,})\.pth\.tar$")
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -47,45 +44,91 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
             return model
 
 
+# ------------------------------------------------------------------------------------------------
+# Writing
+# ------------------------------------------------------------------------------------------------
 def _umask_mode() -> int:
     current = os.umask(0)
     os.umask(current)
     return 0o666 & ~current
 
 
-def save_atomic(state: dict, path: str | os.PathLike) -> None:
-    """Write ``state`` to ``path`` through a temporary file and a rename: never a half-written file."""
+def _storage_error(path: Path, error: OSError) -> StorageError:
+    reason = error.strerror or str(error) or type(error).__name__
+    return StorageError(f"could not write {path}: {reason}; the previous {path.name} (if any) is intact")
+
+
+def temporary_name(path: Path) -> str:
+    """The prefix of ``path``'s temporary files: hidden, beside it, recognisable by :func:`stale_temporaries`."""
+    return f".{path.name}."
+
+
+def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
+    """Write ``path`` through a temporary file beside it, fsync and rename: never a half-written file.
+
+    Any OSError (a full disk, a read-only folder) removes the temporary file, leaves ``path`` as it was
+    and becomes a :class:`StorageError`.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=temporary_name(path), suffix=TEMP_SUFFIX, dir=path.parent)
         with os.fdopen(fd, "wb") as handle:
-            torch.save(state, handle)
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, _umask_mode())  # mkstemp makes 0600 files; give the usual permissions
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        tmp = None
+        _fsync_folder(path.parent)
+    except OSError as error:
+        raise _storage_error(path, error) from None
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename itself durable (best effort: not every file system can open a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(payload: dict, path: str | os.PathLike) -> None:
+    """Seal ``payload`` with its content hash and write it atomically."""
+    sealed = seal_checkpoint({"format": FORMAT, **payload})
+    write_atomic(path, lambda handle: torch.save(sealed, handle))
+
+
+def save_weights(state_dict: dict, description: dict, path: str | os.PathLike) -> None:
+    """Write a plain state dict that records ``description`` (arch, classes, preprocessing) and its hash."""
+    sealed = seal_state_dict(state_dict, description)
+    write_atomic(path, lambda handle: torch.save(sealed, handle))
 
 
 def copy_atomic(source: str | os.PathLike, target: str | os.PathLike) -> None:
     """Copy a finished checkpoint under another name, atomically."""
-    target = Path(target)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    try:
-        shutil.copyfile(source, tmp)
-        os.chmod(tmp, _umask_mode())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    def copy(handle: BinaryIO) -> None:
+        with open(source, "rb") as original:
+            shutil.copyfileobj(original, handle, length=16 << 20)
+
+    write_atomic(target, copy)
 
 
+# ------------------------------------------------------------------------------------------------
+# Reading
+# ------------------------------------------------------------------------------------------------
 def load_checkpoint(path: str | os.PathLike) -> dict:
-    """Read a training checkpoint (data only); a file that is not one is a :class:`UserError`."""
+    """Read a training checkpoint (data only, hash verified); a file that is not one is a :class:`UserError`."""
     state = load_checkpoint_file(path)
     if not isinstance(state, dict) or "state_dict" not in state or "epoch" not in state:
         raise UserError(f"{path} is not a training checkpoint (no 'state_dict' and 'epoch'); "
@@ -93,10 +136,13 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
     return state
 
 
+# ------------------------------------------------------------------------------------------------
+# Random generators of one process
+# ------------------------------------------------------------------------------------------------
 def rng_state() -> dict:
-    """Every RNG the training touches, as tensors and plain values."""
+    """Every RNG the training touches in this process, as tensors and plain values."""
     np_state = np.random.get_state()
-    state = {
+    return {
         "python": random.getstate(),
         "numpy": {
             "name": np_state[0],
@@ -108,7 +154,6 @@ def rng_state() -> dict:
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
-    return state
 
 
 def restore_rng_state(state: dict) -> None:
@@ -124,21 +169,30 @@ def restore_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+# ------------------------------------------------------------------------------------------------
+# Per-epoch files
+# ------------------------------------------------------------------------------------------------
 def epoch_checkpoint_name(epoch_index: int) -> str:
     """The per-epoch file kept by --gather-checkpoints; ``epoch_index`` is the 0-based finished epoch."""
     return f"checkpoint_{epoch_index:04}.pth.tar"
 
 
-_EPOCH_FILE = re.compile(r"checkpoint_(\d{4,})\.pth\.tar$")
+def is_epoch_checkpoint_name(name: str) -> bool:
+    return _EPOCH_FILE.match(name) is not None
+
+
+def epoch_checkpoints(workspace: str | os.PathLike) -> list[Path]:
+    """The per-epoch files in ``workspace``, oldest epoch first."""
+    return sorted(
+        (p for p in Path(workspace).iterdir() if _EPOCH_FILE.match(p.name)),
+        key=lambda p: int(_EPOCH_FILE.match(p.name).group(1)),
+    )
 
 
 def prune_epoch_checkpoints(workspace: str | os.PathLike, keep: int) -> None:
     """Keep the newest ``keep`` per-epoch files (all of them when ``keep`` < 0, none when 0)."""
     if keep < 0:
         return
-    files = sorted(
-        (p for p in Path(workspace).iterdir() if _EPOCH_FILE.match(p.name)),
-        key=lambda p: int(_EPOCH_FILE.match(p.name).group(1)),
-    )
+    files = epoch_checkpoints(workspace)
     for stale in files[: max(len(files) - keep, 0)]:
         stale.unlink(missing_ok=True)

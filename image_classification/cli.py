@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Callable
 
@@ -9,13 +10,17 @@ from .errors import UserError
 
 
 def run(entry: Callable[..., int | None], *args, **kwargs) -> int:
-    """Call ``entry`` and turn a :class:`UserError` into ``error: ...`` on stderr and exit code 2."""
+    """Call ``entry`` and turn a :class:`UserError` into ``error: ...`` on stderr and its exit code (2 for
+    bad input; see :mod:`image_classification.errors` for the others)."""
     try:
         code = entry(*args, **kwargs)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
-        return 2
+        return error.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         return 130
+    except BrokenPipeError:  # the reader went away (`... | head`): stop quietly, as a shell tool does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     return 0 if code is None else int(code)

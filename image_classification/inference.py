@@ -1,8 +1,10 @@
 """Classify images with a trained model: preprocessing, prediction, class names and ``classify.py``.
 
-Preprocessing is the validation pipeline's: the short side is resized to ``val_resize_size(size)``
+Preprocessing is the validation pipeline's: the short side is resized to ``round(size / 0.875)``
 (256 for 224), the centre ``size`` x ``size`` crop is kept, and pixels are normalised with the ImageNet
-mean and standard deviation, exactly as the ``pytorch`` data backend does for validation.
+mean and standard deviation, exactly as the ``pytorch`` data backend does for validation.  The size and
+interpolation are the ones the weights were trained with when the file records them (our checkpoints
+and ``checkpoint2model.py``'s output do); ``--image-size`` overrides them, and says so.
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ from torch import nn
 from torchvision import transforms
 
 from .arguments import UserErrorParser, positive_int
-from .data.common import MEAN_255, STD_255
+from .data.files import is_image_file, open_rgb
 from .data.folder import val_transform
-from .data.folder import is_image_file
 from .errors import UserError
+from .integrity import recorded_description
 from .models import (MODEL_CONFIGS, build_model, default_image_size, list_models, load_checkpoint_file,
                      load_weights)
 from .models.weights import extract_state_dict, fetch_pretrained
+from .preprocessing import Preprocessing
 from .runtime import Runtime, make_runtime
 
 BATCH_SIZE = 32  # images classified per forward pass
@@ -41,12 +44,23 @@ def warn(message: str) -> None:
 # ------------------------------------------------------------------------------------------------
 # Images
 # ------------------------------------------------------------------------------------------------
-def image_transform(image_size: int) -> Callable[[Image.Image], torch.Tensor]:
-    """PIL image -> normalised float CHW tensor, as validation sees it."""
-    resize_crop = transforms.Compose([val_transform(image_size), transforms.PILToTensor()])
-    mean = torch.tensor(MEAN_255).view(3, 1, 1)
-    std = torch.tensor(STD_255).view(3, 1, 1)
-    return lambda image: (resize_crop(image).float() - mean) / std
+def image_transform(preprocessing: Preprocessing | int) -> Callable[[Image.Image], torch.Tensor]:
+    """PIL image -> normalised float CHW tensor, as validation sees it (an int: that size, the defaults)."""
+    if isinstance(preprocessing, int):
+        preprocessing = Preprocessing(preprocessing)
+    if preprocessing.resize_size == Preprocessing(preprocessing.image_size).resize_size:
+        resize_crop = val_transform(preprocessing.image_size, preprocessing.interpolation)
+    else:  # a crop ratio other than the data backends' 0.875
+        from .data.folder import _INTERPOLATION
+
+        resize_crop = transforms.Compose([
+            transforms.Resize(preprocessing.resize_size, interpolation=_INTERPOLATION[preprocessing.interpolation]),
+            transforms.CenterCrop(preprocessing.image_size),
+        ])
+    to_tensor = transforms.Compose([resize_crop, transforms.PILToTensor()])
+    mean = torch.tensor(preprocessing.mean).view(3, 1, 1)
+    std = torch.tensor(preprocessing.std).view(3, 1, 1)
+    return lambda image: (to_tensor(image).float() - mean) / std
 
 
 def load_image(path: str | os.PathLike, decode: bool = True) -> Image.Image | None:
@@ -55,8 +69,10 @@ def load_image(path: str | os.PathLike, decode: bool = True) -> Image.Image | No
     With ``decode=False`` only the header is read: a cheap check before any work starts.
     """
     try:
-        with Image.open(path) as image:
-            return image.convert("RGB") if decode else None
+        if not decode:
+            with Image.open(path):
+                return None
+        return open_rgb(path)
     except FileNotFoundError:
         raise UserError(f"image file {path} does not exist") from None
     except (UnidentifiedImageError, OSError, ValueError) as error:
@@ -95,12 +111,27 @@ class LoadedModel:
     arch: str
     num_classes: int
     class_names: list[str] | None  # names recorded in the checkpoint, if any
+    preprocessing: Preprocessing | None = None  # how the weights' training prepared its images, if recorded
+    source: str = "the weights"
+
+    def resolve_preprocessing(self, image_size: int | None, log: Callable[[str], None] = warn) -> Preprocessing:
+        """The recorded preprocessing, else the arch's default; ``image_size`` overrides it (with a notice)."""
+        recorded = self.preprocessing
+        if image_size is None:
+            return recorded or Preprocessing(default_image_size(self.arch))
+        if recorded is None:
+            return Preprocessing(image_size)
+        if image_size != recorded.image_size:
+            log(f"note: --image-size {image_size} overrides the {recorded.image_size} px that {self.source} "
+                "were trained at")
+        return Preprocessing(image_size, recorded.interpolation, recorded.crop_ratio, recorded.mean, recorded.std)
 
 
 def _recorded_num_classes(checkpoint: dict) -> int | None:
-    options = checkpoint.get("model_options")
-    if isinstance(options, dict) and isinstance(options.get("num_classes"), int):
-        return options["num_classes"]
+    description = recorded_description(checkpoint)
+    number = description.get("num_classes") or (description.get("model_options") or {}).get("num_classes")
+    if isinstance(number, int) and not isinstance(number, bool):
+        return number
     try:
         head = extract_state_dict(checkpoint).get("fc.weight")
     except UserError:
@@ -122,7 +153,7 @@ def load_model(arch: str | None, weights: str | None = None, num_classes: int | 
     checkpoint: dict = {}
     if weights:
         checkpoint = load_checkpoint_file(weights)
-        recorded_arch = checkpoint.get("arch")
+        recorded_arch = recorded_description(checkpoint).get("arch")
         if isinstance(recorded_arch, str) and arch is not None and recorded_arch != arch:
             raise UserError(f"{weights} holds a {recorded_arch} checkpoint, not {arch}; "
                             f"pass --arch {recorded_arch}")
@@ -145,10 +176,14 @@ def load_model(arch: str | None, weights: str | None = None, num_classes: int | 
         except UserError as error:
             message = str(error).replace("the given state dict", f"'{weights}'").rstrip(".")
             raise UserError(f"{message}; are they weights of --arch {arch}?") from None
-    names = checkpoint.get("classes")
+    description = recorded_description(checkpoint)
+    names = description.get("classes")
     if not (isinstance(names, list) and len(names) == num_classes and all(isinstance(n, str) for n in names)):
         names = None
-    return LoadedModel(model.eval(), arch, num_classes, names)
+    preprocessing = None
+    if isinstance(description.get("preprocessing"), dict):
+        preprocessing = Preprocessing.from_dict(description["preprocessing"], f"'{weights}'")
+    return LoadedModel(model.eval(), arch, num_classes, names, preprocessing, f"'{weights}'" if weights else "")
 
 
 def imagenet_class_names() -> list[str]:
@@ -193,7 +228,11 @@ def predict(model: nn.Module, images: torch.Tensor, runtime: Runtime) -> torch.T
     images = images.to(runtime.device).contiguous(memory_format=runtime.memory_format)
     with runtime.autocast():
         logits = model(images)
-    return logits.float().softmax(dim=1).cpu()
+    probabilities = logits.float().softmax(dim=1).cpu()
+    if not torch.isfinite(probabilities).all():
+        raise UserError("the model's outputs are NaN or inf for these images; its predictions would mean nothing "
+                        "(try --precision FP32)")
+    return probabilities
 
 
 def top_predictions(probabilities: torch.Tensor, names: Sequence[str], k: int) -> list[dict]:
@@ -203,10 +242,10 @@ def top_predictions(probabilities: torch.Tensor, names: Sequence[str], k: int) -
             for p, i in zip(values.tolist(), indices.tolist())]
 
 
-def classify_paths(model: nn.Module, paths: Sequence[Path], runtime: Runtime, image_size: int,
+def classify_paths(model: nn.Module, paths: Sequence[Path], runtime: Runtime, preprocessing: Preprocessing | int,
                    names: Sequence[str], topk: int) -> Iterator[tuple[Path, list[dict]]]:
     """(path, top-k predictions) for every image, classified ``BATCH_SIZE`` at a time."""
-    transform = image_transform(image_size)
+    transform = image_transform(preprocessing)
     for start in range(0, len(paths), BATCH_SIZE):
         chunk = paths[start:start + BATCH_SIZE]
         batch = torch.stack([transform(load_image(path)) for path in chunk])
@@ -235,7 +274,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_arch: str | Non
     group.add_argument("--num-classes", "--num_classes", metavar="N", dest="num_classes", type=positive_int,
                        default=None, help="number of classes (default: the weights', else 1000)")
     group.add_argument("--image-size", metavar="S", type=positive_int, default=None,
-                       help="crop size (default: the architecture's, 224)")
+                       help="crop size (default: the size the weights were trained at when they record it, "
+                       "else the architecture's, 224)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -248,12 +288,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="AMP: fp16 autocast on CUDA, bf16 on CPU; FP32: full precision (default: AMP)")
     run.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                      help="where to run; auto takes CUDA when present (default: auto)")
+    run.add_argument("--memory-format", choices=("nhwc", "nchw"), default="nhwc",
+                     help="nhwc: channels-last model and images, the faster layout for oneDNN and cuDNN; "
+                     "nchw: the plain layout (default: nhwc)")
     run.add_argument("--cpu", dest="device", action="store_const", const="cpu", help="same as --device cpu")
     run.add_argument("--topk", metavar="K", type=positive_int, default=5,
                      help="how many classes to show per image (default: 5)")
     run.add_argument("--labels", metavar="FILE", default=None,
-                     help="class names, one per line in class-index order (default: ImageNet's names for "
-                     "1000 classes, else the checkpoint's names or the class index)")
+                     help="class names, one per line in class-index order (default: the names the checkpoint "
+                     "records, else ImageNet's for 1000 classes, else the class index)")
     run.add_argument("--json", action="store_true",
                      help="print one JSON object per image: "
                      "{path, predictions: [{label, index, probability}]}")
@@ -270,10 +313,11 @@ def main(argv: Sequence[str] | None = None) -> int:
              "mean nothing")
     loaded = load_model(args.arch, args.weights, args.num_classes, args.model_config, args.pretrained)
     names = class_names_for(loaded.num_classes, args.labels, loaded.class_names)
-    image_size = args.image_size or default_image_size(loaded.arch)
-    runtime = make_runtime(args.device, amp=args.precision == "AMP", log=warn)
-    model = loaded.model.to(runtime.device)
-    for path, predictions in classify_paths(model, paths, runtime, image_size, names, args.topk):
+    preprocessing = loaded.resolve_preprocessing(args.image_size)
+    runtime = make_runtime(args.device, amp=args.precision == "AMP", memory_format=args.memory_format,
+                           log=lambda *_: None)
+    model = loaded.model.to(runtime.device, memory_format=runtime.memory_format)
+    for path, predictions in classify_paths(model, paths, runtime, preprocessing, names, args.topk):
         if args.json:
             print(json.dumps({"path": str(path), "predictions": predictions}), flush=True)
             continue

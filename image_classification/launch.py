@@ -3,6 +3,9 @@
 A preset is picked by model, platform, precision and mode, and resolved as
 ``{**precision[P], **platform[H], **models[M][H][P], **mode[X]}`` (later entries win).  The result
 becomes the defaults of main.py's parser, so every flag given on the command line still wins.
+
+The presets file is package data (``image_classification/configs.yml``, a link to the repository's
+``configs.yml``, the one copy there is), so an installed package finds its presets too.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from .arguments import UserErrorParser, build_parser as build_main_parser, parse
 from .errors import UserError
 from .runtime import distributed_env
 
-DEFAULT_CFG_FILE = Path(__file__).resolve().parents[1] / "configs.yml"
+# In a source tree the link resolves to the repository's configs.yml, the file users edit.
+DEFAULT_CFG_FILE = (Path(__file__).parent / "configs.yml").resolve()
+DIR_PLACEHOLDER = "DIR"  # stands for the dataset folder in a --dry-run command given none
 SECTIONS = ("precision", "platform", "mode", "models")
 
 
@@ -151,10 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
         "[main.py flags] [DIR]",
         description="Run main.py with a preset from configs.yml (see --list).",
         epilog="Every other argument goes to main.py (python main.py -h lists them) and overrides the "
-        "preset. DIR may be left out with --mode benchmark_training_short (synthetic data).",
+        "preset. DIR may be left out with --dry-run, or with --mode benchmark_training_short (synthetic "
+        "data).",
     )
     parser.add_argument("--cfg_file", "--cfg-file", metavar="FILE", default=str(DEFAULT_CFG_FILE),
-                        help="presets file (default: configs.yml next to launch.py)")
+                        help="presets file (default: the configs.yml that comes with the package)")
     parser.add_argument("--model", metavar="M", help="model preset, e.g. resnet50")
     parser.add_argument("--precision", metavar="P", help="precision preset: AMP, BF16, TF32 or FP32")
     parser.add_argument("--mode", metavar="X",
@@ -162,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "convergence or evaluate")
     parser.add_argument("--platform", metavar="H", help="platform preset, e.g. DGXA100, DGXH100 or CPU")
     parser.add_argument("--dry-run", "--print-config", dest="dry_run", action="store_true",
-                        help="print the resolved main.py command line and exit")
+                        help="print the main.py command line the preset stands for and, separately, what "
+                        "this machine would change; DIR may be left out; then exit")
     parser.add_argument("--list", action="store_true", help="list the presets of the config file and exit")
     return parser
 
@@ -174,8 +181,33 @@ def _notify(message: str) -> None:
         print(f"launch.py: {message}", file=sys.stderr, flush=True)
 
 
+def dry_run_report(title: str, rest: Sequence[str], preset: dict, adapted: dict,
+                   notices: Sequence[str]) -> str:
+    """``--dry-run``'s text: the preset's main.py command as written, then what this machine changes.
+
+    The first command depends on the presets file and the command line only, never on this machine.
+    """
+    written = parse_args(rest, defaults=preset, require_data=False)
+    # adapt_to_host never touches the data flags, so both commands need DIR or neither does
+    placeholder = [DIR_PLACEHOLDER] if written.data is None and written.data_backend != "synthetic" else []
+
+    def command(defaults: dict) -> str:
+        argv = main_py_argv(parse_args(rest, defaults=defaults, require_data=False), defaults)
+        return shlex.join(["python", "main.py", *argv, *placeholder])
+
+    where_dir = f" ({DIR_PLACEHOLDER}: the dataset folder)" if placeholder else ""
+    lines = [f"# {title}, as written{where_dir}:", command(preset)]
+    if notices:
+        lines.append("# on this machine, launch.py would change it:")
+        lines += [f"#   {notice}" for notice in notices]
+        lines.append(command(adapted))
+    else:
+        lines.append("# on this machine it runs as written")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = None) -> int:
-    """Resolve the preset, adapt it to this machine, then train (or print it, with --dry-run)."""
+    """Resolve the preset, adapt it to this machine, then train (or describe the run, with --dry-run)."""
     launch, rest = build_parser().parse_known_args(argv)
     if launch.list:
         print(list_presets(launch.cfg_file))
@@ -185,18 +217,18 @@ def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = Non
     if missing:
         raise UserError(f"launch.py: the following arguments are required: {', '.join(missing)}")
     preset = resolve(launch.model, launch.precision, launch.mode, launch.platform, launch.cfg_file)
-    args = parse_args(rest, defaults=preset)
+    args = parse_args(rest, defaults=preset, require_data=not launch.dry_run)
     if cuda_available is None:
         import torch
 
         cuda_available = torch.cuda.is_available()
-    preset, notices = adapt_to_host(preset, args.device, cuda_available)
+    adapted, notices = adapt_to_host(preset, args.device, cuda_available)
+    if launch.dry_run:
+        title = f"{launch.model} {launch.precision} {launch.mode} {launch.platform} from {launch.cfg_file}"
+        print(dry_run_report(title, rest, preset, adapted, notices))
+        return 0
     for notice in notices:
         _notify(notice)
-    if launch.dry_run:
-        print(f"# {launch.model} {launch.precision} {launch.mode} {launch.platform} ({launch.cfg_file})")
-        print(shlex.join(["python", "main.py", *main_py_argv(parse_args(rest, defaults=preset), preset)]))
-        return 0
     from .training import main as train
 
-    return train(rest, preset)
+    return train(rest, adapted)

@@ -24,7 +24,10 @@ def mixup(images: torch.Tensor, targets: torch.Tensor, num_classes: int, lam: fl
 
 
 def correct_counts(logits: torch.Tensor, targets: torch.Tensor, ks: tuple[int, ...]) -> torch.Tensor:
-    """How many samples have their target among the top-k logits, for each k (a tensor on the device)."""
+    """How many samples have their target among the top-k logits, for each k (a tensor on the device).
+
+    A sample whose logits are not all finite counts as wrong: NaN would otherwise rank as the top class.
+    """
     top = logits.topk(min(max(ks), logits.shape[1]), dim=1).indices
-    hits = top.eq(targets.view(-1, 1))
+    hits = top.eq(targets.view(-1, 1)) & torch.isfinite(logits).all(dim=1, keepdim=True)
     return torch.stack([hits[:, :k].any(dim=1).sum() for k in ks])

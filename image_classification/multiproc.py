@@ -3,7 +3,11 @@
 ``python multiproc.py --nproc_per_node 8 main.py ARGS`` keeps the reference's flags.  Every worker
 gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``; local rank 0
 writes to the terminal and local rank k > 0 to ``GPU_k.log`` (in ``--log_dir``, the current
-directory by default).  When any worker fails, torchrun stops the others and multiproc exits 1.
+directory by default); after a successful run the logs that stayed empty are removed.  When any worker
+fails, torchrun stops the others and multiproc exits 1 with one line naming the failed rank (torch's
+own log lines about it are held back: they say the same).  Workers that stopped early after saving a
+checkpoint (exit 75, on SIGTERM or SIGUSR1) make multiproc exit 75 as well; a SIGUSR1 sent to multiproc
+itself is passed on to the workers.
 
 This module also holds the rendezvous helpers for jobs started by SLURM's ``srun``.  It imports
 nothing but the standard library at the top: torchrun runs this very file as the small shim that
@@ -13,15 +17,24 @@ points a worker's output at its log file before it becomes the training script.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shlex
+import shutil
 import signal
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Mapping, Sequence
 
 WORKER_LOG = "GPU_{}.log"
+EXIT_PREEMPTED = 75  # errors.EXIT_PREEMPTED (this file imports only the standard library at the top)
+EXIT_PEER_LOST = 5  # errors.PeerLost.exit_code
 DEFAULT_SLURM_PORT = 29500
+# torch.distributed.elastic's log lines that multiproc's own messages replace (matched on the template)
+ELASTIC_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+ELASTIC_REPEATS = ("failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s",
+                   "Sending process %s closing signal %s")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -39,8 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="multiproc.py",
         description="Start --nproc_per_node copies of a training script on this node (torchrun's engine, "
         "static rendezvous at --master_addr:--master_port).",
-        epilog="Local rank 0 writes to the terminal; local rank k > 0 writes to GPU_k.log in --log_dir. "
-        "If any process fails, the others are stopped and multiproc.py exits 1.",
+        epilog="Local rank 0 writes to the terminal; local rank k > 0 writes to GPU_k.log in --log_dir "
+        "(a log left empty is removed after a successful run). If any process fails, the others are "
+        "stopped and multiproc.py exits 1; when they stop early after saving a checkpoint (SIGTERM, "
+        "SIGUSR1), it exits 75.",
     )
     parser.add_argument("--nnodes", metavar="N", type=int, default=1, help="number of nodes (default: 1)")
     parser.add_argument("--node_rank", "--node-rank", metavar="R", type=int, default=0,
@@ -53,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a free port on the master node (default: 29500)")
     parser.add_argument("--log_dir", "--log-dir", metavar="DIR", default=".",
                         help="folder of the GPU_k.log files of local ranks k > 0 (default: .)")
-    parser.add_argument("training_script", help="the script every process runs: ./main.py or ./launch.py")
+    parser.add_argument("training_script",
+                        help="the script every process runs: ./main.py or ./launch.py, or an installed "
+                        "command such as ic-train or ic-launch")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="its arguments")
     return parser
 
@@ -68,8 +85,22 @@ def check(ns: argparse.Namespace) -> None:
                         f"got {ns.node_rank}")
     if not 0 < ns.master_port < 65536:
         raise UserError(f"--master_port must be a port number, got {ns.master_port}")
-    if not os.path.isfile(ns.training_script):
-        raise UserError(f"no such training script: {ns.training_script}")
+
+
+def script_path(script: str) -> str:
+    """The file the workers run: ``script`` itself, else the command of that name on PATH or beside
+    this Python (an unactivated venv's ``bin/``).
+
+    Installed console commands (``ic-train``, ``ic-launch``) are Python scripts, so ``python -u`` runs them.
+    """
+    from .errors import UserError
+
+    if os.path.isfile(script):
+        return script
+    found = shutil.which(script) or shutil.which(script, path=sysconfig.get_path("scripts"))
+    if found is None:
+        raise UserError(f"no such training script: {script}")
+    return found
 
 
 def torchrun_argv(ns: argparse.Namespace) -> list[str]:
@@ -88,6 +119,39 @@ def torchrun_argv(ns: argparse.Namespace) -> list[str]:
     ]
 
 
+def _ranks(first: int, last: int) -> str:
+    return f"rank {first}" if first == last else f"ranks {first}-{last}"
+
+
+def startup_lines(ns: argparse.Namespace, command: str) -> list[str]:
+    """What multiproc says before the workers start: which ranks run what, and where their output goes."""
+    first = ns.nproc_per_node * ns.node_rank
+    last = first + ns.nproc_per_node - 1
+    node = f"node {ns.node_rank} of {ns.nnodes} " if ns.nnodes > 1 else ""
+    lines = [f"multiproc.py: {node}starts {_ranks(first, last)} (master {ns.master_addr}:{ns.master_port}): "
+             f"{command}"]
+    if ns.nproc_per_node == 2:
+        log = os.path.join(ns.log_dir, WORKER_LOG.format(1))
+        lines.append(f"multiproc.py: rank {first + 1} writes to {log}")
+    elif ns.nproc_per_node > 2:
+        logs = f"{WORKER_LOG.format(1)} ... {WORKER_LOG.format(ns.nproc_per_node - 1)}"
+        lines.append(f"multiproc.py: {_ranks(first + 1, last)} write to {logs} in {ns.log_dir}")
+    return lines
+
+
+def _not_a_repeat(record: logging.LogRecord) -> bool:
+    """A logging filter: False for torch elastic's records that multiproc's own messages repeat."""
+    return record.msg not in ELASTIC_REPEATS
+
+
+def remove_empty_logs(log_dir: str, nproc_per_node: int) -> None:
+    """Delete the GPU_k.log files that stayed empty; the others hold what those ranks printed."""
+    for local_rank in range(1, nproc_per_node):
+        path = Path(log_dir, WORKER_LOG.format(local_rank))
+        if path.is_file() and path.stat().st_size == 0:
+            path.unlink()
+
+
 def _describe_exit(exitcode: int) -> str:
     if exitcode < 0:
         try:
@@ -97,31 +161,73 @@ def _describe_exit(exitcode: int) -> str:
     return f"exited with code {exitcode}"
 
 
+def _child_pids() -> list[int]:
+    """The processes this one started (on Linux, from /proc; elsewhere none)."""
+    own, children = os.getpid(), []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == own:  # the field after the state is the parent's pid
+            children.append(int(entry.name))
+    return children
+
+
+def _relay_to_workers(signum: int, frame) -> None:
+    """Pass a SIGUSR1 (SLURM's warning before a preemption) on to the workers, which save and exit 75."""
+    for pid in _child_pids():
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def _stopped_early(failures) -> bool:
+    """Whether the workers stopped on a SIGTERM / SIGUSR1 after saving (exit 75), rather than failed.
+
+    The first to exit makes torchrun stop the others with SIGTERM; those count as stopped too.
+    """
+    codes = [failure.exitcode for failure in failures]
+    return EXIT_PREEMPTED in codes and all(code in (EXIT_PREEMPTED, -signal.SIGTERM) for code in codes)
+
+
+def _root_cause_first(item) -> tuple:
+    """Order failed processes so the cause comes first: not one that torchrun itself stopped with SIGTERM,
+    nor one that stopped because a peer was gone (exit 5), then the earliest (timestamps are in seconds)."""
+    rank, failure = item
+    return failure.exitcode == -signal.SIGTERM, failure.exitcode == EXIT_PEER_LOST, failure.timestamp, rank
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the workers; 0 when all of them succeed, 1 when one fails."""
+    """Run the workers; 0 when all of them succeed, 75 when they stopped early after saving (a SIGTERM or
+    SIGUSR1), 1 when one fails."""
     ns = build_parser().parse_args(argv)
     check(ns)
+    ns = argparse.Namespace(**{**vars(ns), "training_script": script_path(ns.training_script)})
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     Path(ns.log_dir).mkdir(parents=True, exist_ok=True)
     if "OMP_NUM_THREADS" not in os.environ:  # share the cores instead of oversubscribing them
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        os.environ["OMP_NUM_THREADS"] = str(max(1, cpus // ns.nproc_per_node))
+        from .machine import cores
+
+        os.environ["OMP_NUM_THREADS"] = str(max(1, cores() // ns.nproc_per_node))
     command = shlex.join([sys.executable, "-u", ns.training_script, *ns.training_script_args])
-    first, last = ns.nproc_per_node * ns.node_rank, ns.nproc_per_node * (ns.node_rank + 1) - 1
-    print(f"multiproc.py: node {ns.node_rank} of {ns.nnodes} starts ranks {first}-{last} "
-          f"(master {ns.master_addr}:{ns.master_port}): {command}", flush=True)
-    if ns.nproc_per_node > 1:
-        print(f"multiproc.py: local ranks 1-{ns.nproc_per_node - 1} write to "
-              f"{os.path.join(ns.log_dir, WORKER_LOG.format('k'))}", flush=True)
+    for line in startup_lines(ns, command):
+        print(line, flush=True)
+    logging.getLogger(ELASTIC_LOGGER).addFilter(_not_a_repeat)  # adding it twice keeps one
+    if hasattr(signal, "SIGUSR1"):  # torchrun handles SIGTERM itself; SIGUSR1 would kill us and orphan them
+        signal.signal(signal.SIGUSR1, _relay_to_workers)
     try:
         torchrun.run(torchrun.parse_args(torchrun_argv(ns)))
     except ChildFailedError as failed:
-        # the root cause: not one of the processes torchrun itself stopped with SIGTERM, the earliest
-        rank, failure = min(failed.failures.items(),
-                            key=lambda item: (item[1].exitcode == -signal.SIGTERM, item[1].timestamp, item[0]))
+        if _stopped_early(failed.failures.values()):
+            print(f"multiproc.py: the processes stopped early after saving a checkpoint (exit code "
+                  f"{EXIT_PREEMPTED}); --resume continues the run", file=sys.stderr, flush=True)
+            return EXIT_PREEMPTED
+        rank, failure = min(failed.failures.items(), key=_root_cause_first)
         where = "" if failure.local_rank == 0 else \
             f"; see {os.path.join(ns.log_dir, WORKER_LOG.format(failure.local_rank))}"
         print(f"multiproc.py: rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) "
@@ -131,6 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SignalException as stopped:
         print(f"multiproc.py: stopped by {signal.Signals(stopped.sigval).name}", file=sys.stderr, flush=True)
         return 128 + int(stopped.sigval)
+    remove_empty_logs(ns.log_dir, ns.nproc_per_node)
     return 0
 
 

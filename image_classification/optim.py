@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -41,26 +42,60 @@ def split_weight_decay(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Pa
     return bn, rest
 
 
+def make_optimizer(optimizer_class: type[torch.optim.Optimizer], groups: list[dict], **options) -> torch.optim.Optimizer:
+    """``optimizer_class`` with its fused kernel where this torch has one for the parameters' device and
+    dtype (SGD on CUDA and, from torch 2.4, on the CPU), else with its foreach (multi-tensor) kernels.
+
+    The fused update is one kernel per parameter group: on CUDA it lets ``GradScaler.step`` hand its
+    inf check to the kernel instead of reading it back to the host, and on the CPU it is faster than the
+    for-loop update. The optimizer's constructor decides what it supports.
+    """
+    if "fused" in inspect.signature(optimizer_class).parameters:
+        try:
+            return optimizer_class(groups, fused=True, **options)
+        except RuntimeError:  # no fused kernel for this device or dtype
+            pass
+    return optimizer_class(groups, foreach=True, **options)
+
+
 def build_optimizer(model: nn.Module, *, name: str, lr: float, momentum: float, weight_decay: float,
                     nesterov: bool = False, bn_weight_decay: bool = False, rmsprop_alpha: float = 0.9,
                     rmsprop_eps: float = 1e-3, log=print) -> torch.optim.Optimizer:
-    """SGD or RMSprop over two groups: BatchNorm parameters (no decay unless asked) and the rest."""
+    """SGD or RMSprop over two groups: BatchNorm parameters (no decay unless asked) and the rest.
+
+    Build it after the model is on its device: :func:`make_optimizer` picks the kernels for it.
+    """
     bn, rest = split_weight_decay(model)
     groups = [
         {"params": bn, "weight_decay": weight_decay if bn_weight_decay else 0.0},
         {"params": rest, "weight_decay": weight_decay},
     ]
     if bn_weight_decay:
-        log(" ! Weight decay applied to BN parameters ")
+        log(f"=> weight decay {weight_decay:g} on all {len(bn) + len(rest)} parameter tensors, BatchNorm included")
     else:
-        log(f" ! Weight decay NOT applied to BN parameters  {len(bn)} {len(rest)}")
+        log(f"=> weight decay {weight_decay:g} on {len(rest)} parameter tensors; none on the {len(bn)} BatchNorm "
+            "ones (--bn-weight-decay includes them)")
     if name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov)
+        return make_optimizer(torch.optim.SGD, groups, lr=lr, momentum=momentum, nesterov=nesterov)
     if name == "rmsprop":
-        return torch.optim.RMSprop(groups, lr=lr, alpha=rmsprop_alpha, eps=rmsprop_eps, momentum=momentum)
+        return make_optimizer(torch.optim.RMSprop, groups, lr=lr, alpha=rmsprop_alpha, eps=rmsprop_eps,
+                              momentum=momentum)
     raise UserError(f"unknown optimizer {name!r}; choose sgd or rmsprop")
 
 
+IMPLEMENTATION_FLAGS = ("fused", "foreach")
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Load ``state`` but keep the kernels :func:`make_optimizer` chose here (a checkpoint's parameter
+    groups carry the flags of the machine and torch version that wrote it)."""
+    chosen = [{flag: group.get(flag) for flag in IMPLEMENTATION_FLAGS} for group in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, flags in zip(optimizer.param_groups, chosen):
+        group.update(flags)
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Give every parameter group the learning rate ``lr``."""
     for group in optimizer.param_groups:
         group["lr"] = lr

@@ -1,9 +1,19 @@
 """The experiment raport, in DLLogger's format (DLLogger itself is not installable from PyPI).
 
-The JSON file holds one record per line, ``DLLL {json}``: PARAMETER records, one METADATA record per
-metric, then LOG records whose ``step`` is ``[epoch, iteration]`` (train), ``[epoch, iteration,
-val_iteration]`` (validation), ``[epoch]`` (end of epoch) or ``[]`` (run summary).  Standard output
-mirrors DEFAULT-level records as ``DLL {datetime} - {step} {name} : {value} {unit} ...``.
+The JSON file holds one record per line, ``DLLL {json}``, as DLLogger 1.1 writes them: every record has
+``timestamp`` and ``elapsedtime`` (seconds, as strings) and a timezone-aware ``datetime``; PARAMETER
+records come first, then one METADATA record per metric (``{"type": "METADATA", "metric": name,
+"metadata": {...}}``), then LOG records whose ``step`` is ``[epoch, iteration]`` (train), ``[epoch,
+iteration, val_iteration]`` (validation), ``[epoch]`` (end of epoch) or ``[]`` (run summary).  Standard
+output mirrors DEFAULT-level records as ``DLL {datetime} - {step} {name} : {value} {unit} ...``.
+
+Aggregates: a throughput (``*_ips``) is recorded per iteration with its wall time as the weight, so a
+window's, an epoch's and the run's value is images divided by wall time over every iteration in it;
+times average per iteration; accuracy keeps the best epoch, loss the lowest epoch, lr the last value.
+
+A resumed run appends to the raport it continues: the file is cut back to where it stood when the
+checkpoint was written (:meth:`Raport.position`), so no record is repeated.  ``--tensorboard DIR``
+mirrors the same metrics to TensorBoard event files.
 """
 
 from __future__ import annotations
@@ -14,7 +24,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Callable, TextIO
+
+from .errors import StorageError
 
 DEFAULT, VERBOSE = 0, 1
 
@@ -22,6 +35,7 @@ PERF_META = {"unit": "images/s", "format": ":.2f"}
 TIME_META = {"unit": "s", "format": ":.5f"}
 LOSS_META = {"unit": None, "format": ":.5f"}
 ACC_META = {"unit": "%", "format": ":.2f"}
+LR_META = {"unit": None, "format": ":.6g"}
 
 
 def _mean(pairs: list[tuple[float, float]]) -> float | None:
@@ -42,9 +56,10 @@ def quantile_nearest(values: list[float], q: float) -> float | None:
 class Metric:
     """One metric's window, epoch and run aggregates.
 
-    ``kind`` picks the reductions, as the reference's meters do: ``perf`` averages everywhere;
-    ``loss`` keeps the best (minimum) epoch for the run; ``acc`` the maximum; ``lr`` the last value;
-    ``q<nn>`` is the nn-th percentile of every value recorded in the epoch or run.
+    ``kind`` picks the reductions: ``perf`` is a weighted mean everywhere (the run's over every
+    iteration, not a mean of epoch means); ``loss`` keeps the best (minimum) epoch for the run; ``acc``
+    the maximum; ``lr`` the last value; ``q<nn>`` is the nn-th percentile of every value recorded in the
+    epoch or run.
     """
 
     name: str
@@ -53,7 +68,7 @@ class Metric:
     metadata: dict
     window: list = field(default_factory=list)
     epoch: list = field(default_factory=list)
-    epoch_values: list = field(default_factory=list)
+    epoch_values: list = field(default_factory=list)  # (value, weight) per finished epoch
     run_values: list = field(default_factory=list)
 
     def record(self, value: float, n: float = 1.0, *, window: bool = True, epoch: bool = True) -> None:
@@ -80,14 +95,14 @@ class Metric:
         if self.kind.startswith("q"):
             self.run_values.extend(v for v, _ in self.epoch)
         elif value is not None:
-            self.epoch_values.append(value)
+            self.epoch_values.append((value, sum(n for _, n in self.epoch)))
         self.epoch, self.window = [], []
         return value
 
     def run_value(self) -> float | None:
-        values = self.epoch_values
         if self.kind.startswith("q"):
             return quantile_nearest(self.run_values, int(self.kind[1:]) / 100)
+        values = [v for v, _ in self.epoch_values]
         if not values:
             return None
         if self.kind == "loss":
@@ -96,7 +111,7 @@ class Metric:
             return max(values)
         if self.kind == "lr":
             return values[-1]
-        return sum(values) / len(values)
+        return _mean(self.epoch_values)
 
 
 def format_step(step) -> str:
@@ -108,31 +123,91 @@ def format_step(step) -> str:
     return "".join(f"{label}: {value} " for label, value in zip(labels, step)).rstrip()
 
 
-class Raport:
-    """Writes records to the JSON-lines file and mirrors them on standard output.
+class TensorBoardMirror:
+    """Writes the raport's metrics as TensorBoard scalars (``torch.utils.tensorboard``, rank 0 only).
 
-    A raport for a process other than global rank 0 is disabled: every call is a no-op.
+    Train windows are plotted against the run's iteration, epoch aggregates against the epoch (under
+    ``epoch/``), and the run's parameters are written once as hyperparameters with the summary.
+    """
+
+    def __init__(self, log_dir: str | os.PathLike):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as error:  # the tensorboard package is missing
+            from .errors import UserError
+
+            raise UserError(f"--tensorboard needs the tensorboard package ({error}); "
+                            "pip install tensorboard") from None
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+        self.parameters: dict = {}
+
+    def window(self, values: dict, global_step: int) -> None:
+        for name, value in values.items():
+            if isinstance(value, (int, float)):
+                self.writer.add_scalar(name, value, global_step)
+
+    def epoch(self, values: dict, epoch: int) -> None:
+        for name, value in values.items():
+            if isinstance(value, (int, float)):
+                self.writer.add_scalar(f"epoch/{name}", value, epoch)
+        self.writer.flush()
+
+    def end(self, summary: dict) -> None:
+        hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in self.parameters.items()}
+        metrics = {f"summary/{k}": v for k, v in summary.items() if isinstance(v, (int, float))}
+        if metrics:
+            self.writer.add_hparams(hparams, metrics, run_name=".")
+        self.writer.close()
+
+
+class Raport:
+    """Writes records to the JSON-lines file and mirrors them on standard output (and TensorBoard).
+
+    A raport for a process other than global rank 0 is disabled: every call is a no-op. ``resume_offset``
+    reopens an existing raport for appending, cut back to that byte offset first.
     """
 
     def __init__(self, path: str | os.PathLike | None, enabled: bool = True, stdout: TextIO | None = None,
-                 echo: Callable[[str], None] | None = None):
+                 echo: Callable[[str], None] | None = None, resume_offset: int | None = None,
+                 tensorboard: str | os.PathLike | None = None):
         self.enabled = enabled
+        self.path = Path(path) if path else None
         self.start = time.time()
         self.metrics: dict[str, Metric] = {}
         self.stdout = stdout if stdout is not None else sys.stdout
         self.echo = echo
-        self.file = open(path, "w", encoding="utf-8") if (enabled and path) else None
+        self.file = None
+        self.mirror = None
+        if enabled and path:
+            self.file = self._open(self.path, resume_offset)
+        if enabled and tensorboard:
+            self.mirror = TensorBoardMirror(tensorboard)
+
+    @staticmethod
+    def _open(path: Path, resume_offset: int | None) -> TextIO:
+        try:
+            if resume_offset is not None and path.is_file() and path.stat().st_size >= resume_offset:
+                handle = open(path, "r+", encoding="utf-8")
+                handle.seek(resume_offset)
+                handle.truncate()
+                return handle
+            return open(path, "a" if resume_offset is not None else "w", encoding="utf-8")
+        except OSError as error:
+            raise StorageError(f"could not open the raport {path}: {error.strerror or error}") from None
 
     # -- low level ------------------------------------------------------------------------------
     def _write(self, record: dict) -> None:
         if self.file is not None:
-            self.file.write("DLLL " + json.dumps(record) + "\n")
+            try:
+                self.file.write("DLLL " + json.dumps(record) + "\n")
+            except OSError as error:
+                raise StorageError(f"could not write the raport {self.path}: {error.strerror or error}") from None
 
     def _stamp(self) -> dict:
         now = time.time()
         return {
             "timestamp": str(now),
-            "datetime": str(datetime.fromtimestamp(now)),
+            "datetime": str(datetime.fromtimestamp(now).astimezone()),
             "elapsedtime": str(now - self.start),
         }
 
@@ -157,15 +232,29 @@ class Raport:
             return f"{name} : {value}"
         spec = metric.metadata.get("format", "")
         text = ("{" + spec + "}").format(value) if spec else str(value)
-        return f"{name} : {text} {metric.metadata.get('unit')}" if "unit" in metric.metadata else f"{name} : {text}"
+        unit = metric.metadata.get("unit")
+        return f"{name} : {text} {unit}" if unit else f"{name} : {text}"
 
     def flush(self) -> None:
         if self.file is not None:
-            self.file.flush()
+            try:
+                self.file.flush()
+            except OSError as error:
+                raise StorageError(f"could not write the raport {self.path}: {error.strerror or error}") from None
+
+    def position(self) -> dict:
+        """Where the raport stands (flushed): a checkpoint records it, so a resume appends from there."""
+        if self.file is None:
+            return {"file": str(self.path.name) if self.path else "", "offset": -1}
+        self.flush()
+        return {"file": self.path.name, "offset": self.file.tell()}
 
     def close(self) -> None:
         if self.file is not None:
-            self.file.close()
+            try:
+                self.file.close()
+            except OSError:
+                pass
             self.file = None
 
     # -- parameters and metrics -------------------------------------------------------------------
@@ -173,6 +262,8 @@ class Raport:
         if not self.enabled:
             return
         self._write({**self._stamp(), "type": "LOG", "step": "PARAMETER", "data": values})
+        if self.mirror is not None:
+            self.mirror.parameters.update(values)
 
     def register(self, name: str, kind: str, metadata: dict, verbosity: int = DEFAULT) -> None:
         if name in self.metrics:
@@ -190,7 +281,7 @@ class Raport:
             if data:
                 self.log(step, data, level if len(step) > 1 else DEFAULT)
 
-    def log_window(self, prefix: str, step: list) -> None:
+    def log_window(self, prefix: str, step: list, global_step: int | None = None) -> None:
         """Log and reset the window averages of metrics under ``prefix`` (``val`` covers ``val_ema``)."""
         values = {
             name: metric.take_window()
@@ -200,17 +291,28 @@ class Raport:
         if values:
             self._emit(step, values)
             self.flush()
+            if self.mirror is not None and global_step is not None and self.enabled:
+                self.mirror.window(values, global_step)
 
     def end_epoch(self, epoch: int) -> dict[str, float | None]:
         values = {name: metric.take_epoch() for name, metric in self.metrics.items()}
         self._emit([epoch], values)
         self.flush()
+        if self.mirror is not None and self.enabled:
+            self.mirror.epoch(values, epoch)
         return values
 
     def end(self) -> dict[str, float | None]:
+        """The run summary; not written when nothing was recorded (a run that failed before its first epoch)."""
         values = {name: metric.run_value() for name, metric in self.metrics.items()}
+        if all(value is None for value in values.values()):
+            self.flush()
+            return values
         self._emit([], values)
         self.flush()
+        if self.mirror is not None and self.enabled:
+            self.mirror.end(values)
+            self.mirror = None
         return values
 
 

@@ -1,118 +1,132 @@
 """Training, validation and the run that ties them together (what ``main.py`` executes).
 
-The loop keeps the host ahead of the device: losses and accuracy counts stay on the device and are
-read once per ``--print-freq`` window; only validation synchronises per batch, to time its latency.
+The loop keeps the host ahead of the device: losses and counters stay on the device and are read once
+per ``--print-freq`` window (:meth:`Engine.read_window`); validation synchronises per batch, to time its
+latency.  Every iteration is timed wall clock to wall clock, so a window's throughput includes the wait
+for the device at the window's read, the logging and any checkpoint written in it.
+
+What may stop a run, and what it then leaves behind:
+
+* the end of ``--epochs`` / ``--run-epochs`` / early stopping: exit 0, checkpoints as asked;
+* SIGTERM or SIGUSR1 (what SLURM sends before preemption): at the next optimizer step, a checkpoint of
+  exactly that point is written and the run exits :data:`EXIT_PREEMPTED` (75) so a script can requeue it;
+* a non-finite loss, weights or validation outputs: :class:`TrainingDiverged` (exit 3) within one print
+  window, and no checkpoint or best model is written from such weights.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 import random
+import re
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from . import checkpoint as ckpt
 from .arguments import parse_args
-from .data import get_loaders, resolve_backend
-from .ema import ModelEma
-from .errors import UserError
-from .losses import classification_loss, correct_counts, mixup
+from .data import DataConfig, get_loaders, resolve_backend
+from .engine import CheckpointInterval, Engine, RunConfig, reseed
+from .errors import EXIT_PREEMPTED, PeerLost, TrainingDiverged, UserError
+from .losses import classification_loss, correct_counts
 from .models import build_model, default_image_size, load_weights
-from .optim import build_optimizer, lr_at, set_lr
-from .raport import ACC_META, DEFAULT, LOSS_META, PERF_META, TIME_META, VERBOSE, Raport
+from .preprocessing import Preprocessing
+from .raport import ACC_META, LOSS_META, LR_META, PERF_META, TIME_META, VERBOSE, Raport
 from .runtime import Runtime, make_runtime
+from .workspace import Workspace
 
 LATENCY_PERCENTILES = (90, 95, 99, 100)
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1")
 
 
 # ------------------------------------------------------------------------------------------------
-# Set-up helpers
+# Stopping and interval checkpoints
 # ------------------------------------------------------------------------------------------------
-def resolve_seed(seed: int | None, runtime: Runtime) -> int:
-    """The run's base seed: the user's, or a fresh one shared by every rank (recorded in checkpoints)."""
-    if seed is None:
-        seed = random.SystemRandom().randrange(2**31)
-        if runtime.distributed:
-            shared = torch.tensor([seed], dtype=torch.int64, device=runtime.device)
-            dist.broadcast(shared, src=0)
-            seed = int(shared.item())
-    return seed
-
-
-def seed_everything(seed: int, rank: int) -> None:
-    """Seed python, numpy and torch (CPU and CUDA) from the base seed and the global rank."""
-    process_seed = seed + rank
-    random.seed(process_seed)
-    np.random.seed(process_seed % 2**32)
-    torch.manual_seed(process_seed)
-
-
-def grad_accumulation_steps(optimizer_batch_size: int, batch_size: int, world_size: int) -> int:
-    """Micro-batches per optimizer step (the reference's BSM); the global batch must divide evenly."""
-    if optimizer_batch_size < 0:
-        return 1
-    per_step = batch_size * world_size
-    if optimizer_batch_size < per_step or optimizer_batch_size % per_step:
-        raise UserError(
-            f"--optimizer-batch-size {optimizer_batch_size} must be a multiple of world size x batch size "
-            f"= {world_size} x {batch_size} = {per_step}"
-        )
-    return optimizer_batch_size // per_step
-
-
-def make_scaler(args: argparse.Namespace, runtime: Runtime):
-    """A loss scaler for fp16 autocast; None when no scaling is needed (fp32, bf16)."""
-    if not runtime.needs_loss_scaling:
-        return None
-    growth_interval = 100 if args.dynamic_loss_scale else 2**31 - 1
-    return torch.amp.GradScaler(
-        runtime.device.type, init_scale=args.static_loss_scale, growth_factor=2.0, backoff_factor=0.5,
-        growth_interval=growth_interval,
-    )
-
-
 class StopSignal:
-    """Remembers a SIGTERM so the loop can stop at the next optimizer step and save where it is."""
+    """Remembers a SIGTERM or SIGUSR1 so the loop can save where it is and stop."""
 
     def __init__(self):
-        self.received = False
-        self._previous = None
+        self.received: str | None = None
+        self._previous: dict = {}
 
     def __enter__(self):
-        try:
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        except ValueError:  # not the main thread
-            self._previous = None
+        for name in STOP_SIGNALS:
+            number = getattr(signal, name, None)
+            if number is None:
+                continue
+            try:
+                self._previous[number] = signal.signal(number, self._handle)
+            except ValueError:  # not the main thread: leave the signals alone
+                pass
         return self
 
     def _handle(self, signum, frame):
-        self.received = True
-        print("Received SIGTERM", file=sys.stderr, flush=True)
+        self.received = signal.Signals(signum).name
+        print(f"Received {self.received}", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-
-    def agreed(self, runtime: Runtime) -> bool:
-        """True when any rank was signalled (a collective call in distributed runs)."""
-        if not runtime.distributed:
-            return self.received
-        flag = torch.tensor([1.0 if self.received else 0.0], device=runtime.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        for number, previous in self._previous.items():
+            signal.signal(number, previous)
+        self._previous = {}
 
 
+class RunControl:
+    """Decides when to stop (a signal) and when an interval checkpoint is due, the same on every rank.
+
+    Time and signals are local to a process, so in distributed runs ranks agree on them at print windows
+    (one small all-reduce there); the decision is carried out at the next optimizer step.
+    """
+
+    def __init__(self, runtime: Runtime, signals: StopSignal, interval: CheckpointInterval | None, iterations: int):
+        self.runtime, self.signals, self.interval = runtime, signals, interval
+        self.stop_pending = False
+        self.save_pending = False
+        self._saved_at = (time.monotonic(), iterations)
+
+    def _time_due(self) -> bool:
+        return bool(self.interval and self.interval.seconds
+                    and time.monotonic() - self._saved_at[0] >= self.interval.seconds)
+
+    def at_window(self) -> None:
+        """Collect signals and the clock (a collective call in distributed runs)."""
+        flags = [self.signals.received is not None, self._time_due()]
+        if self.runtime.distributed:
+            tensor = torch.tensor([float(f) for f in flags], device=self.runtime.device)
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+            flags = [bool(v) for v in tensor.tolist()]
+        self.stop_pending |= flags[0]
+        self.save_pending |= flags[1]
+
+    def at_step(self) -> None:
+        """Between windows a single process can act on a signal or the clock at once."""
+        if not self.runtime.distributed:
+            self.stop_pending |= self.signals.received is not None
+            self.save_pending |= self._time_due()
+
+    def save_due(self, iterations: int) -> bool:
+        if self.interval is None:
+            return False
+        if self.interval.iterations is not None:
+            return iterations - self._saved_at[1] >= self.interval.iterations
+        return self.save_pending
+
+    def saved(self, iterations: int) -> None:
+        self._saved_at = (time.monotonic(), iterations)
+        self.save_pending = False
+
+
+# ------------------------------------------------------------------------------------------------
+# Metrics
+# ------------------------------------------------------------------------------------------------
 def register_metrics(raport: Raport, prefixes: list[str], topk: int, training: bool) -> None:
     if training:
         raport.register("train.loss", "loss", LOSS_META)
@@ -120,7 +134,7 @@ def register_metrics(raport: Raport, prefixes: list[str], topk: int, training: b
         raport.register("train.compute_ips", "perf", PERF_META)
         raport.register("train.data_time", "perf", TIME_META, VERBOSE)
         raport.register("train.compute_time", "perf", TIME_META, VERBOSE)
-        raport.register("train.lr", "lr", {})
+        raport.register("train.lr", "lr", LR_META)
         raport.register("train.grad_scale", "perf", LOSS_META)
     for prefix in prefixes:
         raport.register(f"{prefix}.top1", "acc", ACC_META)
@@ -135,183 +149,151 @@ def register_metrics(raport: Raport, prefixes: list[str], topk: int, training: b
             raport.register(f"{prefix}.compute_latency_at{q}", f"q{q}", TIME_META, VERBOSE)
 
 
+@dataclass
+class ValResult:
+    top1: float
+    loss: float
+    count: int
+    not_finite: int  # images whose outputs held NaN or inf (counted as wrong)
+
+
 # ------------------------------------------------------------------------------------------------
 # Train and validate
 # ------------------------------------------------------------------------------------------------
-@dataclass
-class TrainState:
-    """What a checkpoint restores beyond the weights."""
-
-    epoch: int = 0  # epochs finished
-    batch: int = 0  # batches finished in the current epoch (a run stopped by SIGTERM)
-    optimizer_steps: int = 0
-    skipped_steps: int = 0  # fp16 steps skipped for inf/NaN gradients
-    best_prec1: float = 0.0
-    epochs_without_improvement: int = 0
-    history: list = field(default_factory=list)
-
-
 class Trainer:
-    def __init__(self, args, runtime: Runtime, model: nn.Module, base_model: nn.Module, optimizer,
-                 scaler, ema: ModelEma | None, raport: Raport, state: TrainState, accumulation: int):
-        self.args, self.runtime = args, runtime
-        self.model, self.base_model = model, base_model
-        self.optimizer, self.scaler, self.ema = optimizer, scaler, ema
-        self.raport, self.state, self.accumulation = raport, state, accumulation
-        self.val_smoothing = args.label_smoothing if args.mixup == 0 else 0.0
-        self.classes: list[str] = []
+    """The loops over batches; the state they change lives in the :class:`Engine`."""
+
+    def __init__(self, engine: Engine, raport: Raport, workspace: Workspace, log):
+        self.engine, self.raport, self.workspace, self.log = engine, raport, workspace, log
+        self.config, self.runtime = engine.config, engine.runtime
+        self.control: RunControl | None = None
+        self._noted_short_epoch = False
 
     # -- training -------------------------------------------------------------------------------
-    def train_epoch(self, loader, epoch: int, stop: StopSignal, progress) -> int:
-        """Train one epoch from ``state.batch``; return the batches done (fewer when stopped)."""
-        args, runtime, raport = self.args, self.runtime, self.raport
-        self.model.train()
-        lr = lr_at(epoch, base_lr=args.lr, schedule=args.lr_schedule, warmup=args.warmup, epochs=args.epochs,
-                   end_lr=args.end_lr)
-        set_lr(self.optimizer, lr)
-        length = self.epoch_length(loader)
-        start = self.state.batch
-        batches = _start_epoch(loader, epoch, start)
-        loss_sum = torch.zeros((), device=runtime.device)
-        window_images = window_steps = 0
-        skipped = torch.zeros((), device=runtime.device)
-        done = start
+    def epoch_plan(self, loader) -> tuple[int, int]:
+        """(batches in a train epoch, micro-batches per optimizer step).
+
+        ``--prof`` caps the epoch; an epoch ends on an optimizer step, so trailing micro-batches that
+        cannot make one are left out; an epoch shorter than one accumulation steps once at its end.
+        """
+        config = self.config
+        length = len(loader) if config.prof <= 0 else min(config.prof, len(loader))
+        accumulation = config.accumulation
+        if 0 < length < accumulation:
+            if not self._noted_short_epoch:
+                self.log(f"=> an epoch of {length} batches is shorter than one gradient accumulation of "
+                         f"{accumulation}: the optimizer steps every {length} micro-batches")
+                self._noted_short_epoch = True
+            accumulation = length
+        return length - length % accumulation, accumulation
+
+    def train_epoch(self, loader, epoch: int, progress_bar) -> bool:
+        """Train one epoch from ``progress.batch``; False when a stop signal ended it early."""
+        engine, runtime, raport, control = self.engine, self.runtime, self.raport, self.control
+        progress = engine.progress
+        engine.base_model.train()
+        engine.model.train()
+        lr = engine.set_epoch_lr(epoch)
+        length, accumulation = self.epoch_plan(loader)
+        batches = iter_from(loader, epoch, progress.batch)
+        print_freq = self.config.print_freq
         end = time.perf_counter()
-        for index in range(start, length):
+        while progress.batch < length:
             try:
                 images, targets = next(batches)
             except StopIteration:
                 break
             data_time = time.perf_counter() - end
-            loss = self._train_step(images, targets, index, skipped)
-            loss_sum += loss.detach()
-            batch = targets.shape[0]
-            window_images += batch
-            window_steps += 1
-            done = index + 1
-            iteration_time = time.perf_counter() - end
-            world_batch = batch * runtime.world_size
+            step_now = (progress.batch + 1) % accumulation == 0
+            engine.train_step(images, targets, accumulation=accumulation, step_now=step_now)
+            progress.batch += 1
+            window_ends = progress.batch % print_freq == 0 or progress.batch == length
+            if window_ends:
+                reading = engine.read_window(f"epoch {epoch}, iteration {progress.batch}")
+                control.at_window()
+            now = time.perf_counter()
+            iteration_time, world_batch = now - end, targets.shape[0] * runtime.world_size
+            compute_time = max(iteration_time - data_time, 1e-9)
             raport.record("train.data_time", data_time)
-            raport.record("train.compute_time", iteration_time - data_time)
-            raport.record("train.total_ips", world_batch / max(iteration_time, 1e-9))
-            raport.record("train.compute_ips", world_batch / max(iteration_time - data_time, 1e-9))
-            raport.record("train.lr", lr)
-            at_boundary = done % self.accumulation == 0
-            if done % args.print_freq == 0 or done == length:
-                self._log_train_window(loss_sum / window_steps, window_images, skipped, [epoch, done])
-                loss_sum.zero_()
-                window_images = window_steps = 0
-                if at_boundary and stop.agreed(runtime):
-                    break
-            elif at_boundary and not runtime.distributed and stop.received:
-                break
-            progress.update(1)
-            end = time.perf_counter()
-        if window_steps:
-            self._log_train_window(loss_sum / window_steps, window_images, skipped, [epoch, done])
-        self.optimizer.zero_grad(set_to_none=True)  # a short --prof epoch may end mid-accumulation
-        return done
-
-    def epoch_length(self, loader) -> int:
-        """Train batches per epoch: --prof caps it; it ends on an optimizer step when it can."""
-        length = len(loader) if self.args.prof <= 0 else min(self.args.prof, len(loader))
-        return length - length % self.accumulation if length >= self.accumulation else length
-
-    def _train_step(self, images, targets, index: int, skipped: torch.Tensor) -> torch.Tensor:
-        args, runtime = self.args, self.runtime
-        target = targets
-        if args.mixup > 0:
-            lam = float(np.random.beta(args.mixup, args.mixup))
-            permutation = torch.randperm(images.shape[0], device=images.device)
-            images, target = mixup(images, targets, args.num_classes, lam, permutation)
-        steps_now = (index + 1) % self.accumulation == 0
-        sync = contextlib.nullcontext()
-        if runtime.distributed and not steps_now:
-            sync = self.model.no_sync()
-        with sync:
-            with runtime.autocast():
-                logits = self.model(images)
-            loss = classification_loss(logits, target, args.label_smoothing)
-            scaled = loss / self.accumulation
-            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-        if steps_now:
-            if self.scaler is not None:
-                self.scaler.step(self.optimizer)
-                skipped += sum(self.scaler._found_inf_per_device(self.optimizer).values())
-                if self.args.dynamic_loss_scale:
-                    self.scaler.update()
-                else:
-                    self.scaler.update(new_scale=self.args.static_loss_scale)
-            else:
-                self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.state.optimizer_steps += 1
-            if self.ema is not None:
-                self.ema.update(self.base_model, self.state.optimizer_steps)
-        return loss
-
-    def _log_train_window(self, loss: torch.Tensor, images: int, skipped: torch.Tensor, step) -> None:
-        """Read the window's mean loss (one device sync per window) and log the window."""
-        runtime = self.runtime
-        if runtime.distributed:
-            dist.all_reduce(loss)
-            loss /= runtime.world_size
-        self.raport.record("train.loss", float(loss.item()), images)
-        scale = self.scaler.get_scale() if self.scaler is not None else 1.0
-        self.raport.record("train.grad_scale", float(scale))
-        self.state.skipped_steps += int(skipped.item())
-        skipped.zero_()
-        self.raport.log_window("train", step)
+            raport.record("train.compute_time", compute_time)
+            raport.record("train.total_ips", world_batch / max(iteration_time, 1e-9), max(iteration_time, 1e-9))
+            raport.record("train.compute_ips", world_batch / compute_time, compute_time)
+            end = now  # wall clock to wall clock: logging and saving below count in the next iteration
+            if window_ends:
+                raport.record("train.lr", lr)
+                raport.record("train.loss", reading.loss, reading.images)
+                raport.record("train.grad_scale", engine.grad_scale)
+                raport.log_window("train", [epoch, progress.batch], global_step=progress.iterations)
+            progress_bar.update(1)
+            if not step_now:
+                continue
+            control.at_step()
+            if progress.batch < length and control.stop_pending:
+                self.save(finished_epoch=False, reason="stop")
+                return False
+            if progress.batch < length and control.save_due(progress.iterations):
+                self.save(finished_epoch=False, reason="interval")
+        leftover = engine.read_window(f"epoch {epoch}, iteration {progress.batch}")  # a loader that ended early
+        if leftover is not None:
+            raport.record("train.loss", leftover.loss, leftover.images)
+            raport.log_window("train", [epoch, progress.batch], global_step=progress.iterations)
+        engine.discard_gradients()
+        return True
 
     # -- validation -----------------------------------------------------------------------------
     @torch.no_grad()
-    def validate(self, model: nn.Module, loader, prefix: str, epoch: int, train_iteration: int, progress) -> float:
+    def validate(self, model: nn.Module, loader, prefix: str, epoch: int, progress_bar) -> ValResult:
         """Validate over this rank's share; counts are summed over ranks, so every image counts once."""
-        args, runtime, raport = self.args, self.runtime, self.raport
+        config, runtime, raport = self.config, self.runtime, self.raport
+        train_iteration = self.engine.progress.batch
         model.eval()
-        ks = (1, args.topk)
-        totals = torch.zeros(4, dtype=torch.float64, device=runtime.device)  # loss sum, top1, topk, count
-        length = len(loader) if args.prof <= 0 else min(args.prof, len(loader))
-        loader.set_epoch(epoch)
+        ks = (1, config.topk)
+        totals = torch.zeros(5, dtype=torch.float64, device=runtime.device)  # loss, top1, topk, count, bad
+        length = len(loader) if config.prof <= 0 else min(config.prof, len(loader))
+        batches = iter_from(loader, epoch, 0)
         end = time.perf_counter()
-        for index, (images, targets) in enumerate(loader):
-            if index >= length:
+        for index in range(length):
+            try:
+                images, targets = next(batches)
+            except StopIteration:
                 break
             data_time = time.perf_counter() - end
             compute_time, logits = self._timed_forward(model, images)
-            loss = classification_loss(logits, targets, self.val_smoothing)
+            loss = classification_loss(logits, targets, config.val_smoothing)
             batch = targets.shape[0]
             counts = correct_counts(logits, targets, ks).double()
-            batch_totals = torch.stack([loss.double() * batch, counts[0], counts[1]])
-            totals[:3] += batch_totals
-            totals[3] += batch
-            iteration_time = time.perf_counter() - end
-            world_batch = batch * runtime.world_size
+            not_finite = (~torch.isfinite(logits).all(dim=1)).sum().double()
+            batch_totals = torch.stack([loss.double() * batch, counts[0], counts[1],
+                                        torch.tensor(float(batch), dtype=torch.float64, device=loss.device),
+                                        not_finite])
+            totals += batch_totals
             local = batch_totals.tolist()
+            now = time.perf_counter()
+            iteration_time, world_batch = max(now - end, 1e-9), batch * runtime.world_size
+            end = now
             raport.record(f"{prefix}.top1", 100.0 * local[1] / batch, batch, epoch=False)
-            raport.record(f"{prefix}.top{args.topk}", 100.0 * local[2] / batch, batch, epoch=False)
+            raport.record(f"{prefix}.top{config.topk}", 100.0 * local[2] / batch, batch, epoch=False)
             raport.record(f"{prefix}.loss", local[0] / batch, batch, epoch=False)
             raport.record(f"{prefix}.data_time", data_time)
             raport.record(f"{prefix}.compute_time", compute_time)
             raport.record(f"{prefix}.compute_latency", compute_time)
             for q in LATENCY_PERCENTILES:
                 raport.record(f"{prefix}.compute_latency_at{q}", compute_time)
-            raport.record(f"{prefix}.total_ips", world_batch / max(iteration_time, 1e-9))
-            raport.record(f"{prefix}.compute_ips", world_batch / max(compute_time, 1e-9))
-            if (index + 1) % args.print_freq == 0:
+            raport.record(f"{prefix}.total_ips", world_batch / iteration_time, iteration_time)
+            raport.record(f"{prefix}.compute_ips", world_batch / max(compute_time, 1e-9), max(compute_time, 1e-9))
+            if (index + 1) % config.print_freq == 0:
                 raport.log_window(prefix, [epoch, train_iteration, index + 1])
-            progress.update(1)
-            end = time.perf_counter()
+            progress_bar.update(1)
         if runtime.distributed:
             dist.all_reduce(totals)
-        loss_sum, top1, topk, count = totals.tolist()
+        loss_sum, top1, topk, count, bad = totals.tolist()
         if count == 0:
-            return 0.0
+            return ValResult(0.0, math.nan, 0, 0)
         raport.log_window(prefix, [epoch, train_iteration, length])
-        for name, value in (("top1", top1), (f"top{args.topk}", topk)):
+        for name, value in (("top1", top1), (f"top{config.topk}", topk)):
             raport.record(f"{prefix}.{name}", 100.0 * value / count, count, window=False)
         raport.record(f"{prefix}.loss", loss_sum / count, count, window=False)
-        return 100.0 * top1 / count
+        return ValResult(100.0 * top1 / count, loss_sum / count, int(count), int(bad))
 
     def _timed_forward(self, model, images) -> tuple[float, torch.Tensor]:
         runtime = self.runtime
@@ -328,8 +310,34 @@ class Trainer:
             logits = model(images)
         return time.perf_counter() - begin, logits
 
+    # -- checkpoints --------------------------------------------------------------------------------
+    def save(self, *, finished_epoch: bool, reason: str, is_best: bool = False) -> None:
+        """Write the engine's checkpoint (every rank takes part; rank 0 writes). Never non-finite weights."""
+        config, engine = self.config, self.engine
+        if not config.save_checkpoints:
+            return
+        progress = engine.progress
+        if not engine.weights_finite():
+            raise TrainingDiverged(f"training diverged in epoch {progress.epoch}: the weights hold NaN or inf "
+                                   "values; no checkpoint was written from them")
+        state = engine.state_dict()
+        if self.control is not None:
+            self.control.saved(progress.iterations)
+        if not self.runtime.is_main:
+            return
+        latest = self.workspace.latest
+        where = f"epoch {progress.epoch}" if finished_epoch else \
+            f"epoch {progress.epoch}, batch {progress.batch} ({reason})"
+        self.log(f"SAVING {latest} ({where})")
+        ckpt.save_checkpoint(state, latest)
+        if finished_epoch and config.gather_checkpoints != 0:
+            ckpt.copy_atomic(latest, self.workspace.path / ckpt.epoch_checkpoint_name(progress.epoch - 1))
+            ckpt.prune_epoch_checkpoints(self.workspace.path, config.gather_checkpoints)
+        if is_best:
+            ckpt.copy_atomic(latest, self.workspace.best)
 
-def _start_epoch(loader, epoch: int, start_batch: int):
+
+def iter_from(loader, epoch: int, start_batch: int):
     """Iterator over ``loader``'s epoch, positioned after ``start_batch`` batches."""
     if start_batch and getattr(loader, "supports_start_batch", False):
         loader.set_epoch(epoch, start_batch=start_batch)
@@ -358,102 +366,190 @@ def progress_bar(total: int, description: str, enabled: bool):
 
 
 # ------------------------------------------------------------------------------------------------
-# The run
+# Set-up: what the run resolves once
 # ------------------------------------------------------------------------------------------------
+def resolve_seed(seed: int | None, runtime: Runtime) -> int:
+    """The run's base seed: the user's, or a fresh one shared by every rank (recorded in checkpoints)."""
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**31)
+        if runtime.distributed:
+            shared = torch.tensor([seed], dtype=torch.int64, device=runtime.device)
+            dist.broadcast(shared, src=0)
+            seed = int(shared.item())
+    return seed
+
+
+def grad_accumulation_steps(optimizer_batch_size: int, batch_size: int, world_size: int) -> int:
+    """Micro-batches per optimizer step (the reference's BSM); the global batch must divide evenly."""
+    if optimizer_batch_size < 0:
+        return 1
+    per_step = batch_size * world_size
+    if optimizer_batch_size < per_step or optimizer_batch_size % per_step:
+        raise UserError(
+            f"--optimizer-batch-size {optimizer_batch_size} must be a multiple of world size x batch size "
+            f"= {world_size} x {batch_size} = {per_step}"
+        )
+    return optimizer_batch_size // per_step
+
+
 def model_options(args: argparse.Namespace) -> dict:
-    options = {"num_classes": args.num_classes, "model_config": args.model_config,
-               "last_bn_0_init": bool(args.last_bn_0_init)}
+    options = {"model_config": args.model_config, "last_bn_0_init": bool(args.last_bn_0_init)}
     if args.conv_init is not None:
         options["conv_init"] = args.conv_init
     return options
 
 
-def read_resume_checkpoint(args: argparse.Namespace, log) -> dict | None:
-    """The checkpoint named by --resume, read as data (None without --resume)."""
+def _broadcast_choice(value, runtime: Runtime):
+    """Rank 0's ``value`` on every rank (a collective in distributed runs)."""
+    if not runtime.distributed:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def find_resume_checkpoint(args: argparse.Namespace, workspace: Workspace, runtime: Runtime, log
+                           ) -> tuple[str | None, dict | None]:
+    """(path, checkpoint) that --resume names; ``auto``: the newest valid one in the workspace, or none."""
     if not args.resume:
-        return None
-    if not os.path.isfile(args.resume):
-        raise UserError(f"--resume {args.resume}: no such checkpoint file")
-    log(f"=> loading checkpoint '{args.resume}'")
-    resumed = ckpt.load_checkpoint(args.resume)
-    if resumed.get("arch", args.arch) != args.arch:
-        raise UserError(f"{args.resume} holds a {resumed['arch']} checkpoint, not {args.arch}; pass --arch "
-                        f"{resumed['arch']}")
-    return resumed
+        return None, None
+    if args.resume != "auto":
+        if not os.path.isfile(args.resume):
+            raise UserError(f"--resume {args.resume}: no such checkpoint file")
+        log(f"=> loading checkpoint '{args.resume}'")
+        return args.resume, ckpt.load_checkpoint(args.resume)
+    chosen = None
+    if runtime.is_main:
+        for candidate in workspace.resume_candidates():
+            try:
+                ckpt.load_checkpoint(candidate)
+            except UserError as error:
+                log(f"=> cannot resume from {candidate}: {error}; trying an older checkpoint")
+                continue
+            chosen = str(candidate)
+            break
+    chosen = _broadcast_choice(chosen, runtime)
+    if chosen is None:
+        log(f"=> --resume auto: no checkpoint in {workspace.path}; starting from scratch")
+        return None, None
+    log(f"=> --resume auto: loading checkpoint '{chosen}'")
+    return chosen, ckpt.load_checkpoint(chosen)
 
 
-def build(args: argparse.Namespace, runtime: Runtime, resumed: dict | None, log) -> nn.Module:
-    """The model on the device, with the resumed or pretrained weights when asked."""
-    model = build_model(args.arch, **model_options(args))
+def _recorded(resumed: dict | None, pretrained: dict | None, evaluate: bool) -> tuple[dict, str]:
+    """What the weights we start from record about the model, and how to call them in messages."""
+    from .integrity import recorded_description
+
     if resumed is not None:
-        load_weights(model, resumed["state_dict"], log=log)
-        log(f"=> loaded checkpoint '{args.resume}' (epoch {resumed['epoch']})")
-    elif args.pretrained_weights:
+        return recorded_description(resumed), "the checkpoint"
+    if pretrained is not None and evaluate:
+        return recorded_description(pretrained), "the weights"
+    return {}, ""
+
+
+def _head_classes(weights: dict | None) -> int | None:
+    from .models.weights import extract_state_dict
+
+    if weights is None:
+        return None
+    try:
+        head = extract_state_dict(weights).get("fc.bias")
+    except UserError:
+        return None
+    return int(head.shape[0]) if head is not None and head.dim() == 1 else None
+
+
+def _dataset_classes(args: argparse.Namespace, backend: str) -> list[str]:
+    if backend == "synthetic":
+        return []
+    from .data.folder import check_dataset
+
+    return check_dataset(args.data, sys.maxsize, want_train=not args.evaluate, want_val=not args.training_only)
+
+
+def resolve_num_classes(args, recorded: dict, weights: dict | None, classes: list[str], log) -> int:
+    """--num-classes, else the checkpoint's (or evaluated weights'), else the dataset's folders, else 1000."""
+    known = recorded.get("num_classes") or (recorded.get("model_options") or {}).get("num_classes")
+    if known is None and weights is not None:
+        known = _head_classes(weights)
+    if args.num_classes is not None:
+        number = args.num_classes
+    elif known is not None:
+        number = int(known)
+    elif classes:
+        number = len(classes)
+        log(f"=> {number} classes: the dataset's class folders")
+    else:
+        number = 1000
+    if classes and len(classes) > number:
+        raise UserError(f"the dataset has {len(classes)} classes but the model has {number}; pass --num-classes "
+                        f"{len(classes)}")
+    return number
+
+
+def resolve_preprocessing(args, recorded: dict, source: str, log) -> Preprocessing:
+    """Image size and interpolation: the flags, else what the checkpoint was trained with, else the arch's."""
+    before = None
+    if isinstance(recorded.get("preprocessing"), dict):
+        before = Preprocessing.from_dict(recorded["preprocessing"], source)
+    size = args.image_size or (before.image_size if before else default_image_size(args.arch))
+    interpolation = args.interpolation or (before.interpolation if before else "bilinear")
+    chosen = Preprocessing(size, interpolation) if before is None else \
+        Preprocessing(size, interpolation, before.crop_ratio, before.mean, before.std)
+    if before is not None:
+        for flag, ours, theirs in (("--image-size", size, before.image_size),
+                                   ("--interpolation", interpolation, before.interpolation)):
+            if ours != theirs:
+                log(f"=> {flag} {ours} overrides the {theirs} that {source} was trained with")
+    return chosen
+
+
+def resolve_topk(args, num_classes: int) -> int:
+    if args.topk is None:
+        return min(5, num_classes)
+    if args.topk > num_classes:
+        raise UserError(f"--topk {args.topk} exceeds the number of classes, {num_classes}")
+    return args.topk
+
+
+def build_config(args: argparse.Namespace, runtime: Runtime, *, seed: int, num_classes: int,
+                 preprocessing: Preprocessing, topk: int, accumulation: int) -> RunConfig:
+    interval = CheckpointInterval.parse(args.checkpoint_interval) if args.checkpoint_interval else None
+    return RunConfig(
+        arch=args.arch, num_classes=num_classes, model_options=tuple(model_options(args).items()),
+        preprocessing=preprocessing, jit=args.jit, compile=args.compile,
+        optimizer=args.optimizer, lr=args.lr, lr_schedule=args.lr_schedule, warmup=args.warmup, end_lr=args.end_lr,
+        epochs=args.epochs, momentum=args.momentum, weight_decay=args.weight_decay, nesterov=args.nesterov,
+        bn_weight_decay=args.bn_weight_decay, rmsprop_alpha=args.rmsprop_alpha, rmsprop_eps=args.rmsprop_eps,
+        batch_size=args.batch_size, accumulation=accumulation, label_smoothing=args.label_smoothing,
+        mixup=args.mixup, ema_decay=args.use_ema, static_loss_scale=args.static_loss_scale,
+        dynamic_loss_scale=args.dynamic_loss_scale, seed=seed, run_epochs=args.run_epochs,
+        early_stopping_patience=args.early_stopping_patience, prof=args.prof, print_freq=args.print_freq,
+        topk=topk, evaluate=args.evaluate, training_only=args.training_only, workspace=Path(args.workspace),
+        checkpoint_filename=args.checkpoint_filename, raport_file=args.raport_file,
+        save_checkpoints=args.save_checkpoints and not args.evaluate, gather_checkpoints=args.gather_checkpoints,
+        checkpoint_interval=interval, tensorboard=args.tensorboard,
+    )
+
+
+def build_model_for(config: RunConfig, runtime: Runtime, resumed: dict | None, resume_path: str | None, pretrained,
+                    args, log) -> nn.Module:
+    """The model on the device, with the resumed or pretrained weights when asked."""
+    model = build_model(config.arch, num_classes=config.num_classes, **dict(config.model_options))
+    if resumed is not None:
+        load_weights(model, resumed["state_dict"], log=log, label=resume_path)
+        log(f"=> loaded checkpoint (epoch {resumed['epoch']}, batch {resumed.get('batch', 0)})")
+    elif pretrained is not None:
         # Fine-tuning may replace the head; evaluating a freshly initialised head would be meaningless.
-        load_weights(model, args.pretrained_weights, allow_head_mismatch=not args.evaluate, log=log)
+        load_weights(model, pretrained, allow_head_mismatch=not config.evaluate, log=log,
+                     label=args.pretrained_weights)
         log(f"=> loaded pretrained weights '{args.pretrained_weights}'")
     return model.to(runtime.device, memory_format=runtime.memory_format)
 
 
-def save(trainer: Trainer, workspace: Path, filename: str, *, finished_epoch: bool, is_best: bool, gather: int,
-         seed: int, log) -> None:
-    state = trainer.state
-    args = trainer.args
-    payload = {
-        "epoch": state.epoch,
-        "batch": state.batch,
-        "arch": args.arch,
-        "model_options": model_options(args),
-        "state_dict": trainer.base_model.state_dict(),
-        "optimizer": trainer.optimizer.state_dict(),
-        "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else None,
-        "best_prec1": state.best_prec1,
-        "optimizer_steps": state.optimizer_steps,
-        "skipped_steps": state.skipped_steps,
-        "epochs_without_improvement": state.epochs_without_improvement,
-        "seed": seed,
-        "world_size": trainer.runtime.world_size,
-        "rng": ckpt.rng_state(),
-    }
-    if trainer.classes:
-        payload["classes"] = list(trainer.classes)  # classify.py prints these names
-    if trainer.ema is not None:
-        payload["state_dict_ema"] = trainer.ema.state_dict()
-    latest = workspace / filename
-    log(f"SAVING {latest}")
-    ckpt.save_atomic(payload, latest)
-    if finished_epoch and gather != 0:
-        ckpt.copy_atomic(latest, workspace / ckpt.epoch_checkpoint_name(state.epoch - 1))
-        ckpt.prune_epoch_checkpoints(workspace, gather)
-    if is_best:
-        ckpt.copy_atomic(latest, workspace / "model_best.pth.tar")
-
-
-def restore(trainer: Trainer, resumed: dict, log) -> None:
-    state = trainer.state
-    state.epoch = int(resumed["epoch"])
-    state.batch = int(resumed.get("batch", 0))
-    state.best_prec1 = float(resumed.get("best_prec1", 0.0))
-    state.optimizer_steps = int(resumed.get("optimizer_steps", 0))
-    state.skipped_steps = int(resumed.get("skipped_steps", 0))
-    state.epochs_without_improvement = int(resumed.get("epochs_without_improvement", 0))
-    if "optimizer" in resumed and resumed["optimizer"] is not None:
-        try:
-            trainer.optimizer.load_state_dict(resumed["optimizer"])
-        except (ValueError, KeyError) as error:
-            raise UserError(f"the checkpoint's optimizer state does not fit --optimizer {trainer.args.optimizer} "
-                            f"({error})") from None
-    if trainer.scaler is not None and resumed.get("scaler"):
-        trainer.scaler.load_state_dict(resumed["scaler"])
-    if trainer.ema is not None:
-        if resumed.get("state_dict_ema") is not None:
-            trainer.ema.load_state_dict(resumed["state_dict_ema"])
-        else:
-            log("=> the checkpoint has no EMA weights; the EMA starts from the resumed weights")
-    if resumed.get("rng") and resumed.get("world_size", 1) == trainer.runtime.world_size:
-        ckpt.restore_rng_state(resumed["rng"])
-
-
+# ------------------------------------------------------------------------------------------------
+# The run
+# ------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None, defaults: dict | None = None) -> int:
     """Run main.py's job from its command line; returns the exit code."""
     args = parse_args(argv, defaults)
@@ -463,159 +559,244 @@ def main(argv: list[str] | None = None, defaults: dict | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     runtime = make_runtime(args.device, args.amp, args.amp_dtype, args.memory_format, args.tf32)
     log = runtime.print
+    workspace = Workspace(args.workspace, args.checkpoint_filename, args.raport_file)
     try:
-        return _run(args, runtime, log)
-    finally:
+        code = _run(args, runtime, workspace, log)
+    except RuntimeError as error:
+        reason = _lost_peer_reason(error) if runtime.distributed else None
+        if reason is None:
+            raise
+        # the launcher names the process that failed; a traceback here would only repeat it
+        lost = PeerLost(f"rank {runtime.rank} stops: another process of the job is gone ({reason})")
+        _leave_distributed(workspace, lost.exit_code, f"error: {lost}")
+    except UserError as error:
+        if runtime.distributed:
+            _leave_distributed(workspace, error.exit_code, f"error: {error}")
+        raise
+    else:
         if runtime.distributed and dist.is_initialized():
-            dist.destroy_process_group()
+            dist.barrier()  # every rank is done with every collective once past it
+            _leave_distributed(workspace, code)
+        return code
+    finally:
+        workspace.unlock()
 
 
-def _run(args: argparse.Namespace, runtime: Runtime, log) -> int:
+def _leave_distributed(workspace: Workspace, code: int, message: str | None = None) -> NoReturn:
+    """End a process of a distributed run at once, after its last words.
+
+    Tearing gloo down (destroy_process_group, C++ destructors at interpreter exit) while a peer exits
+    or is gone can abort the process ("terminate called without an active exception"), which would
+    turn a clean exit or a one-line error into a SIGABRT that the launcher then reports.
+    """
+    workspace.unlock()
+    if message is not None:
+        print(message, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+# what gloo and NCCL say when the process at the other end of a collective is gone
+_BROKEN_CONNECTION = re.compile(r"Connection (reset|closed|refused)[^.\n]*|Broken pipe")
+_BACKEND_FAILURE = re.compile(r"(gloo|NCCL)\S*\s*(.*(Timed out|timed out|error|abort).*)")
+
+
+def _lost_peer_reason(error: RuntimeError) -> str | None:
+    """What broke, when ``error`` is a collective call failing because a peer process is gone; else None."""
+    text = str(error)
+    found = _BROKEN_CONNECTION.search(text)
+    if found is not None:
+        return found.group(0)
+    found = _BACKEND_FAILURE.search(text)
+    if found is not None:
+        return found.group(2).strip()[:200]
+    if isinstance(error, getattr(dist, "DistNetworkError", ())):
+        return text.splitlines()[0][:200] if text else type(error).__name__
+    return None
+
+
+def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, log) -> int:
     if args.gpu_affinity != "none":
         from .gpu_affinity import set_affinity
 
         set_affinity(runtime.local_rank, mode=args.gpu_affinity)
     if args.static_loss_scale != 1.0 and not args.amp:
-        log("Warning: if --amp is not used, static_loss_scale will be ignored.")
-    args.data_backend = resolve_backend(args.data_backend)
-    image_size = args.image_size or default_image_size(args.arch)
+        log("=> --static-loss-scale is ignored without --amp")
+    saving = args.save_checkpoints and not args.evaluate
+    if runtime.is_main:
+        workspace.prepare(saving)
+        workspace.lock()
+        for stale in workspace.remove_stale_temporaries():
+            log(f"=> removed {stale.name}, left by an interrupted save")
+    backend = resolve_backend(args.data_backend)
+
+    resume_path, resumed = find_resume_checkpoint(args, workspace, runtime, log)
+    if resumed is not None and resumed.get("arch", args.arch) != args.arch:
+        raise UserError(f"{resume_path} holds a {resumed['arch']} checkpoint, not {args.arch}; pass --arch "
+                        f"{resumed['arch']}")
+    if resumed is not None and not args.evaluate and int(resumed["epoch"]) >= args.epochs:
+        if args.resume == "auto":
+            log(f"=> {resume_path} already finished all {args.epochs} epochs: nothing to do")
+            return 0
+        raise UserError(f"the checkpoint already ran {resumed['epoch']} of --epochs {args.epochs}; raise --epochs "
+                        "to train further, or add --evaluate to validate it")
+    pretrained = None
+    if resumed is None and args.pretrained_weights:
+        from .models import load_checkpoint_file
+
+        pretrained = load_checkpoint_file(args.pretrained_weights)
+
+    seed = resolve_seed(resumed.get("seed", args.seed) if resumed is not None else args.seed, runtime)
+    log(f"Using seed = {seed}")
+    reseed(seed, runtime.rank)
+    classes = _dataset_classes(args, backend)
+    recorded, source = _recorded(resumed, pretrained, args.evaluate)
+    described = resumed if resumed is not None else (pretrained if args.evaluate else None)
+    num_classes = resolve_num_classes(args, recorded, described, classes, log)
+    preprocessing = resolve_preprocessing(args, recorded, source, log)
+    if not args.evaluate and args.batch_size == 1 and preprocessing.image_size <= 32:
+        raise UserError(f"-b 1 cannot train at {preprocessing.image_size} px: the last feature map is one pixel, and "
+                        "BatchNorm cannot normalise a single value; use -b 2 or more, or a larger --image-size")
     accumulation = grad_accumulation_steps(args.optimizer_batch_size, args.batch_size, runtime.world_size)
     if accumulation > 1:
-        log(f"BSM: {accumulation}")
+        log(f"=> gradient accumulation: {accumulation} micro-batches of {args.batch_size} per optimizer step")
+    config = build_config(args, runtime, seed=seed, num_classes=num_classes, preprocessing=preprocessing,
+                          topk=resolve_topk(args, num_classes), accumulation=accumulation)
 
-    resumed = read_resume_checkpoint(args, log)
-    seed = resolve_seed(args.seed if resumed is None else resumed.get("seed", args.seed), runtime)
-    args.seed = seed
-    log(f"Using seed = {seed}")
-    seed_everything(seed, runtime.rank)
-    model = build(args, runtime, resumed, log)
-
+    model = build_model_for(config, runtime, resumed, resume_path, pretrained, args, log)
+    data_config = DataConfig.from_args(args, preprocessing.image_size, backend=backend, seed=seed,
+                                       num_classes=num_classes, interpolation=preprocessing.interpolation)
     train_loader, val_loader, classes = get_loaders(
-        args, runtime, image_size, want_train=not args.evaluate, want_val=not args.training_only
+        data_config, runtime,
+        want_train=not args.evaluate, want_val=not args.training_only,
     )
-
-    base_model = model
-    ema = ModelEma(base_model, args.use_ema) if args.use_ema else None
-    optimizer = build_optimizer(
-        base_model, name=args.optimizer, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
-        nesterov=args.nesterov, bn_weight_decay=args.bn_weight_decay, rmsprop_alpha=args.rmsprop_alpha,
-        rmsprop_eps=args.rmsprop_eps, log=log,
-    )
-    scaler = make_scaler(args, runtime)
-    if args.jit == "script":
-        model = torch.jit.script(model)
-    if args.compile:
-        model = torch.compile(model)
-    if runtime.distributed:
-        device_ids = [runtime.device.index] if runtime.is_cuda else None
-        model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
-
-    workspace = Path(args.workspace)
-    if runtime.is_main:
-        workspace.mkdir(parents=True, exist_ok=True)
-    raport = Raport(workspace / args.raport_file, enabled=runtime.is_main)
-    state = TrainState()
-    trainer = Trainer(args, runtime, model, base_model, optimizer, scaler, ema, raport, state, accumulation)
+    engine = Engine(config, runtime, model, log=log)
+    engine.classes = classes
     if resumed is not None:
-        restore(trainer, resumed, log)
-    trainer.classes = classes
+        engine.load_state_dict(resumed)
 
-    raport.parameters({**vars(args), "world_size": runtime.world_size, "device": str(runtime.device),
-                       "amp_dtype": str(runtime.amp_dtype), "image_size": image_size})
-    raport.parameters({f"model.{k}": v for k, v in model_options(args).items()})
-    prefixes = [] if args.training_only else ["val"] + (["val_ema"] if ema else [])
-    register_metrics(raport, prefixes, args.topk, training=not args.evaluate)
+    raport = open_raport(config, runtime, resumed, workspace)
+    engine.raport_position = raport.position
+    trainer = Trainer(engine, raport, workspace, log)
+    raport.parameters({**vars(args), "data_backend": backend, "seed": seed, "num_classes": num_classes,
+                       "topk": config.topk, "world_size": runtime.world_size, "device": str(runtime.device),
+                       "amp_dtype": str(runtime.amp_dtype), "image_size": preprocessing.image_size,
+                       "interpolation": preprocessing.interpolation})
+    raport.parameters({f"model.{k}": v for k, v in config.model_options})
+    prefixes = [] if args.training_only else ["val"] + (["val_ema"] if engine.ema else [])
+    register_metrics(raport, prefixes, config.topk, training=not args.evaluate)
 
     show_progress = runtime.is_main and sys.stdout.isatty()
     if show_progress:
         from tqdm import tqdm
 
         raport.echo = tqdm.write
+    code = 0
     try:
         if args.evaluate:
-            _evaluate_once(trainer, val_loader, prefixes, state.epoch, show_progress)
+            _evaluate_once(trainer, val_loader, prefixes, show_progress)
         else:
-            _train_loop(trainer, train_loader, val_loader, prefixes, workspace, seed, show_progress, log)
+            code = _train_loop(trainer, train_loader, val_loader, prefixes, show_progress, log)
     finally:
         summary = raport.end()
         raport.close()
-    _print_summary(args, runtime, trainer, summary, workspace, train_loader, val_loader)
+    _print_summary(config, runtime, engine, summary, workspace, train_loader, val_loader)
     log("Experiment ended")
-    return 0
+    return code
 
 
-def _evaluate_once(trainer: Trainer, val_loader, prefixes, epoch: int, show_progress: bool) -> None:
-    models = {"val": trainer.model, "val_ema": trainer.ema.module if trainer.ema else None}
+def open_raport(config: RunConfig, runtime: Runtime, resumed: dict | None, workspace: Workspace) -> Raport:
+    """The raport; a resumed run appends to it, cut back to where the checkpoint left it."""
+    offset = None
+    if resumed is not None:
+        position = resumed.get("raport") or {}
+        same_file = position.get("file") == Path(config.raport_file).name
+        offset = int(position["offset"]) if same_file and int(position.get("offset", -1)) >= 0 else \
+            (workspace.raport.stat().st_size if workspace.raport.is_file() else 0)
+    return Raport(workspace.raport, enabled=runtime.is_main, resume_offset=offset, tensorboard=config.tensorboard)
+
+
+def _check_validation(result: ValResult, prefix: str, where: str) -> None:
+    if result.not_finite or (result.count and not math.isfinite(result.loss)):
+        raise TrainingDiverged(f"{where}: the model's outputs are NaN or inf for {result.not_finite} of "
+                               f"{result.count} {prefix} images (loss {result.loss}); its accuracy means nothing")
+
+
+def _evaluate_once(trainer: Trainer, val_loader, prefixes, show_progress: bool) -> None:
+    engine = trainer.engine
+    models = {"val": engine.model, "val_ema": engine.ema.module if engine.ema else None}
+    epoch = engine.progress.epoch
     for prefix in prefixes:
         bar = progress_bar(len(val_loader), prefix, show_progress)
-        trainer.validate(models[prefix], val_loader, prefix, epoch, 0, bar)
+        result = trainer.validate(models[prefix], val_loader, prefix, epoch, bar)
         bar.close()
+        _check_validation(result, prefix, "evaluation")
     trainer.raport.end_epoch(epoch)
 
 
-def _train_loop(trainer: Trainer, train_loader, val_loader, prefixes, workspace: Path, seed: int,
-                show_progress: bool, log) -> None:
-    args, runtime, state, raport = trainer.args, trainer.runtime, trainer.state, trainer.raport
-    start_epoch = state.epoch
-    if start_epoch >= args.epochs:
-        raise UserError(f"the checkpoint already ran {start_epoch} of --epochs {args.epochs}; raise --epochs to "
-                        "train further, or add --evaluate to validate it")
-    end_epoch = args.epochs if args.run_epochs < 0 else min(start_epoch + args.run_epochs, args.epochs)
-    log(f"RUNNING EPOCHS FROM {start_epoch} TO {end_epoch}")
-    saving = args.save_checkpoints and runtime.is_main
-    with StopSignal() as stop:
+def _train_loop(trainer: Trainer, train_loader, val_loader, prefixes, show_progress: bool, log) -> int:
+    engine, config, runtime, raport = trainer.engine, trainer.config, trainer.runtime, trainer.raport
+    progress = engine.progress
+    start_epoch = progress.epoch
+    end_epoch = config.epochs if config.run_epochs < 0 else min(start_epoch + config.run_epochs, config.epochs)
+    where = f", batch {progress.batch}" if progress.batch else ""
+    log(f"RUNNING EPOCHS FROM {start_epoch}{where} TO {end_epoch}")
+    if config.checkpoint_interval is not None and config.save_checkpoints:
+        log(f"=> mid-epoch checkpoints {config.checkpoint_interval}")
+    with StopSignal() as signals:
+        trainer.control = RunControl(runtime, signals, config.checkpoint_interval, progress.iterations)
         for epoch in range(start_epoch, end_epoch):
             bar = progress_bar(len(train_loader), f"epoch {epoch}", show_progress)
-            done = trainer.train_epoch(train_loader, epoch, stop, bar)
+            completed = trainer.train_epoch(train_loader, epoch, bar)
             bar.close()
-            interrupted = stop.received and done < trainer.epoch_length(train_loader)
-            if interrupted:
-                state.batch = done
+            if not completed:
                 raport.end_epoch(epoch)
-                if saving:
-                    save(trainer, workspace, args.checkpoint_filename, finished_epoch=False, is_best=False,
-                         gather=args.gather_checkpoints, seed=seed, log=log)
-                log(f"Stopped by SIGTERM after {done} batches of epoch {epoch}; --resume continues from there")
-                return
-            state.epoch, state.batch = epoch + 1, 0
-            prec1 = 0.0
-            models = {"val": trainer.model, "val_ema": trainer.ema.module if trainer.ema else None}
+                log(f"Stopped by {signals.received or 'another process'} after {progress.batch} batches of epoch {epoch}; "
+                    f"--resume continues from there (exit code {EXIT_PREEMPTED})")
+                return EXIT_PREEMPTED
+            progress.epoch, progress.batch = epoch + 1, 0
+            results = {}
+            models = {"val": engine.model, "val_ema": engine.ema.module if engine.ema else None}
             for prefix in prefixes:
                 vbar = progress_bar(len(val_loader), f"{prefix} {epoch}", show_progress)
-                top1 = trainer.validate(models[prefix], val_loader, prefix, epoch, done, vbar)
+                results[prefix] = trainer.validate(models[prefix], val_loader, prefix, epoch, vbar)
                 vbar.close()
-                if prefix == "val":
-                    prec1 = top1
-            is_best = bool(prefixes) and prec1 > state.best_prec1
+                _check_validation(results[prefix], prefix, f"after epoch {epoch}")
+            val = results.get("val")
+            # The first finite validation always gives a best model, even at 0% top1; later ones must beat it.
+            is_best = val is not None and math.isfinite(val.loss) and (
+                val.top1 > progress.best_prec1 or progress.best_epoch < 0)
             if is_best:
-                state.best_prec1 = prec1
-                state.epochs_without_improvement = 0
+                progress.best_prec1, progress.best_epoch = val.top1, epoch
+                progress.epochs_without_improvement = 0
             else:
-                state.epochs_without_improvement += 1
+                progress.epochs_without_improvement += 1
             raport.end_epoch(epoch)
-            if saving:
-                save(trainer, workspace, args.checkpoint_filename, finished_epoch=True, is_best=is_best,
-                     gather=args.gather_checkpoints, seed=seed, log=log)
-            if 0 < args.early_stopping_patience <= state.epochs_without_improvement:
-                log(f"Early stopping: no better top1 for {state.epochs_without_improvement} epochs")
+            trainer.save(finished_epoch=True, reason="epoch", is_best=is_best)
+            if 0 < config.early_stopping_patience <= progress.epochs_without_improvement:
+                log(f"Early stopping: no better top1 for {progress.epochs_without_improvement} epochs")
                 break
-            if stop.received:
-                log("Stopped by SIGTERM at the end of an epoch")
-                break
+            trainer.control.at_window()
+            if trainer.control.stop_pending and epoch + 1 < end_epoch:
+                log(f"Stopped by {signals.received or 'another process'} at the end of epoch {epoch}; --resume continues from there "
+                    f"(exit code {EXIT_PREEMPTED})")
+                return EXIT_PREEMPTED
+    return 0
 
 
-def _print_summary(args, runtime: Runtime, trainer: Trainer, summary: dict, workspace: Path, train_loader,
-                   val_loader) -> None:
+def _print_summary(config: RunConfig, runtime: Runtime, engine: Engine, summary: dict, workspace: Workspace,
+                   train_loader, val_loader) -> None:
     if not runtime.is_main:
         return
     top1 = summary.get("val.top1")
     if top1 is not None and not math.isnan(top1):
-        print(f"val top1: {top1:.2f}% (best {max(trainer.state.best_prec1, top1):.2f}%)", flush=True)
-    if trainer.state.skipped_steps:
-        print(f"skipped optimizer steps with inf/NaN gradients: {trainer.state.skipped_steps}", flush=True)
+        print(f"val top1: {top1:.2f}% (best {max(engine.progress.best_prec1, top1):.2f}%)", flush=True)
+    if engine.progress.skipped_steps:
+        print(f"skipped optimizer steps with inf/NaN gradients: {engine.progress.skipped_steps}", flush=True)
     skipped = sum(getattr(loader, "skipped", 0) for loader in (train_loader, val_loader) if loader is not None)
     if skipped:
         print(f"skipped unreadable images: {skipped}", flush=True)
-    if args.save_checkpoints and not args.evaluate:
-        print(f"checkpoint: {workspace / args.checkpoint_filename}", flush=True)
-    print(f"raport: {workspace / args.raport_file}", flush=True)
+    if config.save_checkpoints:
+        print(f"checkpoint: {workspace.latest}", flush=True)
+    print(f"raport: {workspace.raport}", flush=True)

@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
-import os
-import platform
 import shlex
 import sys
 import traceback
@@ -34,6 +32,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
+from image_classification import machine  # noqa: E402
 from image_classification.arguments import UserErrorParser, positive_int  # noqa: E402
 from image_classification.cli import run  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
@@ -162,20 +161,9 @@ def resolved_device(device: str) -> str:
     return "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine_description(device: str) -> str:
     """What the numbers were measured on, in one line."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    host = f"{cpu_model()} ({cores} cores, {torch.get_num_threads()} torch threads)"
+    host = f"{machine.cpu_model()} ({machine.cores()} cores, {torch.get_num_threads()} torch threads)"
     if device == "cuda":
         return f"1x {torch.cuda.get_device_name()}, host {host}, torch {torch.__version__}"
     return f"{host}, torch {torch.__version__}"

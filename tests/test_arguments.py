@@ -50,8 +50,10 @@ def test_defaults_match_the_reference():
     assert (args.momentum, args.weight_decay, args.print_freq, args.static_loss_scale) == (0.9, 1e-4, 10, 1.0)
     assert (args.raport_file, args.checkpoint_filename, args.workspace) == ("experiment_raport.json",
                                                                             "checkpoint.pth.tar", "./")
-    assert (args.memory_format, args.topk, args.arch, args.model_config) == ("nchw", 5, "resnet50", "classic")
-    assert args.gather_checkpoints == 0 and args.save_checkpoints is True and args.num_classes == 1000
+    assert (args.memory_format, args.arch, args.model_config) == ("nchw", "resnet50", "classic")
+    assert args.gather_checkpoints == 0 and args.save_checkpoints is True
+    # resolved when the run starts: top-5 (or the class count), the checkpoint's or the dataset's classes, 1000
+    assert (args.topk, args.num_classes, args.image_size, args.interpolation) == (None, None, None, None)
 
 
 def test_prefix_abbreviations_used_by_the_reference_scripts_work():
@@ -78,3 +80,85 @@ def test_help_lists_every_architecture():
     text = build_parser().format_help()
     for arch in ("resnet18", "resnext101-32x8d-basic", "se-resnext101-32x4d"):
         assert arch in text
+
+
+# -- one validation path for flags and preset values ----------------------------------------------------
+BAD_FLAGS = {
+    "negative lr": ["--lr", "-0.1"],
+    "nan lr": ["--lr", "nan"],
+    "negative momentum": ["--momentum", "-0.5"],
+    "momentum of one": ["--momentum", "1"],
+    "negative rmsprop eps": ["--optimizer", "rmsprop", "--rmsprop-eps", "-1e-3"],
+    "negative weight decay": ["--weight-decay", "-1"],
+    "tiny image": ["--image-size", "1"],
+    "zero topk": ["--topk", "0"],
+    "bad interval": ["--checkpoint-interval", "ten"],
+    "nesterov without momentum": ["--nesterov", "--momentum", "0"],
+    "zero optimizer batch": ["--optimizer-batch-size", "0"],
+}
+BAD_PRESETS = {
+    "zero batch": {"batch_size": 0},
+    "fractional epochs": {"epochs": 1.5},
+    "list for a number": {"lr": [0.1, 0.2]},
+    "zero topk": {"topk": 0},
+    "zero image size": {"image_size": 0},
+    "bool for a number": {"epochs": True},
+    "string for a switch": {"amp": "yes"},
+    "unknown choice": {"lr_schedule": "poly"},
+    "crop scale of one number": {"crop_scale": 0.5},
+    "negative lr": {"lr": -1.0},
+}
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "Traceback" not in err[0], err
+    return err[0]
+
+
+@pytest.mark.parametrize("name", BAD_FLAGS)
+def test_bad_values_are_one_line_and_exit_2(name, capsys):
+    from image_classification.cli import run
+    from image_classification.training import main
+
+    assert run(main, BAD_FLAGS[name] + ["--data-backend", "synthetic", "--device", "cpu"]) == 2, name
+    _one_line(capsys)
+
+
+@pytest.mark.parametrize("name", BAD_PRESETS)
+def test_bad_preset_values_fail_like_the_flags_and_name_the_key(name, capsys):
+    from image_classification.cli import run
+    from image_classification.training import main
+
+    preset = BAD_PRESETS[name]
+    assert run(main, ["--data-backend", "synthetic", "--device", "cpu"], preset) == 2, name
+    assert next(iter(preset)) in _one_line(capsys)
+
+
+def test_preset_values_reach_the_run_and_flags_still_win():
+    args = parse_args(["-b", "64", "/d"], defaults={"batch_size": 128, "amp": True, "crop_scale": [0.2, 1.0],
+                                                    "save_checkpoints": False, "tf32": False, "lr": 2.048})
+    assert (args.batch_size, args.amp, args.crop_scale, args.save_checkpoints, args.tf32, args.lr) == (
+        64, True, [0.2, 1.0], False, False, 2.048)
+
+
+def test_topk_above_the_class_count_is_refused_and_the_default_fits(tmp_path, capsys):
+    from image_classification.cli import run
+    from image_classification.training import main
+
+    tiny = ["-a", "resnet18", "--image-size", "64", "-b", "8", "--device", "cpu", "--data-backend", "synthetic",
+            "--prof", "1", "--epochs", "1", "--num-classes", "3", "--seed", "1", "--lr", "0.01",
+            "--workspace", str(tmp_path)]
+    assert run(main, tiny + ["--topk", "5"]) == 2
+    assert "--topk 5 exceeds the number of classes, 3" in _one_line(capsys)
+    assert run(main, tiny) == 0
+    assert "val.top3" in capsys.readouterr().out
+
+
+def test_one_image_batches_that_batchnorm_cannot_train_are_refused(tmp_path, capsys):
+    from image_classification.cli import run
+    from image_classification.training import main
+
+    assert run(main, ["-a", "resnet18", "--image-size", "32", "-b", "1", "--device", "cpu", "--data-backend",
+                      "synthetic", "--prof", "1", "--epochs", "1", "--workspace", str(tmp_path)]) == 2
+    assert "-b 1 cannot train at 32 px" in _one_line(capsys)

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from image_classification.arguments import parse_args
-from image_classification.data.common import MEAN_255, STD_255
+from image_classification.data.common import MEAN_255, STD_255, DataConfig
 from image_classification.data.folder import check_dataset, folder_loaders
 from image_classification.errors import UserError
 from image_classification.runtime import Runtime
@@ -38,7 +38,7 @@ def loaders(args, runtime: Runtime, *, want_train: bool = True, want_val: bool =
     from image_classification.data.dali import dali_loaders
 
     classes = check_dataset(args.data, args.num_classes, want_train=want_train, want_val=want_val)
-    return dali_loaders(args, runtime, SIZE, classes, want_train=want_train, want_val=want_val)
+    return dali_loaders(DataConfig.from_args(args, SIZE), runtime, classes, want_train=want_train, want_val=want_val)
 
 
 def epoch(loader, number: int, **kwargs) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -85,7 +85,7 @@ def test_missing_dali_is_a_user_error_and_the_module_still_imports(image_folder,
     module = importlib.import_module("image_classification.data.dali")
     args = make_args(image_folder)
     with pytest.raises(UserError, match="pip install nvidia-dali.*--data-backend pytorch"):
-        module.dali_loaders(args, cpu_runtime(), SIZE, ["a"], want_train=True, want_val=True)
+        module.dali_loaders(DataConfig.from_args(args, SIZE), cpu_runtime(), ["a"], want_train=True, want_val=True)
 
 
 def test_dali_gpu_without_a_gpu_points_to_dali_cpu(image_folder):
@@ -93,7 +93,7 @@ def test_dali_gpu_without_a_gpu_points_to_dali_cpu(image_folder):
 
     args = make_args(image_folder, backend="dali-gpu")
     with pytest.raises(UserError, match="dali-cpu"):
-        dali_loaders(args, cpu_runtime(), SIZE, ["a"], want_train=True, want_val=True)
+        dali_loaders(DataConfig.from_args(args, SIZE), cpu_runtime(), ["a"], want_train=True, want_val=True)
 
 
 def test_autoaugment_is_refused(image_folder):
@@ -101,7 +101,7 @@ def test_autoaugment_is_refused(image_folder):
 
     args = make_args(image_folder, "--augmentation", "autoaugment")
     with pytest.raises(UserError, match="--data-backend pytorch"):
-        dali_loaders(args, cpu_runtime(), SIZE, ["a"], want_train=True, want_val=False)
+        dali_loaders(DataConfig.from_args(args, SIZE), cpu_runtime(), ["a"], want_train=True, want_val=False)
 
 
 def write_one_class(root: Path, images: list[Image.Image], suffix: str = ".jpg") -> Path:
@@ -114,12 +114,18 @@ def write_one_class(root: Path, images: list[Image.Image], suffix: str = ".jpg")
     return root
 
 
-def test_an_undecodable_image_is_named(dali, tmp_path):
-    write_one_class(tmp_path, [Image.new("RGB", (40, 36), _colour(index)) for index in range(3)])
+def test_unreadable_images_are_skipped_with_one_warning(dali, tmp_path, capsys):
+    """As the pytorch backend does: a zero-byte and a corrupt JPEG are named once and left out."""
+    write_one_class(tmp_path, [Image.new("RGB", (40, 36), _colour(index)) for index in range(7)])
     (tmp_path / "val" / "only" / "1.jpg").write_bytes(b"\xff\xd8\xff not a jpeg")
+    (tmp_path / "val" / "only" / "4.jpg").write_bytes(b"")
     _, val = loaders(make_args(tmp_path, batch_size=2), cpu_runtime(), want_train=False)
-    with pytest.raises(UserError, match=r"1\.jpg"):
-        epoch(val, 0)
+    seen = sum(len(targets) for _, targets in epoch(val, 0))
+    err = capsys.readouterr().err
+    assert seen == 5 and val.skipped == 2
+    assert err.count("warning: skipped unreadable image") == 2 and "1.jpg" in err and "4.jpg" in err
+    assert sum(len(targets) for _, targets in epoch(val, 1)) == 5 and capsys.readouterr().err == ""
+    assert val.builds == 2  # once, and again after the failure (both files in its read-ahead); not per pass
 
 
 # -- batches -------------------------------------------------------------------------------------------
@@ -129,7 +135,8 @@ def test_batches_match_the_pytorch_backend(dali, image_folder, memory_format):
     runtime = cpu_runtime(memory_format)
     classes = check_dataset(args.data, args.num_classes, want_train=True, want_val=True)
     train, val = loaders(args, runtime)
-    ref_train, ref_val = folder_loaders(args, runtime, SIZE, classes, want_train=True, want_val=True)
+    ref_train, ref_val = folder_loaders(DataConfig.from_args(args, SIZE), runtime, classes, want_train=True,
+                                        want_val=True)
     assert (len(train), len(val), val.num_samples) == (len(ref_train), len(ref_val), ref_val.num_samples) == (6, 3, 12)
 
     for split, ours, theirs in (("train", train, ref_train), ("val", val, ref_val)):
@@ -143,8 +150,8 @@ def test_batches_match_the_pytorch_backend(dali, image_folder, memory_format):
             assert -2.2 <= images.min() and images.max() <= 2.7
             # Both backends walk the same sampler, so the labels agree batch by batch.
             assert torch.equal(targets, ref_targets)
-            if split == "val":  # same resize and centre crop; only the resampling filters differ
-                assert (images - ref_images).abs().mean() < 0.4
+            if split == "val":  # the same resize sizes, antialiasing and centre crop as torchvision's
+                assert ((images - ref_images).abs() * torch.tensor(STD_255).view(1, 3, 1, 1)).mean() < 0.3  # levels
 
 
 @pytest.mark.parametrize("interpolation", ["bilinear", "bicubic", "triangular"])
@@ -218,3 +225,34 @@ def test_an_epoch_is_reproducible_and_can_start_part_way(dali, flat_folder):
     resumed = epoch(again, 2, start_batch=3)
     assert seen(resumed) == seen(batches[3:])
     assert len(again) == len(batches) == 5
+
+
+# -- one pipeline per split and run --------------------------------------------------------------------
+def test_the_pipeline_is_built_once_and_fed_each_epoch_s_order(dali, flat_folder):
+    """Building a pipeline allocates its decoders' buffers: once per run, then every pass feeds it."""
+    from image_classification.data.common import ShardSampler
+
+    args = make_args(flat_folder)
+    train, val = loaders(args, cpu_runtime())
+    labels = {ident: ident // 7 for ident in range(21)}  # train images 0..20, 7 per class
+    for number in range(3):
+        batches = epoch(train, number)
+        sampler = ShardSampler(21, 0, 1, shuffle=True, seed=3)
+        sampler.set_epoch(number)
+        expected = [index for index, _ in sampler][:20]  # whole batches of 4
+        assert seen(batches) == expected  # the pytorch backend's order: flat folder index = sample index
+        assert [label for _, targets in batches for label in targets.tolist()] == [labels[i] for i in expected]
+        assert sorted(seen(epoch(val, number))) == list(range(21, 36))
+    assert (train.builds, val.builds) == (1, 1)
+
+
+def test_a_pass_left_part_way_does_not_leak_into_the_next(dali, flat_folder):
+    """--prof and early stops leave a pass unfinished; the next one still starts at its own first image."""
+    args = make_args(flat_folder)
+    train = loaders(args, cpu_runtime(), want_val=False)[0]
+    whole = seen(epoch(train, 1))
+    train.set_epoch(0)
+    next(iter(train))  # one batch of epoch 0, the pipeline's read-ahead left in its queue
+    assert seen(epoch(train, 1)) == whole
+    assert seen(epoch(train, 1, start_batch=2)) == whole[8:]
+    assert train.builds == 1

@@ -42,6 +42,8 @@ def multiproc_cmd(nproc: int, *script_and_args: str, log_dir: Path | None = None
 # ------------------------------------------------------------------------------------------------
 WORKER = """
 import os, sys, time
+if os.environ["LOCAL_RANK"] == os.environ.get("QUIET_RANK"):
+    sys.exit(0)
 keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 print(" ".join(os.environ[k] for k in keys), *sys.argv[1:], flush=True)
 print("to stderr", file=sys.stderr, flush=True)
@@ -62,16 +64,17 @@ def worker_script(tmp_path) -> Path:
 
 def test_multiproc_sets_the_environment_and_logs_ranks_above_0(worker_script, tmp_path):
     logs = tmp_path / "logs"
-    result = subprocess.run(multiproc_cmd(3, worker_script, "a", "--b", log_dir=logs), capture_output=True,
-                            text=True, cwd=tmp_path, timeout=120)
+    result = subprocess.run(multiproc_cmd(4, worker_script, "a", "--b", log_dir=logs), capture_output=True,
+                            text=True, cwd=tmp_path, timeout=120, env={**os.environ, "QUIET_RANK": "3"})
     assert result.returncode == 0, result.stderr
     port = result.stdout.split("(master 127.0.0.1:")[1].split(")")[0]
-    assert f"0 0 3 127.0.0.1 {port} a --b" in result.stdout
-    assert "1 1 3" not in result.stdout
+    assert f"0 0 4 127.0.0.1 {port} a --b" in result.stdout
+    assert "1 1 4" not in result.stdout
+    assert f"multiproc.py: ranks 1-3 write to GPU_1.log ... GPU_3.log in {logs}" in result.stdout
     for rank in (1, 2):
         log = (logs / f"GPU_{rank}.log").read_text()
-        assert f"{rank} {rank} 3 127.0.0.1 {port} a --b" in log and "to stderr" in log
-    assert not (logs / "GPU_0.log").exists()
+        assert f"{rank} {rank} 4 127.0.0.1 {port} a --b" in log and "to stderr" in log
+    assert sorted(p.name for p in logs.iterdir()) == ["GPU_1.log", "GPU_2.log"]  # rank 3's stayed empty
 
 
 def test_a_failing_worker_stops_the_others(worker_script, tmp_path):
@@ -81,8 +84,50 @@ def test_a_failing_worker_stops_the_others(worker_script, tmp_path):
     elapsed = time.monotonic() - start
     assert result.returncode == 1
     assert elapsed < 30  # rank 0 would sleep for 120 s
-    assert "rank 1 (local rank 1" in result.stderr and "exited with code 3" in result.stderr
-    assert "GPU_1.log" in result.stderr
+    # rank 0's own line, then ours; torch elastic's "failed (exitcode: 3) ..." and SIGTERM lines held back
+    ours = [line for line in result.stderr.splitlines() if line != "to stderr"]
+    assert len(ours) == 1, result.stderr
+    assert "rank 1 (local rank 1" in ours[0] and "exited with code 3" in ours[0] and "GPU_1.log" in ours[0]
+    assert (tmp_path / "GPU_1.log").exists()  # kept after a failure, even when empty
+
+
+def test_the_process_that_failed_is_named_not_the_ones_that_stopped_because_of_it():
+    from types import SimpleNamespace
+
+    from image_classification.errors import PeerLost
+
+    assert multiproc.EXIT_PEER_LOST == PeerLost.exit_code
+    same_second = 1_700_000_000
+    failures = {
+        0: SimpleNamespace(exitcode=PeerLost.exit_code, timestamp=same_second),  # saw its peer go
+        1: SimpleNamespace(exitcode=-signal.SIGKILL, timestamp=same_second),  # the cause
+        2: SimpleNamespace(exitcode=-signal.SIGTERM, timestamp=same_second - 1),  # stopped by torchrun
+    }
+    assert min(failures.items(), key=multiproc._root_cause_first)[0] == 1
+    failures[3] = SimpleNamespace(exitcode=1, timestamp=same_second + 1)  # a later crash of its own
+    assert min(failures.items(), key=multiproc._root_cause_first)[0] == 1
+
+
+@pytest.mark.parametrize("argv,lines", [
+    (["--nproc_per_node", "1"], ["multiproc.py: starts rank 0 (master 127.0.0.1:29500): CMD"]),
+    (["--nproc_per_node", "2", "--log_dir", "ws"],
+     ["multiproc.py: starts ranks 0-1 (master 127.0.0.1:29500): CMD",
+      "multiproc.py: rank 1 writes to ws/GPU_1.log"]),
+    (["--nnodes", "2", "--node_rank", "1", "--nproc_per_node", "8", "--master_addr", "10.0.0.1"],
+     ["multiproc.py: node 1 of 2 starts ranks 8-15 (master 10.0.0.1:29500): CMD",
+      "multiproc.py: ranks 9-15 write to GPU_1.log ... GPU_7.log in ."]),
+])
+def test_startup_lines_say_which_rank_writes_where(argv, lines):
+    ns = multiproc.build_parser().parse_args([*argv, "main.py"])
+    assert multiproc.startup_lines(ns, "CMD") == lines
+
+
+def test_only_empty_logs_are_removed(tmp_path):
+    (tmp_path / "GPU_1.log").write_text("")
+    (tmp_path / "GPU_2.log").write_text("epoch 1\n")
+    (tmp_path / "GPU_5.log").write_text("")  # not a rank of this run
+    multiproc.remove_empty_logs(str(tmp_path), nproc_per_node=4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["GPU_2.log", "GPU_5.log"]
 
 
 def test_multiproc_flag_errors_are_one_line(worker_script, capsys):
@@ -90,6 +135,16 @@ def test_multiproc_flag_errors_are_one_line(worker_script, capsys):
     assert "--node_rank" in capsys.readouterr().err
     assert run(multiproc.main, ["--nproc_per_node", "2", "no_such_script.py"]) == 2
     assert "no_such_script.py" in capsys.readouterr().err
+
+
+def test_an_installed_command_is_found_on_path(tmp_path, monkeypatch):
+    command = tmp_path / "ic-train"
+    command.write_text("#!/usr/bin/env python\n")
+    command.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path.parent)
+    assert multiproc.script_path("ic-train") == str(command)
+    assert multiproc.script_path(f"{tmp_path.name}/ic-train") == f"{tmp_path.name}/ic-train"  # a file wins
 
 
 def test_torchrun_arguments():
@@ -289,7 +344,7 @@ def test_two_processes_train_validate_and_resume_on_one(image_folder, tmp_path):
     parameters = {k: v for r in records if r.get("step") == "PARAMETER" for k, v in r["data"].items()}
     assert parameters["world_size"] == 2
     assert any("val.top1" in r.get("data", {}) for r in records)
-    assert (tmp_path / "GPU_1.log").exists()
+    assert not (tmp_path / "GPU_1.log").exists()  # rank 1 printed nothing, so its empty log went
     checkpoint = torch.load(workspace / "checkpoint.pth.tar", map_location="cpu", weights_only=False)
     assert checkpoint["epoch"] == 1
     assert not [key for key in checkpoint["state_dict"] if key.startswith("module.")]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,11 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
-from torchvision import transforms
 
+from conftest import load_script
 from image_classification.arguments import parse_args
-from image_classification.data.common import MEAN_255, STD_255
-from image_classification.data.folder import val_transform
 from image_classification.cli import run
 from image_classification.inference import image_transform, imagenet_class_names
 from image_classification.inference import main as classify_main
@@ -85,16 +82,6 @@ def colour_checkpoint(image_folder, tmp_path_factory) -> Path:
     return path
 
 
-def test_preprocessing_is_the_validation_pipeline(photo):
-    image = Image.open(photo).convert("RGB")
-    cropped = val_transform(224)(image)
-    mean, std = torch.tensor(MEAN_255).view(3, 1, 1), torch.tensor(STD_255).view(3, 1, 1)
-    expected = (transforms.PILToTensor()(cropped).float() - mean) / std
-    got = image_transform(224)(image)
-    assert got.shape == (3, 224, 224)
-    torch.testing.assert_close(got, expected)
-
-
 def test_classify_photo_without_weights_prints_falling_percentages(photo):
     result = classify("--image", photo)
     assert result.returncode == 0, result.stderr
@@ -147,6 +134,28 @@ def test_class_names_recorded_in_a_checkpoint_are_used(colour_checkpoint, image_
     assert [label for label, _ in percent_lines(capsys.readouterr().out)][0] == "green"
 
 
+def json_predictions(capsys, argv: list[str]) -> list[dict]:
+    assert run(classify_main, argv + ["--json"]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_default_fast_path_predicts_what_the_plain_fp32_path_does(colour_checkpoint, image_folder, capsys):
+    """The default (channels-last, bf16 autocast on the CPU) against NCHW FP32 eager: the same top-1
+    class for every image, every probability within 0.02."""
+    images = [str(path) for path in sorted((image_folder / "val").glob("*/*.jpg"))]
+    common = ["--weights", str(colour_checkpoint), "--image", *images, "--image-size", str(SIZE), "--topk", "3"]
+    fast = json_predictions(capsys, common)
+    plain = json_predictions(capsys, common + ["--precision", "FP32", "--memory-format", "nchw"])
+    assert len(fast) == len(plain) == 12
+    for ours, reference in zip(fast, plain):
+        assert ours["path"] == reference["path"]
+        assert ours["predictions"][0]["index"] == reference["predictions"][0]["index"]
+        got = {p["index"]: p["probability"] for p in ours["predictions"]}
+        for prediction in reference["predictions"]:
+            assert got[prediction["index"]] == pytest.approx(prediction["probability"], abs=0.02)
+    assert {r["predictions"][0]["index"] for r in plain} == {0, 1, 2}  # a trained model, not a constant
+
+
 @pytest.fixture(scope="module")
 def bad_inputs(tmp_path_factory, photo, colour_checkpoint) -> dict[str, list[str]]:
     root = tmp_path_factory.mktemp("bad")
@@ -197,12 +206,7 @@ def test_weights_that_do_not_fit_are_one_line_and_exit_2(bad_inputs, case, words
 # ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def benchmark():
-    path = REPO / "scripts" / "inference_benchmark.py"
-    spec = importlib.util.spec_from_file_location("inference_benchmark", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("inference_benchmark")
 
 
 def fake_main(fail_from_batch: int | None = None):

@@ -1,13 +1,14 @@
-"""launch.py and configs.yml: preset resolution, overrides, host adaptation and the shell recipes."""
+"""launch.py and configs.yml: preset resolution, overrides, host adaptation and --dry-run."""
 
 from __future__ import annotations
 
-import itertools
+import argparse
 import os
 import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import yaml
@@ -28,13 +29,34 @@ COMBINATIONS = [
 ]
 
 
-def _dry_run(argv: list[str], capsys, cuda_available: bool = True) -> tuple:
-    """Run ``launch.py ... --dry-run``; return the main.py namespace it prints, and stderr."""
+class DryRun(NamedTuple):
+    """What ``launch.py --dry-run`` printed: the preset as written, the run on this machine, the changes."""
+
+    written: argparse.Namespace
+    run: argparse.Namespace
+    notices: list[str]
+    text: str
+
+
+def _main_py(line: str) -> argparse.Namespace:
+    assert line.startswith("python main.py "), line
+    return parse_args(shlex.split(line)[2:])
+
+
+def _dry_run(argv: list[str], capsys, cuda_available: bool = True) -> DryRun:
+    """Run ``launch.py ... --dry-run`` and read back the commands it prints, all on stdout."""
     assert launch.main([*argv, "--dry-run"], cuda_available=cuda_available) == 0
     out, err = capsys.readouterr()
-    command = [line for line in out.splitlines() if line.startswith("python main.py")]
-    assert len(command) == 1, out
-    return parse_args(shlex.split(command[0])[2:]), err
+    assert err == ""
+    lines = out.splitlines()
+    assert lines[0].startswith("# ") and "as written" in lines[0], out
+    written = _main_py(lines[1])
+    if lines[2:] == ["# on this machine it runs as written"]:
+        return DryRun(written, written, [], out)
+    assert lines[2] == "# on this machine, launch.py would change it:", out
+    notices = [line.removeprefix("#   ") for line in lines[3:-1]]
+    assert notices and all(line.startswith("#   ") for line in lines[3:-1]), out
+    return DryRun(written, _main_py(lines[-1]), notices, out)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -117,9 +139,10 @@ def test_modes():
 
 
 def test_short_benchmark_needs_no_dataset(capsys):
-    args, _ = _dry_run(["--model", "resnet50", "--precision", "AMP", "--mode", "benchmark_training_short",
-                        "--platform", "DGXA100"], capsys)
-    assert args.data is None and args.data_backend == "synthetic"
+    dry = _dry_run(["--model", "resnet50", "--precision", "AMP", "--mode", "benchmark_training_short",
+                    "--platform", "DGXA100"], capsys)
+    assert dry.written.data is None and dry.written.data_backend == "synthetic"
+    assert "DIR" not in dry.text
 
 
 # ------------------------------------------------------------------------------------------------
@@ -129,15 +152,15 @@ RN50_A100 = ["--model", "resnet50", "--precision", "AMP", "--mode", "convergence
 
 
 def test_explicit_flags_beat_the_preset(capsys):
-    args, _ = _dry_run([*RN50_A100, "/data", "-b", "64", "--lr", "0.5", "--epochs", "3", "--no-checkpoints",
-                        "--memory-format", "nchw", "--workers", "1"], capsys)
+    args = _dry_run([*RN50_A100, "/data", "-b", "64", "--lr", "0.5", "--epochs", "3", "--no-checkpoints",
+                     "--memory-format", "nchw", "--workers", "1"], capsys).written
     assert (args.batch_size, args.lr, args.epochs, args.save_checkpoints) == (64, 0.5, 3, False)
     assert (args.memory_format, args.workers) == ("nchw", 1)
     assert args.optimizer_batch_size == 2048 and args.label_smoothing == 0.1 and args.data == "/data"
 
 
 def test_flags_may_come_before_the_launch_flags(capsys):
-    args, _ = _dry_run(["/data", "--epochs", "5", *RN50_A100], capsys)
+    args = _dry_run(["/data", "--epochs", "5", *RN50_A100], capsys).written
     assert args.epochs == 5 and args.arch == "resnet50"
 
 
@@ -148,8 +171,7 @@ def test_yaml_num_classes_reaches_the_run(tmp_path, capsys, monkeypatch):
     cfg_file.write_text(yaml.safe_dump(config))
     argv = ["--model", "resnet50", "--precision", "FP32", "--mode", "convergence", "--platform", "CPU",
             "--cfg_file", str(cfg_file), "/data"]
-    args, _ = _dry_run(argv, capsys)
-    assert args.num_classes == 7
+    assert _dry_run(argv, capsys).written.num_classes == 7
 
     seen = {}
 
@@ -221,29 +243,71 @@ def test_list_shows_the_presets(capsys):
 # Presets on a machine that lacks what they ask for
 # ------------------------------------------------------------------------------------------------
 def test_gpu_preset_without_cuda_runs_on_the_cpu_with_notices(capsys):
-    args, err = _dry_run([*RN50_A100, "/data"], capsys, cuda_available=False)
+    dry = _dry_run([*RN50_A100, "/data"], capsys, cuda_available=False)
+    args = dry.run
     assert (args.device, args.amp, args.amp_dtype, args.gpu_affinity) == ("cpu", True, "bfloat16", "none")
-    notices = err.strip().splitlines()
+    assert len(dry.notices) == 3
+    assert "no CUDA" in dry.notices[0] and "bf16" in dry.notices[1] and "gpu_affinity" in dry.notices[2]
+    # everything else is the preset's
+    assert {k: v for k, v in vars(args).items() if k not in ("device", "amp_dtype", "gpu_affinity")} == \
+        {k: v for k, v in vars(dry.written).items() if k not in ("device", "amp_dtype", "gpu_affinity")}
+
+
+def test_a_real_run_prints_the_notices_on_stderr(capsys, monkeypatch):
+    seen = {}
+
+    def fake_train(rest, defaults):
+        seen["args"] = parse_args(rest, defaults=defaults)
+        return 0
+
+    monkeypatch.setattr("image_classification.training.main", fake_train)
+    assert launch.main([*RN50_A100, "/data"], cuda_available=False) == 0
+    notices = capsys.readouterr().err.strip().splitlines()
     assert len(notices) == 3 and all(line.startswith("launch.py: ") for line in notices)
-    assert "bf16" in err and "gpu_affinity" in err and "CPU" in err
+    args = seen["args"]
+    assert (args.device, args.amp_dtype, args.gpu_affinity) == ("cpu", "bfloat16", "none")
 
 
 def test_gpu_preset_with_cuda_is_unchanged(capsys):
-    args, err = _dry_run([*RN50_A100, "/data"], capsys, cuda_available=True)
-    assert (args.device, args.amp_dtype, args.gpu_affinity) == ("auto", "float16", "socket_unique_contiguous")
-    assert err == ""
+    dry = _dry_run([*RN50_A100, "/data"], capsys, cuda_available=True)
+    assert (dry.run.device, dry.run.amp_dtype, dry.run.gpu_affinity) == \
+        ("auto", "float16", "socket_unique_contiguous")
+    assert dry.notices == [] and dry.run == dry.written
 
 
 def test_explicit_cpu_device_adapts_a_gpu_preset_even_with_cuda(capsys):
-    args, err = _dry_run([*RN50_A100, "/data", "--device", "cpu"], capsys, cuda_available=True)
-    assert (args.device, args.amp_dtype, args.gpu_affinity) == ("cpu", "bfloat16", "none")
-    assert "no CUDA" not in err and "bf16" in err
+    dry = _dry_run([*RN50_A100, "/data", "--device", "cpu"], capsys, cuda_available=True)
+    assert (dry.run.device, dry.run.amp_dtype, dry.run.gpu_affinity) == ("cpu", "bfloat16", "none")
+    assert len(dry.notices) == 2 and not any("no CUDA" in notice for notice in dry.notices)
 
 
 def test_cpu_platform_needs_no_adaptation(capsys):
-    args, err = _dry_run(["--model", "resnet50", "--precision", "AMP", "--mode", "convergence",
-                          "--platform", "CPU", "/data"], capsys, cuda_available=False)
-    assert (args.device, args.amp_dtype, args.batch_size) == ("cpu", "bfloat16", 32) and err == ""
+    dry = _dry_run(["--model", "resnet50", "--precision", "AMP", "--mode", "convergence",
+                    "--platform", "CPU", "/data"], capsys, cuda_available=False)
+    assert (dry.run.device, dry.run.amp_dtype, dry.run.batch_size) == ("cpu", "bfloat16", 32)
+    assert dry.notices == []
+
+
+# ------------------------------------------------------------------------------------------------
+# --dry-run
+# ------------------------------------------------------------------------------------------------
+def test_dry_run_needs_no_dataset_folder(capsys):
+    dry = _dry_run(RN50_A100, capsys, cuda_available=False)
+    assert dry.written.data == "DIR" and dry.run.data == "DIR"  # a placeholder, named in the header
+    assert "(DIR: the dataset folder)" in dry.text.splitlines()[0]
+    # a real run still needs one
+    assert run(launch.main, RN50_A100, cuda_available=True) == 2
+    assert "DIR is required" in capsys.readouterr().err
+
+
+def test_dry_run_prints_the_preset_as_written_on_any_machine(capsys):
+    on_gpu = _dry_run([*RN50_A100, "/data", "-b", "64"], capsys, cuda_available=True)
+    on_cpu = _dry_run([*RN50_A100, "/data", "-b", "64"], capsys, cuda_available=False)
+    assert on_gpu.text.splitlines()[:2] == on_cpu.text.splitlines()[:2]
+    preset = launch.resolve("resnet50", "AMP", "convergence", "DGXA100", REPO / "configs.yml")
+    assert parse_args(["/data", "-b", "64"], defaults=preset) == on_cpu.written
+    assert on_cpu.written.amp_dtype == "float16" and on_cpu.written.gpu_affinity == "socket_unique_contiguous"
+    assert on_cpu.written.device == "auto" and on_cpu.written.batch_size == 64
 
 
 def test_adapt_to_host_is_pure():
@@ -271,72 +335,3 @@ def test_launch_runs_a_tiny_benchmark_end_to_end(tmp_path):
     raport = (workspace / "experiment_raport.json").read_text()
     assert '"num_classes": 5' in raport and '"data_backend": "synthetic"' in raport
     assert '"tf32": false' in raport and '"device": "cpu"' in raport
-
-
-# ------------------------------------------------------------------------------------------------
-# Shell recipes
-# ------------------------------------------------------------------------------------------------
-RECIPES = sorted(p for folder in ("resnet50v1.5", "resnext101-32x4d", "se-resnext101-32x4d")
-                 for p in (REPO / folder / "training").rglob("*.sh"))
-MODEL_OF_FOLDER = {"resnet50v1.5": "resnet50", "resnext101-32x4d": "resnext101-32x4d",
-                   "se-resnext101-32x4d": "se-resnext101-32x4d"}
-
-
-def _expected_recipe_names() -> set[str]:
-    names = set()
-    reference = {
-        "resnet50": ["AMP/DGX1V", "AMP/DGX2V", "AMP/DGXA100", "FP32/DGX1V", "FP32/DGX2V", "TF32/DGXA100"],
-    }
-    reference["resnext101-32x4d"] = reference["se-resnext101-32x4d"] = \
-        ["AMP/DGX1V", "AMP/DGXA100", "FP32/DGX1V", "TF32/DGXA100"]
-    folders = {model: folder for folder, model in MODEL_OF_FOLDER.items()}
-    for model, combos in reference.items():
-        for combo, epochs in itertools.product(combos + ["AMP/DGXH100", "BF16/DGXH100", "TF32/DGXH100"],
-                                               ("90E", "250E")):
-            precision, platform = combo.split("/")
-            names.add(f"{folders[model]}/training/{precision}/{platform}_{model}_{precision}_{epochs}.sh")
-    return names
-
-
-def test_recipe_files_are_the_reference_ones_plus_h100():
-    assert {str(p.relative_to(REPO)) for p in RECIPES} == _expected_recipe_names()
-    assert len(RECIPES) == 12 + 8 + 8 + 3 * 6
-    assert all(os.access(p, os.X_OK) for p in RECIPES)
-
-
-def _recipe_argv(recipe: Path, tmp_path: Path, *args: str) -> list[str]:
-    """Run the recipe with a stand-in interpreter that prints its arguments instead of training."""
-    shim = tmp_path / "print_args.sh"
-    shim.write_text('#!/bin/sh\nprintf "%s\\0" "$@"\n')
-    shim.chmod(0o755)
-    result = subprocess.run(["bash", str(recipe), *args], capture_output=True, cwd=tmp_path, timeout=30,
-                            env={**os.environ, "PYTHON": str(shim)})
-    assert result.returncode == 0, result.stderr.decode()
-    return result.stdout.decode().split("\0")[:-1]
-
-
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
-def test_recipe_resolves_to_a_valid_run(recipe, tmp_path, capsys):
-    argv = _recipe_argv(recipe, tmp_path, "my_ws", "/data/imagenet")
-    assert argv[:6] == [str(REPO / "multiproc.py"), "--nproc_per_node", "8", "--log_dir", "my_ws",
-                        str(REPO / "launch.py")]
-    launch_argv = argv[6:]
-    platform, model, precision, epochs = recipe.stem.split("_")
-    assert model == MODEL_OF_FOLDER[recipe.parents[2].name] and precision == recipe.parent.name
-    args, _ = _dry_run(launch_argv, capsys)
-    preset = launch.resolve(model, precision, "convergence", platform, REPO / "configs.yml")
-    assert args.arch == model and args.batch_size == preset["batch_size"]
-    assert args.optimizer_batch_size == preset["optimizer_batch_size"] and args.lr == preset["lr"]
-    assert (args.data, args.workspace, args.raport_file) == ("/data/imagenet", "my_ws", "raport.json")
-    assert args.save_checkpoints and not args.evaluate and args.label_smoothing == 0.1
-    assert (args.epochs, args.mixup) == ((90, 0.0) if epochs == "90E" else (250, 0.2))
-    assert args.amp == (precision in ("AMP", "BF16"))
-    assert args.amp_dtype == {"AMP": "float16", "BF16": "bfloat16"}.get(precision)
-    assert args.tf32 == (precision != "FP32")
-
-
-def test_recipe_defaults_are_the_references(tmp_path, capsys):
-    recipe = REPO / "resnet50v1.5/training/AMP/DGX1V_resnet50_AMP_250E.sh"
-    argv = _recipe_argv(recipe, tmp_path)
-    args, _ = _dry_run(argv[6:], capsys)
-    assert (args.workspace, args.data) == ("./", "/imagenet") and argv[4] == "./"

@@ -269,7 +269,7 @@ def test_trt_style_4d_se_weights_are_reshaped(se_resnext):
 
 def test_head_mismatch_raises_unless_allowed_and_then_keeps_the_fresh_head(resnet18_state):
     model = build_model("resnet18", num_classes=10)
-    with pytest.raises(UserError, match="fc.weight"):
+    with pytest.raises(UserError, match="have 1000 classes and the model 10: pass --num-classes 1000"):
         load_weights(model, resnet18_state)
     fresh_head = model.fc.weight.clone()
     messages = []

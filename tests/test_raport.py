@@ -3,6 +3,8 @@
 import io
 import json
 
+import pytest
+
 from image_classification.raport import LOSS_META, PERF_META, Raport, quantile_nearest, read_raport
 
 
@@ -27,7 +29,7 @@ def test_records_and_stdout_follow_dllogger(tmp_path):
     assert [r["step"] for r in records if r["type"] == "LOG"][1:] == [[0, 1], [0, 2], [0], [1, 1], [1, 2], [1], []]
     assert final["train.loss"] == 0.6  # the best epoch: min of 1.5 and 0.6
     lines = out.getvalue().splitlines()
-    assert lines[0].startswith("DLL ") and " - Epoch: 0 Iteration: 1 train.loss : 2.00000 None" in lines[0]
+    assert lines[0].startswith("DLL ") and " - Epoch: 0 Iteration: 1 train.loss : 2.00000 train.total_ips" in lines[0]
     assert "train.total_ips : 100.00 images/s" in lines[0]
     assert " - Summary: " in lines[-1]
     json.loads(open(tmp_path / "r.json").readline()[5:])
@@ -47,3 +49,76 @@ def test_disabled_raport_writes_nothing(tmp_path):
     raport.record("val.top1", 50.0)
     raport.end()
     assert not (tmp_path / "r.json").exists()
+
+
+def test_records_match_dllogger_1_1(tmp_path):
+    """datetime is timezone-aware, timestamp and elapsedtime are strings, METADATA records name their metric."""
+    from datetime import datetime
+
+    raport = Raport(tmp_path / "r.json", stdout=io.StringIO())
+    raport.register("train.loss", "loss", LOSS_META)
+    raport.record("train.loss", 1.0)
+    raport.log_window("train", [0, 1])
+    raport.close()
+    records = read_raport(tmp_path / "r.json")
+    for record in records:
+        assert isinstance(record["timestamp"], str) and isinstance(record["elapsedtime"], str)
+        float(record["timestamp"]), float(record["elapsedtime"])
+        assert datetime.fromisoformat(record["datetime"]).tzinfo is not None
+    metadata = [r for r in records if r["type"] == "METADATA"]
+    assert metadata[0]["metric"] == "train.loss" and metadata[0]["metadata"] == LOSS_META
+
+
+def test_throughput_aggregates_are_images_over_wall_time(tmp_path):
+    """Per-iteration img/s weighted by the iteration's time: the epoch's value is images / total time."""
+    raport = Raport(None, stdout=io.StringIO())
+    raport.register("train.total_ips", "perf", PERF_META)
+    for images, seconds in ((10, 1.0), (10, 9.0)):
+        raport.record("train.total_ips", images / seconds, seconds)
+    assert raport.end_epoch(0)["train.total_ips"] == 20 / 10.0  # not the mean of 10 and 1.11
+    raport.record("train.total_ips", 30.0, 1.0)
+    raport.end_epoch(1)
+    assert raport.end()["train.total_ips"] == (20 + 30) / (10 + 1)
+
+
+def test_a_resumed_raport_is_cut_back_and_appended(tmp_path):
+    path = tmp_path / "r.json"
+    raport = Raport(path, stdout=io.StringIO())
+    raport.register("train.loss", "loss", LOSS_META)
+    raport.record("train.loss", 1.0)
+    raport.log_window("train", [0, 1])
+    position = raport.position()
+    raport.record("train.loss", 2.0)
+    raport.log_window("train", [0, 2])  # written after the checkpoint: a resume must not keep it
+    raport.close()
+    assert position["file"] == "r.json"
+    resumed = Raport(path, stdout=io.StringIO(), resume_offset=position["offset"])
+    resumed.register("train.loss", "loss", LOSS_META)
+    resumed.record("train.loss", 3.0)
+    resumed.log_window("train", [0, 2])
+    resumed.close()
+    steps = [r["step"] for r in read_raport(path) if r["type"] == "LOG"]
+    assert steps == [[0, 1], [0, 2]]
+    assert [r["data"]["train.loss"] for r in read_raport(path) if r["type"] == "LOG"] == [1.0, 3.0]
+
+
+def test_tensorboard_mirrors_windows_epochs_and_parameters(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from image_classification.training import main
+
+    logs = tmp_path / "tb"
+    assert main(["-a", "resnet18", "--image-size", "32", "-b", "4", "--device", "cpu", "--data-backend",
+                 "synthetic", "--prof", "2", "-p", "1", "--epochs", "2", "--num-classes", "3", "--seed", "1",
+                 "--lr", "0.01", "--tensorboard", str(logs), "--workspace", str(tmp_path / "ws")]) == 0
+    events = EventAccumulator(str(logs))
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    assert {"train.loss", "train.total_ips", "epoch/train.loss", "epoch/val.top1", "epoch/val.loss"} <= scalars
+    assert [e.step for e in events.Scalars("train.loss")] == [1, 2, 3, 4]  # the run's iterations
+    assert [e.step for e in events.Scalars("epoch/val.top1")] == [0, 1]
+    raport = read_raport(tmp_path / "ws" / "experiment_raport.json")
+    epoch_losses = [r["data"]["train.loss"] for r in raport if r.get("step") in ([0], [1]) and "train.loss" in r["data"]]
+    assert [e.value for e in events.Scalars("epoch/train.loss")] == pytest.approx(epoch_losses, rel=1e-6)
+    hparams = [p for p in logs.rglob("events.out.tfevents.*")]
+    assert len(hparams) >= 2  # the scalars and the hyperparameters written once at the end

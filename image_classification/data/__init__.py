@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 
+from .. import machine
 from ..errors import UserError
 from ..runtime import Runtime
-from .common import DeviceLoader, Loader, val_resize_size
+from .common import DataConfig, DeviceLoader, Loader, ShardSampler, val_resize_size
 
-__all__ = ["get_loaders", "resolve_backend", "Loader", "DeviceLoader", "val_resize_size", "dali_available"]
+__all__ = ["get_loaders", "resolve_backend", "DataConfig", "Loader", "DeviceLoader", "ShardSampler", "val_resize_size",
+           "dali_available"]
 
 
 def dali_available() -> bool:
@@ -26,23 +28,34 @@ def resolve_backend(requested: str | None, log=print) -> str:
     return "dali-cpu" if dali_available() else "pytorch"
 
 
+def _cap_workers(config: DataConfig, runtime: Runtime) -> DataConfig:
+    """``config`` with at most this process's cores as workers (torch warns beyond them), said once."""
+    cores = machine.cores()
+    if config.workers <= cores:
+        return config
+    if runtime.is_main:
+        print(f"=> -j {config.workers} is more than the {cores} cores this process may use: {cores} loader workers",
+              flush=True)
+    return dataclasses.replace(config, workers=cores)
+
+
 def get_loaders(
-    args: argparse.Namespace, runtime: Runtime, image_size: int, *, want_train: bool, want_val: bool
+    config: DataConfig, runtime: Runtime, *, want_train: bool, want_val: bool
 ) -> tuple[Loader | None, Loader | None, list[str]]:
-    """The train and val loaders that ``args`` asks for (None for the ones not wanted), and the class
+    """The train and val loaders ``config`` describes (None for the ones not wanted), and the class
     folder names in label order (empty for synthetic data)."""
-    backend = args.data_backend
-    if backend == "synthetic":
+    config = _cap_workers(config, runtime)
+    if config.backend == "synthetic":
         from .synthetic import synthetic_loaders
 
-        return (*synthetic_loaders(args, runtime, image_size, want_train=want_train, want_val=want_val), [])
+        return (*synthetic_loaders(config, runtime, want_train=want_train, want_val=want_val), [])
     from .folder import check_dataset
 
-    classes = check_dataset(args.data, args.num_classes, want_train=want_train, want_val=want_val)
-    if backend == "pytorch":
+    classes = check_dataset(config.data, config.num_classes, want_train=want_train, want_val=want_val)
+    if config.backend == "pytorch":
         from .folder import folder_loaders as build
-    elif backend in ("dali-cpu", "dali-gpu"):
+    elif config.backend in ("dali-cpu", "dali-gpu"):
         from .dali import dali_loaders as build
     else:
-        raise UserError(f"unknown data backend {backend!r}")
-    return (*build(args, runtime, image_size, classes, want_train=want_train, want_val=want_val), classes)
+        raise UserError(f"unknown data backend {config.backend!r}")
+    return (*build(config, runtime, classes, want_train=want_train, want_val=want_val), classes)

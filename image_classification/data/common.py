@@ -1,10 +1,14 @@
-"""What every data backend shares: normalisation constants, sizes, and the move to the device."""
+"""What every data backend shares: its configuration, the sampler that orders and shards an epoch,
+normalisation constants, sizes, and the move to the device."""
 
 from __future__ import annotations
 
+import argparse
+from dataclasses import dataclass
 from typing import Iterable, Iterator, Protocol
 
 import torch
+from torch.utils.data import Sampler
 
 from ..runtime import Runtime
 
@@ -12,6 +16,38 @@ from ..runtime import Runtime
 MEAN_255 = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 STD_255 = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 CROP_RATIO = 0.875  # validation crops 224 out of 256
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Everything a data backend needs to know, decided once per run (the backends never see argparse)."""
+
+    data: str | None  # the ImageFolder root (train/ and val/); None for synthetic data
+    backend: str  # pytorch, dali-cpu, dali-gpu or synthetic
+    image_size: int
+    batch_size: int
+    workers: int = 0
+    prefetch: int = 2
+    crop_scale: tuple[float, float] = (0.08, 1.0)
+    hflip: float = 0.5
+    interpolation: str = "bilinear"
+    augmentation: str | None = None  # None or autoaugment (pytorch backend only)
+    seed: int = 0
+    num_classes: int | None = None
+    synthetic_length: int = 0  # batches per synthetic epoch; 0 for the default
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, image_size: int, **overrides) -> "DataConfig":
+        """The configuration main.py's flags describe; ``overrides`` replace the fields they name."""
+        fields = dict(
+            data=getattr(args, "data", None), backend=args.data_backend, image_size=image_size,
+            batch_size=args.batch_size, workers=args.workers, prefetch=args.prefetch,
+            crop_scale=tuple(args.crop_scale), hflip=args.hflip, interpolation=args.interpolation or "bilinear",
+            augmentation=args.augmentation, seed=args.seed if args.seed is not None else 0,
+            num_classes=args.num_classes, synthetic_length=max(0, args.prof),
+        )
+        fields.update(overrides)
+        return cls(**fields)
 
 
 def val_resize_size(image_size: int) -> int:
@@ -111,3 +147,43 @@ class DeviceLoader:
             pending = ready
         if pending is not None:
             yield pending
+
+
+def sample_seed(seed: int, epoch: int, position: int) -> int:
+    """The seed of one sample's augmentation: a pure function of the run seed, epoch and position."""
+    return (seed * 1_000_003 + epoch * 7_919 + position * 104_729) % (2**63 - 1)
+
+
+class ShardSampler(Sampler):
+    """Yields (index, sample seed) pairs of this rank's share of an epoch.
+
+    Training shuffles with a generator seeded from (seed, epoch), trims the permutation to a multiple
+    of the world size and deals it out round-robin.  Validation deals ``range(n)`` without shuffling
+    or padding, so every image is seen by exactly one rank.
+    """
+
+    def __init__(self, size: int, rank: int, world_size: int, shuffle: bool, seed: int):
+        self.size, self.rank, self.world_size = size, rank, world_size
+        self.shuffle, self.seed, self.epoch, self.start = shuffle, seed, 0, 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Pick ``epoch``'s order; the next pass begins at this rank's ``start``-th sample."""
+        self.epoch, self.start = epoch, start
+
+    def _indices(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.rank, self.size, self.world_size))
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        order = torch.randperm(self.size, generator=generator).tolist()
+        usable = len(order) - len(order) % self.world_size
+        return order[self.rank:usable:self.world_size]
+
+    def __iter__(self):
+        indices = self._indices()
+        for position in range(self.start, len(indices)):
+            yield indices[position], sample_seed(self.seed, self.epoch, position * self.world_size + self.rank)
+
+    def __len__(self) -> int:
+        if not self.shuffle:
+            return len(range(self.rank, self.size, self.world_size))
+        return self.size // self.world_size

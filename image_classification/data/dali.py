@@ -1,17 +1,18 @@
 """The ``dali-cpu`` and ``dali-gpu`` backends: NVIDIA DALI decodes, crops and normalises the images.
 
 This module is the only one that imports DALI, and it does so lazily, so the package works without it.
-Each pass over a split builds a fresh pipeline whose file reader gets this rank's files already in
-that epoch's order.  The order and the sharding come from the pytorch backend's :class:`ShardSampler`,
-so both backends see the same images in the same order for a given seed; DALI's own reader never
-shuffles.  Training drops the last partial batch; validation keeps it, and every validation image is
-read by exactly one rank.
+Each split's pipeline is built once per run (its decoders' buffers are large and slow to allocate) and
+fed through an external source: every pass hands it this rank's files in that epoch's order.  The order
+and the sharding come from the shared :class:`ShardSampler`, so both backends see the same images in the
+same order for a given seed.  Training drops the last partial batch; validation keeps it, and every
+validation image is read by exactly one rank.  A file DALI cannot decode is reported once and left out,
+as the pytorch backend does (the pipeline is rebuilt then: DALI's state after an error is not reusable).
 """
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -19,10 +20,10 @@ import torch
 
 from ..errors import UserError
 from ..runtime import Runtime
-from .common import MEAN_255, STD_255, val_resize_size
-from .folder import ShardSampler, list_samples, train_samples
+from .common import MEAN_255, STD_255, DataConfig, ShardSampler, val_resize_size
+from .files import decode_problem
+from .folder import list_samples, train_samples
 
-_READER = "reader"
 _INTERPOLATION = {"bilinear": "INTERP_LINEAR", "bicubic": "INTERP_CUBIC", "triangular": "INTERP_TRIANGULAR"}
 # nvJPEG scratch memory reserved up front, as in the reference recipes, so it does not regrow per batch.
 _GPU_DECODER_PADDING = {"device_memory_padding": 211_025_920, "host_memory_padding": 140_544_512}
@@ -55,8 +56,39 @@ class PipelineSpec:
     channels_last: bool
 
 
-def build_pipeline(spec: PipelineSpec, files: list[str], labels: list[int], seed: int):
-    """A DALI pipeline yielding ("images", "labels") for ``files`` read in the given order."""
+@dataclass
+class Feed:
+    """A pipeline's external source: the files of the pass under way, read in order, a batch per call.
+
+    Raising StopIteration at the end is what ends a pass for DALI's iterator.
+    """
+
+    batch_size: int
+    files: list[str] = field(default_factory=list)
+    labels: list[int] = field(default_factory=list)
+    position: int = 0  # files handed to the pipeline so far (it reads ahead of the batches delivered)
+
+    def start(self, files: list[str], labels: list[int]) -> None:
+        self.files, self.labels, self.position = list(files), list(labels), 0
+
+    def stop(self) -> None:
+        """Hand out nothing more this pass."""
+        del self.files[self.position:], self.labels[self.position:]
+
+    def __call__(self):
+        import numpy as np
+
+        if self.position >= len(self.files):
+            raise StopIteration
+        end = self.position + self.batch_size
+        encoded = [np.fromfile(path, dtype=np.uint8) for path in self.files[self.position:end]]
+        labels = [np.array([label], dtype=np.int32) for label in self.labels[self.position:end]]
+        self.position += len(encoded)
+        return encoded, labels
+
+
+def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
+    """A DALI pipeline yielding ("images", "labels") for the files ``feed`` hands it, in that order."""
     from nvidia.dali import fn, pipeline_def, types
 
     decode_device = "mixed" if spec.gpu_decode else "cpu"
@@ -69,8 +101,8 @@ def build_pipeline(spec: PipelineSpec, files: list[str], labels: list[int], seed
         batch_size=spec.batch_size, num_threads=spec.num_threads, device_id=spec.device_id, seed=seed
     )
     def pipeline():
-        encoded, labels_ = fn.readers.file(
-            files=files, labels=labels, random_shuffle=False, pad_last_batch=True, name=_READER
+        encoded, labels_ = fn.external_source(
+            source=feed, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT32]
         )
         if spec.train:
             # Decoding only the random crop window is what makes CPU decoding fast.
@@ -83,31 +115,54 @@ def build_pipeline(spec: PipelineSpec, files: list[str], labels: list[int], seed
                 images, device=resize_device, size=[size, size], interp_type=interp, antialias=False
             )
         else:
+            # As torchvision's Resize on a PIL image: the short side to val_resize_size, the long side
+            # truncated (not rounded) to keep the aspect, and antialiased when it shrinks.
+            shape = fn.peek_image_shape(encoded)
+            height, width = fn.cast(shape[0], dtype=types.INT64), fn.cast(shape[1], dtype=types.INT64)
+            short = val_resize_size(size)
+            portrait = fn.cast(height > width, dtype=types.INT64)
+            out_h = portrait * (short * height // width) + (1 - portrait) * short
+            out_w = (1 - portrait) * (short * width // height) + portrait * short
             images = fn.decoders.image(encoded, device=decode_device, output_type=types.RGB, **decoder_options)
             images = fn.resize(
-                images, device=resize_device, resize_shorter=val_resize_size(size), interp_type=interp,
-                antialias=False,
+                images, device=resize_device, resize_x=fn.cast(out_w, dtype=types.FLOAT),
+                resize_y=fn.cast(out_h, dtype=types.FLOAT), interp_type=interp, antialias=True,
             )
         if spec.device_id is not None:
             # With a GPU, the normalised float batch is made there: only uint8 crops cross the bus.
             images, labels_ = images.gpu(), labels_.gpu()
         mirror = fn.random.coin_flip(probability=spec.hflip) if spec.train and spec.hflip > 0 else 0
+        crop_pos = {} if spec.train else {"crop_pos_x": _centre(out_w, size), "crop_pos_y": _centre(out_h, size)}
         images = fn.crop_mirror_normalize(
             images, dtype=types.FLOAT, crop=(size, size), mean=list(MEAN_255), std=list(STD_255),
-            mirror=mirror, output_layout="HWC" if spec.channels_last else "CHW",
+            mirror=mirror, output_layout="HWC" if spec.channels_last else "CHW", **crop_pos,
         )
         return images, labels_
 
     return pipeline()
 
 
-def pass_seed(seed: int, epoch: int, rank: int) -> int:
-    """DALI's seed for one rank's pass over one epoch: the crops and flips differ between epochs and ranks."""
+def _centre(length, crop: int):
+    """crop_pos for torchvision's CenterCrop: offset ``round((length - crop) / 2)``, halves to even."""
+    from nvidia.dali import fn, types
+
+    spare = length - crop
+    half = spare // 2
+    odd = spare - 2 * half
+    offset = half + odd * (half - 2 * (half // 2))  # k + 0.5 rounds to k when k is even, to k + 1 when odd
+    spare = spare + fn.cast(spare == 0, dtype=types.INT64)
+    return fn.cast(offset, dtype=types.FLOAT) / fn.cast(spare, dtype=types.FLOAT)
+
+
+def pipeline_seed(seed: int, epoch: int, rank: int) -> int:
+    """DALI's seed for a rank's pipeline built at ``epoch``: the crops and flips differ between ranks, and
+    a run resumed at a later epoch does not repeat the first epochs' crops."""
     return (seed * 1_000_003 + epoch * 7_919 + rank * 104_729) % (2**31 - 1)
 
 
 class DaliLoader:
-    """A :class:`Loader` over one split; each pass builds a pipeline over this rank's files for that epoch.
+    """A :class:`Loader` over one split, with one pipeline that every pass feeds this rank's files for
+    that epoch.
 
     ``set_epoch(epoch, start_batch)`` can skip the first batches of an epoch without decoding them: a
     mid-epoch resume sees exactly the images it had left, though with fresh crops.
@@ -121,9 +176,19 @@ class DaliLoader:
         share = len(self.sampler)
         self.num_samples = share - share % spec.batch_size if spec.train else share
         self.epoch = 0
+        self.unreadable: set[str] = set()  # files DALI could not decode, left out of every later pass
+        self.feed = Feed(spec.batch_size)
+        self.builds = 0  # pipelines built so far: one per run, plus one after each unreadable file
+        self._batches = None  # the DALI iterator over the pipeline, once built
+        self._in_pass = False  # a pass was started and not read to its end
 
     def __len__(self) -> int:
         return -(-self.num_samples // self.spec.batch_size)
+
+    @property
+    def skipped(self) -> int:
+        """How many unreadable images have been left out so far."""
+        return len(self.unreadable)
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         self.epoch = epoch
@@ -133,46 +198,69 @@ class DaliLoader:
         """This rank's files for the current pass, in order; training keeps only whole batches."""
         order = [index for index, _ in self.sampler]
         order = order[: max(0, self.num_samples - self.sampler.start)]
+        order = [i for i in order if self.samples[i][0] not in self.unreadable]
         return [self.samples[i][0] for i in order], [self.samples[i][1] for i in order]
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
-
+        """The pass's batches.  A file DALI cannot decode is found, reported once and left out, and the
+        pass goes on from the batch it stopped at, as the pytorch backend skips what PIL cannot read."""
         files, labels = self._pass_files()
-        if not files:
-            return
-        pipeline = build_pipeline(self.spec, files, labels, pass_seed(self.seed, self.epoch, self.runtime.rank))
+        done = 0  # files already delivered in batches
+        while done < len(files):
+            try:
+                for images, targets in self._run(files[done:], labels[done:]):
+                    done += len(targets)
+                    yield images, targets
+                return
+            except RuntimeError as error:
+                self._batches = None  # DALI's state after an error is not reusable: build it again
+                self._in_pass = False
+                if "decoders." not in str(error) and "Decod" not in str(error):
+                    raise
+                # The error surfaces up to a prefetch queue later than the batch that failed.
+                window = files[done:done + 4 * self.spec.batch_size]
+                broken = [path for path in window if decode_problem(path) is not None]
+                if not broken:
+                    raise UserError(_undecodable_message(window)) from None
+                for path in broken:
+                    self.unreadable.add(path)
+                    print(f"warning: skipped unreadable image {path}", file=sys.stderr, flush=True)
+                kept = [(f, l) for f, l in zip(files[done:], labels[done:]) if f not in self.unreadable]
+                files = files[:done] + [f for f, _ in kept]
+                labels = labels[:done] + [l for _, l in kept]
+
+    def _run(self, files: list[str], labels: list[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches of ``files``, in order, from the split's pipeline (built on first use)."""
+        if self._in_pass:  # the last pass was left part-way (--prof, an early stop): empty the queue
+            self.feed.stop()
+            for _ in self._batches:
+                pass
+        self.feed.start(files, labels)
+        if self._batches is None:
+            self._batches = self._build()  # reads the first batches at once: decoding errors can start here
+        else:
+            self._batches.reset()
+        self._in_pass = True
         memory_format = self.runtime.memory_format
-        done = 0
-        try:
-            # The iterator runs the pipeline as soon as it is made, so decoding errors can start here.
-            batches = DALIGenericIterator(
-                pipeline, ["images", "labels"], reader_name=_READER, last_batch_policy=LastBatchPolicy.PARTIAL
-            )
-            for (batch,) in batches:
-                images, targets = batch["images"], batch["labels"]
-                if self.spec.channels_last:
-                    images = images.permute(0, 3, 1, 2)  # NHWC storage seen as NCHW: channels_last strides
-                done += 1
-                yield images.contiguous(memory_format=memory_format), targets.view(-1).long()
-        except RuntimeError as error:
-            if "decoders." not in str(error):
-                raise
-            start = done * self.spec.batch_size
-            # The error surfaces up to a prefetch queue later than the batch that failed.
-            raise UserError(_undecodable_message(files[start:start + 4 * self.spec.batch_size])) from None
+        for (batch,) in self._batches:
+            images, targets = batch["images"], batch["labels"]
+            if self.spec.channels_last:
+                images = images.permute(0, 3, 1, 2)  # NHWC storage seen as NCHW: channels_last strides
+            yield images.contiguous(memory_format=memory_format), targets.view(-1).long()
+        self._in_pass = False
+
+    def _build(self):
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+        seed = pipeline_seed(self.seed, self.epoch, self.runtime.rank) + len(self.unreadable)
+        pipeline = build_pipeline(self.spec, self.feed, seed % (2**31 - 1))
+        self.builds += 1
+        # No reader to ask for the pass's length: the iterator runs until the feed raises StopIteration.
+        return DALIGenericIterator(pipeline, ["images", "labels"])
 
 
 def _undecodable_message(candidates: list[str]) -> str:
-    """Name the first file PIL cannot read either, among those the failing batch may hold."""
-    from PIL import Image
-
-    for path in candidates:
-        try:
-            with Image.open(path) as image:
-                image.load()
-        except Exception:  # any failure marks the culprit; the message is all we need
-            return f"DALI could not decode {path}; remove it or use --data-backend pytorch, which skips unreadable images"
+    """DALI failed on a file PIL reads: say where, and the way around it."""
     return (
         f"DALI could not decode an image under {Path(candidates[0]).parent.parent if candidates else 'the dataset'}; "
         "check the dataset or use --data-backend pytorch, which skips unreadable images"
@@ -180,13 +268,12 @@ def _undecodable_message(candidates: list[str]) -> str:
 
 
 def dali_loaders(
-    args: argparse.Namespace, runtime: Runtime, image_size: int, classes: list[str], *,
-    want_train: bool, want_val: bool,
+    config: DataConfig, runtime: Runtime, classes: list[str], *, want_train: bool, want_val: bool,
 ) -> tuple[DaliLoader | None, DaliLoader | None]:
     """Train and val loaders for ``--data-backend dali-cpu`` or ``dali-gpu``."""
-    backend = args.data_backend
-    if args.augmentation is not None:
-        raise UserError(f"--augmentation {args.augmentation} is not supported with DALI; use --data-backend pytorch")
+    backend = config.backend
+    if config.augmentation is not None:
+        raise UserError(f"--augmentation {config.augmentation} is not supported with DALI; use --data-backend pytorch")
     if backend == "dali-gpu" and not runtime.is_cuda:
         raise UserError("--data-backend dali-gpu needs a CUDA GPU; use --data-backend dali-cpu on this machine")
     _import_dali()
@@ -195,15 +282,15 @@ def dali_loaders(
     if runtime.is_cuda:
         device_id = runtime.device.index if runtime.device.index is not None else torch.cuda.current_device()
     spec = dict(
-        image_size=image_size, interpolation=args.interpolation, crop_scale=tuple(args.crop_scale),
-        hflip=args.hflip, batch_size=args.batch_size, num_threads=max(1, args.workers), device_id=device_id,
+        image_size=config.image_size, interpolation=config.interpolation, crop_scale=tuple(config.crop_scale),
+        hflip=config.hflip, batch_size=config.batch_size, num_threads=max(1, config.workers), device_id=device_id,
         gpu_decode=backend == "dali-gpu", channels_last=runtime.memory_format == torch.channels_last,
     )
-    root = Path(args.data)
+    root = Path(config.data)
     train = val = None
     if want_train:
-        samples = train_samples(root, classes, args.batch_size, runtime.world_size)
-        train = DaliLoader(samples, PipelineSpec(train=True, **spec), runtime, args.seed)
+        samples = train_samples(root, classes, config.batch_size, runtime.world_size)
+        train = DaliLoader(samples, PipelineSpec(train=True, **spec), runtime, config.seed)
     if want_val:
-        val = DaliLoader(list_samples(root / "val", classes), PipelineSpec(train=False, **spec), runtime, args.seed)
+        val = DaliLoader(list_samples(root / "val", classes), PipelineSpec(train=False, **spec), runtime, config.seed)
     return train, val

@@ -6,24 +6,23 @@ same whatever the number of workers, and an epoch can be replayed exactly after 
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import random
 import sys
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 from torchvision import transforms
-from torchvision.datasets.folder import IMG_EXTENSIONS
+from torchvision.transforms import v2
 
 from ..errors import UserError
 from ..runtime import Runtime
-from .common import MEAN_255, STD_255, DeviceLoader, val_resize_size
+from .common import MEAN_255, STD_255, DataConfig, DeviceLoader, ShardSampler, val_resize_size
+from .files import is_image_file, open_rgb, read_rgb_tensor, walk_class
 
 _INTERPOLATION = {
     "bilinear": transforms.InterpolationMode.BILINEAR,
@@ -33,23 +32,32 @@ _INTERPOLATION = {
 }
 
 
-def is_image_file(name: str) -> bool:
-    return name.lower().endswith(IMG_EXTENSIONS)
-
-
-def _class_folders(split_dir: Path) -> list[str]:
+def class_folders(split_dir: Path) -> list[str]:
+    """The class folder names of a split, sorted: their order is the label order."""
     return sorted(entry.name for entry in os.scandir(split_dir) if entry.is_dir())
 
 
+_reported_links: set[str] = set()
+
+
+def _report_links(problems: list[str]) -> None:
+    """One warning per link not followed, however often the folder is listed."""
+    for problem in problems:
+        if problem not in _reported_links:
+            _reported_links.add(problem)
+            print(f"warning: not following {problem}", file=sys.stderr, flush=True)
+
+
 def list_samples(split_dir: Path, classes: list[str]) -> list[tuple[str, int]]:
-    """(path, label) for every image under ``split_dir/<class>/``, in a stable order."""
+    """(path, label) for every image under ``split_dir/<class>/``, in a stable order (see :func:`walk_class`)."""
     samples = []
     for label, name in enumerate(classes):
         class_dir = split_dir / name
         if not class_dir.is_dir():
             continue
-        for root, _, files in sorted(os.walk(class_dir, followlinks=True)):
-            samples.extend((os.path.join(root, f), label) for f in sorted(files) if is_image_file(f))
+        walk = walk_class(class_dir, split_dir)
+        _report_links(walk.skipped_links)
+        samples.extend((path, label) for path in walk.files)
     return samples
 
 
@@ -64,7 +72,7 @@ def train_samples(root: Path, classes: list[str], batch_size: int, world_size: i
     return samples
 
 
-def check_dataset(data_dir: str, num_classes: int, *, want_train: bool, want_val: bool) -> list[str]:
+def check_dataset(data_dir: str, num_classes: int | None, *, want_train: bool, want_val: bool) -> list[str]:
     """Validate the dataset layout before the first step; return the sorted class names."""
     root = Path(data_dir)
     if not root.is_dir():
@@ -75,11 +83,11 @@ def check_dataset(data_dir: str, num_classes: int, *, want_train: bool, want_val
         split_dir = root / split
         if not split_dir.is_dir():
             raise UserError(f"{data_dir} has no {split}/ folder; expected {split}/<class>/<image> files")
-        classes = _class_folders(split_dir)
+        classes = class_folders(split_dir)
         if not classes:
             raise UserError(f"{split_dir} has no class folders; expected {split}/<class>/<image> files")
         for name in classes:
-            if not any(True for _ in _iter_images(split_dir / name)):
+            if not _has_images(split_dir / name, split_dir):
                 raise UserError(f"class folder {split_dir / name} holds no images")
         found[split] = classes
     if len(found) == 2 and found["train"] != found["val"]:
@@ -93,7 +101,7 @@ def check_dataset(data_dir: str, num_classes: int, *, want_train: bool, want_val
         )
         raise UserError(f"train/ and val/ class folders differ ({detail})")
     classes = next(iter(found.values()))
-    if len(classes) > num_classes:
+    if num_classes is not None and len(classes) > num_classes:
         raise UserError(
             f"the dataset has {len(classes)} classes but --num-classes is {num_classes}; "
             f"pass --num-classes {len(classes)}"
@@ -101,59 +109,25 @@ def check_dataset(data_dir: str, num_classes: int, *, want_train: bool, want_val
     return classes
 
 
-def _iter_images(folder: Path) -> Iterator[str]:
-    for root, _, files in os.walk(folder, followlinks=True):
-        for name in files:
-            if is_image_file(name):
-                yield os.path.join(root, name)
-
-
-def sample_seed(seed: int, epoch: int, position: int) -> int:
-    """The seed of one sample's augmentation: a pure function of the run seed, epoch and position."""
-    return (seed * 1_000_003 + epoch * 7_919 + position * 104_729) % (2**63 - 1)
-
-
-class ShardSampler(Sampler):
-    """Yields (index, sample seed) pairs of this rank's share of an epoch.
-
-    Training shuffles with a generator seeded from (seed, epoch), trims the permutation to a multiple
-    of the world size and deals it out round-robin.  Validation deals ``range(n)`` without shuffling
-    or padding, so every image is seen by exactly one rank.
-    """
-
-    def __init__(self, size: int, rank: int, world_size: int, shuffle: bool, seed: int):
-        self.size, self.rank, self.world_size = size, rank, world_size
-        self.shuffle, self.seed, self.epoch, self.start = shuffle, seed, 0, 0
-
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """Pick ``epoch``'s order; the next pass begins at this rank's ``start``-th sample."""
-        self.epoch, self.start = epoch, start
-
-    def _indices(self) -> list[int]:
-        if not self.shuffle:
-            return list(range(self.rank, self.size, self.world_size))
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        order = torch.randperm(self.size, generator=generator).tolist()
-        usable = len(order) - len(order) % self.world_size
-        return order[self.rank:usable:self.world_size]
-
-    def __iter__(self):
-        indices = self._indices()
-        for position in range(self.start, len(indices)):
-            yield indices[position], sample_seed(self.seed, self.epoch, position * self.world_size + self.rank)
-
-    def __len__(self) -> int:
-        if not self.shuffle:
-            return len(range(self.rank, self.size, self.world_size))
-        return self.size // self.world_size
+def _has_images(class_dir: Path, split_dir: Path) -> bool:
+    """Whether the class folder holds an image; the usual flat folder is answered from its first entries."""
+    with os.scandir(class_dir) as entries:
+        if any(is_image_file(entry.name) and entry.is_file() for entry in entries):
+            return True
+    return bool(walk_class(class_dir, split_dir).files)
 
 
 class ImageFiles(Dataset):
-    """Reads one image with PIL and augments it under its own seed; a broken file yields None."""
+    """Reads one image and augments it under its own seed; a broken file yields None.
 
-    def __init__(self, samples: list[tuple[str, int]], transform):
+    With ``tensors`` the image is decoded into a uint8 tensor and ``transform`` works on tensors (the
+    training path); otherwise it is a PIL image (validation, the same pipeline classify.py uses).
+    """
+
+    def __init__(self, samples: list[tuple[str, int]], transform, tensors: bool = False):
         self.samples = samples
         self.transform = transform
+        self.read = read_rgb_tensor if tensors else open_rgb
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -162,26 +136,39 @@ class ImageFiles(Dataset):
         index, seed = item
         path, label = self.samples[index]
         try:
-            with open(path, "rb") as handle:
-                image = Image.open(handle)
-                image = image.convert("RGB")
+            image = self.read(path)
         except (OSError, ValueError, Image.DecompressionBombError) as error:
             return None, label, f"{path} ({error.__class__.__name__}: {error})"
+        if get_worker_info() is not None:  # a worker process: its generators are its own
+            return self._augment(image, seed), label, None
+        # -j 0: the training process itself; its generators (MixUp, dropout) must not see the reseeding
+        python_state = random.getstate()
+        with torch.random.fork_rng(devices=[]):
+            try:
+                return self._augment(image, seed), label, None
+            finally:
+                random.setstate(python_state)
+
+    def _augment(self, image, seed: int) -> torch.Tensor:
+        """The augmented image as an HWC uint8 tensor."""
         torch.manual_seed(seed)
         random.seed(seed)
-        image = self.transform(image)
-        return np.asarray(image, dtype=np.uint8), label, None
+        out = self.transform(image)
+        if isinstance(out, torch.Tensor):
+            return out.permute(1, 2, 0)
+        return torch.from_numpy(np.array(out, dtype=np.uint8))  # a writable copy: PIL's buffer is read-only
 
 
 def collate_uint8(batch, normalize: bool = False):
-    """Stack HWC uint8 arrays into an NCHW tensor; broken samples are dropped and reported.
+    """Stack HWC uint8 images into an NCHW tensor (channels-last in memory); broken samples are dropped
+    and reported.
 
     With ``normalize`` (CPU training) the workers also normalise, so the main process does not.
     """
     good = [(image, label) for image, label, _ in batch if image is not None]
     broken = [problem for _, _, problem in batch if problem is not None]
     if good:
-        images = torch.from_numpy(np.stack([image for image, _ in good])).permute(0, 3, 1, 2)
+        images = torch.stack([image for image, _ in good]).permute(0, 3, 1, 2)
         if normalize:  # (x - mean) / std as one contiguous multiply-add: several times faster on a CPU
             images = images.contiguous().float().mul_(_INV_STD).sub_(_MEAN_OVER_STD)
         labels = torch.tensor([label for _, label in good], dtype=torch.int64)
@@ -217,18 +204,19 @@ class FolderBatches:
                 yield images, labels
 
 
-def train_transform(args: argparse.Namespace, image_size: int):
+def train_transform(config: DataConfig):
+    """torchvision's RandomResizedCrop, flip and AutoAugment, on uint8 CHW tensors (antialiased resize)."""
     steps = [
-        transforms.RandomResizedCrop(
-            image_size, scale=tuple(args.crop_scale), ratio=(3 / 4, 4 / 3),
-            interpolation=_INTERPOLATION[args.interpolation],
+        v2.RandomResizedCrop(
+            config.image_size, scale=tuple(config.crop_scale), ratio=(3 / 4, 4 / 3),
+            interpolation=_INTERPOLATION[config.interpolation], antialias=True,
         )
     ]
-    if args.hflip > 0:
-        steps.append(transforms.RandomHorizontalFlip(args.hflip))
-    if args.augmentation == "autoaugment":
-        steps.append(transforms.AutoAugment(transforms.AutoAugmentPolicy.IMAGENET))
-    return transforms.Compose(steps)
+    if config.hflip > 0:
+        steps.append(v2.RandomHorizontalFlip(config.hflip))
+    if config.augmentation == "autoaugment":
+        steps.append(v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET))
+    return v2.Compose(steps)
 
 
 def val_transform(image_size: int, interpolation: str = "bilinear"):
@@ -248,37 +236,37 @@ def _worker_init(_worker_id: int) -> None:
     np.random.seed(torch.initial_seed() % 2**32)
 
 
-def _loader(samples, transform, args, runtime: Runtime, train: bool) -> DeviceLoader:
-    sampler = ShardSampler(len(samples), runtime.rank, runtime.world_size, shuffle=train, seed=args.seed)
-    workers = args.workers
+def _loader(samples, transform, config: DataConfig, runtime: Runtime, train: bool) -> DeviceLoader:
+    dataset = ImageFiles(samples, transform, tensors=train)
+    sampler = ShardSampler(len(samples), runtime.rank, runtime.world_size, shuffle=train, seed=config.seed)
+    workers = config.workers
     normalize_in_workers = not runtime.is_cuda and workers > 0
     loader = DataLoader(
-        ImageFiles(samples, transform),
-        batch_size=args.batch_size,
+        dataset,
+        batch_size=config.batch_size,
         sampler=sampler,
         num_workers=workers,
         collate_fn=functools.partial(collate_uint8, normalize=normalize_in_workers),
         pin_memory=runtime.is_cuda,
         drop_last=train,
         persistent_workers=workers > 0,
-        prefetch_factor=args.prefetch if workers > 0 else None,
+        prefetch_factor=config.prefetch if workers > 0 else None,
         worker_init_fn=_worker_init if workers > 0 else None,
-        generator=torch.Generator().manual_seed(args.seed),  # leaves the global RNG untouched
+        generator=torch.Generator().manual_seed(config.seed),  # leaves the global RNG untouched
     )
     return DeviceLoader(FolderBatches(loader, sampler), runtime, num_samples=len(sampler),
                         normalized=normalize_in_workers)
 
 
 def folder_loaders(
-    args: argparse.Namespace, runtime: Runtime, image_size: int, classes: list[str], *,
-    want_train: bool, want_val: bool,
+    config: DataConfig, runtime: Runtime, classes: list[str], *, want_train: bool, want_val: bool,
 ) -> tuple[DeviceLoader | None, DeviceLoader | None]:
-    root = Path(args.data)
+    root = Path(config.data)
     train = val = None
     if want_train:
-        samples = train_samples(root, classes, args.batch_size, runtime.world_size)
-        train = _loader(samples, train_transform(args, image_size), args, runtime, train=True)
+        samples = train_samples(root, classes, config.batch_size, runtime.world_size)
+        train = _loader(samples, train_transform(config), config, runtime, train=True)
     if want_val:
-        val = _loader(list_samples(root / "val", classes), val_transform(image_size, args.interpolation), args,
-                      runtime, False)
+        val = _loader(list_samples(root / "val", classes), val_transform(config.image_size, config.interpolation),
+                      config, runtime, False)
     return train, val

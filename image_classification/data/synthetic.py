@@ -6,12 +6,12 @@ It measures the model alone.  An epoch is ``--prof`` batches when set, else
 
 from __future__ import annotations
 
-import argparse
 from typing import Iterator
 
 import torch
 
 from ..runtime import Runtime
+from .common import DataConfig
 
 DEFAULT_EPOCH_LENGTH = 100
 
@@ -40,10 +40,11 @@ class SyntheticLoader:
             yield self.images, self.targets
 
 
-def synthetic_loaders(args: argparse.Namespace, runtime: Runtime, image_size: int, *, want_train: bool,
+def synthetic_loaders(config: DataConfig, runtime: Runtime, *, want_train: bool,
                       want_val: bool) -> tuple[SyntheticLoader | None, SyntheticLoader | None]:
-    length = args.prof if args.prof > 0 else DEFAULT_EPOCH_LENGTH
+    length = config.synthetic_length or DEFAULT_EPOCH_LENGTH
     make = lambda offset: SyntheticLoader(  # noqa: E731
-        args.batch_size, image_size, args.num_classes, length, runtime, args.seed + runtime.rank + offset
+        config.batch_size, config.image_size, config.num_classes or 1000, length, runtime,
+        config.seed + runtime.rank + offset,
     )
     return (make(0) if want_train else None), (make(1) if want_val else None)

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from image_classification.errors import UserError
+from image_classification.integrity import verify
 
 NGC = "https://api.ngc.nvidia.com/v2/models/nvidia/"
 PRETRAINED_URLS = {  # NGC 20.06.0 releases: plain state dicts with layer1..layer4 names
@@ -51,6 +52,9 @@ def load_checkpoint_file(path: Union[str, Path]) -> dict:
                         "checkpoints are loaded as data only, never as code.") from e
     if not isinstance(obj, dict):
         raise UserError(f"'{path}' holds a {type(obj).__name__}, not a state dict or checkpoint dict.")
+    if verify(obj) is False:
+        raise UserError(f"'{path}' is damaged: its content does not match the hash recorded when it was "
+                        "written; use another copy or an older checkpoint.")
     return obj
 
 
@@ -86,13 +90,13 @@ def _names(keys: list[str]) -> str:
 
 
 def load_weights(model: nn.Module, source: Union[str, Path, Mapping], *, allow_head_mismatch: bool = False,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, label: str | None = None) -> None:
     """Load a checkpoint file or state dict into ``model``, which it must fit exactly.
 
     With ``allow_head_mismatch`` a classifier of another size is skipped (the model keeps its fresh ``fc``),
     for fine-tuning to a different number of classes.
     """
-    where = f"'{source}'" if isinstance(source, (str, Path)) else "the given state dict"
+    where = f"'{label or source}'" if label or isinstance(source, (str, Path)) else "the given state dict"
     checkpoint = load_checkpoint_file(source) if isinstance(source, (str, Path)) else source
     if not isinstance(checkpoint, Mapping):
         raise UserError(f"Weights come from a checkpoint file or state dict, not a {type(source).__name__}.")
@@ -108,6 +112,10 @@ def load_weights(model: nn.Module, source: Union[str, Path, Mapping], *, allow_h
         if key.endswith("num_batches_tracked") and key not in state:
             state[key] = expected[key]
 
+    not_finite = [k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if not_finite:
+        raise UserError(f"The weights in {where} hold NaN or infinite values ({_names(not_finite)}): the "
+                        "training that wrote them diverged, or the file is damaged.")
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
     mismatched = [k for k in expected if k in state and state[k].shape != expected[k].shape]
@@ -126,8 +134,12 @@ def load_weights(model: nn.Module, source: Union[str, Path, Mapping], *, allow_h
         if mismatched:
             problems.append("shape mismatches " + _names(
                 [f"{k} {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}" for k in mismatched]))
-        hint = " (to fine-tune with another number of classes, allow a head mismatch)" if head_only else ""
-        raise UserError(f"The weights in {where} do not fit this model: {'; '.join(problems)}{hint}.")
+        if head_only:
+            raise UserError(f"The weights in {where} have {len(state['fc.bias'])} classes and the model "
+                            f"{len(expected['fc.bias'])}: pass --num-classes {len(state['fc.bias'])} to use them "
+                            "as they are (to fine-tune on another number of classes, train with "
+                            "--pretrained-weights instead of evaluating).")
+        raise UserError(f"The weights in {where} do not fit this model: {'; '.join(problems)}.")
     model.load_state_dict(state, strict=True)
 
 

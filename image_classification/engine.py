@@ -1,0 +1,379 @@
+"""The training engine: one object owns everything a checkpoint restores.
+
+:class:`RunConfig` is the run's configuration, resolved once from the command line and never changed.
+:class:`Engine` holds the model (and its DDP / compiled wrapper), optimizer, loss scaler, EMA, the
+:class:`Progress` counters and the random generators of every process. :meth:`Engine.state_dict` is the
+checkpoint, whatever wrote it (an epoch's end, ``--checkpoint-interval``, a SIGTERM): the same layout,
+defined here and nowhere else, and :meth:`Engine.load_state_dict` restores it exactly.
+
+Device-side bookkeeping: the loss sum, the steps skipped for inf/NaN gradients and the longest run of
+such steps stay on the device between print windows; :meth:`Engine.read_window` reads them once per
+window (the only host-device synchronisation of the training loop) and stops a diverged run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import checkpoint as ckpt
+from .ema import ModelEma
+from .errors import TrainingDiverged, UserError
+from .losses import classification_loss
+from .optim import build_optimizer, load_optimizer_state, lr_at, set_lr
+from .preprocessing import Preprocessing
+from .runtime import Runtime
+
+MAX_OVERFLOW_RUN = 100  # fp16 steps skipped in a row before a run is declared diverged
+
+
+@dataclass(frozen=True)
+class CheckpointInterval:
+    """``--checkpoint-interval``: every ``iterations`` train iterations, or every ``seconds`` of wall time."""
+
+    iterations: int | None = None
+    seconds: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "CheckpointInterval":
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", str(text))
+        if not match:
+            raise ValueError(f"expected N (iterations) or Nm / Ns / Nh (minutes, seconds, hours), got {text!r}")
+        number, unit = float(match.group(1)), match.group(2)
+        if number <= 0:
+            raise ValueError(f"must be positive, got {text!r}")
+        if not unit:
+            if number != int(number):
+                raise ValueError(f"a number of iterations is a whole number, got {text!r}")
+            return cls(iterations=int(number))
+        return cls(seconds=number * {"s": 1, "m": 60, "h": 3600}[unit])
+
+    def __str__(self) -> str:
+        if self.iterations is not None:
+            return f"every {self.iterations} iterations"
+        return f"every {self.seconds / 60:g} minutes"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What the run does, resolved once from the arguments (and the resumed checkpoint); read-only."""
+
+    # model
+    arch: str
+    num_classes: int
+    model_options: tuple  # (name, value) pairs given to build_model
+    preprocessing: Preprocessing
+    jit: str = "no"
+    compile: bool = False
+    # optimisation
+    optimizer: str = "sgd"
+    lr: float = 0.1
+    lr_schedule: str = "step"
+    warmup: int = 0
+    end_lr: float = 0.0
+    epochs: int = 90
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    nesterov: bool = False
+    bn_weight_decay: bool = False
+    rmsprop_alpha: float = 0.9
+    rmsprop_eps: float = 1e-3
+    batch_size: int = 256
+    accumulation: int = 1
+    label_smoothing: float = 0.0
+    mixup: float = 0.0
+    ema_decay: float | None = None
+    static_loss_scale: float = 1.0
+    dynamic_loss_scale: bool = False
+    # the run
+    seed: int = 0
+    run_epochs: int = -1
+    early_stopping_patience: int = -1
+    prof: int = -1
+    print_freq: int = 10
+    topk: int = 5
+    evaluate: bool = False
+    training_only: bool = False
+    # what it writes
+    workspace: Path = Path(".")
+    checkpoint_filename: str = "checkpoint.pth.tar"
+    raport_file: str = "experiment_raport.json"
+    save_checkpoints: bool = True
+    gather_checkpoints: int = 0
+    checkpoint_interval: CheckpointInterval | None = None
+    tensorboard: str | None = None
+
+    @property
+    def val_smoothing(self) -> float:
+        """Validation loss smoothing: the training's, except with MixUp (its soft targets are smoothed apart)."""
+        return self.label_smoothing if self.mixup == 0 else 0.0
+
+    def lr_at(self, epoch: int) -> float:
+        return lr_at(epoch, base_lr=self.lr, schedule=self.lr_schedule, warmup=self.warmup, epochs=self.epochs,
+                     end_lr=self.end_lr)
+
+    def describe_model(self) -> dict:
+        """What a checkpoint records about the model, so inference can rebuild and feed it."""
+        return {"arch": self.arch, "num_classes": self.num_classes, "model_options": dict(self.model_options),
+                "preprocessing": self.preprocessing.to_dict()}
+
+
+@dataclass
+class Progress:
+    """Where the run is: what a resume continues from."""
+
+    epoch: int = 0  # epochs finished
+    batch: int = 0  # batches finished in the current epoch (a mid-epoch checkpoint)
+    optimizer_steps: int = 0
+    skipped_steps: int = 0  # fp16 steps skipped for inf/NaN gradients
+    iterations: int = 0  # train iterations over the whole run
+    best_prec1: float = 0.0
+    best_epoch: int = -1  # the epoch model_best holds; -1 before the first finite validation
+    epochs_without_improvement: int = 0
+
+
+@dataclass
+class WindowReading:
+    loss: float
+    steps: int
+    images: int
+
+
+class Engine:
+    """Model, optimizer, scaler, EMA, progress and RNG of one process; see the module docstring."""
+
+    def __init__(self, config: RunConfig, runtime: Runtime, model: nn.Module, log=print):
+        self.config, self.runtime, self.log = config, runtime, log
+        self.base_model = model
+        self.optimizer = build_optimizer(
+            model, name=config.optimizer, lr=config.lr, momentum=config.momentum,
+            weight_decay=config.weight_decay, nesterov=config.nesterov, bn_weight_decay=config.bn_weight_decay,
+            rmsprop_alpha=config.rmsprop_alpha, rmsprop_eps=config.rmsprop_eps, log=log,
+        )
+        self.scaler = self._make_scaler()
+        self.ema = ModelEma(model, config.ema_decay) if config.ema_decay else None
+        self.model = self._wrap(model)
+        self.progress = Progress()
+        self.classes: list[str] = []
+        self.raport_position = None  # set by the run: () -> {"file", "offset"} of the raport
+        device = runtime.device
+        self._loss_sum = torch.zeros((), device=device)
+        self._skipped = torch.zeros((), device=device)
+        self._overflow_run = torch.zeros((), device=device)
+        self._overflow_longest = torch.zeros((), device=device)
+        self._window_steps = self._window_images = 0
+
+    def _make_scaler(self):
+        """A loss scaler for fp16 autocast; None when no scaling is needed (fp32, bf16)."""
+        if not self.runtime.needs_loss_scaling:
+            return None
+        growth_interval = 100 if self.config.dynamic_loss_scale else 2**31 - 1
+        return torch.amp.GradScaler(self.runtime.device.type, init_scale=self.config.static_loss_scale,
+                                    growth_factor=2.0, backoff_factor=0.5, growth_interval=growth_interval)
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        if self.config.jit == "script":
+            model = torch.jit.script(model)
+        if self.config.compile:
+            model = torch.compile(model)
+        if self.runtime.distributed:
+            device_ids = [self.runtime.device.index] if self.runtime.is_cuda else None
+            model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+        return model
+
+    # -- training ---------------------------------------------------------------------------------
+    def set_epoch_lr(self, epoch: int) -> float:
+        lr = self.config.lr_at(epoch)
+        set_lr(self.optimizer, lr)
+        return lr
+
+    def train_step(self, images: torch.Tensor, targets: torch.Tensor, *, accumulation: int,
+                   step_now: bool) -> None:
+        """Forward and backward one micro-batch; with ``step_now``, take the optimizer step."""
+        config = self.config
+        target = targets
+        if config.mixup > 0:
+            from .losses import mixup
+
+            lam = float(np.random.beta(config.mixup, config.mixup))
+            permutation = torch.randperm(images.shape[0], device=images.device)
+            images, target = mixup(images, targets, config.num_classes, lam, permutation)
+        sync = contextlib.nullcontext()
+        if self.runtime.distributed and not step_now:
+            sync = self.model.no_sync()  # accumulation steps skip the gradient all-reduce
+        with sync:
+            with self.runtime.autocast():
+                logits = self.model(images)
+            loss = classification_loss(logits, target, config.label_smoothing)
+            scaled = loss / accumulation
+            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+        if step_now:
+            self._optimizer_step()
+        self._loss_sum += loss.detach()
+        self._window_steps += 1
+        self._window_images += targets.shape[0]
+        self.progress.iterations += 1
+
+    def _optimizer_step(self) -> None:
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            found_inf = sum(self.scaler._found_inf_per_device(self.optimizer).values())
+            self._skipped += found_inf
+            self._overflow_run.add_(1).mul_(found_inf)  # +1 on a skipped step, back to 0 on a taken one
+            torch.maximum(self._overflow_longest, self._overflow_run, out=self._overflow_longest)
+            if self.config.dynamic_loss_scale:
+                self.scaler.update()
+            else:
+                self.scaler.update(new_scale=self.config.static_loss_scale)
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.progress.optimizer_steps += 1
+        if self.ema is not None:
+            self.ema.update(self.base_model, self.progress.optimizer_steps)
+
+    def discard_gradients(self) -> None:
+        """Drop a partial accumulation (a --prof epoch may end between optimizer steps)."""
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def read_window(self, where: str) -> WindowReading | None:
+        """The print window's mean loss (averaged over ranks), read with one device synchronisation.
+
+        Raises :class:`TrainingDiverged` when the loss is not finite or fp16 steps have been skipped
+        :data:`MAX_OVERFLOW_RUN` times in a row; ``where`` names the place for the message.
+        """
+        if not self._window_steps:
+            return None
+        mean = self._loss_sum / self._window_steps
+        if self.runtime.distributed:
+            dist.all_reduce(mean)
+            mean /= self.runtime.world_size
+        values = torch.stack([mean.float(), self._skipped.float(), self._overflow_longest.float()]).tolist()
+        loss, skipped, longest = values[0], int(values[1]), int(values[2])
+        reading = WindowReading(loss, self._window_steps, self._window_images)
+        self.progress.skipped_steps += skipped
+        self._loss_sum.zero_()
+        self._skipped.zero_()
+        self._overflow_longest.zero_()
+        self._window_steps = self._window_images = 0
+        if not math.isfinite(loss):
+            raise TrainingDiverged(f"training diverged at {where}: the loss became {loss}; no checkpoint was "
+                                   "written from these weights (lower --lr, or resume an earlier checkpoint)")
+        if longest >= MAX_OVERFLOW_RUN:
+            raise TrainingDiverged(f"training diverged at {where}: the loss scaler skipped {longest} optimizer "
+                                   "steps in a row for inf/NaN gradients; no checkpoint was written from these "
+                                   "weights")
+        return reading
+
+    @property
+    def grad_scale(self) -> float:
+        return float(self.scaler.get_scale()) if self.scaler is not None else 1.0
+
+    def weights_finite(self) -> bool:
+        """Whether every weight, BatchNorm statistic and EMA value is a finite number."""
+        tensors = [t for t in self.base_model.state_dict().values() if t.is_floating_point()]
+        if self.ema is not None:
+            tensors += [t for t in self.ema.state_dict().values() if t.is_floating_point()]
+        flags = torch.stack([torch.isfinite(t).all() for t in tensors])
+        return bool(flags.all().item())
+
+    # -- checkpoint ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The checkpoint: model, optimizer, scaler, EMA, progress, every rank's RNG, the run's description.
+
+        A collective call in distributed runs (every rank's RNG state is gathered); only rank 0 needs the
+        result.
+        """
+        rng = [ckpt.rng_state()]
+        if self.runtime.distributed:
+            rng = [None] * self.runtime.world_size
+            dist.all_gather_object(rng, ckpt.rng_state())
+        state = {
+            **asdict(self.progress),
+            **self.config.describe_model(),
+            "state_dict": self.base_model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "seed": self.config.seed,
+            "world_size": self.runtime.world_size,
+            "batch_size": self.config.batch_size,
+            "rng": rng,
+        }
+        if self.classes:
+            state["classes"] = list(self.classes)  # classify.py prints these names
+        if self.ema is not None:
+            state["state_dict_ema"] = self.ema.state_dict()
+        if self.raport_position is not None:
+            state["raport"] = self.raport_position()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a checkpoint written by :meth:`state_dict` (or by an earlier version of this toolkit).
+
+        The weights are loaded when the model is built; this restores everything else. A checkpoint written
+        by another number of processes continues at the same point of the epoch, with every process's random
+        streams started afresh from the seed (said in one line).
+        """
+        progress = self.progress
+        for name in ("epoch", "batch", "optimizer_steps", "skipped_steps", "iterations",
+                     "epochs_without_improvement"):
+            setattr(progress, name, int(state.get(name, 0)))
+        progress.best_prec1 = float(state.get("best_prec1", 0.0))
+        progress.best_epoch = int(state.get("best_epoch", 0 if progress.best_prec1 > 0 else -1))
+        if state.get("optimizer") is not None:
+            try:
+                load_optimizer_state(self.optimizer, state["optimizer"])
+            except (ValueError, KeyError) as error:
+                raise UserError(f"the checkpoint's optimizer state does not fit --optimizer "
+                                f"{self.config.optimizer} ({error})") from None
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        if self.ema is not None:
+            if state.get("state_dict_ema") is not None:
+                self.ema.load_state_dict(state["state_dict_ema"])
+            else:
+                self.log("=> the checkpoint has no EMA weights; the EMA starts from the resumed weights")
+        self._restore_rng_and_position(state)
+
+    def _restore_rng_and_position(self, state: dict) -> None:
+        runtime, progress = self.runtime, self.progress
+        written_by = int(state.get("world_size", 1))
+        old_batch = int(state.get("batch_size", self.config.batch_size))
+        rng = state.get("rng")
+        if isinstance(rng, dict):  # format 1: rank 0's generators only
+            rng = [rng] if written_by == 1 else None
+        same_shape = written_by == runtime.world_size and old_batch == self.config.batch_size
+        if same_shape and rng and len(rng) == runtime.world_size:
+            ckpt.restore_rng_state(rng[runtime.rank])
+            return
+        reseed(self.config.seed, runtime.rank, progress.epoch, progress.iterations)
+        if progress.batch:
+            seen = progress.batch * written_by * old_batch  # images of this epoch the earlier run trained on
+            per_batch = runtime.world_size * self.config.batch_size
+            progress.batch = -(-seen // per_batch)
+            self.log(f"=> the checkpoint was written by {written_by} process(es) with -b {old_batch} after {seen} "
+                     f"images of epoch {progress.epoch}; this run ({runtime.world_size} x -b "
+                     f"{self.config.batch_size}) continues at its batch {progress.batch}, skipping "
+                     f"{progress.batch * per_batch - seen} more images; random streams restart from the seed")
+        elif written_by != runtime.world_size or not rng:
+            self.log(f"=> the checkpoint was written by {written_by} process(es), this run has "
+                     f"{runtime.world_size}: every process's random streams restart from the seed, so the run "
+                     "will not repeat a run of the original size bitwise")
+
+
+def reseed(seed: int, rank: int, epoch: int = 0, iterations: int = 0) -> None:
+    """Seed python, numpy and torch (CPU and CUDA) from the run seed, the global rank and the position."""
+    process_seed = (seed + rank + 1_000_003 * epoch + 7_919 * iterations) % 2**63
+    random.seed(process_seed)
+    np.random.seed(process_seed % 2**32)
+    torch.manual_seed(process_seed)
+

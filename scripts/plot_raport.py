@@ -1,0 +1,169 @@
+"""Plot experiment raports: loss, accuracy and throughput per epoch, several runs overlaid.
+
+    python scripts/plot_raport.py ws/run1/raport.json ws/run2/raport.json -o plots
+
+Writes one PNG per metric into the output folder: ``train_loss.png``, ``val_loss.png``, ``val_top1.png``,
+``val_top5.png`` (``val_top{k}`` for a run with ``--topk k``) and ``throughput.png`` (``train.total_ips``).
+The values are the raport's end-of-epoch records (``step`` ``[epoch]``), the x axis their epoch numbers.
+Each run is one line, labelled with its file name, or with its folder when the file names are the same.
+A metric that no run has (a ``--training-only`` run has no val metrics) gets no PNG.  Needs matplotlib
+and no display.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from image_classification.arguments import UserErrorParser  # noqa: E402
+from image_classification.cli import run as cli_run  # noqa: E402
+from image_classification.errors import UserError  # noqa: E402
+from image_classification.raport import read_raport  # noqa: E402
+
+Series = tuple[list[int], list[float]]  # epochs, values
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One PNG: a raport metric against the epoch."""
+
+    metric: str
+    file_name: str
+    title: str
+    y_label: str
+
+
+def plots_for(metrics: set[str]) -> list[Plot]:
+    """The PNGs to draw: the fixed ones, and one per val top-k accuracy the raports hold."""
+    topk = sorted(int(m[len("val.top"):]) for m in metrics if re.fullmatch(r"val\.top\d+", m))
+    return [
+        Plot("train.loss", "train_loss.png", "training loss", "loss"),
+        Plot("val.loss", "val_loss.png", "validation loss", "loss"),
+        *(Plot(f"val.top{k}", f"val_top{k}.png", f"validation top-{k} accuracy", "%")
+          for k in topk or [1, 5]),
+        Plot("train.total_ips", "throughput.png", "training throughput", "images/s"),
+    ]
+
+
+@dataclass
+class Run:
+    """One raport's end-of-epoch values: metric -> {epoch: value}."""
+
+    label: str
+    per_epoch: dict[str, dict[int, float]]
+
+    def series(self, metric: str) -> Series:
+        values = self.per_epoch.get(metric, {})
+        epochs = sorted(values)
+        return epochs, [values[epoch] for epoch in epochs]
+
+
+def per_epoch_values(records: Sequence[dict]) -> dict[str, dict[int, float]]:
+    """The numbers of the LOG records whose step is ``[epoch]``; a later record of an epoch wins."""
+    values: dict[str, dict[int, float]] = {}
+    for record in records:
+        step = record.get("step")
+        if record.get("type") != "LOG" or not (isinstance(step, list) and len(step) == 1):
+            continue
+        for metric, value in record.get("data", {}).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                values.setdefault(metric, {})[int(step[0])] = float(value)
+    return values
+
+
+def load(path: Path) -> list[dict]:
+    """A raport's records; a file that is not one is a :class:`UserError`."""
+    try:
+        records = read_raport(path)
+    except OSError as error:
+        raise UserError(f"cannot read {path}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not a raport: it is not a text file") from None
+    except json.JSONDecodeError:
+        raise UserError(f"{path} is not a raport: a 'DLLL ' line does not hold JSON") from None
+    if not records:
+        raise UserError(f"{path} is not a raport: it has no 'DLLL {{json}}' lines")
+    return records
+
+
+def run_labels(paths: Sequence[Path]) -> list[str]:
+    """File names without .json when they differ, else the folders holding them, else the paths as given."""
+    names, folders = [p.stem for p in paths], [p.resolve().parent.name for p in paths]
+    for labels in (names, folders):
+        if len(set(labels)) == len(labels):
+            return labels
+    return [str(p) for p in paths]  # as given: distinct unless a file is named twice
+
+
+def draw(runs: Sequence[Run], plot: Plot, path: Path) -> dict[str, Series]:
+    """Draw ``plot`` for the runs that have its metric; return what was drawn, read back from the lines."""
+    from matplotlib.figure import Figure  # no pyplot: no display, no global figure state
+    from matplotlib.ticker import MaxNLocator
+
+    figure = Figure(figsize=(7, 4.2))
+    axis = figure.subplots()
+    for run in runs:
+        epochs, values = run.series(plot.metric)
+        if epochs:
+            axis.plot(epochs, values, marker="o", label=run.label)
+    axis.set_title(f"{plot.title} ({plot.metric})")
+    axis.set_xlabel("epoch")
+    axis.set_ylabel(plot.y_label)
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axis.grid(True, alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    return {line.get_label(): ([int(x) for x in line.get_xdata()], [float(y) for y in line.get_ydata()])
+            for line in axis.get_lines()}
+
+
+def plot_raports(paths: Sequence[Path], out_dir: Path) -> dict[str, dict[str, Series]]:
+    """Write the PNGs of the raports at ``paths`` into ``out_dir``: {file name: {run label: series}}."""
+    runs = [Run(label, per_epoch_values(load(path))) for label, path in zip(run_labels(paths), paths)]
+    for run, path in zip(runs, paths):
+        if not run.per_epoch:
+            print(f"note: {path} has no end-of-epoch records yet; it is left out", file=sys.stderr)
+    metrics = {metric for run in runs for metric in run.per_epoch}
+    if not metrics:
+        raise UserError("nothing to plot: no raport has an end-of-epoch record")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    drawn = {}
+    for plot in plots_for(metrics):
+        if plot.metric not in metrics:
+            print(f"{plot.file_name}: skipped, no raport has {plot.metric}")
+            continue
+        drawn[plot.file_name] = draw(runs, plot, out_dir / plot.file_name)
+        print(f"{plot.file_name}: {', '.join(drawn[plot.file_name])}")
+    return drawn
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = UserErrorParser(prog="plot_raport.py",
+                             description="Plot train/val loss, val top-1/top-k and training throughput per "
+                             "epoch from experiment raports, one PNG per metric, runs overlaid.")
+    parser.add_argument("raports", nargs="+", type=Path, metavar="RAPORT",
+                        help="raport files written by main.py (--raport-file)")
+    parser.add_argument("-o", "--output-dir", type=Path, metavar="DIR", default=Path("plots"),
+                        help="folder for the PNGs (default: plots)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    plot_raports(args.raports, args.output_dir)
+    print(f"wrote {args.output_dir}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli_run(main))

@@ -1,0 +1,111 @@
+"""What the fault tests share: running the training with faults injected, reading what it left, counting.
+
+Every run goes through :mod:`tests.faults.runner` (``main.py`` plus a tiny ResNet and the faults the
+environment asks for) in a fresh process, so a SIGKILL kills a real training process.  :data:`TALLY`
+counts what the suite did and what was lost; ``conftest.py`` prints it at the end of the session.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from image_classification import checkpoint as ckpt
+from image_classification.raport import read_raport
+
+REPO = Path(__file__).resolve().parents[2]
+RUNNER = Path(__file__).with_name("runner.py")
+ITERATIONS_PER_EPOCH = 6  # 24 training images, -b 4
+COMMON = ["-a", "tiny", "--num-classes", "3", "--device", "cpu", "--data-backend", "pytorch",
+          "--image-size", "32", "-b", "4", "-p", "1", "--lr", "0.05", "--seed", "3"]
+
+INTERVAL = 2
+# The run most tests interrupt: 2 epochs (12 iterations), a checkpoint every 2 iterations and per epoch, and
+# every random stream a resume must restore (MixUp's draws, the loader's shuffling), an EMA and a cosine
+# schedule.
+RUN = ["--epochs", "2", "--checkpoint-interval", str(INTERVAL), "--gather-checkpoints", "--mixup", "0.2",
+       "--use-ema", "0.9", "--lr-schedule", "cosine", "--resume", "auto"]
+
+# kills: SIGKILLs the training survived (resumed and finished); save_kills: of them, kills in the middle of a
+# save; stops: SIGTERM / SIGUSR1 stops; bad_inputs: refused inputs (one line, exit 2); storage_faults: failed
+# saves (exit 4); redone: iterations trained again after kills; damaged: checkpoints that did not load after a
+# fault; records_lost: raport records missing or repeated after a resume.  The last two must stay 0.
+TALLY: Counter = Counter()
+
+
+def command(data: Path, workspace: Path, *args) -> list[str]:
+    return [sys.executable, "-u", str(RUNNER), *COMMON, "--workspace", str(workspace), *map(str, args),
+            str(data)]
+
+
+def environment(**faults) -> dict:
+    """The process environment with the faults named (``FAULTS_<NAME>``) and one thread per process."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("FAULTS_")}
+    env["OMP_NUM_THREADS"] = "1"
+    env.update({f"FAULTS_{name.upper()}": str(value) for name, value in faults.items()})
+    return env
+
+
+def train(data: Path, workspace: Path, *args, **faults) -> subprocess.CompletedProcess:
+    """Run the training to its end in a fresh process (``faults``: see :mod:`tests.faults.runner`)."""
+    return subprocess.run(command(data, workspace, *args), capture_output=True, text=True, cwd=REPO,
+                          env=environment(**faults), timeout=600)
+
+
+def explain(result: subprocess.CompletedProcess) -> str:
+    return (f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}\n"
+            f"--- stderr\n{result.stderr[-3000:]}")
+
+
+def error_line(result: subprocess.CompletedProcess, code: int = 2) -> str:
+    """The one line a refused run printed on stderr (asserting there is exactly one, and the exit code)."""
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == code and len(lines) == 1 and lines[0].startswith("error: "), explain(result)
+    return lines[0]
+
+
+def never_trained(result: subprocess.CompletedProcess) -> bool:
+    return "RUNNING EPOCHS" not in result.stdout and "Iteration:" not in result.stdout
+
+
+def load(path: Path) -> dict:
+    """A checkpoint, its hash verified (``load_checkpoint`` refuses a damaged one); counts a failure."""
+    try:
+        return ckpt.load_checkpoint(path)
+    except Exception:
+        TALLY["damaged"] += 1
+        raise
+
+
+def assert_same_state(a: dict, b: dict) -> None:
+    """The weights (and EMA weights) of two checkpoints are bitwise equal."""
+    for key in ("state_dict", "state_dict_ema"):
+        assert (key in a) == (key in b), key
+        if key not in a:
+            continue
+        assert a[key].keys() == b[key].keys()
+        for name in a[key]:
+            assert torch.equal(a[key][name], b[key][name]), f"{key}.{name}"
+    assert a["iterations"] == b["iterations"] and a["optimizer_steps"] == b["optimizer_steps"]
+
+
+def train_records(raport: Path) -> list[tuple[int, int]]:
+    """(epoch, iteration) of every train record in a raport, in file order."""
+    return [tuple(record["step"]) for record in read_raport(raport)
+            if record.get("type") == "LOG" and isinstance(record.get("step"), list)
+            and len(record["step"]) == 2 and "train.loss" in record.get("data", {})]
+
+
+def count_lost_records(raport: Path, epochs: int) -> int:
+    """Train records missing from or repeated in a raport that should hold every iteration once."""
+    expected = [(epoch, it) for epoch in range(epochs) for it in range(1, ITERATIONS_PER_EPOCH + 1)]
+    found = Counter(train_records(raport))
+    lost = sum(abs(found[step] - 1) for step in expected) + sum(n for step, n in found.items()
+                                                                if step not in expected)
+    TALLY["records_lost"] += lost
+    return lost

@@ -1,0 +1,115 @@
+"""``main.py`` with a tiny ResNet registered and faults injected on request, for the fault tests.
+
+Run as a script exactly like ``main.py`` (``multiproc.py`` accepts it as its training script).  The
+architecture ``tiny`` (one BasicBlock per stage, 16-32 channels) keeps a checkpoint at a few hundred
+kilobytes, so a test can save and kill many times in seconds.  The environment picks the faults:
+
+* ``FAULTS_KILL_AT=K``: the process sends itself SIGKILL right after train iteration K of the run
+  (counted over the whole run, as ``Progress.iterations``);
+* ``FAULTS_SIGNAL_AT=K:NAME``: it sends itself the signal NAME (SIGTERM, SIGUSR1) after iteration K;
+* ``FAULTS_KILL_IN_SAVE=N``: the N-th ``torch.save`` of the process writes half of its bytes, syncs
+  them and then the process sends itself SIGKILL (a kill in the middle of writing a checkpoint);
+* ``FAULTS_FULL_IN_SAVE=N``: the N-th ``torch.save`` writes half of its bytes and then fails as a full
+  disk does (``OSError`` ENOSPC);
+* ``FAULTS_RANK=R``: the faults above apply to global rank R only (all ranks when unset);
+* ``FAULTS_RECORD=PATH``: every MixUp draw is appended to PATH as ``rank iteration lambda``.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+from image_classification import engine, losses  # noqa: E402
+from image_classification.cli import run  # noqa: E402
+from image_classification.models.resnet import ARCHS, BasicBlock  # noqa: E402
+from image_classification.training import main  # noqa: E402
+
+TINY = (BasicBlock, (1, 1, 1, 1), (16, 16, 32, 32), 1, 1, False)  # an ARCHS row
+RANK = int(os.environ.get("RANK", "0"))
+
+
+def _applies() -> bool:
+    wanted = os.environ.get("FAULTS_RANK")
+    return wanted is None or int(wanted) == RANK
+
+
+def _after_iteration(iterations: int) -> None:
+    if not _applies():
+        return
+    if os.environ.get("FAULTS_KILL_AT") and iterations == int(os.environ["FAULTS_KILL_AT"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("FAULTS_SIGNAL_AT"):
+        at, name = os.environ["FAULTS_SIGNAL_AT"].split(":")
+        if iterations == int(at):
+            os.kill(os.getpid(), getattr(signal, name))
+
+
+def _install_iteration_hook() -> None:
+    original = engine.Engine.train_step
+
+    def train_step(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        _after_iteration(self.progress.iterations)
+
+    engine.Engine.train_step = train_step
+
+
+def _install_save_fault(when: int, fault) -> None:
+    """The ``when``-th ``torch.save`` into a file writes half of its bytes, then ``fault()`` happens."""
+    original, calls = torch.save, {"n": 0}
+
+    def save(obj, f, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] != when or not hasattr(f, "write") or not _applies():
+            return original(obj, f, *args, **kwargs)
+        buffer = io.BytesIO()
+        original(obj, buffer, *args, **kwargs)
+        data = buffer.getvalue()
+        f.write(data[: len(data) // 2])
+        f.flush()
+        os.fsync(f.fileno())
+        fault()
+
+    torch.save = save
+
+
+def _kill() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _disk_full() -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def _install_mixup_record(path: str) -> None:
+    original = losses.mixup
+    state = {"n": 0}
+
+    def mixup(images, targets, num_classes, lam, permutation):
+        state["n"] += 1
+        with open(path, "a", encoding="utf-8") as record:
+            record.write(f"{RANK} {state['n']} {lam!r}\n")
+        return original(images, targets, num_classes, lam, permutation)
+
+    losses.mixup = mixup
+
+
+if __name__ == "__main__":
+    ARCHS["tiny"] = TINY
+    _install_iteration_hook()
+    if os.environ.get("FAULTS_KILL_IN_SAVE"):
+        _install_save_fault(int(os.environ["FAULTS_KILL_IN_SAVE"]), _kill)
+    if os.environ.get("FAULTS_FULL_IN_SAVE"):
+        _install_save_fault(int(os.environ["FAULTS_FULL_IN_SAVE"]), _disk_full)
+    if os.environ.get("FAULTS_RECORD"):
+        _install_mixup_record(os.environ["FAULTS_RECORD"])
+    sys.exit(run(main))

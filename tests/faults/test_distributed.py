@@ -1,0 +1,138 @@
+"""Two gloo processes started by multiproc.py: a stop signal, a killed worker, a resume mid-epoch."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from image_classification.errors import EXIT_PREEMPTED
+from image_classification.multiproc import _stopped_early
+from image_classification.training import _lost_peer_reason
+
+from .harness import COMMON, REPO, RUNNER, TALLY, assert_same_state, environment, explain, load
+
+needs_linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gloo on Linux")
+RUN = ["--epochs", "2", "--mixup", "0.4", "-j", "0", "--resume", "auto"]  # 3 iterations per epoch and rank
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def two_processes(data: Path, workspace: Path, *args, **faults) -> subprocess.CompletedProcess:
+    """The training on 2 gloo processes through multiproc.py (rank 1's output in workspace/../GPU_1.log)."""
+    command = [sys.executable, str(REPO / "multiproc.py"), "--nproc_per_node", "2", "--master_port",
+               str(free_port()), "--log_dir", str(workspace.parent), str(RUNNER), *COMMON,
+               "--workspace", str(workspace), *map(str, args), str(data)]
+    return subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=environment(**faults),
+                          timeout=600)
+
+
+def mixup_draws(record: Path) -> dict[int, list[float]]:
+    draws: dict[int, list[float]] = {0: [], 1: []}
+    for line in record.read_text().splitlines():
+        rank, _, lam = line.split()
+        draws[int(rank)].append(float(lam))
+    return draws
+
+
+@needs_linux
+def test_ranks_stopped_by_a_signal_make_multiproc_exit_75(data, tmp_path):
+    result = two_processes(data, tmp_path / "ws", *RUN, signal_at="2:SIGUSR1", rank=1)
+    assert result.returncode == EXIT_PREEMPTED, explain(result)
+    assert "stopped early after saving a checkpoint (exit code 75)" in result.stderr
+    assert "Stopped by another process after 2 batches of epoch 0" in result.stdout  # rank 0 got no signal
+    saved = load(tmp_path / "ws" / "checkpoint.pth.tar")
+    assert (saved["epoch"], saved["batch"], saved["world_size"]) == (0, 2, 2)
+    TALLY["stops"] += 1
+
+
+@needs_linux
+def test_sigusr1_to_multiproc_reaches_the_workers_which_save_and_exit_75(data, tmp_path):
+    """SLURM's --signal warns the launched task, multiproc.py, not its workers."""
+    command = [sys.executable, str(REPO / "multiproc.py"), "--nproc_per_node", "2", "--master_port",
+               str(free_port()), "--log_dir", str(tmp_path), str(RUNNER), *COMMON, "--workspace",
+               str(tmp_path / "ws"), "--epochs", "100", "-j", "0", str(data)]
+    with (tmp_path / "out.txt").open("w") as out:
+        job = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=environment())
+        try:
+            while "Epoch: 0 Iteration: 2 " not in (tmp_path / "out.txt").read_text():
+                assert job.poll() is None, (tmp_path / "out.txt").read_text()
+                time.sleep(0.1)
+            job.send_signal(signal.SIGUSR1)
+            code = job.wait(timeout=120)
+        finally:
+            if job.poll() is None:
+                job.kill()
+    output = (tmp_path / "out.txt").read_text()
+    assert code == EXIT_PREEMPTED, output[-3000:]
+    assert "Stopped by SIGUSR1" in output and "Traceback" not in output
+    saved = load(tmp_path / "ws" / "checkpoint.pth.tar")
+    assert saved["world_size"] == 2 and saved["iterations"] >= 2
+    TALLY["stops"] += 1
+
+
+@pytest.mark.parametrize("codes,early", [
+    ((75, 75), True), ((75, -signal.SIGTERM), True),  # torchrun stops the later ranks with SIGTERM
+    ((-signal.SIGTERM,), False), ((75, 1), False), ((75, -signal.SIGKILL), False),
+])
+def test_only_ranks_that_all_stopped_after_saving_make_a_75(codes, early):
+    assert _stopped_early([SimpleNamespace(exitcode=code) for code in codes]) is early
+
+
+@pytest.mark.parametrize("message,reason", [
+    ("[third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:5799: "
+     "Connection reset by peer. This is typically caused by a remote worker hanging",
+     "Connection reset by peer"),
+    ("[third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] "
+     "Timed out waiting 1800000ms for recv operation to complete",
+     "Timed out waiting 1800000ms for recv operation to complete"),
+    ("DataLoader timed out after 5 seconds", None),  # not a lost peer: the traceback stays
+    ("mat1 and mat2 shapes cannot be multiplied", None),
+])
+def test_a_broken_collective_is_told_from_other_errors(message, reason):
+    assert _lost_peer_reason(RuntimeError(message)) == reason
+
+
+@needs_linux
+def test_a_killed_worker_is_named_and_the_survivor_says_one_line(data, tmp_path):
+    result = two_processes(data, tmp_path / "ws", *RUN, kill_at=2, rank=1)
+    assert result.returncode == 1, explain(result)
+    output = result.stdout + result.stderr
+    assert "rank 1 (local rank 1" in result.stderr and "SIGKILL" in result.stderr, explain(result)
+    assert "Traceback" not in output and "gloo" not in output, explain(result)
+    survivor = [line for line in result.stderr.splitlines() if not line.startswith("multiproc.py:")]
+    assert len(survivor) <= 1, explain(result)
+    if survivor:  # rank 0 noticed before torchrun stopped it
+        assert survivor[0].startswith("error: rank 0 stops: another process of the job is gone")
+
+
+@needs_linux
+@pytest.mark.slow
+def test_two_processes_resume_mid_epoch_exactly_with_every_rank_s_random_stream(data, tmp_path):
+    straight = two_processes(data, tmp_path / "straight", *RUN, record=tmp_path / "straight.txt")
+    assert straight.returncode == 0, explain(straight)
+    killed = two_processes(data, tmp_path / "ws", *RUN, "--checkpoint-interval", "2", kill_at=3, rank=0)
+    assert killed.returncode == 1, explain(killed)
+    saved = load(tmp_path / "ws" / "checkpoint.pth.tar")
+    assert (saved["epoch"], saved["batch"], saved["world_size"]) == (0, 2, 2)  # mid-epoch, by 2 processes
+    TALLY["kills"] += 1
+    TALLY["redone"] += 1
+
+    resumed = two_processes(data, tmp_path / "ws", *RUN, record=tmp_path / "resumed.txt")
+    assert resumed.returncode == 0, explain(resumed)
+    assert_same_state(load(tmp_path / "straight" / "checkpoint.pth.tar"),
+                      load(tmp_path / "ws" / "checkpoint.pth.tar"))
+    before, after = mixup_draws(tmp_path / "straight.txt"), mixup_draws(tmp_path / "resumed.txt")
+    for rank in (0, 1):
+        assert len(before[rank]) == 6 and after[rank] == before[rank][2:]  # the same draws, from batch 3 on
+    assert after[0] != after[1]  # each rank has its own stream

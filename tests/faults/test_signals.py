@@ -1,0 +1,39 @@
+"""SIGTERM and SIGUSR1 (what SLURM sends before a preemption): a checkpoint of that very point, exit 75,
+and ``--resume auto`` finishes the run as if it had never stopped."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from image_classification.errors import EXIT_PREEMPTED
+
+from .harness import (ITERATIONS_PER_EPOCH, RUN, TALLY, assert_same_state, count_lost_records, explain, load,
+                      train)
+
+
+@pytest.mark.parametrize("name,at", [("SIGTERM", 3), ("SIGUSR1", 8)])
+def test_a_stop_signal_saves_exits_75_and_resumes_exactly(data, tmp_path, straight, name, at):
+    stopped = train(data, tmp_path / "ws", *RUN, "-j", "0", signal_at=f"{at}:{name}")
+    assert stopped.returncode == EXIT_PREEMPTED, explain(stopped)
+    assert f"Stopped by {name}" in stopped.stdout and "exit code 75" in stopped.stdout
+    saved = load(tmp_path / "ws" / "checkpoint.pth.tar")
+    assert saved["iterations"] == at  # exactly where it stopped: nothing to redo
+    assert (saved["epoch"], saved["batch"]) == divmod(at, ITERATIONS_PER_EPOCH)
+
+    resumed = train(data, tmp_path / "ws", *RUN, "-j", "0")
+    assert resumed.returncode == 0, explain(resumed)
+    TALLY["stops"] += 1
+    assert_same_state(load(straight / "checkpoint.pth.tar"), load(tmp_path / "ws" / "checkpoint.pth.tar"))
+    assert count_lost_records(tmp_path / "ws" / "experiment_raport.json", epochs=2) == 0
+
+
+def test_resume_auto_of_a_finished_run_exits_0_without_training(data, tmp_path, straight):
+    """A blindly re-queued job whose run already finished does nothing and succeeds."""
+    shutil.copytree(straight, tmp_path / "ws")
+    before = (tmp_path / "ws" / "checkpoint.pth.tar").read_bytes()
+    again = train(data, tmp_path / "ws", *RUN, "-j", "0")
+    assert again.returncode == 0, explain(again)
+    assert "nothing to do" in again.stdout and "RUNNING EPOCHS" not in again.stdout
+    assert (tmp_path / "ws" / "checkpoint.pth.tar").read_bytes() == before

@@ -1,0 +1,141 @@
+"""Checkpoint files: sealed with a content hash, a damaged copy refused everywhere, foreign files still load."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO
+from image_classification import checkpoint as ckpt
+from image_classification.cli import run
+from image_classification.errors import UserError
+from image_classification.integrity import content_digest, verify
+from image_classification.models import build_model, load_checkpoint_file, load_weights
+
+
+def _checkpoint_payload() -> dict:
+    torch.manual_seed(0)
+    model = build_model("resnet18", num_classes=3)
+    return {"epoch": 1, "batch": 0, "arch": "resnet18", "num_classes": 3, "best_prec1": 50.0,
+            "model_options": {"model_config": "classic"}, "state_dict": model.state_dict(),
+            "preprocessing": {"image_size": 32, "interpolation": "bilinear"}, "rng": [{"python": (3, (1, 2), None)}]}
+
+
+def flip(path: Path, offset: int, length: int = 4096) -> None:
+    """Invert ``length`` bytes of ``path`` from ``offset``: what a bad sector or a broken copy does."""
+    data = bytearray(path.read_bytes())
+    for index in range(offset, min(offset + length, len(data))):
+        data[index] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_digest_covers_values_structure_and_dtypes():
+    base = {"a": torch.arange(4, dtype=torch.float32), "b": [1, "x", None, 2.5]}
+    digest = content_digest(base)
+    assert content_digest({"a": torch.arange(4, dtype=torch.float32), "b": [1, "x", None, 2.5]}) == digest
+    changed = [
+        {"a": torch.tensor([0.0, 1.0, 2.0, 3.5]), "b": [1, "x", None, 2.5]},
+        {"a": torch.arange(4, dtype=torch.float64), "b": [1, "x", None, 2.5]},
+        {"a": torch.arange(4, dtype=torch.float32).view(2, 2), "b": [1, "x", None, 2.5]},
+        {"a": torch.arange(4, dtype=torch.float32), "b": [1, "y", None, 2.5]},
+        {"b": [1, "x", None, 2.5], "a": torch.arange(4, dtype=torch.float32)},
+    ]
+    assert all(content_digest(other) != digest for other in changed)
+
+
+def test_saved_checkpoint_verifies_and_loads(tmp_path):
+    path = tmp_path / "c.pth.tar"
+    ckpt.save_checkpoint(_checkpoint_payload(), path)
+    state = ckpt.load_checkpoint(path)
+    assert verify(state) is True and state["format"] == ckpt.FORMAT
+    model = build_model("resnet18", num_classes=3)
+    load_weights(model, state)
+
+
+@pytest.mark.parametrize("where", [0.3, 0.5, 0.7, 0.9])
+def test_a_damaged_checkpoint_is_refused(tmp_path, where):
+    path = tmp_path / "c.pth.tar"
+    ckpt.save_checkpoint(_checkpoint_payload(), path)
+    flip(path, int(path.stat().st_size * where))
+    with pytest.raises(UserError, match="damaged|could not be read"):
+        load_checkpoint_file(path)
+
+
+def test_files_without_a_hash_still_load(tmp_path):
+    """NGC and torchvision files carry no hash: they load as before, layer names and all."""
+    plain = tmp_path / "torchvision_style.pth"
+    torch.save(build_model("resnet18").state_dict(), plain)
+    assert verify(load_checkpoint_file(plain)) is None
+    load_weights(build_model("resnet18"), plain)
+
+
+def test_weights_file_records_its_description_and_plain_pytorch_still_loads_it(tmp_path):
+    model = build_model("resnet18", num_classes=3)
+    path = tmp_path / "w.pth"
+    ckpt.save_weights(model.state_dict(), {"arch": "resnet18", "num_classes": 3,
+                                           "preprocessing": {"image_size": 32}}, path)
+    loaded = torch.load(path, weights_only=True)
+    assert verify(loaded) is True
+    fresh = build_model("resnet18", num_classes=3)
+    fresh.load_state_dict(loaded)  # what a user of plain PyTorch does with the file
+    loaded["fc.bias"] += 1  # changed after it was written
+    assert verify(loaded) is False
+
+
+def test_non_finite_weights_are_refused(tmp_path):
+    state = build_model("resnet18", num_classes=3).state_dict()
+    state["layer2.0.conv1.weight"][0, 0, 0, 0] = float("nan")
+    with pytest.raises(UserError, match="NaN or infinite values .*layer2.0.conv1.weight"):
+        load_weights(build_model("resnet18", num_classes=3), state)
+
+
+@pytest.fixture(scope="module")
+def damaged(tmp_path_factory, image_folder) -> dict[str, Path]:
+    """A real training checkpoint and copies of it damaged by a 4 KiB flip inside the weights."""
+    from image_classification.training import main
+
+    root = tmp_path_factory.mktemp("damaged")
+    assert main(["-a", "resnet18", "--image-size", "32", "-b", "8", "--device", "cpu", "--epochs", "1",
+                 "--prof", "1", "--data-backend", "pytorch", "-j", "0", "--seed", "1",
+                 "--workspace", str(root / "ws"), str(image_folder)]) == 0
+    good = root / "ws" / "checkpoint.pth.tar"
+    bad = root / "bad.pth.tar"
+    bad.write_bytes(good.read_bytes())
+    flip(bad, bad.stat().st_size // 2)
+    weights = root / "weights.pth"
+    assert run(__import__("image_classification.export", fromlist=["x"]).checkpoint2model_main,
+               ["--checkpoint-path", str(good), "--weight-path", str(weights)]) == 0
+    bad_weights = root / "bad_weights.pth"
+    bad_weights.write_bytes(weights.read_bytes())
+    flip(bad_weights, bad_weights.stat().st_size // 2)
+    return {"checkpoint": bad, "weights": bad_weights, "data": image_folder, "root": root}
+
+
+def _one_error_line(result: subprocess.CompletedProcess) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, (result.stdout[-2000:], result.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("entry", ["resume", "pretrained", "classify", "checkpoint2model", "classify-weights"])
+def test_every_entry_point_refuses_a_damaged_file(damaged, entry, tmp_path):
+    python, data = sys.executable, str(damaged["data"])
+    common = ["-a", "resnet18", "--image-size", "32", "-b", "8", "--device", "cpu", "--data-backend", "pytorch",
+              "-j", "0", "--epochs", "2", "--workspace", str(tmp_path / "ws"), data]
+    image = str(next((damaged["data"] / "val" / "class_00").iterdir()))
+    commands = {
+        "resume": [python, "main.py", "--resume", str(damaged["checkpoint"]), *common],
+        "pretrained": [python, "main.py", "--pretrained-weights", str(damaged["checkpoint"]), *common],
+        "classify": [python, "classify.py", "--weights", str(damaged["checkpoint"]), "--image", image],
+        "classify-weights": [python, "classify.py", "--weights", str(damaged["weights"]), "--image", image],
+        "checkpoint2model": [python, "checkpoint2model.py", "--checkpoint-path", str(damaged["checkpoint"]),
+                             "--weight-path", str(tmp_path / "out.pth")],
+    }
+    result = subprocess.run(commands[entry], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert "damaged" in _one_error_line(result) or "could not be read" in result.stderr
+    assert not (tmp_path / "out.pth").exists()

@@ -1,0 +1,127 @@
+"""pyproject.toml: `pip install .` into a fresh venv gives the package, its presets and the ic-* commands.
+
+Nothing is downloaded: the build runs without isolation on this environment's setuptools, the install
+skips dependencies, and the commands find torch and friends through PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from test_distributed import free_port
+
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+COMMANDS = {"ic-train", "ic-launch", "ic-classify", "ic-multiproc", "ic-checkpoint2model", "ic-model2onnx"}
+# a build writes these into the tree it builds, so the test builds a copy
+BUILD_LEFTOVERS = ("build", "*.egg-info")
+
+
+def _name(requirement: str) -> str:
+    """The canonical distribution name of a requirement line (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9_.-]+", requirement).group()).lower()
+
+
+def test_dependencies_are_the_runtime_requirements():
+    lines = [line.split("#")[0].strip() for line in (REPO / "requirements.txt").read_text().splitlines()]
+    pinned = {_name(line) for line in lines if line}
+    project = PYPROJECT["project"]
+    own = _name(project["name"])
+    declared = {_name(r) for r in project["dependencies"]}
+    declared |= {_name(r) for extra in project["optional-dependencies"].values() for r in extra} - {own}
+    assert declared == pinned
+
+
+def test_console_commands():
+    scripts = PYPROJECT["project"]["scripts"]
+    assert set(scripts) == COMMANDS
+    assert all(target.startswith("image_classification.commands:") for target in scripts.values())
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """A fresh venv with the package installed from a copy of the repository, the copy then deleted."""
+    root = tmp_path_factory.mktemp("packaging")
+    source = root / "source"
+    anywhere = shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", *BUILD_LEFTOVERS)
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        # at the root only: image_classification/data is a subpackage
+        at_root = {".venv", "workspace", "data"} if Path(folder) == REPO else set()
+        return anywhere(folder, names) | (at_root & set(names))
+
+    shutil.copytree(REPO, source, symlinks=True, ignore=ignore)
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    # pip and setuptools come from this environment, so the venv needs neither nor a download
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-deps", "--no-build-isolation",
+           "--no-index", "--disable-pip-version-check", "-q"]
+    result = subprocess.run([*pip, str(source)], capture_output=True, text=True, timeout=300, env=_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    shutil.rmtree(source)  # the installed package must stand on its own
+    return venv
+
+
+def _env() -> dict[str, str]:
+    """PYTHONPATH on this environment's site-packages (torch...), which hold no image_classification."""
+    return {**os.environ, "PYTHONPATH": sysconfig.get_paths()["purelib"]}
+
+
+def _run(venv: Path, command: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(venv / "bin" / command), *args], capture_output=True, text=True, timeout=300,
+                          cwd=cwd, env=_env())
+
+
+def test_pip_install_gives_the_package_and_its_commands(installed, tmp_path):
+    assert {path.name for path in (installed / "bin").iterdir()} >= COMMANDS
+    probe = ("import importlib.metadata as m, json, image_classification as p; "
+             "eps = [e for e in m.entry_points(group='console_scripts') "
+             "if e.dist.name == 'image-classification']; "
+             "print(json.dumps([p.__file__, sorted(e.name for e in eps if callable(e.load()))]))")
+    result = subprocess.run([str(installed / "bin" / "python"), "-c", probe], capture_output=True,
+                            text=True, cwd=tmp_path, env=_env(), timeout=120)
+    assert result.returncode == 0, result.stderr
+    package_file, commands = json.loads(result.stdout)
+    assert package_file.startswith(str(installed)) and set(commands) == COMMANDS
+
+    train = _run(installed, "ic-train", "-h", cwd=tmp_path)
+    assert train.returncode == 0, train.stderr
+    assert "--arch" in train.stdout and "--raport-file" in train.stdout
+
+    presets = _run(installed, "ic-launch", "--list", cwd=tmp_path)
+    assert presets.returncode == 0, presets.stderr
+    cfg_file = re.match(r"presets in (.+):", presets.stdout).group(1)
+    assert Path(cfg_file).is_relative_to(installed) and "DGXH100: AMP, BF16, TF32" in presets.stdout
+    assert Path(cfg_file).read_text() == (REPO / "configs.yml").read_text()  # the file, not a link
+
+    # an installed command as the training script, found beside the venv's Python (PATH lacks it)
+    multiproc = _run(installed, "ic-multiproc", "--master_port", str(free_port()), "ic-train", "-h",
+                     cwd=tmp_path)
+    assert multiproc.returncode == 0, multiproc.stderr
+    assert f"{installed / 'bin' / 'ic-train'} -h" in multiproc.stdout and "--raport-file" in multiproc.stdout
+
+    mistake = _run(installed, "ic-launch", "--model", "resnet51", "--precision", "AMP", "--mode",
+                   "evaluate", "--platform", "CPU", "--dry-run", cwd=tmp_path)
+    assert mistake.returncode == 2 and mistake.stderr.startswith("error: ")
+    assert mistake.stderr.count("\n") == 1
+
+
+def test_the_presets_are_package_data_with_one_source():
+    link = REPO / "image_classification" / "configs.yml"
+    assert link.is_symlink() and link.resolve() == (REPO / "configs.yml").resolve()
+    assert not (REPO / "configs.yml").is_symlink()
+    assert PYPROJECT["tool"]["setuptools"]["package-data"]["image_classification"] == ["configs.yml"]
+
+
+def test_the_source_tree_holds_no_build_leftovers():
+    assert not [p for pattern in BUILD_LEFTOVERS for p in REPO.glob(pattern)]

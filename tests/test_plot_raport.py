@@ -1,0 +1,99 @@
+"""scripts/plot_raport.py: PNGs from the raports of real (tiny) runs, values as the raport has them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import load_script
+from image_classification.cli import run as cli_run
+from image_classification.training import main as train
+
+TINY = ["-a", "resnet18", "--image-size", "64", "-b", "8", "--device", "cpu", "--data-backend", "pytorch",
+        "-j", "0", "--num-classes", "3"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def plot_raport():
+    return load_script("plot_raport")
+
+
+@pytest.fixture(scope="module")
+def raports(image_folder, tmp_path_factory) -> dict[str, Path]:
+    """Two real runs: 2 epochs with validation, and 1 epoch --training-only (no val metrics)."""
+    root = tmp_path_factory.mktemp("runs")
+    assert train([*TINY, "--epochs", "2", "--workspace", str(root / "full"), str(image_folder)]) == 0
+    assert train([*TINY, "--epochs", "1", "--training-only", "--workspace", str(root / "train_only"),
+                  str(image_folder)]) == 0
+    return {name: root / name / "experiment_raport.json" for name in ("full", "train_only")}
+
+
+def _epoch_values(path: Path, metric: str) -> tuple[list[int], list[float]]:
+    """The metric's end-of-epoch values, read straight from the file."""
+    points = {}
+    for line in path.read_text().splitlines():
+        record = json.loads(line.removeprefix("DLLL "))
+        if record["type"] == "LOG" and isinstance(record["step"], list) and len(record["step"]) == 1:
+            if metric in record["data"]:
+                points[record["step"][0]] = record["data"][metric]
+    return sorted(points), [points[epoch] for epoch in sorted(points)]
+
+
+def test_real_runs_give_one_png_per_metric_with_the_raports_values(plot_raport, raports, tmp_path, capsys):
+    out = tmp_path / "plots"
+    assert cli_run(plot_raport.main, [str(raports["full"]), str(raports["train_only"]), "-o", str(out)]) == 0
+    names = {"train_loss.png", "val_loss.png", "val_top1.png", "val_top3.png", "throughput.png"}
+    assert {p.name for p in out.iterdir()} == names
+    assert all((out / name).read_bytes()[:8] == PNG_MAGIC for name in names)
+    assert capsys.readouterr().err == ""
+
+    drawn = plot_raport.plot_raports([raports["full"], raports["train_only"]], tmp_path / "again")
+    # both files are experiment_raport.json: the runs are named by their folders
+    assert set(drawn["train_loss.png"]) == set(drawn["throughput.png"]) == {"full", "train_only"}
+    assert set(drawn["val_top1.png"]) == set(drawn["val_loss.png"]) == {"full"}  # no val in train_only
+    metrics = {"train_loss.png": "train.loss", "val_loss.png": "val.loss", "val_top1.png": "val.top1",
+               "val_top3.png": "val.top3", "throughput.png": "train.total_ips"}
+    for name, metric in metrics.items():
+        for label, (epochs, values) in drawn[name].items():
+            assert (epochs, values) == _epoch_values(raports[label], metric), (name, label)
+    assert drawn["val_top1.png"]["full"][0] == [0, 1] and drawn["throughput.png"]["train_only"][0] == [0]
+
+
+def test_a_training_only_run_alone_skips_the_val_plots(plot_raport, raports, tmp_path, capsys):
+    assert cli_run(plot_raport.main, [str(raports["train_only"]), "-o", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["throughput.png", "train_loss.png"]
+    out = capsys.readouterr().out
+    assert "val_loss.png: skipped, no raport has val.loss" in out
+
+
+def test_labels_are_file_names_unless_they_repeat(plot_raport):
+    assert plot_raport.run_labels([Path("a/rn50_amp.json"), Path("a/rn_fp32.json")]) == ["rn50_amp", "rn_fp32"]
+    assert plot_raport.run_labels([Path("amp/raport.json"), Path("fp32/raport.json")]) == ["amp", "fp32"]
+
+
+@pytest.mark.parametrize("content,words", [
+    (b"epoch 1 loss 0.5\n", "no 'DLLL {json}' lines"),
+    (b'DLLL {"type": "LOG", "step": [0\n', "does not hold JSON"),
+    (b"\x89PNG\r\n\x1a\n\xff\xfe\x00", "not a text file"),
+    (None, "cannot read"),
+])
+def test_a_file_that_is_not_a_raport_is_one_error_line(plot_raport, raports, tmp_path, capsys, content,
+                                                        words):
+    bad = tmp_path / "bad.json"
+    if content is not None:
+        bad.write_bytes(content)
+    code = cli_run(plot_raport.main, [str(raports["full"]), str(bad), "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and words in err, err
+    assert str(bad) in err and not (tmp_path / "out").exists()  # nothing drawn
+
+
+def test_a_raport_without_finished_epochs_is_nothing_to_plot(plot_raport, tmp_path, capsys):
+    started = tmp_path / "raport.json"
+    started.write_text('DLLL {"type": "LOG", "step": "PARAMETER", "data": {"lr": 0.1}}\n'
+                       'DLLL {"type": "LOG", "step": [0, 10], "data": {"train.loss": 6.9}}\n')
+    assert cli_run(plot_raport.main, [str(started), "-o", str(tmp_path / "out")]) == 2
+    assert "nothing to plot" in capsys.readouterr().err

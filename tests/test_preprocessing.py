@@ -1,0 +1,115 @@
+"""A model is fed as it was trained: checkpoints record their preprocessing and every consumer uses it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from image_classification import inference
+from image_classification.cli import run
+from image_classification.export import checkpoint2model_main, model2onnx_main
+from image_classification.inference import image_transform, load_model
+from image_classification.preprocessing import Preprocessing
+from image_classification.raport import read_raport
+from image_classification.training import main as train_main
+
+TRAIN_SIZE = 32
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, image_folder) -> Path:
+    """A checkpoint trained at 32 px with bicubic resizing (a size and filter no default would guess)."""
+    root = tmp_path_factory.mktemp("trained32")
+    assert train_main(["-a", "resnet18", "--image-size", str(TRAIN_SIZE), "--interpolation", "bicubic", "-b", "8",
+                       "--device", "cpu", "--epochs", "1", "--prof", "1", "--data-backend", "pytorch", "-j", "0",
+                       "--seed", "2", "--workspace", str(root), str(image_folder)]) == 0
+    return root / "checkpoint.pth.tar"
+
+
+def test_validation_preprocessing_computed_by_hand():
+    """Short side to round(224 / 0.875) = 256, centre 224 crop, ImageNet mean/std: checked without the code."""
+    from skimage import data
+
+    image = Image.fromarray(data.coffee())  # 600 x 400
+    width, height = image.size
+    new_w, new_h = int(256 * width / height), 256
+    resized = image.resize((new_w, new_h), Image.BILINEAR)
+    left, top = int(round((new_w - 224) / 2.0)), int(round((new_h - 224) / 2.0))
+    crop = np.asarray(resized.crop((left, top, left + 224, top + 224)), dtype=np.float32)
+    mean = np.array([0.485, 0.456, 0.406], dtype=np.float32) * 255
+    std = np.array([0.229, 0.224, 0.225], dtype=np.float32) * 255
+    expected = torch.from_numpy(((crop - mean) / std).transpose(2, 0, 1).copy())
+    got = image_transform(224)(image)
+    assert got.shape == (3, 224, 224)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+
+
+def test_checkpoint_records_how_its_inputs_were_prepared(trained):
+    state = torch.load(trained, weights_only=True)
+    recorded = Preprocessing.from_dict(state["preprocessing"])
+    assert (recorded.image_size, recorded.interpolation, recorded.resize_size) == (32, "bicubic", 37)
+    assert state["num_classes"] == 3 and state["classes"] == ["class_00", "class_01", "class_02"]
+
+
+def _used_preprocessing(monkeypatch) -> list[Preprocessing]:
+    used = []
+    original = inference.image_transform
+
+    def recording(preprocessing):
+        used.append(preprocessing)
+        return original(preprocessing)
+
+    monkeypatch.setattr(inference, "image_transform", recording)
+    return used
+
+
+def test_classify_uses_the_trained_size_and_says_when_a_flag_overrides_it(trained, image_folder, monkeypatch, capsys):
+    used = _used_preprocessing(monkeypatch)
+    image = str(next((image_folder / "val" / "class_01").iterdir()))
+    assert run(inference.main, ["--weights", str(trained), "--image", image, "--json", "--precision", "FP32"]) == 0
+    assert (used[-1].image_size, used[-1].interpolation) == (32, "bicubic")
+    captured = capsys.readouterr()
+    assert captured.err == "" and json.loads(captured.out)["predictions"][0]["label"].startswith("class_")
+    assert run(inference.main, ["--weights", str(trained), "--image", image, "--image-size", "64"]) == 0
+    assert used[-1].image_size == 64 and used[-1].interpolation == "bicubic"
+    assert "--image-size 64 overrides the 32 px" in capsys.readouterr().err
+
+
+def test_evaluate_resume_uses_the_trained_size(trained, image_folder, tmp_path, capsys):
+    assert train_main(["--evaluate", "--resume", str(trained), "-a", "resnet18", "--device", "cpu", "-b", "8",
+                       "--data-backend", "pytorch", "-j", "0", "--workspace", str(tmp_path), str(image_folder)]) == 0
+    parameters = [r["data"] for r in read_raport(tmp_path / "experiment_raport.json") if r.get("step") == "PARAMETER"]
+    assert parameters[0]["image_size"] == 32 and parameters[0]["interpolation"] == "bicubic"
+    assert "overrides" not in capsys.readouterr().out
+    assert train_main(["--evaluate", "--resume", str(trained), "-a", "resnet18", "--device", "cpu", "-b", "8",
+                       "--image-size", "48", "--data-backend", "pytorch", "-j", "0", "--workspace",
+                       str(tmp_path / "b"), str(image_folder)]) == 0
+    assert "--image-size 48 overrides the 32 that the checkpoint was trained with" in capsys.readouterr().out
+
+
+def test_extracted_weights_keep_the_description_and_export_uses_it(trained, tmp_path, capsys):
+    weights = tmp_path / "w.pth"
+    assert run(checkpoint2model_main, ["--checkpoint-path", str(trained), "--weight-path", str(weights)]) == 0
+    loaded = load_model(None, str(weights))
+    assert (loaded.arch, loaded.num_classes) == ("resnet18", 3)
+    assert loaded.preprocessing.image_size == 32 and loaded.class_names == ["class_00", "class_01", "class_02"]
+    onnx_path = tmp_path / "w.onnx"
+    assert run(model2onnx_main, ["--weights", str(weights), "--output", str(onnx_path), "-b", "1"]) == 0
+    import onnx
+
+    dims = [d.dim_value for d in onnx.load(str(onnx_path)).graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [1, 3, 32, 32]
+
+
+def test_a_head_mismatch_names_the_class_count_and_the_flag(trained, tmp_path, capsys, image_folder):
+    image = str(next((image_folder / "val" / "class_01").iterdir()))
+    weights = tmp_path / "plain.pth"
+    torch.save(torch.load(trained, weights_only=True)["state_dict"], weights)  # no description: a foreign file
+    assert run(inference.main, ["-a", "resnet18", "--weights", str(weights), "--num-classes", "10",
+                                "--image", image]) == 2
+    assert "pass --num-classes 3" in capsys.readouterr().err

@@ -1,0 +1,231 @@
+"""Every command of the READMEs' ``bash`` blocks runs as written, with tiny sizes substituted.
+
+The commands run in a scratch folder that holds what the README assumes: the digits dataset and the
+checkpoint ``make demo`` leaves (a one-epoch demo run), NGC-named weight files (freshly initialised, in
+the layout NGC publishes), a photograph, two raports, and for the per-model READMEs a two-step training
+run of each model in the workspace its README names.  ImageNet paths point at the digits; batch sizes,
+epochs, image sizes and process counts are cut down so that each command takes seconds.  A command
+that cannot run on one CPU machine is listed in ``NOT_RUN`` with the reason and where it is covered
+instead; any other command, including one added later, is run.  The commands run in README order in
+one folder per README, as a user would type them (model2onnx.py converts the weights that
+checkpoint2model.py wrote).  The main README's commands run in the default suite; the per-model
+READMEs' (ResNeXt-101 and SE-ResNeXt-101 take seconds per step on a CPU) are marked slow, and the
+default suite checks that every flag they use is one their scripts accept.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from conftest import REPO
+
+README = REPO / "README.md"
+# per-model README -> (architecture, the workspace its commands use, weights file it converts to)
+MODEL_READMES = {
+    REPO / "resnet50v1.5/README.md": ("resnet50", "rn50"),
+    REPO / "resnext101-32x4d/README.md": ("resnext101-32x4d", "rnxt"),
+    REPO / "se-resnext101-32x4d/README.md": ("se-resnext101-32x4d", "sernxt"),
+}
+
+# pattern (searched in the command) -> why it is not run here
+NOT_RUN = {
+    r"^make ": "make builds .venv and runs the suite; CI runs `make test` itself",
+    r"^\. \.venv/bin/activate$|^source \.venv/bin/activate$": "shell set-up",
+    r"^python -m venv ": "environment set-up: `make` does the same and the suite runs in its environment",
+    r"^export ": "shell set-up of the SLURM example",
+    r"^srun ": "needs a SLURM cluster",
+    r"--nnodes 2": "needs two machines",
+    r"^bash \S+\.sh": "the recipes: tests/test_recipes.py runs every one of them",
+    r"^until python main\.py --resume auto": "a re-queue loop: tests/faults resumes with --resume auto after kills",
+    r"-m pytest -q tests/faults": "the fault suite is part of `make test` already",
+    r"prepare_imagenet\.py": "needs the ImageNet archives: tests/test_prepare_imagenet.py runs it on archives it builds",
+}
+
+# Flags appended to the training commands: argparse keeps the last value, so these win.  A learning
+# rate meant for batches of 256 makes two steps on batches of 4 diverge, which stops a run (exit 3).
+TINY_TRAINING = ["--epochs", "1", "--prof", "2", "-b", "4", "--image-size", "32", "-j", "0", "--print-freq", "1",
+                 "--lr", "0.001", "--seed", "1"]
+TRAINING_SCRIPTS = {"main.py", "launch.py"}
+
+# (pattern, replacement) applied to the command text, in order
+SUBSTITUTIONS = [
+    (r"<path to imagenet>|<path to your dataset>|(?<![\w/])/imagenet\b|\./tiny-imagenet|\./flowers", "data/digits"),
+    (r" \.\.\. ", " "),  # "the other flags as before"
+    (r"--num-classes 102\b", "--num-classes 10"),
+    (r"--nproc_per_node 8\b", "--nproc_per_node 2"),
+    (r"--nproc-per-node 8\b", "--nproc-per-node 2"),
+    (r"^torchrun ", "python -m torch.distributed.run "),
+    (r" \[--[\w-]+\]", ""),  # an optional flag shown in brackets: the demo's checkpoint has no EMA
+    (r"--make-dataset \d+", "--make-dataset 12"),
+    (r"/tmp/bench1000", "bench"),
+    (r"--batch-sizes( \d+)+", "--batch-sizes 1"),
+    (r"--iterations \d+", "--iterations 2"),
+]
+# extra flags per script (beyond TINY_TRAINING for the training scripts)
+SCRIPT_FLAGS = {
+    "benchmark_loader.py": ["-b", "4", "--epochs", "2", "--image-size", "32"],
+    "inference_benchmark.py": ["--image-size", "32", "--warmup", "0", "--precisions", "FP32", "--batch-sizes", "1",
+                               "--iterations", "2"],
+}
+
+
+def readme_commands(text: str) -> list[str]:
+    """The shell commands of the ``bash`` blocks: continuation lines joined, comments dropped."""
+    commands = []
+    for block in re.findall(r"^```bash\n(.*?)^```", text, flags=re.S | re.M):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            line = re.split(r"\s+#\s", line)[0].strip()
+            if line and not line.startswith("#"):
+                commands.append(line)
+    return commands
+
+
+def not_run_reason(command: str) -> str | None:
+    return next((why for pattern, why in NOT_RUN.items() if re.search(pattern, command)), None)
+
+
+COMMANDS = readme_commands(README.read_text())
+MODEL_COMMANDS = [(path, command) for path in MODEL_READMES for command in readme_commands(path.read_text())]
+
+
+def _script(token: str) -> str | None:
+    """The repository file a token of the command names (``./main.py``, ``scripts/x.py``), if any."""
+    path = REPO / token.removeprefix("./")
+    return str(path) if token.endswith(".py") and path.is_file() else None
+
+
+def tiny(command: str) -> list[str]:
+    """The command as run here: substitutions made, scripts resolved to the repository, tiny flags added."""
+    for pattern, replacement in SUBSTITUTIONS:
+        command = re.sub(pattern, replacement, command)
+    argv = shlex.split(command)
+    assert argv[0] == "python", f"the README runs its commands with `python`: {command}"
+    argv[0] = sys.executable
+    scripts = []
+    for index, token in enumerate(argv):
+        resolved = _script(token)
+        if resolved is not None:
+            argv[index] = resolved
+            scripts.append(Path(resolved).name)
+    if any(name in TRAINING_SCRIPTS for name in scripts):
+        argv += TINY_TRAINING
+        if "--resume" in argv and "--evaluate" not in argv:
+            argv += ["--epochs", "2"]  # the workspace's run has finished its one epoch: train one more
+    for name in scripts:
+        argv += SCRIPT_FLAGS.get(name, [])
+    return argv
+
+
+def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MPLBACKEND": "Agg"}
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _check(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, (shlex.join(result.args), result.stdout[-3000:], result.stderr[-3000:])
+
+
+def _ngc_weights(folder: Path, arch: str) -> None:
+    """Freshly initialised 1000-class weights under the NGC file name the READMEs use."""
+    import torch
+
+    from image_classification.models import build_model
+
+    torch.manual_seed(0)
+    torch.save(build_model(arch, num_classes=1000).state_dict(), folder / f"nvidia_{arch}_200821.pth.tar")
+
+
+def _digits_folder(tmp_path_factory, name: str) -> Path:
+    """A folder after `make demo` (one epoch): data/digits, workspace/digits, and photographs."""
+    from skimage import data as samples
+
+    folder = tmp_path_factory.mktemp(name)
+    _check(_run([sys.executable, "-m", "image_classification.demo", "--epochs", "1", "-j", "0"], folder))
+    for photo in ("photo.jpg", "cat.jpg", "photos/astronaut.jpg"):
+        (folder / photo).parent.mkdir(exist_ok=True)
+        Image.fromarray(samples.astronaut()).save(folder / photo, quality=90)
+    Image.fromarray(samples.chelsea()).save(folder / "photos/cat.jpg", quality=90)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def readme_folder(tmp_path_factory) -> Path:
+    """A folder laid out as the README assumes after `make demo`."""
+    folder = _digits_folder(tmp_path_factory, "readme")
+    for arch in ("resnet50", "se-resnext101-32x4d"):
+        _ngc_weights(folder, arch)
+    for run in ("amp", "fp32"):
+        (folder / "workspace" / run).mkdir(parents=True)
+        shutil.copy(folder / "workspace/digits/experiment_raport.json", folder / "workspace" / run / "raport.json")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def model_folders(tmp_path_factory) -> dict[Path, Path]:
+    """Per model README: a folder with NGC-named weights and a two-step run in its workspace."""
+    folders = {}
+    for readme, (arch, workspace) in MODEL_READMES.items():
+        folder = _digits_folder(tmp_path_factory, arch)
+        _ngc_weights(folder, arch)
+        _check(_run([sys.executable, str(REPO / "main.py"), "--arch", arch, "--workspace", workspace,
+                     *TINY_TRAINING, "data/digits"], folder))
+        folders[readme] = folder
+    return folders
+
+
+def test_readme_has_commands_and_every_skip_is_used():
+    assert len(COMMANDS) > 10
+    everywhere = COMMANDS + [command for _, command in MODEL_COMMANDS]
+    for pattern in NOT_RUN:
+        assert any(re.search(pattern, command) for command in everywhere), f"stale NOT_RUN entry {pattern!r}"
+
+
+def _short(command: str) -> str:
+    return " ".join(command.split()[:3])[:40]
+
+
+@pytest.mark.parametrize("command", [c for c in COMMANDS if not not_run_reason(c)], ids=_short)
+def test_readme_command_runs(command, readme_folder):
+    _check(_run(tiny(command), readme_folder))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("readme, command", [(r, c) for r, c in MODEL_COMMANDS if not not_run_reason(c)],
+                         ids=lambda value: value.parent.name if isinstance(value, Path) else _short(value))
+def test_model_readme_command_runs(readme, command, model_folders):
+    _check(_run(tiny(command), model_folders[readme]))
+
+
+@functools.cache
+def _accepted_flags(script: str) -> frozenset[str]:
+    """The long and short options a script's -h lists."""
+    result = _run([sys.executable, script, "-h"], REPO)
+    _check(result)
+    return frozenset(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", result.stdout))
+
+
+@pytest.mark.parametrize("readme", [README, *MODEL_READMES], ids=lambda path: path.parent.name or "README")
+def test_readme_flags_are_accepted(readme):
+    """Every flag a README command gives to a script of ours is one that script (or main.py behind it) knows."""
+    main_flags = _accepted_flags(str(REPO / "main.py"))
+    for command in readme_commands(readme.read_text()):
+        argv = tiny(command) if command.startswith("python ") else shlex.split(command)
+        scripts = [token for token in argv if token.startswith(str(REPO)) and token.endswith(".py")]
+        if not scripts:
+            continue
+        known = set().union(*(_accepted_flags(script) for script in scripts))
+        if any(Path(script).name in ("launch.py", "multiproc.py") for script in scripts):
+            known |= main_flags  # both hand the flags they do not know to main.py
+        unknown = [token.split("=")[0] for token in argv[1:]
+                   if re.fullmatch(r"--?[A-Za-z][\w-]*(=.*)?", token) and token.split("=")[0] not in known]
+        assert not unknown, f"{readme.relative_to(REPO)}: {command}: unknown {unknown}"

@@ -1,0 +1,170 @@
+"""The shell recipes: names, syntax, the interpreter they pick, their arguments and the run they stand for.
+
+Every recipe runs for real, with a stand-in interpreter that prints the arguments it was given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO
+from image_classification import launch
+from image_classification.arguments import parse_args
+
+MODEL_OF_FOLDER = {"resnet50v1.5": "resnet50", "resnext101-32x4d": "resnext101-32x4d",
+                   "se-resnext101-32x4d": "se-resnext101-32x4d"}
+RECIPES = sorted(p for folder in MODEL_OF_FOLDER for p in (REPO / folder / "training").rglob("*.sh"))
+HELPER = REPO / "scripts" / "recipe_args.sh"
+PRINT_ARGS = '#!/bin/sh\nprintf "%s\\0" "$0" "$@"\n'  # NUL-separated, so arguments with spaces survive
+
+
+def _expected_recipe_names() -> set[str]:
+    """The reference's recipes, plus DGX H100 ones; DGX-2V only where configs.yml has presets for it."""
+    config = yaml.safe_load((REPO / "configs.yml").read_text())
+    names = set()
+    reference = {
+        "resnet50": ["AMP/DGX1V", "AMP/DGX2V", "AMP/DGXA100", "FP32/DGX1V", "FP32/DGX2V", "TF32/DGXA100"],
+    }
+    reference["resnext101-32x4d"] = reference["se-resnext101-32x4d"] = \
+        ["AMP/DGX1V", "AMP/DGXA100", "FP32/DGX1V", "TF32/DGXA100"]
+    folders = {model: folder for folder, model in MODEL_OF_FOLDER.items()}
+    for model, combos in reference.items():
+        for combo, epochs in itertools.product(combos + ["AMP/DGXH100", "BF16/DGXH100", "TF32/DGXH100"],
+                                               ("90E", "250E")):
+            precision, platform = combo.split("/")
+            assert precision in config["models"][model][platform]
+            names.add(f"{folders[model]}/training/{precision}/{platform}_{model}_{precision}_{epochs}.sh")
+    return names
+
+
+def test_recipe_files_are_the_reference_ones_plus_h100():
+    assert {str(p.relative_to(REPO)) for p in RECIPES} == _expected_recipe_names()
+    assert len(RECIPES) == 12 + 8 + 8 + 3 * 6
+    assert all(os.access(p, os.X_OK) for p in RECIPES)
+
+
+def test_dgx2v_recipes_exist_only_where_there_are_presets():
+    config = launch.load_config(REPO / "configs.yml")
+    for folder, model in MODEL_OF_FOLDER.items():
+        has_preset = "DGX2V" in config["models"][model]
+        has_recipe = any((REPO / folder / "training").rglob("DGX2V_*.sh"))
+        assert has_preset == has_recipe, model
+
+
+@pytest.mark.parametrize("script", [*RECIPES, HELPER], ids=lambda p: p.name)
+def test_recipe_syntax(script):
+    result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# Running them with a stand-in interpreter
+# ------------------------------------------------------------------------------------------------
+def _stand_in(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(PRINT_ARGS)
+    path.chmod(0o755)
+    return path
+
+
+def _run(recipe: Path, cwd: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(recipe), *args], capture_output=True, cwd=cwd, timeout=30,
+                          env=env if env is not None else os.environ)
+
+
+def _argv(recipe: Path, tmp_path: Path, *args: str) -> list[str]:
+    """The interpreter and arguments the recipe starts, run with PYTHON pointing at a stand-in."""
+    env = {**os.environ, "PYTHON": str(_stand_in(tmp_path / "bin" / "print_args"))}
+    result = _run(recipe, tmp_path, *args, env=env)
+    assert result.returncode == 0, result.stderr.decode()
+    return result.stdout.decode().split("\0")[:-1]
+
+
+def _main_args(launch_argv: list[str]) -> argparse.Namespace:
+    """The main.py arguments a launch.py command line stands for (the preset as written)."""
+    opts, rest = launch.build_parser().parse_known_args(launch_argv)
+    preset = launch.resolve(opts.model, opts.precision, opts.mode, opts.platform, opts.cfg_file)
+    return parse_args(rest, defaults=preset)
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_recipe_resolves_to_a_valid_run(recipe, tmp_path):
+    argv = _argv(recipe, tmp_path, "my_ws", "/data/imagenet")
+    assert argv[1:7] == [str(REPO / "multiproc.py"), "--nproc_per_node", "8", "--log_dir", "my_ws",
+                         str(REPO / "launch.py")]
+    platform, model, precision, epochs = recipe.stem.split("_")
+    assert model == MODEL_OF_FOLDER[recipe.parents[2].name] and precision == recipe.parent.name
+    args = _main_args(argv[7:])
+    preset = launch.resolve(model, precision, "convergence", platform, REPO / "configs.yml")
+    assert args.arch == model and args.batch_size == preset["batch_size"]
+    assert args.optimizer_batch_size == preset["optimizer_batch_size"] and args.lr == preset["lr"]
+    assert (args.data, args.workspace, args.raport_file) == ("/data/imagenet", "my_ws", "raport.json")
+    assert args.save_checkpoints and not args.evaluate and args.label_smoothing == 0.1
+    assert (args.epochs, args.mixup) == ((90, 0.0) if epochs == "90E" else (250, 0.2))
+    assert args.amp == (precision in ("AMP", "BF16"))
+    assert args.amp_dtype == {"AMP": "float16", "BF16": "bfloat16"}.get(precision)
+    assert args.tf32 == (precision != "FP32")
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_extra_flags_pass_through_last_and_win(recipe, tmp_path):
+    argv = _argv(recipe, tmp_path, "ws", "/data", "-b", "64", "--epochs", "2", "--lr", "0.1 ")
+    assert argv[-6:] == ["-b", "64", "--epochs", "2", "--lr", "0.1 "]  # unchanged, quoting included
+    args = _main_args(argv[7:])
+    assert (args.batch_size, args.epochs, args.lr, args.data) == (64, 2, 0.1, "/data")
+
+
+def test_recipe_defaults_are_the_references(tmp_path):
+    recipe = REPO / "resnet50v1.5/training/AMP/DGX1V_resnet50_AMP_250E.sh"
+    argv = _argv(recipe, tmp_path)
+    args = _main_args(argv[7:])
+    assert (args.workspace, args.data) == ("./", "/imagenet") and argv[5] == "./"
+
+
+def test_a_flag_in_place_of_a_folder_is_one_error_line(tmp_path):
+    recipe = REPO / "resnet50v1.5/training/AMP/DGXA100_resnet50_AMP_90E.sh"
+    env = {**os.environ, "PYTHON": str(_stand_in(tmp_path / "print_args"))}
+    for args in (["-b", "64"], ["ws", "-b", "64"]):
+        result = _run(recipe, tmp_path, *args, env=env)
+        err = result.stderr.decode()
+        assert result.returncode == 2 and result.stdout == b"", err
+        assert err.startswith("error: ") and err.count("\n") == 1 and "WORKSPACE and DATA_DIR" in err
+
+
+@pytest.fixture
+def recipe_copy(tmp_path) -> Path:
+    """A repository of one recipe and its helper, to try interpreters without touching the real one."""
+    repo = tmp_path / "repo"
+    recipe = repo / "resnet50v1.5/training/AMP/DGXA100_resnet50_AMP_90E.sh"
+    recipe.parent.mkdir(parents=True)
+    shutil.copy(REPO / recipe.relative_to(repo), recipe)
+    (repo / "scripts").mkdir()
+    shutil.copy(HELPER, repo / "scripts" / HELPER.name)
+    return recipe
+
+
+def _interpreter_run(recipe: Path, cwd: Path, **env: str) -> str:
+    """The interpreter the recipe starts, with PYTHON unset unless given, and the stand-ins' bin on PATH."""
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHON"}
+    environ["PATH"] = f"{cwd / 'bin'}:{environ['PATH']}"
+    result = _run(recipe, cwd, "ws", "/data", env={**environ, **env})
+    assert result.returncode == 0, result.stderr.decode()
+    return result.stdout.decode().split("\0")[0]
+
+
+def test_python_defaults_to_the_repositorys_venv(recipe_copy, tmp_path):
+    repo = recipe_copy.parents[3]
+    _stand_in(tmp_path / "bin" / "python3")
+    assert _interpreter_run(recipe_copy, tmp_path) == str(tmp_path / "bin" / "python3")  # no .venv yet
+    venv_python = _stand_in(repo / ".venv" / "bin" / "python")
+    assert _interpreter_run(recipe_copy, tmp_path) == str(venv_python)
+    chosen = _stand_in(tmp_path / "elsewhere" / "python")
+    assert _interpreter_run(recipe_copy, tmp_path, PYTHON=str(chosen)) == str(chosen)  # PYTHON still wins
