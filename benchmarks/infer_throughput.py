@@ -61,6 +61,7 @@ class Path_:
     name: str
     forward: Forward | None = None
     skipped: str | None = None
+    min_warmup: int = 0  # untimed calls it needs whatever --warmup says (compile's first call compiles)
     warmup_seconds: dict[int, float] = field(default_factory=dict)
     latencies: dict[int, list[float]] = field(default_factory=dict)
 
@@ -77,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--iters", type=positive_int, default=10, metavar="N",
                         help="timed batches per path, batch size and round (default: 10)")
     parser.add_argument("--warmup", type=int, default=3, metavar="N",
-                        help="untimed batches per path and batch size (default: 3)")
+                        help="untimed batches per path and batch size (default: 3; compile always gets one, "
+                        "the call that compiles)")
     parser.add_argument("--repeats", type=positive_int, default=3, metavar="N", help="rounds (default: 3)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="where to run (default: auto, CUDA when present)")
@@ -152,7 +154,7 @@ def build_path(name: str, state: dict, arch: str, num_classes: int, device: torc
             model = model.to(memory_format=torch.channels_last)
             return Path_(name, _eager(model, device, torch.channels_last, mixed))
         if name == "compile":
-            return Path_(name, _compiled(model, device))
+            return Path_(name, _compiled(model, device), min_warmup=1)
         return Path_(name, _onnxruntime(model, device, image_size, workdir))
     except Skipped as reason:
         return Path_(name, skipped=str(reason))
@@ -197,7 +199,7 @@ def measure_paths(paths: list[Path_], batch_sizes: Sequence[int], image_size: in
         images = torch.randn(batch_size, 3, image_size, image_size, generator=generator)
         for path in live:
             start = time.perf_counter()
-            for _ in range(warmup):
+            for _ in range(max(warmup, path.min_warmup)):
                 path.forward(images)
             path.warmup_seconds[batch_size] = time.perf_counter() - start
             path.latencies[batch_size] = []

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import time
 
 import pytest
+import torch
 
 
 def test_train_throughput_writes_both_sides_and_their_ratio(tmp_path):
@@ -48,3 +50,19 @@ def test_infer_throughput_reports_every_path_and_skips_what_cannot_run(tmp_path,
     assert paths["bf16"]["max_abs_diff"] > 0  # bfloat16 rounds; it is measured, not assumed
     assert set(result["best"]) == {"1", "2"} and result["best"]["1"] in paths
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_path_that_compiles_on_its_first_call_never_times_that_call():
+    benchmark = importlib.import_module("benchmarks.infer_throughput")
+    calls = []
+
+    def compiling(images):
+        calls.append(len(images))
+        if len(calls) == 1:
+            time.sleep(0.3)  # the compilation
+        return images
+
+    path = benchmark.Path_("compile", compiling, min_warmup=1)
+    benchmark.measure_paths([path], [2], 8, torch.device("cpu"), iters=2, warmup=0, repeats=1)
+    assert len(calls) == 3 and len(path.latencies[2]) == 2
+    assert max(path.latencies[2]) < 0.2 <= path.warmup_seconds[2]

@@ -22,6 +22,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,7 @@ SUBSTITUTIONS = [
 ]
 # extra flags per script (beyond TINY_TRAINING for the training scripts)
 SCRIPT_FLAGS = {
+    "infer_throughput.py": ["-a", "resnet18", "--image-size", "32", "--iters", "1", "--repeats", "1", "--warmup", "0"],
     "benchmark_loader.py": ["-b", "4", "--epochs", "2", "--image-size", "32"],
     "inference_benchmark.py": ["--image-size", "32", "--warmup", "0", "--precisions", "FP32", "--batch-sizes", "1",
                                "--iterations", "2"],
@@ -217,9 +219,13 @@ def _accepted_flags(script: str) -> frozenset[str]:
 @pytest.mark.parametrize("readme", [README, *MODEL_READMES], ids=lambda path: path.parent.name or "README")
 def test_readme_flags_are_accepted(readme):
     """Every flag a README command gives to a script of ours is one that script (or main.py behind it) knows."""
+    commands = [tiny(c) if c.startswith("python ") else shlex.split(c) for c in readme_commands(readme.read_text())]
+    every_script = {str(REPO / "main.py")} | {t for argv in commands for t in argv
+                                              if t.startswith(str(REPO)) and t.endswith(".py")}
+    with ThreadPoolExecutor(4) as pool:  # each -h is mostly the interpreter starting: run them side by side
+        list(pool.map(_accepted_flags, sorted(every_script)))
     main_flags = _accepted_flags(str(REPO / "main.py"))
-    for command in readme_commands(readme.read_text()):
-        argv = tiny(command) if command.startswith("python ") else shlex.split(command)
+    for command, argv in zip(readme_commands(readme.read_text()), commands):
         scripts = [token for token in argv if token.startswith(str(REPO)) and token.endswith(".py")]
         if not scripts:
             continue
