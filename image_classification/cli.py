@@ -15,8 +15,7 @@ def run(entry: Callable[..., int | None], *args, **kwargs) -> int:
     try:
         code = entry(*args, **kwargs)
     except UserError as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        return error.exit_code
+        return report(error)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         return 130
@@ -24,3 +23,9 @@ def run(entry: Callable[..., int | None], *args, **kwargs) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     return 0 if code is None else int(code)
+
+
+def report(error: UserError) -> int:
+    """Say ``error: ...`` on stderr, in one line; returns the exit code it calls for."""
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    return error.exit_code

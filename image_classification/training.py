@@ -34,6 +34,7 @@ from torch import nn
 
 from . import checkpoint as ckpt
 from .arguments import parse_args
+from .cli import report
 from .data import DataConfig, get_loaders, resolve_backend
 from .engine import CheckpointInterval, Engine, RunConfig, reseed
 from .errors import EXIT_PREEMPTED, PeerLost, TrainingDiverged, UserError
@@ -562,36 +563,33 @@ def run(args: argparse.Namespace) -> int:
     workspace = Workspace(args.workspace, args.checkpoint_filename, args.raport_file)
     try:
         code = _run(args, runtime, workspace, log)
+        if runtime.distributed and dist.is_initialized():
+            dist.barrier()  # every rank is done with every collective once past it
+            _leave_distributed(workspace, code)
+        return code
     except RuntimeError as error:
         reason = _lost_peer_reason(error) if runtime.distributed else None
         if reason is None:
             raise
         # the launcher names the process that failed; a traceback here would only repeat it
         lost = PeerLost(f"rank {runtime.rank} stops: another process of the job is gone ({reason})")
-        _leave_distributed(workspace, lost.exit_code, f"error: {lost}")
+        _leave_distributed(workspace, report(lost))
     except UserError as error:
         if runtime.distributed:
-            _leave_distributed(workspace, error.exit_code, f"error: {error}")
+            _leave_distributed(workspace, report(error))
         raise
-    else:
-        if runtime.distributed and dist.is_initialized():
-            dist.barrier()  # every rank is done with every collective once past it
-            _leave_distributed(workspace, code)
-        return code
     finally:
         workspace.unlock()
 
 
-def _leave_distributed(workspace: Workspace, code: int, message: str | None = None) -> NoReturn:
-    """End a process of a distributed run at once, after its last words.
+def _leave_distributed(workspace: Workspace, code: int) -> NoReturn:
+    """End a process of a distributed run at once, its last words said.
 
     Tearing gloo down (destroy_process_group, C++ destructors at interpreter exit) while a peer exits
     or is gone can abort the process ("terminate called without an active exception"), which would
     turn a clean exit or a one-line error into a SIGABRT that the launcher then reports.
     """
     workspace.unlock()
-    if message is not None:
-        print(message, file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -219,13 +219,14 @@ def _accepted_flags(script: str) -> frozenset[str]:
 @pytest.mark.parametrize("readme", [README, *MODEL_READMES], ids=lambda path: path.parent.name or "README")
 def test_readme_flags_are_accepted(readme):
     """Every flag a README command gives to a script of ours is one that script (or main.py behind it) knows."""
-    commands = [tiny(c) if c.startswith("python ") else shlex.split(c) for c in readme_commands(readme.read_text())]
+    texts = readme_commands(readme.read_text())
+    commands = [tiny(c) if c.startswith("python ") else shlex.split(c) for c in texts]
     every_script = {str(REPO / "main.py")} | {t for argv in commands for t in argv
                                               if t.startswith(str(REPO)) and t.endswith(".py")}
     with ThreadPoolExecutor(4) as pool:  # each -h is mostly the interpreter starting: run them side by side
         list(pool.map(_accepted_flags, sorted(every_script)))
     main_flags = _accepted_flags(str(REPO / "main.py"))
-    for command, argv in zip(readme_commands(readme.read_text()), commands):
+    for command, argv in zip(texts, commands):
         scripts = [token for token in argv if token.startswith(str(REPO)) and token.endswith(".py")]
         if not scripts:
             continue
