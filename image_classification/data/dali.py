@@ -36,7 +36,7 @@ def _import_dali():
     except ImportError as error:
         raise UserError(
             f"the DALI data backends need NVIDIA DALI ({error}); install it with "
-            "`pip install nvidia-dali-cuda120==2.4.0` or use --data-backend pytorch"
+            "`pip install nvidia-dali-cuda130==2.4.0` or use --data-backend pytorch"
         ) from None
 
 
