@@ -73,7 +73,7 @@ def make_engine(args: argparse.Namespace, runtime: Runtime, model: nn.Module) ->
     config = RunConfig(arch=args.arch, num_classes=args.num_classes, model_options=(),
                        preprocessing=Preprocessing(args.image_size), lr=LR, momentum=MOMENTUM,
                        weight_decay=WEIGHT_DECAY, batch_size=args.batch_size, label_smoothing=args.label_smoothing,
-                       print_freq=10**9, dynamic_loss_scale=True, static_loss_scale=2.0**16)
+                       print_freq=10**9)
     engine = Engine(config, runtime, model, log=lambda *_: None)
     engine.set_epoch_lr(0)
     return engine

@@ -45,6 +45,13 @@ def positive_int(value: str) -> int:
     return number
 
 
+def positive_float(value: str) -> float:
+    number = float(value)
+    if not (math.isfinite(number) and number > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {value}")
+    return number
+
+
 def _probability(value: str) -> float:
     number = float(value)
     if not 0.0 <= number <= 1.0:
@@ -159,12 +166,14 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
                            "CUDA, bf16 on CPU")
     precision.add_argument("--amp-dtype", choices=("float16", "bfloat16"), default=None,
                            help="autocast type under --amp (default: float16 on CUDA, bfloat16 on CPU)")
-    precision.add_argument("--static-loss-scale", metavar="S", type=float, default=1.0,
+    precision.add_argument("--static-loss-scale", metavar="S", type=float, default=None,
                            help="Static loss scale, positive power of 2 values can improve amp convergence. "
-                           "(default: 1)")
+                           "Alone it fixes the fp16 scale at S (default: none: fp16 --amp scales "
+                           "dynamically from 65536)")
     precision.add_argument("--dynamic-loss-scale", action="store_true",
-                           help="Use dynamic loss scaling, starting at --static-loss-scale. If supplied, "
-                           "this argument supersedes --static-loss-scale.")
+                           help="Use dynamic loss scaling, starting at --static-loss-scale: doubled after 100 "
+                           "steps without overflow, halved on overflow. If supplied, this argument supersedes "
+                           "--static-loss-scale.")
     precision.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=True,
                            help="allow TF32 matmuls and convolutions on CUDA; --no-tf32 makes FP32 really "
                            "FP32 (default: on)")
@@ -172,6 +181,10 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
                            help="memory layout, nchw or nhwc (default: nchw)")
     precision.add_argument("--gpu-affinity", choices=GPU_AFFINITY_MODES, default="none",
                            help="pin each process to the CPU cores near its GPU (default: none)")
+    precision.add_argument("--dist-timeout", metavar="SECONDS", type=positive_float, default=300.0,
+                           help="a process that waits longer than this for the others of a distributed run "
+                           "(one is gone or hung) stops with one line and exit code 5; raise it when saving "
+                           "a checkpoint takes longer (default: 300)")
 
     run = parser.add_argument_group("run, checkpoints and logging")
     run.add_argument("--seed", metavar="SEED", type=int, default=None,
@@ -311,7 +324,8 @@ def check_values(args: argparse.Namespace) -> None:
         (args.mixup < 0, f"--mixup must be 0 or more, got {args.mixup}"),
         (args.use_ema is not None and not 0.0 < args.use_ema < 1.0,
          f"--use-ema needs a decay between 0 and 1, got {args.use_ema}"),
-        (args.static_loss_scale <= 0, f"--static-loss-scale must be positive, got {args.static_loss_scale}"),
+        (args.static_loss_scale is not None and args.static_loss_scale <= 0,
+         f"--static-loss-scale must be positive, got {args.static_loss_scale}"),
         (args.optimizer_batch_size == 0 or args.optimizer_batch_size < -1,
          f"--optimizer-batch-size must be -1 (off) or positive, got {args.optimizer_batch_size}"),
         (args.gather_checkpoints < -1,

@@ -103,9 +103,43 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
+def to_host(obj):
+    """``obj`` (dicts, lists, tuples, tensors, plain values) with every device tensor copied to the host.
+
+    One pass: each GPU tensor goes into pinned memory without blocking, then one synchronisation waits
+    for all of them. Hashing and ``torch.save`` then both read these copies, where they would otherwise
+    each copy every tensor again, synchronously (about 800 copies per save with EMA). Host tensors are
+    kept as they are; a state dict's ``_metadata`` goes along.
+    """
+    devices: set[torch.device] = set()
+
+    def copy(value):
+        if isinstance(value, torch.Tensor):
+            if value.device.type == "cpu":
+                return value
+            devices.add(value.device)
+            host = torch.empty_like(value, device="cpu", pin_memory=value.is_cuda)
+            return host.copy_(value.detach(), non_blocking=value.is_cuda)
+        if isinstance(value, dict):
+            result = type(value)((key, copy(item)) for key, item in value.items())
+            metadata = getattr(value, "_metadata", None)
+            if metadata is not None:
+                result._metadata = metadata
+            return result
+        if isinstance(value, (list, tuple)):
+            return type(value)(copy(item) for item in value)
+        return value
+
+    result = copy(obj)
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return result
+
+
 def save_checkpoint(payload: dict, path: str | os.PathLike) -> None:
-    """Seal ``payload`` with its content hash and write it atomically."""
-    sealed = seal_checkpoint({"format": FORMAT, **payload})
+    """Copy ``payload`` to the host once, seal it with its content hash and write it atomically."""
+    sealed = seal_checkpoint({"format": FORMAT, **to_host(payload)})
     write_atomic(path, lambda handle: torch.save(sealed, handle))
 
 

@@ -34,6 +34,28 @@ from .preprocessing import Preprocessing
 from .runtime import Runtime
 
 MAX_OVERFLOW_RUN = 100  # fp16 steps skipped in a row before a run is declared diverged
+DEFAULT_LOSS_SCALE = 2.0**16  # where a dynamic fp16 loss scale starts unless told (torch's GradScaler default)
+LOSS_SCALE_GROWTH_INTERVAL = 100  # clean steps before a dynamic scale doubles (NVIDIA's recipes)
+
+
+def choose_loss_scale(amp_dtype: torch.dtype | None, static_loss_scale: float | None,
+                      dynamic_loss_scale: bool) -> tuple[float, bool, str | None]:
+    """(initial scale, dynamic?, a notice or None) for ``--static-loss-scale`` / ``--dynamic-loss-scale``.
+
+    fp16 gradients underflow without a loss scale, so ``--amp`` in fp16 always scales, dynamically
+    unless the user fixes the scale: ``--static-loss-scale S`` alone keeps S; with ``--dynamic-loss-scale``
+    S is only the start.  bf16 and fp32 runs take no scale at all, and a scale flag there is ignored aloud.
+    """
+    if amp_dtype != torch.float16:
+        if static_loss_scale is None and not dynamic_loss_scale:
+            return DEFAULT_LOSS_SCALE, True, None
+        why = "without --amp" if amp_dtype is None else "under bf16 autocast, which needs no loss scaling"
+        return DEFAULT_LOSS_SCALE, True, f"=> --static-loss-scale / --dynamic-loss-scale are ignored {why}"
+    if static_loss_scale is not None and not dynamic_loss_scale:
+        return static_loss_scale, False, (
+            f"=> fp16 loss scale fixed at {static_loss_scale:g} (--static-loss-scale without "
+            "--dynamic-loss-scale); steps whose gradients overflow are skipped, and the scale never adapts")
+    return (DEFAULT_LOSS_SCALE if static_loss_scale is None else static_loss_scale), True, None
 
 
 @dataclass(frozen=True)
@@ -92,8 +114,8 @@ class RunConfig:
     label_smoothing: float = 0.0
     mixup: float = 0.0
     ema_decay: float | None = None
-    static_loss_scale: float = 1.0
-    dynamic_loss_scale: bool = False
+    loss_scale: float = DEFAULT_LOSS_SCALE  # fp16 only: the scale, or where a dynamic one starts
+    dynamic_loss_scale: bool = True
     # the run
     seed: int = 0
     run_epochs: int = -1
@@ -146,6 +168,7 @@ class WindowReading:
     loss: float
     steps: int
     images: int
+    flags: tuple[bool, ...] = ()  # each of read_window's ``flags``: set on any rank
 
 
 class Engine:
@@ -176,8 +199,8 @@ class Engine:
         """A loss scaler for fp16 autocast; None when no scaling is needed (fp32, bf16)."""
         if not self.runtime.needs_loss_scaling:
             return None
-        growth_interval = 100 if self.config.dynamic_loss_scale else 2**31 - 1
-        return torch.amp.GradScaler(self.runtime.device.type, init_scale=self.config.static_loss_scale,
+        growth_interval = LOSS_SCALE_GROWTH_INTERVAL if self.config.dynamic_loss_scale else 2**31 - 1
+        return torch.amp.GradScaler(self.runtime.device.type, init_scale=self.config.loss_scale,
                                     growth_factor=2.0, backoff_factor=0.5, growth_interval=growth_interval)
 
     def _wrap(self, model: nn.Module) -> nn.Module:
@@ -187,7 +210,13 @@ class Engine:
             model = torch.compile(model)
         if self.runtime.distributed:
             device_ids = [self.runtime.device.index] if self.runtime.is_cuda else None
-            model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+            # gradient_as_bucket_view: the gradients live in the all-reduce buckets, no copy in or out.
+            # broadcast_buffers (the default, kept): rank 0's BatchNorm statistics reach every rank at each
+            # training forward (a few hundred kB), so every rank validates the model the checkpoint holds.
+            # static_graph stays off: its gains (no unused-parameter search, reentrant checkpointing) do
+            # not apply to these models, which use every parameter every step, and it has had gaps with
+            # no_sync() accumulation and torch.compile.
+            model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True)
         return model
 
     # -- training ---------------------------------------------------------------------------------
@@ -233,7 +262,7 @@ class Engine:
             if self.config.dynamic_loss_scale:
                 self.scaler.update()
             else:
-                self.scaler.update(new_scale=self.config.static_loss_scale)
+                self.scaler.update(new_scale=self.config.loss_scale)
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -245,21 +274,28 @@ class Engine:
         """Drop a partial accumulation (a --prof epoch may end between optimizer steps)."""
         self.optimizer.zero_grad(set_to_none=True)
 
-    def read_window(self, where: str) -> WindowReading | None:
+    def read_window(self, where: str, flags: tuple[bool, ...] = ()) -> WindowReading | None:
         """The print window's mean loss (averaged over ranks), read with one device synchronisation.
 
-        Raises :class:`TrainingDiverged` when the loss is not finite or fp16 steps have been skipped
+        ``flags`` (a process's stop and save requests) travel in the same all-reduce and come back in the
+        reading as "set on any rank", so a window costs one collective and one host read.  Raises
+        :class:`TrainingDiverged` when the loss is not finite or fp16 steps have been skipped
         :data:`MAX_OVERFLOW_RUN` times in a row; ``where`` names the place for the message.
         """
         if not self._window_steps:
             return None
-        mean = self._loss_sum / self._window_steps
-        if self.runtime.distributed:
-            dist.all_reduce(mean)
-            mean /= self.runtime.world_size
-        values = torch.stack([mean.float(), self._skipped.float(), self._overflow_longest.float()]).tolist()
-        loss, skipped, longest = values[0], int(values[1]), int(values[2])
-        reading = WindowReading(loss, self._window_steps, self._window_images)
+        device = self.runtime.device
+        shared = torch.stack([self._loss_sum.float() / self._window_steps,
+                              *(torch.full((), float(flag), device=device) for flag in flags)])
+        with self.runtime.waiting_for_peers(f"reading the print window at {where}"):
+            if self.runtime.distributed:
+                dist.all_reduce(shared)
+            values = torch.cat([shared, self._skipped.float().view(1),
+                                self._overflow_longest.float().view(1)]).tolist()
+        loss = values[0] / self.runtime.world_size
+        reading = WindowReading(loss, self._window_steps, self._window_images,
+                                tuple(value > 0 for value in values[1:1 + len(flags)]))
+        skipped, longest = int(values[-2]), int(values[-1])
         self.progress.skipped_steps += skipped
         self._loss_sum.zero_()
         self._skipped.zero_()
@@ -296,7 +332,8 @@ class Engine:
         rng = [ckpt.rng_state()]
         if self.runtime.distributed:
             rng = [None] * self.runtime.world_size
-            dist.all_gather_object(rng, ckpt.rng_state())
+            with self.runtime.waiting_for_peers("gathering the processes' random states for a checkpoint"):
+                dist.all_gather_object(rng, ckpt.rng_state())
         state = {
             **asdict(self.progress),
             **self.config.describe_model(),

@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from .distributed import PeerWatchdog
 from .errors import UserError
 
 _MEMORY_FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
@@ -27,10 +29,13 @@ class Runtime:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    watchdog: PeerWatchdog | None = None  # distributed runs: ends a wait for a peer that never comes
+    process_group: bool = False  # in a process group even alone (a one-process DDP run, as tests make)
 
     @property
     def distributed(self) -> bool:
-        return self.world_size > 1
+        """Whether gradients and metrics go through collectives (DDP, all-reduce)."""
+        return self.world_size > 1 or self.process_group
 
     @property
     def is_main(self) -> bool:
@@ -49,6 +54,16 @@ class Runtime:
         if self.amp_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def waiting_for_peers(self, what: str) -> contextlib.AbstractContextManager:
+        """Guard a call that blocks until every process takes part (a collective read back on the host).
+
+        A process that waits longer than ``--dist-timeout`` there says so in one line and exits 5, on
+        every backend: NCCL's own watchdog would otherwise abort it with a C++ trace.
+        """
+        if self.watchdog is None:
+            return contextlib.nullcontext()
+        return self.watchdog.guard(what)
 
     def synchronize(self) -> None:
         if self.is_cuda:
@@ -86,19 +101,36 @@ def make_runtime(
     memory_format: str = "nchw",
     tf32: bool = True,
     log=print,
+    *,
+    gpu_affinity: str = "none",
+    dist_timeout: float = 300.0,
+    cudnn_benchmark: bool = True,
 ) -> Runtime:
-    """Pick the device and precision, and join the process group when launched by torchrun/SLURM."""
+    """Pick the device and precision, and join the process group when launched by torchrun/SLURM.
+
+    The order matters on a GPU node: the process is pinned to its GPU's cores (``gpu_affinity``) before
+    CUDA and the process group start their threads, which inherit the affinity. ``cudnn_benchmark``
+    autotunes convolutions per input shape: right for training's fixed shapes, wasted on one-off runs.
+    """
     cuda_available = torch.cuda.is_available()
     if device == "cuda" and not cuda_available:
         raise UserError("--device cuda was asked for, but no CUDA device is available")
     use_cuda = cuda_available if device == "auto" else device == "cuda"
     rank, local_rank, world_size = distributed_env()
 
-    if use_cuda:
-        gpu = local_rank % torch.cuda.device_count()
+    gpu = local_rank % torch.cuda.device_count() if use_cuda else None
+    if gpu_affinity != "none":
+        from .gpu_affinity import set_affinity
+
+        if gpu is None:
+            if rank == 0:
+                log(f"=> --gpu-affinity {gpu_affinity} pins processes to a GPU's cores; there is no GPU: ignored")
+        else:
+            set_affinity(gpu, mode=gpu_affinity)
+    if gpu is not None:
         torch.cuda.set_device(gpu)
         torch_device = torch.device("cuda", gpu)
-        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.benchmark = cudnn_benchmark
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
     else:
@@ -114,16 +146,29 @@ def make_runtime(
         if dtype == torch.float16 and not use_cuda:
             raise UserError("--amp-dtype float16 needs CUDA; use bfloat16 on CPU")
 
-    if world_size > 1 and not dist.is_initialized():
-        if "SLURM_PROCID" in os.environ and "RANK" not in os.environ:
-            os.environ.setdefault("RANK", str(rank))
-            os.environ.setdefault("WORLD_SIZE", str(world_size))
-            os.environ.setdefault("LOCAL_RANK", str(local_rank))
-            from .multiproc import slurm_rendezvous_env
+    watchdog = None
+    if world_size > 1:
+        if not dist.is_initialized():
+            _join_process_group(use_cuda, torch_device, rank, local_rank, world_size, dist_timeout)
+        watchdog = PeerWatchdog(rank, dist_timeout)
+    return Runtime(torch_device, dtype, _MEMORY_FORMATS[memory_format], rank, local_rank, world_size, watchdog)
 
-            for key, value in slurm_rendezvous_env().items():
-                os.environ.setdefault(key, value)
-        backend = "nccl" if use_cuda else "gloo"
-        init_kwargs = {"device_id": torch_device} if use_cuda else {}
-        dist.init_process_group(backend, init_method="env://", **init_kwargs)
-    return Runtime(torch_device, dtype, _MEMORY_FORMATS[memory_format], rank, local_rank, world_size)
+
+# The backend's own timeout comes a minute after the watchdog's, so the one line is said first.
+BACKEND_TIMEOUT_MARGIN_S = 60.0
+
+
+def _join_process_group(use_cuda: bool, device: torch.device, rank: int, local_rank: int, world_size: int,
+                        timeout_s: float) -> None:
+    if "SLURM_PROCID" in os.environ and "RANK" not in os.environ:
+        os.environ.setdefault("RANK", str(rank))
+        os.environ.setdefault("WORLD_SIZE", str(world_size))
+        os.environ.setdefault("LOCAL_RANK", str(local_rank))
+        from .multiproc import slurm_rendezvous_env
+
+        for key, value in slurm_rendezvous_env().items():
+            os.environ.setdefault(key, value)
+    backend = "nccl" if use_cuda else "gloo"
+    init_kwargs = {"device_id": device} if use_cuda else {}
+    dist.init_process_group(backend, init_method="env://",
+                            timeout=timedelta(seconds=timeout_s + BACKEND_TIMEOUT_MARGIN_S), **init_kwargs)

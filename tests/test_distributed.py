@@ -439,3 +439,46 @@ def test_a_killed_worker_stops_the_job_within_seconds(image_folder, tmp_path):
     log = (tmp_path / "out.txt").read_text()
     assert code == 1 and "rank 1 (local rank 1" in log and "SIGKILL" in log
     assert elapsed < 20, elapsed
+
+
+# ------------------------------------------------------------------------------------------------
+# Start-up order and the wait for peers
+# ------------------------------------------------------------------------------------------------
+def test_affinity_is_set_for_the_process_s_gpu_before_cuda_and_the_process_group(monkeypatch):
+    """One visible GPU per task (SLURM --gpus-per-task): local rank 3 uses cuda:0, pinned first."""
+    from image_classification import runtime as rt
+
+    events = []
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda gpu: events.append(("set_device", gpu)))
+    monkeypatch.setattr(ga, "set_affinity", lambda gpu, **kw: events.append(("affinity", gpu, kw["mode"])))
+    monkeypatch.setattr(rt.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(rt.dist, "init_process_group",
+                        lambda backend, **kw: events.append(("init", backend, kw["timeout"].total_seconds())))
+    runtime = rt.make_runtime("cuda", gpu_affinity="socket", dist_timeout=120, log=lambda *_: None)
+    assert events == [("affinity", 0, "socket"), ("set_device", 0),
+                      ("init", "nccl", 120 + rt.BACKEND_TIMEOUT_MARGIN_S)]
+    assert runtime.device == torch.device("cuda", 0) and runtime.watchdog.timeout_s == 120
+
+
+def test_the_watchdog_ends_a_wait_for_peers_that_lasts_too_long_in_one_line(capsys):
+    from image_classification.distributed import PeerWatchdog
+
+    exits = []
+    watchdog = PeerWatchdog(rank=1, timeout_s=0.2, exit_process=exits.append)
+    with watchdog.guard("quick"):
+        time.sleep(0.01)
+    time.sleep(0.3)
+    assert exits == []  # a wait that ended in time, and the time after it, never count
+    with watchdog.guard("reading the print window at epoch 0, iteration 10"):
+        deadline = time.monotonic() + 5
+        while not exits and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert exits == [5]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: rank 1 stops: no answer from the other processes for 0.2 s while reading the print "
+                   "window at epoch 0, iteration 10; one of them is gone or hung (--dist-timeout)"]

@@ -81,3 +81,169 @@ def test_classify_and_onnx_export_on_cuda(tmp_path, capsys):
     assert '"predictions"' in capsys.readouterr().out
     assert run(model2onnx_main, ["-a", "resnet18", "--output", str(tmp_path / "m.onnx"), "-b", "2",
                                  "--image-size", "64"]) == 0
+
+
+TINY = ["-a", "resnet18", "--image-size", "32", "-b", "8", "--seed", "1", "--num-classes", "10"]
+
+
+def test_an_fp16_scale_grows_during_a_run_that_never_overflows(tmp_path):
+    """--amp alone scales dynamically: from 1, 110 clean steps double it once (growth every 100)."""
+    args = TINY + ["--data-backend", "synthetic", "--device", "cuda", "--amp", "--dynamic-loss-scale",
+                   "--static-loss-scale", "1", "--prof", "110", "-p", "110", "--epochs", "1", "--training-only",
+                   "--workspace", str(tmp_path)]
+    assert main(args) == 0
+    state = torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)
+    assert state["scaler"]["scale"] == 2.0 and state["skipped_steps"] == 0
+
+
+def test_the_cuda_prefetcher_gives_the_cpu_path_s_batches_bitwise(image_folder):
+    """Pinned memory, a side stream and record_stream change where the work runs, not one bit of it."""
+    from image_classification.data import DataConfig, get_loaders
+    from image_classification.runtime import Runtime
+
+    config = DataConfig(str(image_folder), "pytorch", image_size=32, batch_size=4, workers=2, seed=3)
+    batches = {}
+    for device in ("cpu", "cuda"):
+        runtime = Runtime(torch.device(device, 0) if device == "cuda" else torch.device(device), None,
+                          torch.channels_last)
+        train, val, _ = get_loaders(config, runtime, want_train=True, want_val=True)
+        batches[device] = []
+        for loader in (train, val):
+            loader.set_epoch(1)
+            batches[device] += [(images.cpu(), targets.cpu()) for images, targets in loader]
+    assert len(batches["cpu"]) == len(batches["cuda"]) > 2
+    for (a, la), (b, lb) in zip(batches["cpu"], batches["cuda"]):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+        assert b.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_dali_gpu_trains_and_validates_on_a_jpeg_folder(image_folder, tmp_path):
+    pytest.importorskip("nvidia.dali")
+    args = TINY + ["--data-backend", "dali-gpu", "--num-classes", "3", "--epochs", "2", "-p", "1",
+                   "--workspace", str(tmp_path), str(image_folder)]
+    assert main(args) == 0
+    data = _summary(read_raport(tmp_path / "experiment_raport.json"))
+    assert 0 <= data["val.top1"] <= 100 and data["val.loss"] == data["val.loss"]
+
+
+def test_a_one_process_nccl_ddp_run_with_amp_and_accumulation(monkeypatch):
+    """DDP's path (bucket views, no_sync on accumulation steps, the window's all-reduce) on a real NCCL
+    group of one, against the same steps without DDP."""
+    import copy
+
+    import torch.distributed as dist
+
+    from image_classification.engine import Engine, RunConfig
+    from image_classification.models import build_model
+    from image_classification.preprocessing import Preprocessing
+    from image_classification.runtime import Runtime
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29533")
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    try:
+        config = RunConfig(arch="resnet18", num_classes=10, model_options=(), preprocessing=Preprocessing(32),
+                           accumulation=2, lr=0.05)
+        torch.manual_seed(0)
+        model = build_model("resnet18", num_classes=10).cuda()
+        twin = copy.deepcopy(model)
+        generator = torch.Generator(device="cuda").manual_seed(0)
+        batches = [(torch.randn(8, 3, 32, 32, device="cuda", generator=generator),
+                    torch.randint(0, 10, (8,), device="cuda", generator=generator)) for _ in range(4)]
+        losses = {}
+        for name, net, joined in (("ddp", model, True), ("plain", twin, False)):
+            runtime = Runtime(torch.device("cuda", 0), torch.float16, torch.contiguous_format,
+                              process_group=joined)
+            engine = Engine(config, runtime, net, log=lambda *_: None)
+            assert isinstance(engine.model, torch.nn.parallel.DistributedDataParallel) == joined
+            for index, (images, targets) in enumerate(batches):
+                engine.train_step(images, targets, accumulation=2, step_now=index % 2 == 1)
+            losses[name] = engine.read_window("the test").loss
+            assert engine.progress.optimizer_steps == 2
+        assert losses["ddp"] == pytest.approx(losses["plain"], rel=1e-3)
+        for a, b in zip(model.state_dict().values(), twin.state_dict().values()):
+            if a.is_floating_point():
+                torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_compiled_training_on_cuda_and_classify_of_its_checkpoint(tmp_path, capsys):
+    from PIL import Image
+    from skimage import data
+
+    from image_classification.cli import run
+    from image_classification.inference import main as classify_main
+
+    args = TINY + ["--data-backend", "synthetic", "--device", "cuda", "--compile", "--amp", "--prof", "6",
+                   "--epochs", "1", "--workspace", str(tmp_path)]
+    assert main(args) == 0
+    photo = tmp_path / "chelsea.jpg"
+    Image.fromarray(data.chelsea()).save(photo)
+    assert run(classify_main, ["--device", "cuda", "--weights", str(tmp_path / "checkpoint.pth.tar"),
+                               "--image", str(photo), "--json"]) == 0
+    assert '"predictions"' in capsys.readouterr().out
+
+
+def test_a_cpu_checkpoint_resumes_on_cuda_and_evaluates_alike(image_folder, tmp_path, capsys):
+    cpu_run = TINY + ["--data-backend", "pytorch", "--num-classes", "3", "--epochs", "1", "--device", "cpu",
+                      "--workspace", str(tmp_path / "cpu"), str(image_folder)]
+    assert main(cpu_run) == 0
+    checkpoint = str(tmp_path / "cpu" / "checkpoint.pth.tar")
+    results = {}
+    for device in ("cpu", "cuda"):
+        evaluate = TINY + ["--data-backend", "pytorch", "--num-classes", "3", "--device", device, "--evaluate",
+                           "--resume", checkpoint, "--no-tf32", "--workspace", str(tmp_path / f"eval-{device}"),
+                           str(image_folder)]
+        assert main(evaluate) == 0
+        results[device] = _summary(read_raport(tmp_path / f"eval-{device}" / "experiment_raport.json"))
+    assert results["cuda"]["val.top1"] == results["cpu"]["val.top1"]
+    assert results["cuda"]["val.loss"] == pytest.approx(results["cpu"]["val.loss"], abs=1e-4)
+    resumed = TINY + ["--data-backend", "pytorch", "--num-classes", "3", "--epochs", "2", "--device", "cuda",
+                      "--resume", checkpoint, "--workspace", str(tmp_path / "cuda"), str(image_folder)]
+    assert main(resumed) == 0
+    assert torch.load(tmp_path / "cuda" / "checkpoint.pth.tar", weights_only=True)["epoch"] == 2
+
+
+def test_no_host_sync_between_print_windows_on_cuda(tmp_path, monkeypatch):
+    """CUDA's sync debug mode turns any synchronisation inside the steps between two windows into an error."""
+    original = engine_module.Engine.train_step
+
+    def strict_step(self, *args, **kwargs):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    monkeypatch.setattr(engine_module.Engine, "train_step", strict_step)
+    for precision in ([], ["--amp"], ["--amp", "--amp-dtype", "bfloat16"]):
+        args = TINY + ["--data-backend", "synthetic", "--device", "cuda", "--prof", "8", "-p", "4", "--epochs", "1",
+                       "--mixup", "0.2", "--use-ema", "0.9", "--label-smoothing", "0.1", "--training-only",
+                       "--no-checkpoints", "--workspace", str(tmp_path)] + precision
+        assert main(args) == 0
+
+
+def test_a_cuda_checkpoint_is_copied_to_the_host_once(tmp_path, monkeypatch):
+    """Hashing and torch.save read one pinned host copy: no tensor is copied from the GPU twice."""
+    from image_classification import checkpoint as ckpt
+
+    state = {"a": torch.randn(64, 64, device="cuda"), "nested": [torch.ones(3, device="cuda"), 1.5],
+             "host": torch.zeros(2)}
+    device_to_host = []
+    for name in ("to", "cpu", "copy_"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            result = _original(self, *args, **kwargs)
+            source = args[0] if _name == "copy_" else self
+            if isinstance(source, torch.Tensor) and source.is_cuda and not result.is_cuda:
+                device_to_host.append(_name)
+            return result
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    ckpt.save_checkpoint(state, tmp_path / "c.pth.tar")
+    monkeypatch.undo()
+    assert device_to_host == ["copy_", "copy_"]
+    loaded = ckpt.load_checkpoint(tmp_path / "c.pth.tar")
+    assert torch.equal(loaded["a"], state["a"].cpu())

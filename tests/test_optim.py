@@ -175,7 +175,7 @@ def test_cuda_training_steps_never_synchronise_with_the_host(amp_dtype, use_ema)
     runtime = make_runtime("cuda", amp=amp_dtype is not None, amp_dtype=amp_dtype, log=lambda *_: None)
     model = build_model("resnet18", num_classes=10).to(runtime.device)
     config = RunConfig(arch="resnet18", num_classes=10, model_options=(), preprocessing=Preprocessing(32),
-                       ema_decay=0.99 if use_ema else None, dynamic_loss_scale=True, static_loss_scale=128.0)
+                       ema_decay=0.99 if use_ema else None, dynamic_loss_scale=True, loss_scale=128.0)
     engine = Engine(config, runtime, model, log=lambda *_: None)
     assert all(group["fused"] for group in engine.optimizer.param_groups)
     images = torch.randn(8, 3, 32, 32, device=runtime.device)

@@ -350,7 +350,7 @@ def test_loss_scaling_skips_overflowing_steps_static_keeps_its_scale(dynamic):
     """An inf gradient skips the step and is counted; a static scale stays, a dynamic one halves."""
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))
     before = model[1].weight.detach().clone()
-    engine = make_engine(model, num_classes=2, lr=0.1, momentum=0.0, static_loss_scale=128.0,
+    engine = make_engine(model, num_classes=2, lr=0.1, momentum=0.0, loss_scale=128.0,
                          dynamic_loss_scale=dynamic)
     engine.scaler = torch.amp.GradScaler("cpu", init_scale=128.0, growth_interval=100 if dynamic else 2**31 - 1)
     engine.train_step(torch.full((2, 1, 2, 2), float("inf")), torch.tensor([0, 1]), accumulation=1, step_now=True)
@@ -425,7 +425,7 @@ def test_a_long_stretch_of_overflowing_steps_stops_the_run():
             return OverflowingGradient.apply(x)
 
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2), Overflowing())
-    engine = make_engine(model, num_classes=2, static_loss_scale=128.0)
+    engine = make_engine(model, num_classes=2, loss_scale=128.0, dynamic_loss_scale=False)
     engine.scaler = torch.amp.GradScaler("cpu", init_scale=128.0, growth_interval=2**31 - 1)
     images, targets = torch.ones(2, 1, 2, 2), torch.tensor([0, 1])
     for _ in range(MAX_OVERFLOW_RUN - 1):
@@ -494,3 +494,50 @@ def test_the_first_validated_epoch_gives_a_best_model_even_at_zero_top1(image_fo
     latest = torch.load(tmp_path / "checkpoint.pth.tar", map_location="cpu", weights_only=True)
     assert best["epoch"] == 1 and best["best_epoch"] == 0  # epoch 2 did not beat 0%: the best stays epoch 1's
     assert latest["epoch"] == 2 and latest["best_epoch"] == 0 and latest["epochs_without_improvement"] == 1
+
+
+HOST_READS = ("item", "tolist", "__bool__", "cpu", "numpy", "__float__", "__int__")
+
+
+def test_the_training_loop_reads_the_device_once_per_print_window(tmp_path, monkeypatch):
+    """Between two print windows the loop never waits for the device: no Tensor.item/tolist/bool/cpu.
+
+    On a GPU each of those is a host-device synchronisation that stalls the queue of kernels; the one
+    read per window is Engine.read_window's. MixUp, label smoothing, EMA and an interval check included.
+    """
+    from image_classification.engine import Engine
+    from image_classification.training import Trainer
+
+    events: list[str] = []
+    in_loop = [False]
+    for name in HOST_READS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            if in_loop[0]:
+                events.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    train_step, train_epoch = Engine.train_step, Trainer.train_epoch
+
+    def step(self, *args, **kwargs):
+        events.append("step")
+        return train_step(self, *args, **kwargs)
+
+    def epoch(self, *args, **kwargs):
+        in_loop[0] = True
+        try:
+            return train_epoch(self, *args, **kwargs)
+        finally:
+            in_loop[0] = False
+
+    monkeypatch.setattr(Engine, "train_step", step)
+    monkeypatch.setattr(Trainer, "train_epoch", epoch)
+    code = main(["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "32", "-b", "4", "--prof", "12",
+                 "--print-freq", "4", "--epochs", "1", "--training-only", "--no-checkpoints", "--mixup", "0.2",
+                 "--label-smoothing", "0.1", "--use-ema", "0.9", "--checkpoint-interval", "60m",
+                 "--optimizer-batch-size", "8", "--workspace", str(tmp_path)])
+    assert code == 0
+    windows = "".join("s" if event == "step" else "r" for event in events)
+    assert windows == "ssssr" * 3, events

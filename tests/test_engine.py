@@ -1,0 +1,88 @@
+"""The engine: the fp16 loss scaler a run gets, and what one print window costs in collectives."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from image_classification.engine import (DEFAULT_LOSS_SCALE, LOSS_SCALE_GROWTH_INTERVAL, Engine, RunConfig,
+                                         choose_loss_scale)
+from image_classification.preprocessing import Preprocessing
+from image_classification.runtime import Runtime
+
+FP16, BF16 = torch.float16, torch.bfloat16
+
+
+@pytest.mark.parametrize("amp_dtype, static, dynamic, expected", [
+    # --amp alone in fp16: dynamic, from torch's usual start (the reference's scaler was always dynamic too)
+    (FP16, None, False, (DEFAULT_LOSS_SCALE, True)),
+    (FP16, None, True, (DEFAULT_LOSS_SCALE, True)),
+    (FP16, 128.0, True, (128.0, True)),  # the AMP presets: dynamic from 128
+    (FP16, 256.0, False, (256.0, False)),  # asked for explicitly: fixed, and said so
+])
+def test_fp16_loss_scale_follows_the_flags(amp_dtype, static, dynamic, expected):
+    scale, is_dynamic, notice = choose_loss_scale(amp_dtype, static, dynamic)
+    assert (scale, is_dynamic) == expected
+    assert (notice is not None) == (not is_dynamic)
+    if notice:
+        assert "fixed at 256" in notice and "--dynamic-loss-scale" in notice
+
+
+@pytest.mark.parametrize("amp_dtype", [None, BF16])
+def test_scale_flags_without_fp16_are_ignored_aloud(amp_dtype):
+    assert choose_loss_scale(amp_dtype, None, False)[2] is None
+    for static, dynamic in ((128.0, False), (None, True)):
+        notice = choose_loss_scale(amp_dtype, static, dynamic)[2]
+        assert notice is not None and "ignored" in notice
+
+
+def _engine(runtime: Runtime, **settings) -> Engine:
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))
+    config = RunConfig(arch="resnet18", num_classes=2, model_options=(), preprocessing=Preprocessing(32),
+                       lr=0.1, momentum=0.0, weight_decay=0.0, **settings)
+    return Engine(config, runtime, model, log=lambda *_: None)
+
+
+def test_an_fp16_engine_builds_the_scaler_its_config_asks_for():
+    """The GradScaler settings per flag combination (an fp16 runtime on the CPU: the scaler's logic only)."""
+    fp16 = Runtime(torch.device("cpu"), FP16, torch.contiguous_format)
+    dynamic = _engine(fp16)  # RunConfig's defaults are what --amp alone resolves to
+    assert dynamic.scaler.get_scale() == DEFAULT_LOSS_SCALE
+    assert dynamic.scaler.get_growth_interval() == LOSS_SCALE_GROWTH_INTERVAL
+    fixed = _engine(fp16, loss_scale=256.0, dynamic_loss_scale=False)
+    assert fixed.scaler.get_scale() == 256.0 and fixed.scaler.get_growth_interval() > 10**9
+    assert _engine(Runtime(torch.device("cpu"), BF16, torch.contiguous_format)).scaler is None
+
+
+def test_a_dynamic_scale_grows_after_clean_steps_and_a_fixed_one_does_not():
+    fp16 = Runtime(torch.device("cpu"), FP16, torch.contiguous_format)
+    images, targets = torch.ones(2, 1, 2, 2), torch.tensor([0, 1])
+    grown = {}
+    for dynamic in (True, False):
+        engine = _engine(fp16, loss_scale=8.0, dynamic_loss_scale=dynamic)
+        for _ in range(LOSS_SCALE_GROWTH_INTERVAL):
+            engine.train_step(images, targets, accumulation=1, step_now=True)
+        grown[dynamic] = engine.grad_scale
+    assert grown == {True: 16.0, False: 8.0}
+
+
+def test_a_window_is_one_all_reduce_that_carries_the_stop_and_save_flags(monkeypatch):
+    """Loss and the processes' stop/save requests share one collective and one host read."""
+    from image_classification import engine as engine_module
+
+    calls = []
+
+    def all_reduce(tensor, op=None):  # two ranks: this one, and one that asks to save
+        calls.append(tensor.clone())
+        tensor.mul_(2)
+        tensor[2] += 1  # the other rank asks to save; its stop flag is unset, as ours
+
+    monkeypatch.setattr(engine_module.dist, "all_reduce", all_reduce)
+    engine = _engine(Runtime(torch.device("cpu"), None, torch.contiguous_format))
+    engine.runtime = Runtime(torch.device("cpu"), None, torch.contiguous_format, rank=0, world_size=2)
+    engine.train_step(torch.ones(2, 1, 2, 2), torch.tensor([0, 1]), accumulation=1, step_now=True)
+    local_loss = float(engine._loss_sum)
+    reading = engine.read_window("here", (False, False))
+    assert len(calls) == 1 and calls[0].shape == (3,)
+    assert reading.flags == (False, True)
+    assert reading.loss == pytest.approx(local_loss)  # (2 x loss) / 2 ranks
