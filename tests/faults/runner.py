@@ -7,6 +7,8 @@ kilobytes, so a test can save and kill many times in seconds.  The environment p
 * ``FAULTS_KILL_AT=K``: the process sends itself SIGKILL right after train iteration K of the run
   (counted over the whole run, as ``Progress.iterations``);
 * ``FAULTS_SIGNAL_AT=K:NAME``: it sends itself the signal NAME (SIGTERM, SIGUSR1) after iteration K;
+* ``FAULTS_HANG_AT=K``: after iteration K the process hangs (alive, never answering its peers) until a
+  SIGTERM or SIGKILL ends it;
 * ``FAULTS_KILL_IN_SAVE=N``: the N-th ``torch.save`` of the process writes half of its bytes, syncs
   them and then the process sends itself SIGKILL (a kill in the middle of writing a checkpoint);
 * ``FAULTS_FULL_IN_SAVE=N``: the N-th ``torch.save`` writes half of its bytes and then fails as a full
@@ -22,6 +24,7 @@ import io
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -47,6 +50,10 @@ def _after_iteration(iterations: int) -> None:
         return
     if os.environ.get("FAULTS_KILL_AT") and iterations == int(os.environ["FAULTS_KILL_AT"]):
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("FAULTS_HANG_AT") and iterations == int(os.environ["FAULTS_HANG_AT"]):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the launcher's SIGTERM ends the hang at once
+        while True:
+            time.sleep(60)
     if os.environ.get("FAULTS_SIGNAL_AT"):
         at, name = os.environ["FAULTS_SIGNAL_AT"].split(":")
         if iterations == int(at):
