@@ -2,15 +2,18 @@
 
 This module is the only one that imports DALI, and it does so lazily, so the package works without it.
 Each split's pipeline is built once per run (its decoders' buffers are large and slow to allocate) and
-fed through an external source: every pass hands it this rank's files in that epoch's order.  The order
-and the sharding come from the shared :class:`ShardSampler`, so both backends see the same images in the
-same order for a given seed.  Training drops the last partial batch; validation keeps it, and every
-validation image is read by exactly one rank.  A file DALI cannot decode is reported once and left out,
-as the pytorch backend does (the pipeline is rebuilt then: DALI's state after an error is not reusable).
+fed through an external source: every pass hands it the paths of this rank's files in that epoch's order,
+and DALI's own threads read the files (``fn.io.file.read``), in parallel and off Python's main thread,
+which only slices the list.  The order and the sharding come from the shared :class:`ShardSampler`, so
+both backends see the same images in the same order for a given seed.  Training drops the last partial
+batch; validation keeps it, and every validation image is read by exactly one rank.  A file DALI cannot
+read (a dangling link) or decode is reported once and left out, as the pytorch backend does (the pipeline
+is rebuilt then: DALI's state after an error is not reusable).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +27,8 @@ from .common import MEAN_255, STD_255, DataConfig, ShardSampler, val_resize_size
 from .files import decode_problem
 from .folder import list_samples, train_samples
 
+# Words in DALI's error when a file could not be read (a dangling link) or decoded: those are skipped.
+_FILE_ERRORS = ("io.file.read", "decoders.", "Decod")
 _INTERPOLATION = {"bilinear": "INTERP_LINEAR", "bicubic": "INTERP_CUBIC", "triangular": "INTERP_TRIANGULAR"}
 # nvJPEG scratch memory reserved up front, as in the reference recipes, so it does not regrow per batch.
 _GPU_DECODER_PADDING = {"device_memory_padding": 211_025_920, "host_memory_padding": 140_544_512}
@@ -58,9 +63,11 @@ class PipelineSpec:
 
 @dataclass
 class Feed:
-    """A pipeline's external source: the files of the pass under way, read in order, a batch per call.
+    """A pipeline's external source: the paths of the pass under way, in order, a batch per call.
 
-    Raising StopIteration at the end is what ends a pass for DALI's iterator.
+    It hands out paths, not contents: reading the files here, one per sample, would put the I/O and the
+    GIL on the training loop's thread.  Raising StopIteration at the end is what ends a pass for DALI's
+    iterator.
     """
 
     batch_size: int
@@ -81,10 +88,11 @@ class Feed:
         if self.position >= len(self.files):
             raise StopIteration
         end = self.position + self.batch_size
-        encoded = [np.fromfile(path, dtype=np.uint8) for path in self.files[self.position:end]]
+        # fn.io.file.read takes a path as its bytes; fsencode keeps names that are not UTF-8 intact.
+        paths = [np.frombuffer(os.fsencode(path), dtype=np.uint8) for path in self.files[self.position:end]]
         labels = [np.array([label], dtype=np.int32) for label in self.labels[self.position:end]]
-        self.position += len(encoded)
-        return encoded, labels
+        self.position += len(paths)
+        return paths, labels
 
 
 def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
@@ -101,9 +109,15 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
         batch_size=spec.batch_size, num_threads=spec.num_threads, device_id=spec.device_id, seed=seed
     )
     def pipeline():
-        encoded, labels_ = fn.external_source(
+        paths, labels_ = fn.external_source(
             source=feed, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT32]
         )
+        # Read by the pipeline's thread pool, a file per task.  A plain read rather than DALI's default
+        # mmap: faster for files this small, and a file truncated while mapped would be a SIGBUS, not
+        # an error to skip.  A per-sample parallel external source would read in worker processes
+        # instead, but it wants a stateless callback (each pass's order is state) and its own processes,
+        # spawned (never forked after CUDA is up) and copying every file through shared memory.
+        encoded = fn.io.file.read(paths, dont_use_mmap=True)
         if spec.train:
             # Decoding only the random crop window is what makes CPU decoding fast.
             images = fn.decoders.image_random_crop(
@@ -202,8 +216,8 @@ class DaliLoader:
         return [self.samples[i][0] for i in order], [self.samples[i][1] for i in order]
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The pass's batches.  A file DALI cannot decode is found, reported once and left out, and the
-        pass goes on from the batch it stopped at, as the pytorch backend skips what PIL cannot read."""
+        """The pass's batches.  A file DALI cannot read or decode is found, reported once and left out, and
+        the pass goes on from the batch it stopped at, as the pytorch backend skips what PIL cannot read."""
         files, labels = self._pass_files()
         done = 0  # files already delivered in batches
         while done < len(files):
@@ -215,7 +229,7 @@ class DaliLoader:
             except RuntimeError as error:
                 self._batches = None  # DALI's state after an error is not reusable: build it again
                 self._in_pass = False
-                if "decoders." not in str(error) and "Decod" not in str(error):
+                if not any(sign in str(error) for sign in _FILE_ERRORS):
                     raise
                 # The error surfaces up to a prefetch queue later than the batch that failed.
                 window = files[done:done + 4 * self.spec.batch_size]
