@@ -335,7 +335,7 @@ def check_values(args: argparse.Namespace) -> None:
         if failed:
             raise UserError(message)
     if args.checkpoint_interval is not None:
-        from .engine import CheckpointInterval
+        from .plan import CheckpointInterval
 
         try:
             CheckpointInterval.parse(args.checkpoint_interval)

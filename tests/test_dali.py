@@ -14,7 +14,8 @@ import torch
 from PIL import Image
 
 from image_classification.arguments import parse_args
-from image_classification.data.common import MEAN_255, STD_255, DataConfig
+from image_classification.data.common import MEAN_255, STD_255
+from image_classification.plan import data_config
 from image_classification.data.folder import check_dataset, folder_loaders
 from image_classification.errors import UserError
 from image_classification.runtime import Runtime
@@ -39,7 +40,7 @@ def loaders(args, runtime: Runtime, *, want_train: bool = True, want_val: bool =
     from image_classification.data.dali import dali_loaders
 
     classes = check_dataset(args.data, args.num_classes, want_train=want_train, want_val=want_val)
-    return dali_loaders(DataConfig.from_args(args, SIZE), runtime, classes, want_train=want_train, want_val=want_val)
+    return dali_loaders(data_config(args, SIZE), runtime, classes, want_train=want_train, want_val=want_val)
 
 
 def epoch(loader, number: int, **kwargs) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -86,7 +87,7 @@ def test_missing_dali_is_a_user_error_and_the_module_still_imports(image_folder,
     module = importlib.import_module("image_classification.data.dali")
     args = make_args(image_folder)
     with pytest.raises(UserError, match="pip install nvidia-dali.*--data-backend pytorch"):
-        module.dali_loaders(DataConfig.from_args(args, SIZE), cpu_runtime(), ["a"], want_train=True, want_val=True)
+        module.dali_loaders(data_config(args, SIZE), cpu_runtime(), ["a"], want_train=True, want_val=True)
 
 
 def test_dali_gpu_without_a_gpu_points_to_dali_cpu(image_folder):
@@ -94,7 +95,7 @@ def test_dali_gpu_without_a_gpu_points_to_dali_cpu(image_folder):
 
     args = make_args(image_folder, backend="dali-gpu")
     with pytest.raises(UserError, match="dali-cpu"):
-        dali_loaders(DataConfig.from_args(args, SIZE), cpu_runtime(), ["a"], want_train=True, want_val=True)
+        dali_loaders(data_config(args, SIZE), cpu_runtime(), ["a"], want_train=True, want_val=True)
 
 
 def test_autoaugment_is_refused(image_folder):
@@ -102,7 +103,7 @@ def test_autoaugment_is_refused(image_folder):
 
     args = make_args(image_folder, "--augmentation", "autoaugment")
     with pytest.raises(UserError, match="--data-backend pytorch"):
-        dali_loaders(DataConfig.from_args(args, SIZE), cpu_runtime(), ["a"], want_train=True, want_val=False)
+        dali_loaders(data_config(args, SIZE), cpu_runtime(), ["a"], want_train=True, want_val=False)
 
 
 def write_one_class(root: Path, images: list[Image.Image], suffix: str = ".jpg") -> Path:
@@ -148,7 +149,7 @@ def test_batches_match_the_pytorch_backend(dali, image_folder, memory_format):
     runtime = cpu_runtime(memory_format)
     classes = check_dataset(args.data, args.num_classes, want_train=True, want_val=True)
     train, val = loaders(args, runtime)
-    ref_train, ref_val = folder_loaders(DataConfig.from_args(args, SIZE), runtime, classes, want_train=True,
+    ref_train, ref_val = folder_loaders(data_config(args, SIZE), runtime, classes, want_train=True,
                                         want_val=True)
     assert (len(train), len(val), val.num_samples) == (len(ref_train), len(ref_val), ref_val.num_samples) == (6, 3, 12)
 

@@ -21,7 +21,7 @@ def dali_available() -> bool:
     return True
 
 
-def resolve_backend(requested: str | None, log=print) -> str:
+def resolve_backend(requested: str | None) -> str:
     """The backend to use: the requested one, or dali-cpu when DALI is installed, else pytorch."""
     if requested is not None:
         return requested
@@ -40,22 +40,26 @@ def _cap_workers(config: DataConfig, runtime: Runtime) -> DataConfig:
 
 
 def get_loaders(
-    config: DataConfig, runtime: Runtime, *, want_train: bool, want_val: bool
-) -> tuple[Loader | None, Loader | None, list[str]]:
-    """The train and val loaders ``config`` describes (None for the ones not wanted), and the class
-    folder names in label order (empty for synthetic data)."""
+    config: DataConfig, runtime: Runtime, classes: list[str] | None = None, *, want_train: bool, want_val: bool
+) -> tuple[Loader | None, Loader | None]:
+    """The train and val loaders ``config`` describes (None for the ones not wanted).
+
+    ``classes``: the class folder names in label order, as the run's set-up checked them; None scans
+    the dataset here (a script that has not).
+    """
     config = _cap_workers(config, runtime)
     if config.backend == "synthetic":
         from .synthetic import synthetic_loaders
 
-        return (*synthetic_loaders(config, runtime, want_train=want_train, want_val=want_val), [])
-    from .folder import check_dataset
+        return synthetic_loaders(config, runtime, want_train=want_train, want_val=want_val)
+    if classes is None:
+        from .folder import check_dataset
 
-    classes = check_dataset(config.data, config.num_classes, want_train=want_train, want_val=want_val)
+        classes = check_dataset(config.data, config.num_classes, want_train=want_train, want_val=want_val)
     if config.backend == "pytorch":
         from .folder import folder_loaders as build
     elif config.backend in ("dali-cpu", "dali-gpu"):
         from .dali import dali_loaders as build
     else:
         raise UserError(f"unknown data backend {config.backend!r}")
-    return (*build(config, runtime, classes, want_train=want_train, want_val=want_val), classes)
+    return build(config, runtime, classes, want_train=want_train, want_val=want_val)

@@ -3,7 +3,6 @@ normalisation constants, sizes, and the move to the device."""
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Protocol
 
@@ -35,19 +34,6 @@ class DataConfig:
     seed: int = 0
     num_classes: int | None = None
     synthetic_length: int = 0  # batches per synthetic epoch; 0 for the default
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, image_size: int, **overrides) -> "DataConfig":
-        """The configuration main.py's flags describe; ``overrides`` replace the fields they name."""
-        fields = dict(
-            data=getattr(args, "data", None), backend=args.data_backend, image_size=image_size,
-            batch_size=args.batch_size, workers=args.workers, prefetch=args.prefetch,
-            crop_scale=tuple(args.crop_scale), hflip=args.hflip, interpolation=args.interpolation or "bilinear",
-            augmentation=args.augmentation, seed=args.seed if args.seed is not None else 0,
-            num_classes=args.num_classes, synthetic_length=max(0, args.prof),
-        )
-        fields.update(overrides)
-        return cls(**fields)
 
 
 def val_resize_size(image_size: int) -> int:
