@@ -12,6 +12,7 @@ import math
 import sys
 from typing import Sequence
 
+from .cli import UserErrorParser, positive_float, positive_int
 from .errors import UserError
 from .gpu_affinity import MODES as GPU_AFFINITY_MODES
 from .models import MODEL_CONFIGS, list_models
@@ -22,13 +23,6 @@ LR_SCHEDULES = ("step", "linear", "cosine")
 INTERPOLATIONS = ("bilinear", "bicubic", "triangular")
 
 
-class UserErrorParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors become :class:`UserError` (one line, exit code 2)."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise UserError(f"{self.prog}: {message}")
-
-
 def _str2bool(value: str) -> bool:
     lowered = value.lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -36,20 +30,6 @@ def _str2bool(value: str) -> bool:
     if lowered in ("0", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
-
-
-def positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
-    return number
-
-
-def positive_float(value: str) -> float:
-    number = float(value)
-    if not (math.isfinite(number) and number > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {value}")
-    return number
 
 
 def _probability(value: str) -> float:
@@ -250,30 +230,37 @@ def _action_for(parser: argparse.ArgumentParser, dest: str) -> argparse.Action |
     return next((a for a in parser._actions if a.dest == dest and a.option_strings), None)
 
 
+def flag_tokens(action: argparse.Action, value) -> list[str]:
+    """The command-line tokens that set ``action``'s dest to ``value`` (none for a switch left off)."""
+    flag = next((s for s in action.option_strings if s.startswith("--")), action.option_strings[0])
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return [flag if value else "--no-" + flag[2:]]
+    if action.nargs == 0:  # store_true / store_false
+        return [flag] if value == action.const else []
+    if isinstance(value, (list, tuple)):
+        return [flag, *map(str, value)]
+    if isinstance(value, bool):
+        return [f"{flag}={str(value).lower()}"]
+    return [f"{flag}={value}"]
+
+
 def preset_tokens(parser: argparse.ArgumentParser, key: str, value) -> list[str]:
-    """The command-line tokens that set ``key`` (an argparse dest) to ``value``; [] for the default."""
+    """The tokens that set ``key`` (an argparse dest) to a preset's ``value``, its type checked; [] for None."""
     action = _action_for(parser, key)
     if action is None or key == "help":
         raise UserError(f"unknown configuration key: {key}")
-    flag = next(s for s in action.option_strings if s.startswith("--"))
     if value is None:
         return []
-    if isinstance(action, argparse.BooleanOptionalAction):
+    if isinstance(action, argparse.BooleanOptionalAction) or action.nargs == 0:
         _require(key, value, bool)
-        return [flag if value else "--no-" + flag[2:]]
-    if action.nargs == 0:  # store_true / store_false
-        _require(key, value, bool)
-        return [flag] if value == action.const else []
-    if action.nargs == 2:
+    elif action.nargs == 2:
         if not isinstance(value, (list, tuple)) or len(value) != 2:
             raise UserError(f"preset value {key}: {value!r} is not valid: expected a list of two numbers")
         for item in value:
             _require(key, item, (int, float), scalar=True)
-        return [flag, *map(str, value)]
-    if isinstance(value, bool) and action.type is _str2bool:
-        return [f"{flag}={str(value).lower()}"]
-    _require(key, value, (str, int, float), scalar=True)
-    return [f"{flag}={value}"]
+    elif not (isinstance(value, bool) and action.type is _str2bool):
+        _require(key, value, (str, int, float), scalar=True)
+    return flag_tokens(action, value)
 
 
 def _require(key: str, value, kinds, scalar: bool = False) -> None:

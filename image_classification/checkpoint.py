@@ -33,17 +33,6 @@ TEMP_SUFFIX = ".tmp"
 _EPOCH_FILE = re.compile(r"checkpoint_(\d{4,})\.pth\.tar$")
 
 
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The plain model under DDP, torch.compile and similar wrappers."""
-    while True:
-        if hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            return model
-
-
 # ------------------------------------------------------------------------------------------------
 # Writing
 # ------------------------------------------------------------------------------------------------
@@ -59,7 +48,7 @@ def _storage_error(path: Path, error: OSError) -> StorageError:
 
 
 def temporary_name(path: Path) -> str:
-    """The prefix of ``path``'s temporary files: hidden, beside it, recognisable by :func:`stale_temporaries`."""
+    """The prefix of ``path``'s temporary files: hidden, beside it, recognisable by :meth:`Workspace.remove_stale_temporaries`."""
     return f".{path.name}."
 
 

@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .arguments import UserErrorParser, positive_int
+from .cli import UserErrorParser, positive_int
 from .checkpoint import load_checkpoint, save_weights
 from .errors import UserError
 from .inference import add_model_arguments, load_model, warn

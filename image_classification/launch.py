@@ -18,7 +18,8 @@ from typing import Sequence
 
 import yaml
 
-from .arguments import UserErrorParser, build_parser as build_main_parser, parse_args
+from .arguments import build_parser as build_main_parser, flag_tokens, parse_args
+from .cli import UserErrorParser
 from .errors import UserError
 from .runtime import distributed_env
 
@@ -129,19 +130,10 @@ def main_py_argv(args: argparse.Namespace, always: Sequence[str] = ()) -> list[s
             isinstance(value, (list, tuple)) and list(value) == list(action.default))
         if is_default and action.dest not in always:
             continue
-        if not action.option_strings:
-            positional.append(str(value))
-            continue
-        flag = next((s for s in action.option_strings if s.startswith("--")), action.option_strings[0])
-        if isinstance(action, argparse.BooleanOptionalAction):
-            argv.append(flag if value else "--no-" + flag[2:])
-        elif action.nargs == 0:  # store_true / store_false
-            if value == action.const:
-                argv.append(flag)
-        elif isinstance(value, (list, tuple)):
-            argv += [flag, *map(str, value)]
+        if action.option_strings:
+            argv += flag_tokens(action, value)
         else:
-            argv.append(f"{flag}={value}")
+            positional.append(str(value))
     return argv + positional
 
 
@@ -229,6 +221,8 @@ def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = Non
         return 0
     for notice in notices:
         _notify(notice)
-    from .training import main as train
+    if adapted != preset:  # this machine changed preset values: the flags typed still win over them
+        args = parse_args(rest, defaults=adapted)
+    from .training import train
 
-    return train(rest, adapted)
+    return train(args)

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import checkpoint as ckpt
+from .data import Loader
 from .engine import Engine
 from .errors import EXIT_PREEMPTED, TrainingDiverged
 from .losses import classification_loss, correct_counts
@@ -409,16 +410,10 @@ def _check_validation(result: ValResult, prefix: str, where: str) -> None:
                                f"{result.count} {prefix} images (loss {result.loss}); its accuracy means nothing")
 
 
-def iter_from(loader, epoch: int, start_batch: int):
+def iter_from(loader: Loader, epoch: int, start_batch: int):
     """Iterator over ``loader``'s epoch, positioned after ``start_batch`` batches."""
-    if start_batch and getattr(loader, "supports_start_batch", False):
-        loader.set_epoch(epoch, start_batch=start_batch)
-        return iter(loader)
-    loader.set_epoch(epoch)
-    batches = iter(loader)
-    for _ in range(start_batch):
-        next(batches, None)
-    return batches
+    loader.set_epoch(epoch, start_batch)
+    return iter(loader)
 
 
 class _NoProgress:

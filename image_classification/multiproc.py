@@ -9,9 +9,9 @@ own log lines about it are held back: they say the same).  Workers that stopped 
 checkpoint (exit 75, on SIGTERM or SIGUSR1) make multiproc exit 75 as well; a SIGUSR1 sent to multiproc
 itself is passed on to the workers.
 
-This module also holds the rendezvous helpers for jobs started by SLURM's ``srun``.  It imports
-nothing but the standard library at the top: torchrun runs this very file as the small shim that
-points a worker's output at its log file before it becomes the training script.
+This module also holds the rendezvous helpers for jobs started by SLURM's ``srun``.  It imports torch
+only when it starts the workers, so ``-h`` and its errors are immediate; each worker starts as
+:mod:`image_classification.worker_shim`.
 """
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ import sysconfig
 from pathlib import Path
 from typing import Mapping, Sequence
 
-WORKER_LOG = "GPU_{}.log"
-EXIT_PREEMPTED = 75  # errors.EXIT_PREEMPTED (this file imports only the standard library at the top)
-EXIT_PEER_LOST = 5  # errors.PeerLost.exit_code
+from . import worker_shim
+from .cli import UserErrorParser
+from .errors import EXIT_PREEMPTED, PeerLost, UserError
+from .worker_shim import WORKER_LOG
+
 DEFAULT_SLURM_PORT = 29500
 # torch.distributed.elastic's log lines that multiproc's own messages replace (matched on the template)
 ELASTIC_LOGGER = "torch.distributed.elastic.multiprocessing.api"
@@ -40,15 +42,8 @@ ELASTIC_REPEATS = ("failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s
 # ------------------------------------------------------------------------------------------------
 # Command line
 # ------------------------------------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        from .errors import UserError
-
-        raise UserError(f"{self.prog}: {message}")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = UserErrorParser(
         prog="multiproc.py",
         description="Start --nproc_per_node copies of a training script on this node (torchrun's engine, "
         "static rendezvous at --master_addr:--master_port).",
@@ -76,8 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check(ns: argparse.Namespace) -> None:
-    from .errors import UserError
-
     if ns.nnodes < 1 or ns.nproc_per_node < 1:
         raise UserError("--nnodes and --nproc_per_node must be at least 1")
     if not 0 <= ns.node_rank < ns.nnodes:
@@ -93,8 +86,6 @@ def script_path(script: str) -> str:
 
     Installed console commands (``ic-train``, ``ic-launch``) are Python scripts, so ``python -u`` runs them.
     """
-    from .errors import UserError
-
     if os.path.isfile(script):
         return script
     found = shutil.which(script) or shutil.which(script, path=sysconfig.get_path("scripts"))
@@ -115,7 +106,7 @@ def torchrun_argv(ns: argparse.Namespace) -> list[str]:
         "--rdzv-backend", "static",
         "--max-restarts", "0",
         "--monitor-interval", "0.5",
-        os.path.abspath(__file__), log_dir, ns.training_script, *ns.training_script_args,
+        os.path.abspath(worker_shim.__file__), log_dir, ns.training_script, *ns.training_script_args,
     ]
 
 
@@ -196,7 +187,7 @@ def _root_cause_first(item) -> tuple:
     """Order failed processes so the cause comes first: not one that torchrun itself stopped with SIGTERM,
     nor one that stopped because a peer was gone (exit 5), then the earliest (timestamps are in seconds)."""
     rank, failure = item
-    return failure.exitcode == -signal.SIGTERM, failure.exitcode == EXIT_PEER_LOST, failure.timestamp, rank
+    return failure.exitcode == -signal.SIGTERM, failure.exitcode == PeerLost.exit_code, failure.timestamp, rank
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -239,25 +230,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + int(stopped.sigval)
     remove_empty_logs(ns.log_dir, ns.nproc_per_node)
     return 0
-
-
-# ------------------------------------------------------------------------------------------------
-# The worker shim (this file run by path: ``python -u multiproc.py LOG_DIR SCRIPT ARGS``)
-# ------------------------------------------------------------------------------------------------
-def exec_worker(argv: Sequence[str]) -> None:
-    """Point local rank k > 0's stdout and stderr at LOG_DIR/GPU_k.log, then become the script.
-
-    ``exec`` keeps the process id, so torchrun's monitoring and signals reach the training script.
-    """
-    log_dir, script, *args = argv
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if local_rank > 0:
-        path = os.path.join(log_dir, WORKER_LOG.format(local_rank))
-        log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
-    os.execv(sys.executable, [sys.executable, "-u", script, *args])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -314,7 +286,3 @@ def slurm_rendezvous_env(environ: Mapping[str, str] | None = None) -> dict[str, 
         "MASTER_ADDR": environ.get("MASTER_ADDR") or first_host(nodelist),
         "MASTER_PORT": environ.get("MASTER_PORT") or str(DEFAULT_SLURM_PORT),
     }
-
-
-if __name__ == "__main__":
-    exec_worker(sys.argv[1:])

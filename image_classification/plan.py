@@ -249,7 +249,7 @@ def _dataset_classes(args: argparse.Namespace, backend: str) -> list[str]:
     """The class folders, checked once before anything is built; none for synthetic data."""
     if backend == "synthetic":
         return []
-    from .data.folder import check_dataset
+    from .data.layout import check_dataset
 
     return check_dataset(args.data, sys.maxsize, want_train=not args.evaluate, want_val=not args.training_only)
 

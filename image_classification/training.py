@@ -140,7 +140,7 @@ def _print_summary(config: RunConfig, runtime: Runtime, engine: Engine, summary:
         print(f"val top1: {top1:.2f}% (best {max(engine.progress.best_prec1, top1):.2f}%)", flush=True)
     if engine.progress.skipped_steps:
         print(f"skipped optimizer steps with inf/NaN gradients: {engine.progress.skipped_steps}", flush=True)
-    skipped = sum(getattr(loader, "skipped", 0) for loader in (train_loader, val_loader) if loader is not None)
+    skipped = sum(loader.skipped for loader in (train_loader, val_loader) if loader is not None)
     if skipped:
         print(f"skipped unreadable images: {skipped}", flush=True)
     if config.save_checkpoints:

@@ -25,7 +25,8 @@ from image_classification.arguments import parse_args  # noqa: E402
 from image_classification.data.common import STD_255  # noqa: E402
 from image_classification.plan import data_config  # noqa: E402
 from image_classification.data.dali import dali_loaders  # noqa: E402
-from image_classification.data.folder import check_dataset, folder_loaders  # noqa: E402
+from image_classification.data.folder import folder_loaders  # noqa: E402
+from image_classification.data.layout import check_dataset  # noqa: E402
 from image_classification.runtime import Runtime  # noqa: E402
 
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry", "retina", "hubble_deep_field")

@@ -33,7 +33,7 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 
 from image_classification import machine  # noqa: E402
-from image_classification.arguments import UserErrorParser, positive_int  # noqa: E402
+from image_classification.cli import UserErrorParser, positive_int  # noqa: E402
 from image_classification.cli import run  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
 from image_classification.models import default_image_size, list_models  # noqa: E402

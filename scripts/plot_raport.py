@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from image_classification.arguments import UserErrorParser  # noqa: E402
+from image_classification.cli import UserErrorParser  # noqa: E402
 from image_classification.cli import run as cli_run  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
 from image_classification.raport import read_raport  # noqa: E402

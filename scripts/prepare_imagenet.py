@@ -36,7 +36,7 @@ if str(REPO) not in sys.path:
 
 from tqdm import tqdm  # noqa: E402
 
-from image_classification.arguments import UserErrorParser, positive_int  # noqa: E402
+from image_classification.cli import UserErrorParser, positive_int  # noqa: E402
 from image_classification.cli import run  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
 

@@ -13,7 +13,8 @@ from PIL import Image
 from conftest import write_image_folder
 from image_classification.data.common import DataConfig
 from image_classification.data.files import open_rgb, walk_class
-from image_classification.data.folder import check_dataset, folder_loaders, list_samples
+from image_classification.data.folder import folder_loaders
+from image_classification.data.layout import check_dataset, list_samples
 from image_classification.inference import load_image
 from image_classification.runtime import make_runtime
 

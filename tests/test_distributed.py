@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from image_classification import gpu_affinity as ga
-from image_classification import multiproc
+from image_classification import multiproc, worker_shim
 from image_classification.cli import run
 from image_classification.raport import read_raport
 
@@ -96,7 +96,6 @@ def test_the_process_that_failed_is_named_not_the_ones_that_stopped_because_of_i
 
     from image_classification.errors import PeerLost
 
-    assert multiproc.EXIT_PEER_LOST == PeerLost.exit_code
     same_second = 1_700_000_000
     failures = {
         0: SimpleNamespace(exitcode=PeerLost.exit_code, timestamp=same_second),  # saw its peer go
@@ -156,11 +155,11 @@ def test_torchrun_arguments():
     assert pairs == {"--nnodes": "2", "--node-rank": "1", "--nproc-per-node": "8",
                      "--master-addr": "10.0.0.1", "--master-port": "1234", "--rdzv-backend": "static",
                      "--max-restarts": "0", "--monitor-interval": "0.5"}
-    assert argv[16] == multiproc.__file__ and argv[18:] == ["main.py", "--epochs", "3", "/data"]
+    assert argv[16] == worker_shim.__file__ and argv[18:] == ["main.py", "--epochs", "3", "/data"]
     from torch.distributed import run as torchrun
 
     parsed = torchrun.parse_args(argv)  # torchrun accepts them
-    assert parsed.training_script == multiproc.__file__ and parsed.node_rank == 1
+    assert parsed.training_script == worker_shim.__file__ and parsed.node_rank == 1
 
 
 # ------------------------------------------------------------------------------------------------

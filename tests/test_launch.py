@@ -175,11 +175,11 @@ def test_yaml_num_classes_reaches_the_run(tmp_path, capsys, monkeypatch):
 
     seen = {}
 
-    def fake_train(rest, defaults):
-        seen["args"] = parse_args(rest, defaults=defaults)
+    def fake_train(args):
+        seen["args"] = args
         return 0
 
-    monkeypatch.setattr("image_classification.training.main", fake_train)
+    monkeypatch.setattr("image_classification.training.train", fake_train)
     assert launch.main(argv, cuda_available=False) == 0
     assert seen["args"].num_classes == 7 and seen["args"].arch == "resnet50"
 
@@ -256,11 +256,11 @@ def test_gpu_preset_without_cuda_runs_on_the_cpu_with_notices(capsys):
 def test_a_real_run_prints_the_notices_on_stderr(capsys, monkeypatch):
     seen = {}
 
-    def fake_train(rest, defaults):
-        seen["args"] = parse_args(rest, defaults=defaults)
+    def fake_train(args):
+        seen["args"] = args
         return 0
 
-    monkeypatch.setattr("image_classification.training.main", fake_train)
+    monkeypatch.setattr("image_classification.training.train", fake_train)
     assert launch.main([*RN50_A100, "/data"], cuda_available=False) == 0
     notices = capsys.readouterr().err.strip().splitlines()
     assert len(notices) == 3 and all(line.startswith("launch.py: ") for line in notices)

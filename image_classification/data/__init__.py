@@ -53,7 +53,7 @@ def get_loaders(
 
         return synthetic_loaders(config, runtime, want_train=want_train, want_val=want_val)
     if classes is None:
-        from .folder import check_dataset
+        from .layout import check_dataset
 
         classes = check_dataset(config.data, config.num_classes, want_train=want_train, want_val=want_val)
     if config.backend == "pytorch":

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import machine
-from ..arguments import UserErrorParser
+from ..cli import UserErrorParser
 from ..cli import run
 from ..errors import UserError
 from .files import decode_problem, walk_class
-from .folder import class_folders
+from .layout import class_folders
 
 SPLITS = ("train", "val")
 

@@ -3,6 +3,7 @@ normalisation constants, sizes, and the move to the device."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Protocol
 
@@ -41,31 +42,46 @@ def val_resize_size(image_size: int) -> int:
     return round(image_size / CROP_RATIO)
 
 
-class BatchSource(Protocol):
-    """What a backend hands to :class:`DeviceLoader`: host batches of (uint8 NCHW images, int64 targets)."""
-
-    def __len__(self) -> int: ...
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
-
-    def set_epoch(self, epoch: int) -> None: ...
-
-
 class Loader(Protocol):
     """What the training loop receives from every backend: (images, targets) ready on the device.
 
     Images are float32, normalised, in the runtime's memory format; targets are int64 class ids.
-    ``set_epoch`` is called before each epoch and picks that epoch's shuffle; ``num_samples`` is how
-    many images this process sees in one pass (validation counts every image exactly once overall).
+    ``set_epoch`` is called before each pass and picks that epoch's order; with ``start_batch`` the
+    pass begins that many batches in, without reading them (an exact mid-epoch resume).
+    ``num_samples`` is how many images this process sees in one pass (validation counts every image
+    exactly once overall); ``skipped`` how many unreadable images were left out so far.
     """
 
     num_samples: int
+
+    @property
+    def skipped(self) -> int: ...
 
     def __len__(self) -> int: ...
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
 
-    def set_epoch(self, epoch: int) -> None: ...
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None: ...
+
+
+class Unreadable:
+    """The images a backend could not read: each named once on stderr, then left out of every pass."""
+
+    def __init__(self):
+        self.paths: set[str] = set()
+
+    def add(self, path: str, reason: str = "") -> None:
+        if path in self.paths:
+            return
+        self.paths.add(path)
+        detail = f" ({reason})" if reason else ""
+        print(f"warning: skipped unreadable image {path}{detail}", file=sys.stderr, flush=True)
+
+    def __contains__(self, path: str) -> bool:
+        return path in self.paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
 
 
 class DeviceLoader:
@@ -90,19 +106,10 @@ class DeviceLoader:
 
     @property
     def skipped(self) -> int:
-        """How many unreadable images the backend has skipped so far."""
-        return len(getattr(self.source, "skipped", ()))
-
-    @property
-    def supports_start_batch(self) -> bool:
-        """Whether ``set_epoch`` can start an epoch part-way (for an exact mid-epoch resume)."""
-        return getattr(self.source, "supports_start_batch", False)
+        return self.source.skipped
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        if start_batch:
-            self.source.set_epoch(epoch, start_batch=start_batch)
-        else:
-            self.source.set_epoch(epoch)
+        self.source.set_epoch(epoch, start_batch)
 
     def _prepare(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         device = self.runtime.device

@@ -14,7 +14,6 @@ is rebuilt then: DALI's state after an error is not reusable).
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -23,9 +22,9 @@ import torch
 
 from ..errors import UserError
 from ..runtime import Runtime
-from .common import MEAN_255, STD_255, DataConfig, ShardSampler, val_resize_size
+from .common import MEAN_255, STD_255, DataConfig, ShardSampler, Unreadable, val_resize_size
 from .files import decode_problem
-from .folder import list_samples, train_samples
+from .layout import split_samples
 
 # Words in DALI's error when a file could not be read (a dangling link) or decoded: those are skipped.
 _FILE_ERRORS = ("io.file.read", "decoders.", "Decod")
@@ -182,15 +181,13 @@ class DaliLoader:
     mid-epoch resume sees exactly the images it had left, though with fresh crops.
     """
 
-    supports_start_batch = True
-
     def __init__(self, samples: list[tuple[str, int]], spec: PipelineSpec, runtime: Runtime, seed: int):
         self.samples, self.spec, self.runtime, self.seed = samples, spec, runtime, seed
         self.sampler = ShardSampler(len(samples), runtime.rank, runtime.world_size, shuffle=spec.train, seed=seed)
         share = len(self.sampler)
         self.num_samples = share - share % spec.batch_size if spec.train else share
         self.epoch = 0
-        self.unreadable: set[str] = set()  # files DALI could not decode, left out of every later pass
+        self.unreadable = Unreadable()  # files DALI could not read or decode, left out of every later pass
         self.feed = Feed(spec.batch_size)
         self.builds = 0  # pipelines built so far: one per run, plus one after each unreadable file
         self._batches = None  # the DALI iterator over the pipeline, once built
@@ -237,8 +234,7 @@ class DaliLoader:
                 if not broken:
                     raise UserError(_undecodable_message(window)) from None
                 for path in broken:
-                    self.unreadable.add(path)
-                    print(f"warning: skipped unreadable image {path}", file=sys.stderr, flush=True)
+                    self.unreadable.add(path, decode_problem(path) or "")
                 kept = [(f, l) for f, l in zip(files[done:], labels[done:]) if f not in self.unreadable]
                 files = files[:done] + [f for f, _ in kept]
                 labels = labels[:done] + [l for _, l in kept]
@@ -303,8 +299,9 @@ def dali_loaders(
     root = Path(config.data)
     train = val = None
     if want_train:
-        samples = train_samples(root, classes, config.batch_size, runtime.world_size)
+        samples = split_samples(root, "train", classes, batch_size=config.batch_size, world_size=runtime.world_size)
         train = DaliLoader(samples, PipelineSpec(train=True, **spec), runtime, config.seed)
     if want_val:
-        val = DaliLoader(list_samples(root / "val", classes), PipelineSpec(train=False, **spec), runtime, config.seed)
+        samples = split_samples(root, "val", classes)
+        val = DaliLoader(samples, PipelineSpec(train=False, **spec), runtime, config.seed)
     return train, val

@@ -7,9 +7,7 @@ same whatever the number of workers, and an epoch can be replayed exactly after 
 from __future__ import annotations
 
 import functools
-import os
 import random
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +17,10 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 from torchvision import transforms
 from torchvision.transforms import v2
 
-from ..errors import UserError
 from ..runtime import Runtime
-from .common import MEAN_255, STD_255, DataConfig, DeviceLoader, ShardSampler, val_resize_size
-from .files import is_image_file, open_rgb, read_rgb_tensor, walk_class
+from .common import MEAN_255, STD_255, DataConfig, DeviceLoader, ShardSampler, Unreadable, val_resize_size
+from .files import open_rgb, read_rgb_tensor
+from .layout import split_samples
 
 _INTERPOLATION = {
     "bilinear": transforms.InterpolationMode.BILINEAR,
@@ -30,91 +28,6 @@ _INTERPOLATION = {
     # PIL's bilinear filter is a triangle filter, which is what DALI calls INTERP_TRIANGULAR.
     "triangular": transforms.InterpolationMode.BILINEAR,
 }
-
-
-def class_folders(split_dir: Path) -> list[str]:
-    """The class folder names of a split, sorted: their order is the label order."""
-    return sorted(entry.name for entry in os.scandir(split_dir) if entry.is_dir())
-
-
-_reported_links: set[str] = set()
-
-
-def _report_links(problems: list[str]) -> None:
-    """One warning per link not followed, however often the folder is listed."""
-    for problem in problems:
-        if problem not in _reported_links:
-            _reported_links.add(problem)
-            print(f"warning: not following {problem}", file=sys.stderr, flush=True)
-
-
-def list_samples(split_dir: Path, classes: list[str]) -> list[tuple[str, int]]:
-    """(path, label) for every image under ``split_dir/<class>/``, in a stable order (see :func:`walk_class`)."""
-    samples = []
-    for label, name in enumerate(classes):
-        class_dir = split_dir / name
-        if not class_dir.is_dir():
-            continue
-        walk = walk_class(class_dir, split_dir)
-        _report_links(walk.skipped_links)
-        samples.extend((path, label) for path in walk.files)
-    return samples
-
-
-def train_samples(root: Path, classes: list[str], batch_size: int, world_size: int) -> list[tuple[str, int]]:
-    """The train/ samples, refusing a set too small for one batch per process."""
-    samples = list_samples(root / "train", classes)
-    if len(samples) // world_size < batch_size:
-        raise UserError(
-            f"train/ holds {len(samples)} images, fewer than one batch of {batch_size} per process; "
-            "lower -b/--batch-size"
-        )
-    return samples
-
-
-def check_dataset(data_dir: str, num_classes: int | None, *, want_train: bool, want_val: bool) -> list[str]:
-    """Validate the dataset layout before the first step; return the sorted class names."""
-    root = Path(data_dir)
-    if not root.is_dir():
-        raise UserError(f"dataset directory {data_dir} does not exist")
-    splits = [s for s, wanted in (("train", want_train), ("val", want_val)) if wanted]
-    found: dict[str, list[str]] = {}
-    for split in splits:
-        split_dir = root / split
-        if not split_dir.is_dir():
-            raise UserError(f"{data_dir} has no {split}/ folder; expected {split}/<class>/<image> files")
-        classes = class_folders(split_dir)
-        if not classes:
-            raise UserError(f"{split_dir} has no class folders; expected {split}/<class>/<image> files")
-        for name in classes:
-            if not _has_images(split_dir / name, split_dir):
-                raise UserError(f"class folder {split_dir / name} holds no images")
-        found[split] = classes
-    if len(found) == 2 and found["train"] != found["val"]:
-        only_train = sorted(set(found["train"]) - set(found["val"]))
-        only_val = sorted(set(found["val"]) - set(found["train"]))
-        detail = "; ".join(
-            part for part in (
-                f"only in train/: {', '.join(only_train[:5])}" if only_train else "",
-                f"only in val/: {', '.join(only_val[:5])}" if only_val else "",
-            ) if part
-        )
-        raise UserError(f"train/ and val/ class folders differ ({detail})")
-    classes = next(iter(found.values()))
-    if num_classes is not None and len(classes) > num_classes:
-        raise UserError(
-            f"the dataset has {len(classes)} classes but --num-classes is {num_classes}; "
-            f"pass --num-classes {len(classes)}"
-        )
-    return classes
-
-
-def _has_images(class_dir: Path, split_dir: Path) -> bool:
-    """Whether the class folder holds an image; the usual flat folder is answered from its first entries."""
-    with os.scandir(class_dir) as entries:
-        if any(is_image_file(entry.name) and entry.is_file() for entry in entries):
-            return True
-    return bool(walk_class(class_dir, split_dir).files)
 
 
 class ImageFiles(Dataset):
@@ -138,7 +51,7 @@ class ImageFiles(Dataset):
         try:
             image = self.read(path)
         except (OSError, ValueError, Image.DecompressionBombError) as error:
-            return None, label, f"{path} ({error.__class__.__name__}: {error})"
+            return None, label, (path, f"{error.__class__.__name__}: {error}")
         if get_worker_info() is not None:  # a worker process: its generators are its own
             return self._augment(image, seed), label, None
         # -j 0: the training process itself; its generators (MixUp, dropout) must not see the reseeding
@@ -179,14 +92,16 @@ def collate_uint8(batch, normalize: bool = False):
 
 
 class FolderBatches:
-    """Host batches from a DataLoader; warns once per broken image and counts them in ``skipped``."""
-
-    supports_start_batch = True
+    """Host batches from a DataLoader; the broken images its workers report are warned about once."""
 
     def __init__(self, loader: DataLoader, sampler: ShardSampler):
         self.loader = loader
         self.sampler = sampler
-        self.skipped: set[str] = set()
+        self.unreadable = Unreadable()
+
+    @property
+    def skipped(self) -> int:
+        return len(self.unreadable)
 
     def __len__(self) -> int:
         return len(self.sampler) // self.loader.batch_size if self.loader.drop_last else len(self.loader)
@@ -196,10 +111,8 @@ class FolderBatches:
 
     def __iter__(self):
         for images, labels, broken in self.loader:
-            for problem in broken:
-                if problem not in self.skipped:
-                    self.skipped.add(problem)
-                    print(f"warning: skipped unreadable image {problem}", file=sys.stderr, flush=True)
+            for path, reason in broken:
+                self.unreadable.add(path, reason)
             if len(labels):
                 yield images, labels
 
@@ -264,9 +177,9 @@ def folder_loaders(
     root = Path(config.data)
     train = val = None
     if want_train:
-        samples = train_samples(root, classes, config.batch_size, runtime.world_size)
+        samples = split_samples(root, "train", classes, batch_size=config.batch_size, world_size=runtime.world_size)
         train = _loader(samples, train_transform(config), config, runtime, train=True)
     if want_val:
-        val = _loader(list_samples(root / "val", classes), val_transform(config.image_size, config.interpolation),
-                      config, runtime, False)
+        samples = split_samples(root, "val", classes)
+        val = _loader(samples, val_transform(config.image_size, config.interpolation), config, runtime, False)
     return train, val
