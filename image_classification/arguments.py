@@ -18,6 +18,7 @@ from .gpu_affinity import MODES as GPU_AFFINITY_MODES
 from .models import MODEL_CONFIGS, list_models
 
 DATA_BACKENDS = ("pytorch", "synthetic", "dali-cpu", "dali-gpu")
+DEFAULT_WORKERS = 5  # the reference's -j
 BACKEND_ALIASES = {"syntetic": "synthetic"}  # the reference README's spelling
 LR_SCHEDULES = ("step", "linear", "cosine")
 INTERPOLATIONS = ("bilinear", "bicubic", "triangular")
@@ -62,7 +63,7 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
         help="data backend: pytorch | synthetic (alias syntetic) | dali-cpu | dali-gpu "
         "(default: dali-cpu when NVIDIA DALI is installed, else pytorch)",
     )
-    data.add_argument("-j", "--workers", metavar="N", type=int, default=5,
+    data.add_argument("-j", "--workers", metavar="N", type=int, default=DEFAULT_WORKERS,
                       help="number of data loading workers; 0 loads in the main process (default: 5)")
     data.add_argument("--prefetch", metavar="N", type=positive_int, default=2,
                       help="batches each pytorch-backend worker loads ahead (default: 2)")

@@ -46,6 +46,7 @@ class Progress:
     best_prec1: float = 0.0
     best_epoch: int = -1  # the epoch model_best holds; -1 before the first finite validation
     epochs_without_improvement: int = 0
+    stopped_early: bool = False  # early stopping ended the run: it is finished, whatever --epochs says
 
 
 @dataclass
@@ -68,7 +69,8 @@ class Engine:
         self.optimizer = build_optimizer(
             model, name=config.optimizer, lr=config.lr, momentum=config.momentum,
             weight_decay=config.weight_decay, nesterov=config.nesterov, bn_weight_decay=config.bn_weight_decay,
-            rmsprop_alpha=config.rmsprop_alpha, rmsprop_eps=config.rmsprop_eps, log=log,
+            rmsprop_alpha=config.rmsprop_alpha, rmsprop_eps=config.rmsprop_eps,
+            log=(lambda *_: None) if config.evaluate else log,  # --evaluate never steps: no word about decay
         )
         self.scaler = self._make_scaler()
         self.ema = ModelEma(model, config.ema_decay) if config.ema_decay else None
@@ -117,6 +119,9 @@ class Engine:
                    step_now: bool) -> None:
         """Forward and backward one micro-batch; with ``step_now``, take the optimizer step."""
         config = self.config
+        batch = targets.shape[0]
+        if batch == 1:  # what skipped unreadable images can leave: BatchNorm cannot normalise one sample
+            images, targets = torch.cat([images, images]), torch.cat([targets, targets])
         target = targets
         if config.mixup > 0:
             from .losses import mixup
@@ -137,7 +142,7 @@ class Engine:
             self._optimizer_step()
         self._loss_sum += loss.detach()
         self._window_steps += 1
-        self._window_images += targets.shape[0]
+        self._window_images += batch
         self.progress.batch += 1
         self.progress.iterations += 1
 
@@ -171,6 +176,8 @@ class Engine:
             progress.epochs_without_improvement = 0
         else:
             progress.epochs_without_improvement += 1
+        patience = self.config.early_stopping_patience
+        progress.stopped_early = 0 < patience <= progress.epochs_without_improvement
         return is_best
 
     def discard_gradients(self) -> None:
@@ -268,6 +275,7 @@ class Engine:
                      "epochs_without_improvement"):
             setattr(progress, name, int(state.get(name, 0)))
         progress.best_prec1 = float(state.get("best_prec1", 0.0))
+        progress.stopped_early = bool(state.get("stopped_early", False))
         progress.best_epoch = int(state.get("best_epoch", 0 if progress.best_prec1 > 0 else -1))
         if state.get("optimizer") is not None:
             try:

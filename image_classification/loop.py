@@ -207,7 +207,7 @@ class Loop:
             is_best = engine.end_epoch(val.finite_top1 if val is not None else None)
             raport.end_epoch(epoch)
             self.save(finished_epoch=True, reason="epoch", is_best=is_best)
-            if 0 < config.early_stopping_patience <= progress.epochs_without_improvement:
+            if progress.stopped_early:
                 log(f"Early stopping: no better top1 for {progress.epochs_without_improvement} epochs")
                 break
             control.at_window()
@@ -245,8 +245,9 @@ class Loop:
         accumulation = config.accumulation
         if 0 < length < accumulation:
             if not self._noted_short_epoch:
-                self.log(f"=> an epoch of {length} batches is shorter than one gradient accumulation of "
-                         f"{accumulation}: the optimizer steps every {length} micro-batches")
+                batches = f"{length} batch{'es' if length > 1 else ''}"
+                self.log(f"=> an epoch of {batches} is shorter than one gradient accumulation of {accumulation}: "
+                         f"the optimizer steps every {batches}")
                 self._noted_short_epoch = True
             accumulation = length
         return length - length % accumulation, accumulation
@@ -326,7 +327,7 @@ class Loop:
                 break
             data_time = time.perf_counter() - end
             compute_time, logits = self._timed_forward(model, images)
-            loss = classification_loss(logits, targets, config.val_smoothing)
+            loss = classification_loss(logits, targets, 0.0)  # plain cross-entropy, whatever training used
             batch = targets.shape[0]
             counts = correct_counts(logits, targets, ks).double()
             not_finite = (~torch.isfinite(logits).all(dim=1)).sum().double()

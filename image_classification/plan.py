@@ -21,6 +21,8 @@ import torch.distributed as dist
 from torch import nn
 
 from . import checkpoint as ckpt
+from . import machine
+from .arguments import DEFAULT_WORKERS
 from .data import DataConfig, resolve_backend
 from .errors import UserError
 from .models import build_model, default_image_size, load_weights
@@ -124,11 +126,6 @@ class RunConfig:
     gather_checkpoints: int = 0
     checkpoint_interval: CheckpointInterval | None = None
     tensorboard: str | None = None
-
-    @property
-    def val_smoothing(self) -> float:
-        """Validation loss smoothing: the training's, except with MixUp (its soft targets are smoothed apart)."""
-        return self.label_smoothing if self.mixup == 0 else 0.0
 
     def lr_at(self, epoch: int) -> float:
         return lr_at(epoch, base_lr=self.lr, schedule=self.lr_schedule, warmup=self.warmup, epochs=self.epochs,
@@ -367,7 +364,12 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     if resumed is not None and resumed.get("arch", args.arch) != args.arch:
         raise UserError(f"{resume_path} holds a {resumed['arch']} checkpoint, not {args.arch}; pass --arch "
                         f"{resumed['arch']}")
-    if resumed is not None and not args.evaluate and int(resumed["epoch"]) >= args.epochs:
+    if resumed is not None and not args.evaluate and resumed.get("stopped_early"):
+        if args.resume == "auto":
+            log(f"=> {resume_path} is a run that early stopping ended: nothing to do")
+            return None
+        log(f"=> {resume_path} is a run that early stopping ended; training on from it, as asked")
+    elif resumed is not None and not args.evaluate and int(resumed["epoch"]) >= args.epochs:
         if args.resume == "auto":
             log(f"=> {resume_path} already finished all {args.epochs} epochs: nothing to do")
             return None
@@ -396,8 +398,11 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     config = build_config(args, seed=seed, num_classes=num_classes, preprocessing=preprocessing,
                           topk=resolve_topk(args, num_classes), accumulation=accumulation, loss_scale=loss_scale)
     model = build_model_for(config, runtime, resumed, resume_path, pretrained, args, log)
+    workers = min(args.workers, machine.cores())
+    if workers < args.workers and args.workers != DEFAULT_WORKERS:  # the reference's default says nothing
+        log(f"=> -j {args.workers} is more than the {workers} cores this process may use: {workers} loader workers")
     data = data_config(args, preprocessing.image_size, backend=backend, seed=seed, num_classes=num_classes,
-                       interpolation=preprocessing.interpolation)
+                       interpolation=preprocessing.interpolation, workers=workers)
     parameters = {**vars(args), "data_backend": backend, "seed": seed, "num_classes": num_classes,
                   "topk": config.topk, "world_size": runtime.world_size, "device": str(runtime.device),
                   "amp_dtype": str(runtime.amp_dtype), "image_size": preprocessing.image_size,

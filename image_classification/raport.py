@@ -276,8 +276,9 @@ class Raport:
         self.metrics[name].record(value, n, window=window, epoch=epoch)
 
     def _emit(self, step, values: dict[str, float | None]) -> None:
+        """Log ``values`` at ``step``; a metric with nothing recorded (None) is left out, not logged as null."""
         for level in (DEFAULT, VERBOSE):
-            data = {k: v for k, v in values.items() if self.metrics[k].verbosity == level}
+            data = {k: v for k, v in values.items() if v is not None and self.metrics[k].verbosity == level}
             if data:
                 self.log(step, data, level if len(step) > 1 else DEFAULT)
 

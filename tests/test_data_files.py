@@ -153,10 +153,10 @@ def test_more_workers_than_cores_are_capped_with_one_notice(folder):
     cores = len(os.sched_getaffinity(0))
     result = subprocess.run(
         [sys.executable, str(REPO / "main.py"), "--data-backend", "pytorch", "-a", "resnet18", "--image-size", "32",
-         "-b", "4", "--epochs", "1", "--prof", "1", "-j", str(cores + 3), "--workspace", str(folder / "ws"),
+         "-b", "4", "--epochs", "1", "--prof", "1", "-j", str(cores + 4), "--workspace", str(folder / "ws"),
          str(folder)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    notice = f"-j {cores + 3} is more than the {cores} cores this process may use: {cores} loader workers"
+    notice = f"-j {cores + 4} is more than the {cores} cores this process may use: {cores} loader workers"
     assert result.stdout.count(notice) == 1
     assert "worker processes in total" not in result.stderr  # torch's DataLoader warning
 

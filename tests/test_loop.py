@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 from image_classification.raport import read_raport
 from image_classification.training import main
 
@@ -15,3 +18,71 @@ def test_validation_records_carry_the_training_iteration(tmp_path):
              if record.get("type") == "LOG" and any(key.startswith("val.") for key in record["data"])
              and len(record["step"]) == 3]
     assert steps and all(step[:2] == [0, 3] for step in steps), steps
+
+
+SYNTHETIC = ["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "32", "-b", "4", "--num-classes", "4",
+             "--seed", "1", "--lr", "0.01"]
+
+
+def test_an_early_stopped_run_is_finished_for_a_requeue(tmp_path, capsys):
+    """`--resume auto` after early stopping does nothing, however often a requeue loop runs it."""
+    from image_classification import loop
+
+    run = SYNTHETIC + ["--prof", "2", "--epochs", "10", "--early-stopping-patience", "1", "--resume", "auto",
+                       "--workspace", str(tmp_path)]
+    with pytest.MonkeyPatch.context() as patch:
+        scores = iter([50.0, 10.0])  # the second epoch does not improve: early stopping after it
+        real = loop.Loop.validate
+
+        def scored(self, *args, **kwargs):
+            result = real(self, *args, **kwargs)
+            result.top1 = next(scores)
+            return result
+
+        patch.setattr(loop.Loop, "validate", scored)
+        assert main(run) == 0
+    state = torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)
+    assert state["epoch"] == 2 and state["stopped_early"]
+    capsys.readouterr()
+    assert main(run) == 0
+    assert "early stopping ended: nothing to do" in capsys.readouterr().out
+    assert torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)["epoch"] == 2
+
+
+def test_a_training_batch_of_one_is_trained_not_a_batchnorm_traceback():
+    """Skipped unreadable images can leave one image in a batch; BatchNorm cannot normalise it alone."""
+    from image_classification.engine import Engine
+    from image_classification.models import build_model
+    from image_classification.plan import RunConfig
+    from image_classification.preprocessing import Preprocessing
+    from image_classification.runtime import Runtime
+
+    model = build_model("resnet18", num_classes=4)
+    config = RunConfig(arch="resnet18", num_classes=4, model_options=(), preprocessing=Preprocessing(32))
+    engine = Engine(config, Runtime(torch.device("cpu"), None, torch.contiguous_format), model, log=print)
+    before = model.fc.weight.detach().clone()
+    engine.train_step(torch.randn(1, 3, 32, 32), torch.tensor([2]), accumulation=1, step_now=True)
+    reading = engine.read_window("here")
+    assert reading.images == 1 and reading.loss > 0
+    assert not torch.equal(model.fc.weight, before) and engine.progress.batch == 1
+
+
+def test_val_loss_is_the_same_plain_cross_entropy_in_training_and_evaluation(tmp_path):
+    """Label smoothing changes the training loss only: one checkpoint, one val.loss."""
+    base = SYNTHETIC + ["--prof", "2", "--label-smoothing", "0.3"]
+    assert main(base + ["--epochs", "1", "--workspace", str(tmp_path / "train")]) == 0
+    assert main(base + ["--evaluate", "--resume", str(tmp_path / "train" / "checkpoint.pth.tar"),
+                        "--label-smoothing", "0", "--workspace", str(tmp_path / "eval")]) == 0
+    losses = [[r["data"]["val.loss"] for r in read_raport(tmp_path / run / "experiment_raport.json")
+               if r.get("type") == "LOG" and r["step"] == [] and "val.loss" in r["data"]] for run in ("train", "eval")]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+def test_quiet_runs_say_nothing_about_what_did_not_happen(tmp_path, capsys):
+    """--evaluate says nothing about weight decay; no null metrics; no -j notice for the default -j."""
+    assert main(SYNTHETIC + ["--prof", "1", "--epochs", "1", "--workspace", str(tmp_path)]) == 0
+    assert main(SYNTHETIC + ["--prof", "1", "--evaluate", "--resume", str(tmp_path / "checkpoint.pth.tar"),
+                             "--workspace", str(tmp_path / "eval")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("weight decay") == 1  # the training run's line only
+    assert "None" not in out and "loader workers" not in out

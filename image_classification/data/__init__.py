@@ -28,17 +28,6 @@ def resolve_backend(requested: str | None) -> str:
     return "dali-cpu" if dali_available() else "pytorch"
 
 
-def _cap_workers(config: DataConfig, runtime: Runtime) -> DataConfig:
-    """``config`` with at most this process's cores as workers (torch warns beyond them), said once."""
-    cores = machine.cores()
-    if config.workers <= cores:
-        return config
-    if runtime.is_main:
-        print(f"=> -j {config.workers} is more than the {cores} cores this process may use: {cores} loader workers",
-              flush=True)
-    return dataclasses.replace(config, workers=cores)
-
-
 def get_loaders(
     config: DataConfig, runtime: Runtime, classes: list[str] | None = None, *, want_train: bool, want_val: bool
 ) -> tuple[Loader | None, Loader | None]:
@@ -47,7 +36,7 @@ def get_loaders(
     ``classes``: the class folder names in label order, as the run's set-up checked them; None scans
     the dataset here (a script that has not).
     """
-    config = _cap_workers(config, runtime)
+    config = dataclasses.replace(config, workers=min(config.workers, machine.cores()))  # torch warns beyond
     if config.backend == "synthetic":
         from .synthetic import synthetic_loaders
 
