@@ -12,18 +12,21 @@ import importlib
 from typing import Callable
 
 from .cli import run
+from .signals import catch_early
 
 
-def _command(module: str, function: str = "main") -> Callable[[], int]:
+def _command(module: str, function: str = "main", *, saves_on_signal: bool = False) -> Callable[[], int]:
     def command() -> int:
+        if saves_on_signal:  # as main.py and launch.py: a SIGTERM during the imports stops cleanly
+            catch_early()
         return run(getattr(importlib.import_module(f"{__package__}.{module}"), function))
 
     command.__doc__ = f"{module}.{function}, as a console command: its exit code"
     return command
 
 
-train = _command("training")
-launch = _command("launch")
+train = _command("training", saves_on_signal=True)
+launch = _command("launch", saves_on_signal=True)
 classify = _command("inference")
 multiproc = _command("multiproc")
 checkpoint2model = _command("export", "checkpoint2model_main")

@@ -21,7 +21,6 @@ live in the :class:`Engine`, which it drives.
 from __future__ import annotations
 
 import math
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -38,38 +37,10 @@ from .losses import classification_loss, correct_counts
 from .plan import CheckpointInterval
 from .raport import ACC_META, LOSS_META, LR_META, PERF_META, TIME_META, VERBOSE, Raport
 from .runtime import Runtime
+from .signals import StopSignal
 from .workspace import Workspace
 
 LATENCY_PERCENTILES = (90, 95, 99, 100)
-STOP_SIGNALS = ("SIGTERM", "SIGUSR1")
-
-
-class StopSignal:
-    """Remembers a SIGTERM or SIGUSR1 so the loop can save where it is and stop."""
-
-    def __init__(self):
-        self.received: str | None = None
-        self._previous: dict = {}
-
-    def __enter__(self):
-        for name in STOP_SIGNALS:
-            number = getattr(signal, name, None)
-            if number is None:
-                continue
-            try:
-                self._previous[number] = signal.signal(number, self._handle)
-            except ValueError:  # not the main thread: leave the signals alone
-                pass
-        return self
-
-    def _handle(self, signum, frame):
-        self.received = signal.Signals(signum).name
-        print(f"Received {self.received}", file=sys.stderr, flush=True)
-
-    def __exit__(self, *exc):
-        for number, previous in self._previous.items():
-            signal.signal(number, previous)
-        self._previous = {}
 
 
 class RunControl:
@@ -190,6 +161,12 @@ class Loop:
         start_epoch = progress.epoch
         end_epoch = config.epochs if config.run_epochs < 0 else min(start_epoch + config.run_epochs, config.epochs)
         where = f", batch {progress.batch}" if progress.batch else ""
+        control.at_window()
+        if control.stop_pending:  # a signal during start-up: nothing trained, nothing to save
+            log(f"Stopped by {control.signals.received or 'another process'} before the first step; --resume "
+                f"continues from {'the checkpoint' if progress.iterations else 'the start'} (exit code "
+                f"{EXIT_PREEMPTED})")
+            return EXIT_PREEMPTED
         log(f"RUNNING EPOCHS FROM {start_epoch}{where} TO {end_epoch}")
         if config.checkpoint_interval is not None and config.save_checkpoints:
             log(f"=> mid-epoch checkpoints {config.checkpoint_interval}")

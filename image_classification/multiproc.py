@@ -61,6 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="address of the node with node_rank 0 (default: 127.0.0.1)")
     parser.add_argument("--master_port", "--master-port", metavar="PORT", type=int, default=29500,
                         help="a free port on the master node (default: 29500)")
+    parser.add_argument("--max-restarts", "--max_restarts", metavar="N", type=int, default=0,
+                        help="restart every process of this node up to N times when one fails; with "
+                        "--resume auto and --checkpoint-interval the run continues where it was (default: 0)")
+    parser.add_argument("--rdzv-backend", "--rdzv_backend", choices=("static", "c10d"), default="static",
+                        help="how nodes meet: static (node ranks fixed by --node_rank, the reference's) or "
+                        "c10d (at --rdzv-endpoint, in any order) (default: static)")
+    parser.add_argument("--rdzv-endpoint", "--rdzv_endpoint", metavar="HOST:PORT", default=None,
+                        help="c10d's meeting point (default: --master_addr:--master_port)")
+    parser.add_argument("--rdzv-id", "--rdzv_id", metavar="ID", default="image-classification",
+                        help="c10d's job id, the same on every node (default: image-classification)")
     parser.add_argument("--log_dir", "--log-dir", metavar="DIR", default=".",
                         help="folder of the GPU_k.log files of local ranks k > 0 (default: .)")
     parser.add_argument("training_script",
@@ -76,6 +86,8 @@ def check(ns: argparse.Namespace) -> None:
     if not 0 <= ns.node_rank < ns.nnodes:
         raise UserError(f"--node_rank must be between 0 and --nnodes - 1 = {ns.nnodes - 1}, "
                         f"got {ns.node_rank}")
+    if ns.max_restarts < 0:
+        raise UserError(f"--max-restarts must be 0 or more, got {ns.max_restarts}")
     if not 0 < ns.master_port < 65536:
         raise UserError(f"--master_port must be a port number, got {ns.master_port}")
 
@@ -95,16 +107,23 @@ def script_path(script: str) -> str:
 
 
 def torchrun_argv(ns: argparse.Namespace) -> list[str]:
-    """torchrun's arguments for a run: static rendezvous, no restarts, workers through the log shim."""
+    """torchrun's arguments for a run: the rendezvous, the restarts, the workers through the log shim.
+
+    The static rendezvous (the reference's) fixes each node's rank; c10d lets nodes meet at
+    ``--rdzv-endpoint`` in any order, which a restarted job on a scheduler needs.
+    """
     log_dir = os.path.abspath(ns.log_dir)
+    if ns.rdzv_backend == "static":
+        rendezvous = ["--node-rank", str(ns.node_rank), "--master-addr", ns.master_addr,
+                      "--master-port", str(ns.master_port), "--rdzv-backend", "static"]
+    else:
+        endpoint = ns.rdzv_endpoint or f"{ns.master_addr}:{ns.master_port}"
+        rendezvous = ["--rdzv-backend", ns.rdzv_backend, "--rdzv-endpoint", endpoint, "--rdzv-id", ns.rdzv_id]
     return [
         "--nnodes", str(ns.nnodes),
-        "--node-rank", str(ns.node_rank),
         "--nproc-per-node", str(ns.nproc_per_node),
-        "--master-addr", ns.master_addr,
-        "--master-port", str(ns.master_port),
-        "--rdzv-backend", "static",
-        "--max-restarts", "0",
+        *rendezvous,
+        "--max-restarts", str(ns.max_restarts),
         "--monitor-interval", "0.5",
         os.path.abspath(worker_shim.__file__), log_dir, ns.training_script, *ns.training_script_args,
     ]
@@ -166,7 +185,8 @@ def _child_pids() -> list[int]:
 
 
 def _relay_to_workers(signum: int, frame) -> None:
-    """Pass a SIGUSR1 (SLURM's warning before a preemption) on to the workers, which save and exit 75."""
+    """Pass a SIGTERM or SIGUSR1 (SLURM's time limit, its warning before a preemption) on to the workers,
+    which save and exit 75; torchrun then reports them, and multiproc exits 75 as they did."""
     for pid in _child_pids():
         try:
             os.kill(pid, signum)
@@ -209,10 +229,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in startup_lines(ns, command):
         print(line, flush=True)
     logging.getLogger(ELASTIC_LOGGER).addFilter(_not_a_repeat)  # adding it twice keeps one
-    if hasattr(signal, "SIGUSR1"):  # torchrun handles SIGTERM itself; SIGUSR1 would kill us and orphan them
-        signal.signal(signal.SIGUSR1, _relay_to_workers)
+    # torchrun would turn a SIGTERM into its own exit (143) and SIGUSR1 would kill us and orphan the
+    # workers: both go to the workers instead, which save and stop (where torchrun lets SIGTERM be ours)
+    argv = torchrun_argv(ns)
+    if any("--signals-to-handle" in action.option_strings for action in torchrun.get_args_parser()._actions):
+        argv = ["--signals-to-handle", "SIGINT,SIGHUP,SIGQUIT", *argv]
+    for name in ("SIGTERM", "SIGUSR1"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), _relay_to_workers)
     try:
-        torchrun.run(torchrun.parse_args(torchrun_argv(ns)))
+        torchrun.run(torchrun.parse_args(argv))
     except ChildFailedError as failed:
         if _stopped_early(failed.failures.values()):
             print(f"multiproc.py: the processes stopped early after saving a checkpoint (exit code "

@@ -23,10 +23,11 @@ from .data import get_loaders
 from .distributed import lost_peer_reason
 from .engine import Engine
 from .errors import PeerLost, UserError
-from .loop import Loop, RunControl, StopSignal, register_metrics
+from .loop import Loop, RunControl, register_metrics
 from .plan import RunConfig, resolve_run
 from .raport import Raport
 from .runtime import Runtime, make_runtime
+from .signals import StopSignal
 from .workspace import Workspace
 
 
@@ -40,12 +41,17 @@ def main(argv: list[str] | None = None, defaults: dict | None = None) -> int:
 
 def train(args: argparse.Namespace) -> int:
     """Run the job that parsed (and checked) arguments describe; returns the exit code."""
+    with StopSignal() as signals:
+        return _train(args, signals)
+
+
+def _train(args: argparse.Namespace, signals: StopSignal) -> int:
     runtime = make_runtime(args.device, args.amp, args.amp_dtype, args.memory_format, args.tf32,
                            gpu_affinity=args.gpu_affinity, dist_timeout=args.dist_timeout)
     log = runtime.print
     workspace = Workspace(args.workspace, args.checkpoint_filename, args.raport_file)
     try:
-        code = _run(args, runtime, workspace, log)
+        code = _run(args, runtime, workspace, signals, log)
         if runtime.distributed and dist.is_initialized():
             with runtime.waiting_for_peers("finishing the run"):
                 dist.barrier()  # every rank is done with every collective once past it
@@ -79,7 +85,7 @@ def _leave_distributed(workspace: Workspace, code: int) -> NoReturn:
     os._exit(code)
 
 
-def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, log) -> int:
+def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signals: StopSignal, log) -> int:
     if runtime.is_main:
         workspace.prepare(args.save_checkpoints and not args.evaluate)
         workspace.lock()
@@ -104,17 +110,16 @@ def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, log) 
         from tqdm import tqdm
 
         raport.echo = tqdm.write
-    with StopSignal() as signals:
-        control = RunControl(runtime, signals, config.checkpoint_interval, engine.progress.iterations)
-        loop = Loop(engine, raport, workspace, control, prefixes=prefixes, show_progress=show_progress, log=log)
-        try:
-            if config.evaluate:
-                code = loop.evaluate(val_loader)
-            else:
-                code = loop.fit(train_loader, val_loader)
-        finally:
-            summary = raport.end()
-            raport.close()
+    control = RunControl(runtime, signals, config.checkpoint_interval, engine.progress.iterations)
+    loop = Loop(engine, raport, workspace, control, prefixes=prefixes, show_progress=show_progress, log=log)
+    try:
+        if config.evaluate:
+            code = loop.evaluate(val_loader)
+        else:
+            code = loop.fit(train_loader, val_loader)
+    finally:
+        summary = raport.end()
+        raport.close()
     _print_summary(config, runtime, engine, summary, workspace, train_loader, val_loader)
     log("Experiment ended")
     return code

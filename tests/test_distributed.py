@@ -161,6 +161,13 @@ def test_torchrun_arguments():
     parsed = torchrun.parse_args(argv)  # torchrun accepts them
     assert parsed.training_script == worker_shim.__file__ and parsed.node_rank == 1
 
+    elastic = multiproc.torchrun_argv(multiproc.build_parser().parse_args(
+        ["--nnodes", "2", "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "head:29400",
+         "main.py", "/data"]))
+    parsed = torchrun.parse_args(elastic)
+    assert (parsed.rdzv_backend, parsed.rdzv_endpoint, parsed.max_restarts) == ("c10d", "head:29400", 3)
+    assert parsed.rdzv_id == "image-classification"
+
 
 # ------------------------------------------------------------------------------------------------
 # SLURM

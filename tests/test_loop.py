@@ -86,3 +86,24 @@ def test_quiet_runs_say_nothing_about_what_did_not_happen(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("weight decay") == 1  # the training run's line only
     assert "None" not in out and "loader workers" not in out
+
+
+def test_a_stop_signal_during_start_up_stops_before_the_first_step_with_75(tmp_path, monkeypatch, capsys):
+    """SIGTERM while the dataset is scanned or a checkpoint loads: no traceback, no step, exit 75."""
+    import os
+    import signal
+
+    from image_classification import training
+
+    real = training.resolve_run
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(training, "resolve_run", signalled)
+    assert main(SYNTHETIC + ["--prof", "2", "--epochs", "1", "--workspace", str(tmp_path)]) == 75
+    out = capsys.readouterr().out
+    assert "Stopped by SIGTERM before the first step" in out and "RUNNING EPOCHS" not in out
+    assert not (tmp_path / "checkpoint.pth.tar").exists()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the run gives the handlers back

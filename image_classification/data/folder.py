@@ -18,6 +18,7 @@ from torchvision import transforms
 from torchvision.transforms import v2
 
 from ..runtime import Runtime
+from ..signals import ignore_in_worker
 from .common import MEAN_255, STD_255, DataConfig, DeviceLoader, ShardSampler, Unreadable, val_resize_size
 from .files import open_rgb, read_rgb_tensor
 from .layout import split_samples
@@ -147,6 +148,7 @@ _MEAN_OVER_STD = torch.tensor(MEAN_255).view(1, 3, 1, 1) * _INV_STD
 def _worker_init(_worker_id: int) -> None:
     # Each sample reseeds torch and random itself; numpy is seeded for any user transform.
     np.random.seed(torch.initial_seed() % 2**32)
+    ignore_in_worker()
 
 
 def _loader(samples, transform, config: DataConfig, runtime: Runtime, train: bool) -> DeviceLoader:

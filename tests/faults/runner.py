@@ -6,7 +6,9 @@ kilobytes, so a test can save and kill many times in seconds.  The environment p
 
 * ``FAULTS_KILL_AT=K``: the process sends itself SIGKILL right after train iteration K of the run
   (counted over the whole run, as ``Progress.iterations``);
-* ``FAULTS_SIGNAL_AT=K:NAME``: it sends itself the signal NAME (SIGTERM, SIGUSR1) after iteration K;
+* ``FAULTS_SIGNAL_AT=K:NAME``: it sends itself the signal NAME (SIGTERM, SIGUSR1) after iteration K; with
+  ``FAULTS_SIGNAL_GROUP=1`` it leads its own process group and signals the whole group, its loader
+  workers included, as SLURM does;
 * ``FAULTS_HANG_AT=K``: after iteration K the process hangs (alive, never answering its peers) until a
   SIGTERM or SIGKILL ends it;
 * ``FAULTS_KILL_IN_SAVE=N``: the N-th ``torch.save`` of the process writes half of its bytes, syncs
@@ -14,6 +16,8 @@ kilobytes, so a test can save and kill many times in seconds.  The environment p
 * ``FAULTS_FULL_IN_SAVE=N``: the N-th ``torch.save`` writes half of its bytes and then fails as a full
   disk does (``OSError`` ENOSPC);
 * ``FAULTS_RANK=R``: the faults above apply to global rank R only (all ranks when unset);
+* ``FAULTS_ONCE=PATH``: a fault happens once: the first makes PATH, and none happens while PATH exists
+  (a restarted process is not killed again);
 * ``FAULTS_RECORD=PATH``: every MixUp draw is appended to PATH as ``rank iteration lambda``.
 """
 
@@ -42,13 +46,23 @@ RANK = int(os.environ.get("RANK", "0"))
 
 def _applies() -> bool:
     wanted = os.environ.get("FAULTS_RANK")
+    once = os.environ.get("FAULTS_ONCE")
+    if once and os.path.exists(once):
+        return False
     return wanted is None or int(wanted) == RANK
+
+
+def _happening() -> None:
+    """Mark the fault as done for FAULTS_ONCE (before it happens: a kill leaves no later moment)."""
+    if os.environ.get("FAULTS_ONCE"):
+        open(os.environ["FAULTS_ONCE"], "w").close()
 
 
 def _after_iteration(iterations: int) -> None:
     if not _applies():
         return
     if os.environ.get("FAULTS_KILL_AT") and iterations == int(os.environ["FAULTS_KILL_AT"]):
+        _happening()
         os.kill(os.getpid(), signal.SIGKILL)
     if os.environ.get("FAULTS_HANG_AT") and iterations == int(os.environ["FAULTS_HANG_AT"]):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the launcher's SIGTERM ends the hang at once
@@ -57,7 +71,10 @@ def _after_iteration(iterations: int) -> None:
     if os.environ.get("FAULTS_SIGNAL_AT"):
         at, name = os.environ["FAULTS_SIGNAL_AT"].split(":")
         if iterations == int(at):
-            os.kill(os.getpid(), getattr(signal, name))
+            if os.environ.get("FAULTS_SIGNAL_GROUP"):
+                os.killpg(os.getpgid(0), getattr(signal, name))
+            else:
+                os.kill(os.getpid(), getattr(signal, name))
 
 
 def _install_iteration_hook() -> None:
@@ -111,6 +128,8 @@ def _install_mixup_record(path: str) -> None:
 
 
 if __name__ == "__main__":
+    if os.environ.get("FAULTS_SIGNAL_GROUP"):
+        os.setpgrp()  # a group of its own: the signal must not reach the test runner
     ARCHS["tiny"] = TINY
     _install_iteration_hook()
     if os.environ.get("FAULTS_KILL_IN_SAVE"):
