@@ -77,9 +77,26 @@ def _zip_writer_failure(error: RuntimeError) -> tuple[OSError | None, str] | Non
     return cause, f"the checkpoint writer failed ({words}): is the disk full?"
 
 
+def longest_name(folder: str | os.PathLike) -> int:
+    """The longest file name, in bytes, that the file system of ``folder`` takes (255 where it won't say);
+    asked of the nearest folder that exists, so that names can be checked before anything is created."""
+    for existing in (Path(folder).absolute(), *Path(folder).absolute().parents):
+        if existing.is_dir():
+            try:
+                return os.pathconf(existing, "PC_NAME_MAX")
+            except (OSError, ValueError):
+                break
+    return 255
+
+
 def temporary_name(path: Path) -> str:
-    """The prefix of ``path``'s temporary files: hidden, beside it, recognisable by :func:`stale_temporaries`."""
-    return f".{path.name}."
+    """The prefix of ``path``'s temporary files: hidden, beside it, recognisable by the workspace.
+
+    A long name is cut so that the temporary (prefix, 8 random characters, ``.tmp``) still fits the file
+    system: any name the file system takes can be saved.
+    """
+    room = longest_name(path.parent) - len("..") - 8 - len(TEMP_SUFFIX)
+    return f".{os.fsdecode(os.fsencode(path.name)[:room])}."
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:

@@ -1,7 +1,8 @@
 """The workspace a run writes into: checked before the first step, locked while the run lives.
 
-* :meth:`Workspace.prepare` refuses, with one line each and before any training, a workspace that is a
-  file or cannot be written, an empty or colliding ``--checkpoint-filename`` / ``--raport-file``;
+* :meth:`Workspace.prepare` refuses, with one line each and before anything is written, a workspace that
+  is a file or cannot be written, and a ``--checkpoint-filename`` / ``--raport-file`` that is empty, too
+  long for the file system, outside the workspace, or the same file as a checkpoint, the lock or each other;
 * :meth:`Workspace.lock` holds an exclusive ``flock`` on ``.workspace.lock``: a second run on the same
   workspace stops with the first one's pid and host; the kernel drops the lock when its process dies,
   so a killed run never blocks the next one;
@@ -19,7 +20,8 @@ import socket
 import tempfile
 from pathlib import Path
 
-from .checkpoint import BEST_NAME, TEMP_SUFFIX, epoch_checkpoints, is_epoch_checkpoint_name
+from .checkpoint import (BEST_NAME, TEMP_SUFFIX, epoch_checkpoints, is_epoch_checkpoint_name, longest_name,
+                         temporary_name)
 from .errors import UserError
 
 LOCK_NAME = ".workspace.lock"
@@ -52,13 +54,33 @@ class Workspace:
 
     # -- checks -----------------------------------------------------------------------------------
     def check_names(self, saving: bool) -> None:
-        """File names that cannot work, or would overwrite one another, are refused."""
+        """File names that cannot work, leave the workspace, or would overwrite one another are refused.
+
+        Paths are compared resolved (``sub/../checkpoint.pth.tar`` is ``checkpoint.pth.tar``), and the
+        raport is checked against the checkpoints even when this run saves none: it would truncate the
+        file that ``--resume`` reads.
+        """
+        limit = longest_name(self.path)
         for flag, name in (("--raport-file", self.raport_file),) + (
                 (("--checkpoint-filename", self.checkpoint_filename),) if saving else ()):
             if not name or not name.strip() or Path(name).name in ("", ".", ".."):
                 raise UserError(f"{flag} needs a file name, got {name!r}")
             if Path(name).is_absolute():
                 raise UserError(f"{flag} is a name inside --workspace, not an absolute path: {name}")
+            if Path(os.path.normpath(name)).parts[0] == "..":
+                raise UserError(f"{flag} {name} leads out of --workspace; give a name inside it")
+            for part in Path(name).parts:
+                if len(os.fsencode(part)) > limit:
+                    raise UserError(f"{flag} is too long for the file system: {part[:40]}... has "
+                                    f"{len(os.fsencode(part))} bytes, a file name there at most {limit}")
+        folder, raport, latest = self.path.resolve(), self.raport.resolve(), self.latest.resolve()
+        taken = {latest: "--checkpoint-filename", folder / BEST_NAME: f"the best model, {BEST_NAME}",
+                 folder / LOCK_NAME: f"the workspace's lock, {LOCK_NAME}"}
+        if raport.parent == folder and is_epoch_checkpoint_name(raport.name):
+            taken[raport] = "a per-epoch checkpoint (--gather-checkpoints)"
+        if raport in taken:
+            raise UserError(f"--raport-file {self.raport_file} is the same file as {taken[raport]}: the "
+                            "raport would overwrite it; choose another name, such as experiment_raport.json")
         if not saving:
             return
         name = Path(self.checkpoint_filename).name
@@ -66,8 +88,9 @@ class Workspace:
             raise UserError(f"--checkpoint-filename {self.checkpoint_filename} would be overwritten by the "
                             f"{'best model' if name == BEST_NAME else 'per-epoch checkpoints'}; choose another "
                             "name, such as checkpoint.pth.tar")
-        if Path(self.checkpoint_filename) == Path(self.raport_file):
-            raise UserError("--checkpoint-filename and --raport-file name the same file")
+        if latest == folder / LOCK_NAME:
+            raise UserError(f"--checkpoint-filename {self.checkpoint_filename} is the workspace's lock file; "
+                            "choose another name, such as checkpoint.pth.tar")
 
     def prepare(self, saving: bool) -> None:
         """Create the workspace and prove it writable; :class:`UserError` (before any training) if not."""
@@ -88,6 +111,9 @@ class Workspace:
             os.close(fd)
             os.unlink(probe)
         except OSError as error:
+            if error.errno == errno.ENAMETOOLONG:
+                raise UserError(f"--workspace {self.path} with --checkpoint-filename / --raport-file makes a "
+                                "path too long for the file system; choose shorter names") from None
             reason = "it is read-only" if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else \
                 (error.strerror or str(error))
             raise UserError(f"--workspace {self.path} cannot be written: {reason}") from None
@@ -133,16 +159,18 @@ class Workspace:
     def remove_stale_temporaries(self) -> list[Path]:
         """Delete what a killed save left behind (only checkpoint temporaries; call with the lock held)."""
         removed = []
+        latest = temporary_name(self.latest)  # cut for a long name
         for entry in self.path.iterdir():
             match = _TEMPORARY.match(entry.name)
-            if match and entry.is_file() and self._is_checkpoint_name(match.group("name")):
+            ours = match and (entry.name.startswith(latest) or self._is_checkpoint_name(match["name"]))
+            if ours and entry.is_file():
                 entry.unlink(missing_ok=True)
                 removed.append(entry)
         return removed
 
-    def _is_checkpoint_name(self, name: str) -> bool:
-        return name in (Path(self.checkpoint_filename).name, BEST_NAME) or is_epoch_checkpoint_name(name) \
-            or name.endswith(".pth.tar")
+    @staticmethod
+    def _is_checkpoint_name(name: str) -> bool:
+        return name == BEST_NAME or is_epoch_checkpoint_name(name) or name.endswith(".pth.tar")
 
     def resume_candidates(self) -> list[Path]:
         """Checkpoints ``--resume auto`` may continue from, newest first (the latest file wins a tie)."""
