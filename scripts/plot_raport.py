@@ -76,27 +76,28 @@ def per_epoch_values(records: Sequence) -> tuple[dict[str, dict[int, float]], li
     (``Infinity``, ``NaN``: nothing to draw, and an infinite one would break the axis).
     """
     values: dict[str, dict[int, float]] = {}
-    left_out = {"records that are not JSON objects": 0, "end-of-epoch records that do not hold an epoch "
-                "number and an object of values": 0, "values that are not finite numbers": 0}
-    kinds = list(left_out)
+    not_objects = bad_epochs = not_finite = 0
     for record in records:
         if not isinstance(record, dict):
-            left_out[kinds[0]] += 1
+            not_objects += 1
             continue
         step = record.get("step")
         if record.get("type") != "LOG" or not (isinstance(step, list) and len(step) == 1):
             continue
         epoch, data = step[0], record.get("data")
         if not isinstance(epoch, int) or isinstance(epoch, bool) or not isinstance(data, dict):
-            left_out[kinds[1]] += 1
+            bad_epochs += 1
             continue
         for metric, value in data.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 if math.isfinite(value):
                     values.setdefault(metric, {})[epoch] = float(value)
                 else:
-                    left_out[kinds[2]] += 1
-    return values, [f"{kind} ({count})" for kind, count in left_out.items() if count]
+                    not_finite += 1
+    left_out = [(not_objects, "records that are not JSON objects"),
+                (bad_epochs, "end-of-epoch records that do not hold an epoch number and an object of values"),
+                (not_finite, "values that are not finite numbers")]
+    return values, [f"{kind} ({count})" for count, kind in left_out if count]
 
 
 def load(path: Path) -> list[dict]:
