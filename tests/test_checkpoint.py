@@ -135,31 +135,6 @@ def test_another_runtime_error_while_writing_stays_a_bug(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-class Payload:
-    """What a malicious checkpoint holds: unpickling it would run a shell command."""
-
-    def __init__(self, marker: Path):
-        self.marker = marker
-
-    def __reduce__(self):
-        return os.system, (f"touch {self.marker}",)
-
-
-@pytest.mark.parametrize("protocol,words", [
-    (2, "was refused: it would build {system}, which is neither a tensor nor a plain container; checkpoints "
-        "are loaded as data only, never as code, so use weights from a source you trust."),
-    (4, "could not be read as a PyTorch checkpoint of tensors (Unsupported operand 149); checkpoints are "
-        "loaded as data only, never as code."),  # torch's unpickler stops at the protocol-4 frame
-], ids=["torch.save", "protocol-4"])
-def test_a_malicious_pickle_is_refused_in_one_complete_line_of_ours(tmp_path, recwarn, protocol, words):
-    path, marker = tmp_path / "evil.pth.tar", tmp_path / "ran"
-    torch.save({"state_dict": Payload(marker)}, path, pickle_protocol=protocol)
-    with pytest.raises(UserError) as error:
-        load_checkpoint_file(path)
-    assert str(error.value) == f"'{path}' " + words.format(system=f"{os.system.__module__}.system")
-    assert not marker.exists() and not [w for w in recwarn if "pickle protocol" in str(w.message)]
-
-
 def test_non_finite_weights_are_refused(tmp_path):
     state = build_model("resnet18", num_classes=3).state_dict()
     state["layer2.0.conv1.weight"][0, 0, 0, 0] = float("nan")

@@ -49,8 +49,8 @@ def load_checkpoint_file(path: Union[str, Path]) -> dict:
         refused = _refused_global(e)
         if refused is not None:
             raise UserError(f"'{path}' was refused: it would build {refused}, which is neither a tensor nor a "
-                            "plain container; checkpoints are loaded as data only, never as code, so use "
-                            "weights from a source you trust.") from None
+                            "plain container; checkpoints are loaded as data only, never as code (a file from "
+                            "a source you trust can be saved again as a plain state dict).") from None
         raise UserError(f"'{path}' could not be read as a PyTorch checkpoint of tensors ({_reason(e)}); "
                         "checkpoints are loaded as data only, never as code.") from e
     if not isinstance(obj, dict):
