@@ -317,7 +317,8 @@ def test_a_file_that_is_not_a_checkpoint_is_a_user_error(tmp_path, content):
 
 
 def test_missing_file_and_unsafe_or_non_dict_contents_are_user_errors(tmp_path):
-    with pytest.raises(UserError, match="does not exist"):
+    with pytest.raises(UserError, match="does not exist.*NVIDIA's published weights come from the NVIDIA NGC "
+                       "catalog, https://catalog.ngc.nvidia.com"):
         weights_module.load_checkpoint_file(tmp_path / "nope.pth")
     torch.save({"args": argparse.Namespace(lr=0.1)}, tmp_path / "pickled.pth")  # refused by weights_only
     with pytest.raises(UserError, match="was refused: it would build argparse.Namespace"):

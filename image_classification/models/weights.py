@@ -40,7 +40,9 @@ def load_checkpoint_file(path: Union[str, Path]) -> dict:
     """``torch.load`` a checkpoint safely (tensors and plain containers only) onto the CPU."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"Checkpoint file '{path}' does not exist or is not a file.")
+        raise UserError(f"Checkpoint file '{path}' does not exist or is not a file; NVIDIA's published "
+                        "weights come from the NVIDIA NGC catalog, https://catalog.ngc.nvidia.com "
+                        "(classify.py --pretrained downloads them).")
     try:
         with warnings.catch_warnings():  # a protocol-4 pickle warns before it is refused: one line only
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
@@ -48,9 +50,9 @@ def load_checkpoint_file(path: Union[str, Path]) -> dict:
     except Exception as e:  # torch raises many types for foreign, truncated or malicious files
         refused = _refused_global(e)
         if refused is not None:
-            raise UserError(f"'{path}' was refused: it would build {refused}, which is neither a tensor nor a "
-                            "plain container; checkpoints are loaded as data only, never as code (a file from "
-                            "a source you trust can be saved again as a plain state dict).") from None
+            raise UserError(f"'{path}' was refused: it would build {refused}, which is neither a tensor nor "
+                            "a plain container; checkpoints are loaded as data only, never as code (a file "
+                            "from a source you trust can be saved again as a plain state dict).") from None
         raise UserError(f"'{path}' could not be read as a PyTorch checkpoint of tensors ({_reason(e)}); "
                         "checkpoints are loaded as data only, never as code.") from e
     if not isinstance(obj, dict):
