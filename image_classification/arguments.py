@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import reprlib
 import sys
 from typing import Sequence
 
@@ -220,11 +221,23 @@ def parse_args(argv: Sequence[str] | None = None, defaults: dict | None = None, 
             check_values(parser.parse_args(_bare_gather_flag(tokens)))
         except UserError as error:
             reason = str(error).split(": ", 1)[-1] if str(error).startswith(parser.prog) else str(error)
-            raise UserError(f"preset value {key}: {value!r} is not valid: {reason}") from None
+            raise UserError(f"preset value {key}: {shown(value)} is not valid: {reason[:200]}") from None
         preset_argv += tokens
     args = parser.parse_args(_bare_gather_flag(preset_argv + argv))
     validate_args(args, require_data=require_data)
     return args
+
+
+_SHOWN = reprlib.Repr()  # reads only what it shows: a few items, two levels deep
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 2, 40, 40
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 4
+
+
+def shown(value, limit: int = 100) -> str:
+    """``value`` for a one-line message, cut short: a preset's value may be huge or hold itself (YAML
+    aliases), and a full repr of it would take minutes and gigabytes."""
+    text = _SHOWN.repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _action_for(parser: argparse.ArgumentParser, dest: str) -> argparse.Action | None:
@@ -256,7 +269,7 @@ def preset_tokens(parser: argparse.ArgumentParser, key: str, value) -> list[str]
         _require(key, value, bool)
     elif action.nargs == 2:
         if not isinstance(value, (list, tuple)) or len(value) != 2:
-            raise UserError(f"preset value {key}: {value!r} is not valid: expected a list of two numbers")
+            raise UserError(f"preset value {key}: {shown(value)} is not valid: expected a list of two numbers")
         for item in value:
             _require(key, item, (int, float), scalar=True)
     elif not (isinstance(value, bool) and action.type is _str2bool):
@@ -268,7 +281,7 @@ def _require(key: str, value, kinds, scalar: bool = False) -> None:
     wrong = not isinstance(value, kinds) or (scalar and isinstance(value, bool))
     if wrong:
         expected = "true or false" if kinds is bool else "a single value"
-        raise UserError(f"preset value {key}: {value!r} is not valid: expected {expected}")
+        raise UserError(f"preset value {key}: {shown(value)} is not valid: expected {expected}")
 
 
 def _bare_gather_flag(argv: list[str]) -> list[str]:

@@ -27,6 +27,9 @@ from .runtime import distributed_env
 DEFAULT_CFG_FILE = (Path(__file__).parent / "configs.yml").resolve()
 DIR_PLACEHOLDER = "DIR"  # stands for the dataset folder in a --dry-run command given none
 SECTIONS = ("precision", "platform", "mode", "models")
+# More values than a presets file holds by far (configs.yml: about 2,000 once its aliases are written out),
+# far fewer than a YAML alias bomb (a few lines that expand to billions, or a value that holds itself).
+MAX_VALUES = 100_000
 
 
 # ------------------------------------------------------------------------------------------------
@@ -42,12 +45,29 @@ def load_config(cfg_file: str | Path = DEFAULT_CFG_FILE) -> dict:
         where = getattr(error, "problem_mark", None)
         line = f" (line {where.line + 1})" if where is not None else ""
         raise UserError(f"{cfg_file} is not valid YAML{line}: {getattr(error, 'problem', error)}") from None
+    if _expanded_size(config, MAX_VALUES) > MAX_VALUES:
+        raise UserError(f"{cfg_file} expands to more than {MAX_VALUES:,} values (its aliases repeat what they "
+                        "name, or a value holds itself): it is not a presets file")
     if not isinstance(config, dict):
         raise UserError(f"{cfg_file} must hold a mapping with the sections {', '.join(SECTIONS)}")
     missing = [section for section in SECTIONS if not isinstance(config.get(section), dict)]
     if missing:
         raise UserError(f"{cfg_file} lacks the section(s) {', '.join(missing)}")
     return config
+
+
+def _expanded_size(value, budget: int) -> int:
+    """How many values ``value`` holds with its shared parts counted each time they appear, as a message
+    or a walk would see them: counted no further than just past ``budget``, so a bomb costs no more."""
+    count, pending = 0, [value]
+    while pending and count <= budget:
+        item = pending.pop()
+        count += 1
+        if isinstance(item, dict):
+            pending += [*item.keys(), *item.values()]
+        elif isinstance(item, (list, tuple)):
+            pending += item
+    return count
 
 
 def _choose(table: dict, name: str, what: str) -> dict:
