@@ -188,6 +188,9 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
                      help="path to directory where checkpoints will be stored (default: ./)")
     run.add_argument("--checkpoint-filename", "--checkpoint", metavar="NAME", default="checkpoint.pth.tar",
                      help="name of the latest checkpoint in the workspace (default: checkpoint.pth.tar)")
+    run.add_argument("--overwrite", action="store_true",
+                     help="let a new run (no --resume) replace the run whose checkpoints the workspace holds "
+                     "(default: refuse, naming --resume auto and --workspace)")
     run.add_argument("--no-checkpoints", dest="save_checkpoints", action="store_false",
                      help="do not store any checkpoints, useful for benchmarking")
     run.add_argument("--checkpoint-interval", metavar="N|Nm", default=None,

@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"=> writing scikit-learn's handwritten digits to {DATA_DIR}/", flush=True)
         write_digits(DATA_DIR)
     command = RECIPE + list(argv or []) + [str(DATA_DIR)]
+    if (WORKSPACE / "checkpoint.pth.tar").exists():
+        print(f"=> replacing the earlier demo run in {WORKSPACE}/ (copy it elsewhere first to keep it)", flush=True)
+        command.insert(0, "--overwrite")
     print("=> python main.py " + " ".join(command), flush=True)
     return train_main(command)
 

@@ -353,6 +353,20 @@ def reseed(seed: int, rank: int, epoch: int = 0, iterations: int = 0) -> None:
     torch.manual_seed(process_seed)
 
 
+def _check_fresh_start(args: argparse.Namespace, workspace: Workspace, log) -> None:
+    """A new run must not silently replace the run whose checkpoints the workspace already holds."""
+    if args.resume or args.evaluate or not args.save_checkpoints:
+        return
+    existing = [path for path in (workspace.latest, workspace.best) if path.exists()]
+    if not existing:
+        return
+    if args.overwrite:
+        log(f"=> --overwrite: this run replaces the one in {workspace.path} ({existing[0].name})")
+        return
+    raise UserError(f"{workspace.path} already holds another run ({existing[0].name}); pass --resume auto to "
+                    "continue it, a new --workspace for a new run, or --overwrite to replace it")
+
+
 def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, log) -> Plan | None:
     """Everything the run decides before its first step (see the module docstring); None when a
     ``--resume auto`` run finds its work already done."""
@@ -360,6 +374,7 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     if loss_scale[2]:
         log(loss_scale[2])
     backend = resolve_backend(args.data_backend)
+    _check_fresh_start(args, workspace, log)
     resume_path, resumed = find_resume_checkpoint(args, workspace, runtime, log)
     if resumed is not None and resumed.get("arch", args.arch) != args.arch:
         raise UserError(f"{resume_path} holds a {resumed['arch']} checkpoint, not {args.arch}; pass --arch "

@@ -31,3 +31,24 @@ def test_scale_flags_without_fp16_are_ignored_aloud(amp_dtype):
     for static, dynamic in ((128.0, False), (None, True)):
         notice = choose_loss_scale(amp_dtype, static, dynamic)[2]
         assert notice is not None and "ignored" in notice
+
+
+def test_a_new_run_never_silently_replaces_the_run_in_its_workspace(tmp_path, capsys):
+    """The second model's run in the same workspace stops with one line; --overwrite or --resume auto go on."""
+    from image_classification.cli import run
+    from image_classification.training import main
+
+    def train(*extra):
+        return run(main, ["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "32", "-b", "4",
+                          "--prof", "1", "--epochs", "1", "--num-classes", "4", "--seed", "1", "--lr", "0.01",
+                          "--workspace", str(tmp_path), *extra])
+
+    assert train() == 0
+    before = (tmp_path / "checkpoint.pth.tar").read_bytes()
+    capsys.readouterr()
+    assert train("--epochs", "2") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "already holds another run" in err[0] and "--resume auto" in err[0]
+    assert (tmp_path / "checkpoint.pth.tar").read_bytes() == before
+    assert train("--epochs", "2", "--resume", "auto") == 0
+    assert train("--overwrite") == 0 and "replaces the one in" in capsys.readouterr().out
