@@ -186,6 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+IMAGENET_CLASSES = 1000
+
+
+def _typed(argv: Sequence[str], *flags: str) -> bool:
+    """Whether one of ``flags`` is on the command line (alone or as ``--flag=value``)."""
+    return any(token == flag or token.startswith(flag + "=") for token in argv for flag in flags)
+
+
 def _notify(message: str) -> None:
     """A one-line notice, from the first process of a job only."""
     rank, _, _ = distributed_env()
@@ -239,6 +247,9 @@ def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = Non
         title = f"{launch.model} {launch.precision} {launch.mode} {launch.platform} from {launch.cfg_file}"
         print(dry_run_report(title, rest, preset, adapted, notices))
         return 0
+    if adapted.get("num_classes") == IMAGENET_CLASSES and not _typed(rest, "--num-classes", "--num_classes"):
+        # ImageNet's count is the presets' default, not a choice: another dataset's folders decide theirs
+        adapted = {key: value for key, value in adapted.items() if key != "num_classes"}
     for notice in notices:
         _notify(notice)
     if adapted != preset:  # this machine changed preset values: the flags typed still win over them

@@ -281,6 +281,10 @@ def resolve_num_classes(args, recorded: dict, weights: dict | None, classes: lis
     if classes and len(classes) > number:
         raise UserError(f"the dataset has {len(classes)} classes but the model has {number}; pass --num-classes "
                         f"{len(classes)}")
+    if classes and len(classes) < number:
+        whose = "--num-classes" if args.num_classes is not None else "the weights"
+        log(f"=> {whose}: a {number}-class head for the dataset's {len(classes)} class folders; outputs beyond "
+            f"them are never right{'' if args.evaluate else ' and take part in the loss'}")
     return number
 
 

@@ -52,3 +52,26 @@ def test_a_new_run_never_silently_replaces_the_run_in_its_workspace(tmp_path, ca
     assert (tmp_path / "checkpoint.pth.tar").read_bytes() == before
     assert train("--epochs", "2", "--resume", "auto") == 0
     assert train("--overwrite") == 0 and "replaces the one in" in capsys.readouterr().out
+
+
+def test_a_preset_s_imagenet_class_count_gives_way_to_the_dataset_s(image_folder, monkeypatch):
+    """launch.py's presets carry num_classes 1000, ImageNet's; on a 3-class dataset the folders decide."""
+    from image_classification import launch
+
+    seen = {}
+    monkeypatch.setattr("image_classification.training.train", lambda args: seen.setdefault("args", args) and 0)
+    preset = ["--model", "resnet50", "--precision", "FP32", "--mode", "convergence", "--platform", "CPU"]
+    assert launch.main([*preset, str(image_folder)], cuda_available=False) == 0
+    assert seen.pop("args").num_classes is None  # plan.py then takes the dataset's 3, and says so
+    assert launch.main([*preset, "--num-classes", "1000", str(image_folder)], cuda_available=False) == 0
+    assert seen["args"].num_classes == 1000  # typed: kept
+
+
+def test_a_head_larger_than_the_dataset_is_said(image_folder, capsys):
+    import argparse
+
+    from image_classification.plan import resolve_num_classes
+
+    args = argparse.Namespace(num_classes=1000, evaluate=True)
+    assert resolve_num_classes(args, {}, None, ["a", "b", "c"], print) == 1000
+    assert "a 1000-class head for the dataset's 3 class folders" in capsys.readouterr().out
