@@ -301,7 +301,11 @@ class Engine:
             rng = [rng] if written_by == 1 else None
         same_shape = written_by == runtime.world_size and old_batch == self.config.batch_size
         if same_shape and rng and len(rng) == runtime.world_size:
-            ckpt.restore_rng_state(rng[runtime.rank])
+            try:
+                ckpt.restore_rng_state(rng[runtime.rank])
+            except (AttributeError, TypeError, ValueError, KeyError, IndexError, RuntimeError) as error:
+                raise UserError(f"the checkpoint's random generator state is malformed ({type(error).__name__}); "
+                                "it cannot be resumed exactly") from None
             return
         reseed(self.config.seed, runtime.rank, progress.epoch, progress.iterations)
         if progress.batch:

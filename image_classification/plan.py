@@ -9,6 +9,7 @@ whose :class:`RunConfig` is frozen.  Nothing after it reads ``args``.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import re
@@ -357,6 +358,26 @@ def reseed(seed: int, rank: int, epoch: int = 0, iterations: int = 0) -> None:
     torch.manual_seed(process_seed)
 
 
+PROGRESS_COUNTS = ("epoch", "batch", "optimizer_steps", "skipped_steps", "iterations", "epochs_without_improvement")
+
+
+def check_progress(state: dict, path: str) -> None:
+    """A checkpoint's position and seed, held to the flags' rules: a crafted or damaged value whose hash
+    still matches is one line, not a traceback later."""
+    def whole(value, low: int, high: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and low <= value < high
+
+    for name in PROGRESS_COUNTS:
+        if not whole(state.get(name, 0), 0, 2**62):
+            raise UserError(f"{path} records {name} = {str(state.get(name))[:40]}, not a count; it cannot be resumed")
+    for name, low in (("seed", 0), ("world_size", 1), ("batch_size", 1)):
+        if state.get(name) is not None and not whole(state[name], low, 2**63):
+            raise UserError(f"{path} records {name} = {str(state[name])[:40]}, out of range; it cannot be resumed")
+    best = state.get("best_prec1", 0.0)
+    if not (isinstance(best, (int, float)) and math.isfinite(best)):
+        raise UserError(f"{path} records best_prec1 = {str(best)[:40]}, not a number; it cannot be resumed")
+
+
 def _check_fresh_start(args: argparse.Namespace, workspace: Workspace, log) -> None:
     """A new run must not silently replace the run whose checkpoints the workspace already holds."""
     if args.resume or args.evaluate or not args.save_checkpoints:
@@ -380,6 +401,8 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     backend = resolve_backend(args.data_backend)
     _check_fresh_start(args, workspace, log)
     resume_path, resumed = find_resume_checkpoint(args, workspace, runtime, log)
+    if resumed is not None:
+        check_progress(resumed, resume_path)
     if resumed is not None and resumed.get("arch", args.arch) != args.arch:
         raise UserError(f"{resume_path} holds a {resumed['arch']} checkpoint, not {args.arch}; pass --arch "
                         f"{resumed['arch']}")
@@ -421,7 +444,8 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     if workers < args.workers and args.workers != DEFAULT_WORKERS:  # the reference's default says nothing
         log(f"=> -j {args.workers} is more than the {workers} cores this process may use: {workers} loader workers")
     data = data_config(args, preprocessing.image_size, backend=backend, seed=seed, num_classes=num_classes,
-                       interpolation=preprocessing.interpolation, workers=workers)
+                       interpolation=preprocessing.interpolation, workers=workers,
+                       crop_ratio=preprocessing.crop_ratio, mean=preprocessing.mean, std=preprocessing.std)
     parameters = {**vars(args), "data_backend": backend, "seed": seed, "num_classes": num_classes,
                   "topk": config.topk, "world_size": runtime.world_size, "device": str(runtime.device),
                   "amp_dtype": str(runtime.amp_dtype), "image_size": preprocessing.image_size,

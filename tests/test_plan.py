@@ -75,3 +75,61 @@ def test_a_head_larger_than_the_dataset_is_said(image_folder, capsys):
     args = argparse.Namespace(num_classes=1000, evaluate=True)
     assert resolve_num_classes(args, {}, None, ["a", "b", "c"], print) == 1000
     assert "a 1000-class head for the dataset's 3 class folders" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A checkpoint of one short synthetic run."""
+    from image_classification.training import main
+
+    workspace = tmp_path_factory.mktemp("trained")
+    assert main(["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "32", "-b", "4", "--prof", "1",
+                 "--epochs", "1", "--num-classes", "4", "--seed", "1", "--lr", "0.01",
+                 "--workspace", str(workspace)]) == 0
+    return workspace / "checkpoint.pth.tar"
+
+
+def _crafted(trained, tmp_path, change) -> str:
+    """The trained checkpoint with ``change`` applied and sealed again: its hash matches."""
+    from image_classification import checkpoint as ckpt
+
+    state = ckpt.load_checkpoint(trained)
+    state.pop("sha256")
+    change(state)
+    path = tmp_path / "crafted.pth.tar"
+    ckpt.save_checkpoint(state, path)
+    return str(path)
+
+
+@pytest.mark.parametrize("name, change", [
+    ("image size", lambda s: s["preprocessing"].update(image_size=10**9)),
+    ("crop ratio", lambda s: s["preprocessing"].update(crop_ratio=1e-9)),
+    ("epoch", lambda s: s.update(epoch=-5)),
+    ("seed", lambda s: s.update(seed=2**80)),
+    ("random state", lambda s: s["rng"][0].update(numpy="garbage")),
+])
+def test_a_crafted_checkpoint_with_a_valid_hash_is_one_line(trained, tmp_path, capsys, name, change):
+    from image_classification.cli import run
+    from image_classification.training import main
+
+    path = _crafted(trained, tmp_path, change)
+    code = run(main, ["--data-backend", "synthetic", "-a", "resnet18", "-b", "4", "--prof", "1", "--epochs", "3",
+                      "--resume", path, "--workspace", str(tmp_path / "ws")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: "), err
+
+
+def test_evaluate_normalises_and_crops_as_the_weights_recorded(trained, tmp_path):
+    """--evaluate takes the checkpoint's mean, std and crop ratio, as classify.py does."""
+    from image_classification.arguments import parse_args
+    from image_classification.plan import resolve_run
+    from image_classification.runtime import make_runtime
+    from image_classification.workspace import Workspace
+
+    recorded = {"mean": [1.0, 2.0, 3.0], "std": [4.0, 5.0, 6.0], "crop_ratio": 0.5}
+    path = _crafted(trained, tmp_path, lambda s: s["preprocessing"].update(recorded))
+    args = parse_args(["--data-backend", "synthetic", "-a", "resnet18", "-b", "4", "--evaluate", "--resume", path,
+                       "--workspace", str(tmp_path / "ws")])
+    plan = resolve_run(args, make_runtime("cpu"), Workspace(args.workspace, args.checkpoint_filename,
+                                                               args.raport_file), log=lambda *_: None)
+    assert (plan.data.mean, plan.data.std, plan.data.crop_ratio) == ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0), 0.5)

@@ -10,12 +10,8 @@ from typing import Iterable, Iterator, Protocol
 import torch
 from torch.utils.data import Sampler
 
+from ..preprocessing import CROP_RATIO, IMAGENET_MEAN_255 as MEAN_255, IMAGENET_STD_255 as STD_255
 from ..runtime import Runtime
-
-# ImageNet mean and std on the 0-255 scale: batches stay uint8 until they reach the device.
-MEAN_255 = (0.485 * 255, 0.456 * 255, 0.406 * 255)
-STD_255 = (0.229 * 255, 0.224 * 255, 0.225 * 255)
-CROP_RATIO = 0.875  # validation crops 224 out of 256
 
 
 @dataclass(frozen=True)
@@ -35,11 +31,15 @@ class DataConfig:
     seed: int = 0
     num_classes: int | None = None
     synthetic_length: int = 0  # batches per synthetic epoch; 0 for the default
+    # how the weights' training normalised and cropped (their checkpoint's record under --evaluate)
+    crop_ratio: float = CROP_RATIO
+    mean: tuple[float, float, float] = MEAN_255  # on the 0-255 scale: batches stay uint8 until the device
+    std: tuple[float, float, float] = STD_255
 
 
-def val_resize_size(image_size: int) -> int:
+def val_resize_size(image_size: int, crop_ratio: float = CROP_RATIO) -> int:
     """Short side before the centre crop: 256 for 224, in proportion at other sizes."""
-    return round(image_size / CROP_RATIO)
+    return round(image_size / crop_ratio)
 
 
 class Loader(Protocol):
@@ -92,14 +92,15 @@ class DeviceLoader:
     that already produce float, normalised batches.
     """
 
-    def __init__(self, source, runtime: Runtime, num_samples: int, normalized: bool = False):
+    def __init__(self, source, runtime: Runtime, num_samples: int, normalized: bool = False,
+                 mean: tuple[float, ...] = MEAN_255, std: tuple[float, ...] = STD_255):
         self.source = source
         self.runtime = runtime
         self.num_samples = num_samples
         self.normalized = normalized
         shape = (1, 3, 1, 1)
-        self.mean = torch.tensor(MEAN_255, device=runtime.device).view(shape)
-        self.std = torch.tensor(STD_255, device=runtime.device).view(shape)
+        self.mean = torch.tensor(mean, device=runtime.device).view(shape)
+        self.std = torch.tensor(std, device=runtime.device).view(shape)
 
     def __len__(self) -> int:
         return len(self.source)

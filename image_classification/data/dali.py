@@ -22,7 +22,7 @@ import torch
 
 from ..errors import UserError
 from ..runtime import Runtime
-from .common import MEAN_255, STD_255, DataConfig, ShardSampler, Unreadable, val_resize_size
+from .common import CROP_RATIO, MEAN_255, STD_255, DataConfig, ShardSampler, Unreadable, val_resize_size
 from .files import decode_problem
 from .layout import split_samples
 
@@ -58,6 +58,9 @@ class PipelineSpec:
     device_id: int | None  # None: no GPU at all, every operator on the CPU
     gpu_decode: bool  # dali-gpu: nvJPEG ("mixed") decode and GPU resize
     channels_last: bool
+    crop_ratio: float = CROP_RATIO  # validation: the short side is image_size / crop_ratio
+    mean: tuple[float, float, float] = MEAN_255  # on the 0-255 scale
+    std: tuple[float, float, float] = STD_255
 
 
 @dataclass
@@ -132,7 +135,7 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
             # truncated (not rounded) to keep the aspect, and antialiased when it shrinks.
             shape = fn.peek_image_shape(encoded)
             height, width = fn.cast(shape[0], dtype=types.INT64), fn.cast(shape[1], dtype=types.INT64)
-            short = val_resize_size(size)
+            short = val_resize_size(size, spec.crop_ratio)
             portrait = fn.cast(height > width, dtype=types.INT64)
             out_h = portrait * (short * height // width) + (1 - portrait) * short
             out_w = (1 - portrait) * (short * width // height) + portrait * short
@@ -147,7 +150,7 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
         mirror = fn.random.coin_flip(probability=spec.hflip) if spec.train and spec.hflip > 0 else 0
         crop_pos = {} if spec.train else {"crop_pos_x": _centre(out_w, size), "crop_pos_y": _centre(out_h, size)}
         images = fn.crop_mirror_normalize(
-            images, dtype=types.FLOAT, crop=(size, size), mean=list(MEAN_255), std=list(STD_255),
+            images, dtype=types.FLOAT, crop=(size, size), mean=list(spec.mean), std=list(spec.std),
             mirror=mirror, output_layout="HWC" if spec.channels_last else "CHW", **crop_pos,
         )
         return images, labels_
@@ -295,6 +298,7 @@ def dali_loaders(
         image_size=config.image_size, interpolation=config.interpolation, crop_scale=tuple(config.crop_scale),
         hflip=config.hflip, batch_size=config.batch_size, num_threads=max(1, config.workers), device_id=device_id,
         gpu_decode=backend == "dali-gpu", channels_last=runtime.memory_format == torch.channels_last,
+        crop_ratio=config.crop_ratio, mean=tuple(config.mean), std=tuple(config.std),
     )
     root = Path(config.data)
     train = val = None

@@ -19,7 +19,7 @@ from torchvision.transforms import v2
 
 from ..runtime import Runtime
 from ..signals import ignore_in_worker
-from .common import MEAN_255, STD_255, DataConfig, DeviceLoader, ShardSampler, Unreadable, val_resize_size
+from .common import CROP_RATIO, DataConfig, DeviceLoader, ShardSampler, Unreadable, val_resize_size
 from .files import open_rgb, read_rgb_tensor
 from .layout import split_samples
 
@@ -73,18 +73,20 @@ class ImageFiles(Dataset):
         return torch.from_numpy(np.array(out, dtype=np.uint8))  # a writable copy: PIL's buffer is read-only
 
 
-def collate_uint8(batch, normalize: bool = False):
+def collate_uint8(batch, normalize: tuple[torch.Tensor, torch.Tensor] | None = None):
     """Stack HWC uint8 images into an NCHW tensor (channels-last in memory); broken samples are dropped
     and reported.
 
-    With ``normalize`` (CPU training) the workers also normalise, so the main process does not.
+    With ``normalize`` = (1 / std, mean / std) (CPU training) the workers also normalise, so the main
+    process does not.
     """
     good = [(image, label) for image, label, _ in batch if image is not None]
     broken = [problem for _, _, problem in batch if problem is not None]
     if good:
         images = torch.stack([image for image, _ in good]).permute(0, 3, 1, 2)
-        if normalize:  # (x - mean) / std as one contiguous multiply-add: several times faster on a CPU
-            images = images.contiguous().float().mul_(_INV_STD).sub_(_MEAN_OVER_STD)
+        if normalize is not None:  # (x - mean) / std as one contiguous multiply-add: several times faster
+            inv_std, mean_over_std = normalize
+            images = images.contiguous().float().mul_(inv_std).sub_(mean_over_std)
         labels = torch.tensor([label for _, label in good], dtype=torch.int64)
     else:
         images = torch.empty(0, dtype=torch.uint8)
@@ -133,16 +135,12 @@ def train_transform(config: DataConfig):
     return v2.Compose(steps)
 
 
-def val_transform(image_size: int, interpolation: str = "bilinear"):
+def val_transform(image_size: int, interpolation: str = "bilinear", crop_ratio: float = CROP_RATIO):
     """Resize the short side to ``val_resize_size`` and take the centre crop (PIL in, PIL out)."""
     return transforms.Compose([
-        transforms.Resize(val_resize_size(image_size), interpolation=_INTERPOLATION[interpolation]),
+        transforms.Resize(val_resize_size(image_size, crop_ratio), interpolation=_INTERPOLATION[interpolation]),
         transforms.CenterCrop(image_size),
     ])
-
-
-_INV_STD = 1.0 / torch.tensor(STD_255).view(1, 3, 1, 1)
-_MEAN_OVER_STD = torch.tensor(MEAN_255).view(1, 3, 1, 1) * _INV_STD
 
 
 def _worker_init(_worker_id: int) -> None:
@@ -156,12 +154,14 @@ def _loader(samples, transform, config: DataConfig, runtime: Runtime, train: boo
     sampler = ShardSampler(len(samples), runtime.rank, runtime.world_size, shuffle=train, seed=config.seed)
     workers = config.workers
     normalize_in_workers = not runtime.is_cuda and workers > 0
+    inv_std = 1.0 / torch.tensor(config.std).view(1, 3, 1, 1)
+    scale = (inv_std, torch.tensor(config.mean).view(1, 3, 1, 1) * inv_std) if normalize_in_workers else None
     loader = DataLoader(
         dataset,
         batch_size=config.batch_size,
         sampler=sampler,
         num_workers=workers,
-        collate_fn=functools.partial(collate_uint8, normalize=normalize_in_workers),
+        collate_fn=functools.partial(collate_uint8, normalize=scale),
         pin_memory=runtime.is_cuda,
         drop_last=train,
         persistent_workers=workers > 0,
@@ -170,7 +170,7 @@ def _loader(samples, transform, config: DataConfig, runtime: Runtime, train: boo
         generator=torch.Generator().manual_seed(config.seed),  # leaves the global RNG untouched
     )
     return DeviceLoader(FolderBatches(loader, sampler), runtime, num_samples=len(sampler),
-                        normalized=normalize_in_workers)
+                        normalized=normalize_in_workers, mean=config.mean, std=config.std)
 
 
 def folder_loaders(
@@ -183,5 +183,6 @@ def folder_loaders(
         train = _loader(samples, train_transform(config), config, runtime, train=True)
     if want_val:
         samples = split_samples(root, "val", classes)
-        val = _loader(samples, val_transform(config.image_size, config.interpolation), config, runtime, False)
+        transform = val_transform(config.image_size, config.interpolation, config.crop_ratio)
+        val = _loader(samples, transform, config, runtime, False)
     return train, val
