@@ -374,12 +374,20 @@ class Loop:
         where = f"epoch {progress.epoch}" if finished_epoch else \
             f"epoch {progress.epoch}, batch {progress.batch} ({reason})"
         self.log(f"SAVING {latest} ({where})")
-        ckpt.save_checkpoint(state, latest)
+        # One commit per save: the derived files first, the latest checkpoint last.  Until the latest is
+        # renamed into place a resume starts from the previous one and writes them all again, so a kill or
+        # a full disk in between never leaves a run without its best model or a per-epoch file.
+        targets = []
         if finished_epoch and config.gather_checkpoints != 0:
-            ckpt.copy_atomic(latest, self.workspace.path / ckpt.epoch_checkpoint_name(progress.epoch - 1))
-            ckpt.prune_epoch_checkpoints(self.workspace.path, config.gather_checkpoints)
+            targets.append(self.workspace.path / ckpt.epoch_checkpoint_name(progress.epoch - 1))
         if is_best:
-            ckpt.copy_atomic(latest, self.workspace.best)
+            targets.append(self.workspace.best)
+        targets.append(latest)
+        ckpt.save_checkpoint(state, targets[0])
+        for target in targets[1:]:
+            ckpt.copy_atomic(targets[0], target)
+        if finished_epoch and config.gather_checkpoints != 0:
+            ckpt.prune_epoch_checkpoints(self.workspace.path, config.gather_checkpoints)
 
 
 def _check_validation(result: ValResult, prefix: str, where: str) -> None:

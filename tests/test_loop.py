@@ -107,3 +107,36 @@ def test_a_stop_signal_during_start_up_stops_before_the_first_step_with_75(tmp_p
     assert "Stopped by SIGTERM before the first step" in out and "RUNNING EPOCHS" not in out
     assert not (tmp_path / "checkpoint.pth.tar").exists()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the run gives the handlers back
+
+
+def test_a_failed_save_of_the_best_model_is_written_again_by_the_resumed_run(tmp_path, monkeypatch, capsys):
+    """The best model and the latest checkpoint are one commit: the latest is written last, so a save that
+    failed on model_best leaves the previous latest, and the resumed run redoes the epoch and its files."""
+    from image_classification import checkpoint as ckpt
+    from image_classification import loop
+    from image_classification.cli import run
+
+    scores = iter([50.0, 50.0, 10.0])  # epoch 0 (tried twice) is the best; epoch 1 is not
+    real_validate, real_save = loop.Loop.validate, ckpt.save_checkpoint
+
+    def scored(self, *args, **kwargs):
+        result = real_validate(self, *args, **kwargs)
+        result.top1 = next(scores)
+        return result
+
+    def full_disk_on_best(state, path):
+        if path.name == ckpt.BEST_NAME:
+            from image_classification.errors import StorageError
+            raise StorageError(f"could not write {path}: No space left on device")
+        return real_save(state, path)
+
+    monkeypatch.setattr(loop.Loop, "validate", scored)
+    monkeypatch.setattr(ckpt, "save_checkpoint", full_disk_on_best)
+    run_args = SYNTHETIC + ["--prof", "1", "--epochs", "2", "--resume", "auto", "--workspace", str(tmp_path)]
+    assert run(main, run_args) == 4
+    assert not (tmp_path / "checkpoint.pth.tar").exists()  # nothing committed: the epoch is redone
+    monkeypatch.setattr(ckpt, "save_checkpoint", real_save)
+    assert run(main, run_args) == 0
+    best = torch.load(tmp_path / ckpt.BEST_NAME, weights_only=True)
+    assert best["epoch"] == 1 and best["best_epoch"] == 0
+    assert torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)["epoch"] == 2
