@@ -299,6 +299,7 @@ def _bare_gather_flag(argv: list[str]) -> list[str]:
 
 
 MIN_IMAGE_SIZE = 32  # a ResNet reduces its input 32-fold
+MIN_MIXUP = 1e-3
 
 
 def check_values(args: argparse.Namespace) -> None:
@@ -325,7 +326,8 @@ def check_values(args: argparse.Namespace) -> None:
         (args.rmsprop_eps <= 0, f"--rmsprop-eps must be positive, got {args.rmsprop_eps}"),
         (args.warmup < 0, f"--warmup must be 0 or more, got {args.warmup}"),
         (not 0 <= args.label_smoothing < 1, f"--label-smoothing must be in [0, 1), got {args.label_smoothing}"),
-        (args.mixup < 0, f"--mixup must be 0 or more, got {args.mixup}"),
+        (args.mixup != 0 and not args.mixup >= MIN_MIXUP,
+         f"--mixup must be 0 (off) or at least {MIN_MIXUP} (a smaller alpha draws NaN weights), got {args.mixup}"),
         (args.use_ema is not None and not 0.0 < args.use_ema < 1.0,
          f"--use-ema needs a decay between 0 and 1, got {args.use_ema}"),
         (args.static_loss_scale is not None and args.static_loss_scale <= 0,

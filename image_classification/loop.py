@@ -175,14 +175,14 @@ class Loop:
             completed = self.train_epoch(train_loader, epoch, bar)
             bar.close()
             if not completed:
-                raport.end_epoch(epoch)
+                raport.end_epoch(epoch, progress.iterations)
                 log(f"Stopped by {control.signals.received or 'another process'} after {progress.batch} batches "
                     f"of epoch {epoch}; --resume continues from there (exit code {EXIT_PREEMPTED})")
                 return EXIT_PREEMPTED
             results = self._validate_all(val_loader, epoch, f"after epoch {epoch}")
             val = results.get("val")
             is_best = engine.end_epoch(val.finite_top1 if val is not None else None)
-            raport.end_epoch(epoch)
+            raport.end_epoch(epoch, progress.iterations)
             self.save(finished_epoch=True, reason="epoch", is_best=is_best)
             if progress.stopped_early:
                 log(f"Early stopping: no better top1 for {progress.epochs_without_improvement} epochs")
@@ -198,7 +198,7 @@ class Loop:
         """Validate the engine's model (and EMA) once, as ``--evaluate`` does; the exit code."""
         epoch = self.engine.progress.epoch
         self._validate_all(val_loader, epoch, "evaluation")
-        self.raport.end_epoch(epoch)
+        self.raport.end_epoch(epoch, self.engine.progress.iterations)
         return 0
 
     def _validate_all(self, val_loader, epoch: int, where: str) -> dict[str, ValResult]:

@@ -133,7 +133,9 @@ def open_raport(config: RunConfig, runtime: Runtime, resumed: dict | None, works
         same_file = position.get("file") == Path(config.raport_file).name
         offset = int(position["offset"]) if same_file and int(position.get("offset", -1)) >= 0 else \
             (workspace.raport.stat().st_size if workspace.raport.is_file() else 0)
-    return Raport(workspace.raport, enabled=runtime.is_main, resume_offset=offset, tensorboard=config.tensorboard)
+    purge = int(resumed.get("iterations", 0)) + 1 if resumed is not None else None  # what a killed run logged after
+    return Raport(workspace.raport, enabled=runtime.is_main, resume_offset=offset, tensorboard=config.tensorboard,
+                  tensorboard_purge_step=purge)
 
 
 def _print_summary(config: RunConfig, runtime: Runtime, engine: Engine, summary: dict, workspace: Workspace,

@@ -133,3 +133,12 @@ def test_evaluate_normalises_and_crops_as_the_weights_recorded(trained, tmp_path
     plan = resolve_run(args, make_runtime("cpu"), Workspace(args.workspace, args.checkpoint_filename,
                                                                args.raport_file), log=lambda *_: None)
     assert (plan.data.mean, plan.data.std, plan.data.crop_ratio) == ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0), 0.5)
+
+
+def test_a_mixup_alpha_too_small_to_draw_is_refused_as_a_flag():
+    from image_classification.arguments import parse_args
+    from image_classification.errors import UserError
+
+    with pytest.raises(UserError, match="--mixup must be 0"):
+        parse_args(["--mixup", "1e-320", "/data"])
+    assert parse_args(["--mixup", "0", "/data"]).mixup == 0 and parse_args(["--mixup", "0.2", "/data"]).mixup == 0.2
