@@ -208,14 +208,15 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str] | None = None, defaults: dict | None = None, *,
-               require_data: bool = True) -> argparse.Namespace:
+               require_data: bool = True, prog: str = "main.py") -> argparse.Namespace:
     """Parse ``argv`` (``sys.argv[1:]`` when None), with ``defaults`` (a preset) applied under explicit flags.
 
     A preset's values go through exactly the checks a typed flag does: each is written as the flag it
     stands for and parsed, so ``batch_size: 0`` fails like ``-b 0`` does, naming the key.
     ``require_data=False`` accepts a missing DIR (``launch.py --dry-run`` prints a command without one).
+    ``prog``: the command's name in usage and errors (``ic-train`` when installed).
     """
-    parser = build_parser()
+    parser = build_parser(prog)
     argv = list(sys.argv[1:] if argv is None else argv)
     preset_argv: list[str] = []
     for key, value in (defaults or {}).items():

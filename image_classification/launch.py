@@ -160,11 +160,11 @@ def main_py_argv(args: argparse.Namespace, always: Sequence[str] = ()) -> list[s
 # ------------------------------------------------------------------------------------------------
 # Command line
 # ------------------------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "launch.py") -> argparse.ArgumentParser:
     parser = UserErrorParser(
-        prog="launch.py",
+        prog=prog,
         allow_abbrev=False,  # an abbreviated main.py flag must not be taken for one of ours
-        usage="launch.py --model M --precision P --mode X --platform H [--cfg_file FILE] [--dry-run] "
+        usage=f"{prog} --model M --precision P --mode X --platform H [--cfg_file FILE] [--dry-run] "
         "[main.py flags] [DIR]",
         description="Run main.py with a preset from configs.yml (see --list).",
         epilog="Every other argument goes to main.py (python main.py -h lists them) and overrides the "
@@ -202,7 +202,7 @@ def _notify(message: str) -> None:
 
 
 def dry_run_report(title: str, rest: Sequence[str], preset: dict, adapted: dict,
-                   notices: Sequence[str]) -> str:
+                   notices: Sequence[str], trainer: Sequence[str] = ("python", "main.py")) -> str:
     """``--dry-run``'s text: the preset's main.py command as written, then what this machine changes.
 
     The first command depends on the presets file and the command line only, never on this machine.
@@ -213,7 +213,7 @@ def dry_run_report(title: str, rest: Sequence[str], preset: dict, adapted: dict,
 
     def command(defaults: dict) -> str:
         argv = main_py_argv(parse_args(rest, defaults=defaults, require_data=False), defaults)
-        return shlex.join(["python", "main.py", *argv, *placeholder])
+        return shlex.join([*trainer, *argv, *placeholder])
 
     where_dir = f" ({DIR_PLACEHOLDER}: the dataset folder)" if placeholder else ""
     lines = [f"# {title}, as written{where_dir}:", command(preset)]
@@ -226,9 +226,13 @@ def dry_run_report(title: str, rest: Sequence[str], preset: dict, adapted: dict,
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = None) -> int:
-    """Resolve the preset, adapt it to this machine, then train (or describe the run, with --dry-run)."""
-    launch, rest = build_parser().parse_known_args(argv)
+def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = None, prog: str = "launch.py") -> int:
+    """Resolve the preset, adapt it to this machine, then train (or describe the run, with --dry-run).
+
+    ``prog``: the command's name; installed as ``ic-launch``, the commands it prints name ``ic-train``.
+    """
+    trainer = ("python", "main.py") if prog == "launch.py" else ("ic-train",)
+    launch, rest = build_parser(prog).parse_known_args(argv)
     if launch.list:
         print(list_presets(launch.cfg_file))
         return 0
@@ -237,7 +241,7 @@ def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = Non
     if missing:
         raise UserError(f"launch.py: the following arguments are required: {', '.join(missing)}")
     preset = resolve(launch.model, launch.precision, launch.mode, launch.platform, launch.cfg_file)
-    args = parse_args(rest, defaults=preset, require_data=not launch.dry_run)
+    args = parse_args(rest, defaults=preset, require_data=not launch.dry_run, prog=prog)
     if cuda_available is None:
         import torch
 
@@ -245,7 +249,7 @@ def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = Non
     adapted, notices = adapt_to_host(preset, args.device, cuda_available)
     if launch.dry_run:
         title = f"{launch.model} {launch.precision} {launch.mode} {launch.platform} from {launch.cfg_file}"
-        print(dry_run_report(title, rest, preset, adapted, notices))
+        print(dry_run_report(title, rest, preset, adapted, notices, trainer))
         return 0
     if adapted.get("num_classes") == IMAGENET_CLASSES and not _typed(rest, "--num-classes", "--num_classes"):
         # ImageNet's count is the presets' default, not a choice: another dataset's folders decide theirs
@@ -253,7 +257,7 @@ def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = Non
     for notice in notices:
         _notify(notice)
     if adapted != preset:  # this machine changed preset values: the flags typed still win over them
-        args = parse_args(rest, defaults=adapted)
+        args = parse_args(rest, defaults=adapted, prog=prog)
     from .training import train
 
     return train(args)

@@ -7,6 +7,7 @@ the distributed environment.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -16,6 +17,10 @@ import torch.distributed as dist
 
 from .distributed import PeerWatchdog
 from .errors import UserError
+
+# torch's C++-extension module (which torch.compile and the ONNX exporter import) warns "No CUDA runtime is
+# found" on every machine without a GPU: a fact each command already states, not something to act on.
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 _MEMORY_FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -34,9 +34,9 @@ from .workspace import Workspace
 # ------------------------------------------------------------------------------------------------
 # The run
 # ------------------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None, defaults: dict | None = None) -> int:
-    """Run main.py's job from its command line; returns the exit code."""
-    return train(parse_args(argv, defaults))
+def main(argv: list[str] | None = None, defaults: dict | None = None, *, prog: str = "main.py") -> int:
+    """Run main.py's job from its command line (``prog``: the command's name); returns the exit code."""
+    return train(parse_args(argv, defaults, prog=prog))
 
 
 def train(args: argparse.Namespace) -> int:

@@ -142,3 +142,26 @@ def test_a_mixup_alpha_too_small_to_draw_is_refused_as_a_flag():
     with pytest.raises(UserError, match="--mixup must be 0"):
         parse_args(["--mixup", "1e-320", "/data"])
     assert parse_args(["--mixup", "0", "/data"]).mixup == 0 and parse_args(["--mixup", "0.2", "/data"]).mixup == 0.2
+
+
+def test_installed_commands_name_themselves(capsys):
+    """`ic-train -h` says ic-train, and `ic-launch --dry-run` prints a command that runs where it is installed."""
+    from image_classification import launch
+    from image_classification.cli import run
+    from image_classification.training import main
+
+    with pytest.raises(SystemExit):
+        main(["-h"], prog="ic-train")
+    assert capsys.readouterr().out.startswith("usage: ic-train ")
+    assert run(launch.main, ["--model", "resnet50", "--precision", "FP32", "--mode", "convergence", "--platform",
+                             "CPU", "--dry-run"], prog="ic-launch", cuda_available=False) == 0
+    commands = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
+    assert commands and all(line.startswith("ic-train ") for line in commands)
+
+
+def test_torch_s_no_cuda_runtime_warning_is_not_printed():
+    import logging
+
+    import image_classification.runtime  # noqa: F401
+
+    assert logging.getLogger("torch.utils.cpp_extension").getEffectiveLevel() >= logging.ERROR
