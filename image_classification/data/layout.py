@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError
-from .files import is_image_file, walk_class
+from .files import SplitWalk, is_image_file, walk_class
 
 
 def class_folders(split_dir: Path) -> list[str]:
@@ -49,11 +49,12 @@ def split_samples(root: Path, split: str, classes: list[str], *, batch_size: int
 def list_samples(split_dir: Path, classes: list[str]) -> list[tuple[str, int]]:
     """(path, label) for every image under ``split_dir/<class>/``, in a stable order (see :func:`walk_class`)."""
     samples = []
+    shared = SplitWalk()
     for label, name in enumerate(classes):
         class_dir = split_dir / name
         if not class_dir.is_dir():
             continue
-        walk = walk_class(class_dir, split_dir)
+        walk = walk_class(class_dir, split_dir, shared)
         _report_links(walk.skipped_links)
         samples.extend((path, label) for path in walk.files)
     return samples
