@@ -106,7 +106,8 @@ def walk_class(class_dir: Path, split_dir: Path | None = None, shared: SplitWalk
                         continue
                 try:
                     target = entry.stat(follow_symlinks=True)
-                except OSError:
+                except OSError:  # a dangling link: listed, so that reading it is reported as unreadable
+                    walk.files.append(entry.path)
                     continue
                 if (target.st_dev, target.st_ino) in shared.images:
                     walk.skipped_links.append(f"{entry.path}: an image already counted under another name")
