@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import uuid
 import os
 import random
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -122,6 +123,8 @@ class RunConfig:
     topk: int = 5
     evaluate: bool = False
     # what it writes
+    run_id: str = ""  # names the run in its raport and checkpoints; kept across resumes
+    resumed_from: str | None = None  # the checkpoint this run continues
     raport_file: str = "experiment_raport.json"
     save_checkpoints: bool = True
     gather_checkpoints: int = 0
@@ -439,6 +442,8 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
         log(f"=> gradient accumulation: {accumulation} micro-batches of {args.batch_size} per optimizer step")
     config = build_config(args, seed=seed, num_classes=num_classes, preprocessing=preprocessing,
                           topk=resolve_topk(args, num_classes), accumulation=accumulation, loss_scale=loss_scale)
+    recorded_run = (resumed.get("raport") or {}).get("run") if resumed is not None else None
+    config = replace(config, run_id=recorded_run or uuid.uuid4().hex[:16], resumed_from=resume_path)
     model = build_model_for(config, runtime, resumed, resume_path, pretrained, args, log)
     workers = min(args.workers, machine.cores())
     if workers < args.workers and args.workers != DEFAULT_WORKERS:  # the reference's default says nothing
@@ -449,5 +454,5 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     parameters = {**vars(args), "data_backend": backend, "seed": seed, "num_classes": num_classes,
                   "topk": config.topk, "world_size": runtime.world_size, "device": str(runtime.device),
                   "amp_dtype": str(runtime.amp_dtype), "image_size": preprocessing.image_size,
-                  "interpolation": preprocessing.interpolation}
+                  "interpolation": preprocessing.interpolation, "run_id": config.run_id}
     return Plan(config, data, model, classes, resumed, parameters)

@@ -180,8 +180,10 @@ class Raport:
 
     def __init__(self, path: str | os.PathLike | None, enabled: bool = True, stdout: TextIO | None = None,
                  echo: Callable[[str], None] | None = None, resume_offset: int | None = None,
-                 tensorboard: str | os.PathLike | None = None, tensorboard_purge_step: int | None = None):
+                 tensorboard: str | os.PathLike | None = None, tensorboard_purge_step: int | None = None,
+                 run_id: str | None = None):
         self.enabled = enabled
+        self.run_id = run_id  # the run this raport belongs to, recorded in its checkpoints
         self.path = Path(path) if path else None
         self.start = time.time()
         self.metrics: dict[str, Metric] = {}
@@ -256,9 +258,9 @@ class Raport:
     def position(self) -> dict:
         """Where the raport stands (flushed): a checkpoint records it, so a resume appends from there."""
         if self.file is None:
-            return {"file": str(self.path.name) if self.path else "", "offset": -1}
+            return {"file": str(self.path.name) if self.path else "", "offset": -1, "run": self.run_id}
         self.flush()
-        return {"file": self.path.name, "offset": self.file.tell()}
+        return {"file": self.path.name, "offset": self.file.tell(), "run": self.run_id}
 
     def close(self) -> None:
         if self.file is not None:

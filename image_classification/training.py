@@ -126,16 +126,39 @@ def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signa
 
 
 def open_raport(config: RunConfig, runtime: Runtime, resumed: dict | None, workspace: Workspace) -> Raport:
-    """The raport; a resumed run appends to it, cut back to where the checkpoint left it."""
-    offset = None
+    """The raport; a resumed run appends to it, cut back to where the checkpoint left it when the raport is
+    the one that checkpoint's run wrote (its run id, in the raport's parameters).  Another run's raport is
+    never cut: the resumed run appends after a separator record that names the checkpoint."""
+    offset, separator = None, None
     if resumed is not None:
         position = resumed.get("raport") or {}
-        same_file = position.get("file") == Path(config.raport_file).name
-        offset = int(position["offset"]) if same_file and int(position.get("offset", -1)) >= 0 else \
-            (workspace.raport.stat().st_size if workspace.raport.is_file() else 0)
+        end = workspace.raport.stat().st_size if workspace.raport.is_file() else 0
+        ours = position.get("file") == Path(config.raport_file).name and int(position.get("offset", -1)) >= 0 \
+            and int(position["offset"]) <= end and _written_by(workspace.raport, position.get("run"))
+        offset = int(position["offset"]) if ours else end
+        if not ours and end:
+            separator = {"resumed_from": str(config.resumed_from), "run_id": config.run_id,
+                         "note": "this raport was written by another run; the records below continue the "
+                                 "checkpoint's run"}
     purge = int(resumed.get("iterations", 0)) + 1 if resumed is not None else None  # what a killed run logged after
-    return Raport(workspace.raport, enabled=runtime.is_main, resume_offset=offset, tensorboard=config.tensorboard,
-                  tensorboard_purge_step=purge)
+    raport = Raport(workspace.raport, enabled=runtime.is_main, resume_offset=offset, tensorboard=config.tensorboard,
+                    tensorboard_purge_step=purge, run_id=config.run_id)
+    if separator is not None:
+        raport.parameters(separator)
+    return raport
+
+
+def _written_by(path: Path, run_id: str | None) -> bool:
+    """Whether the raport at ``path`` holds run ``run_id``'s parameters (a checkpoint from before run ids
+    existed, None, is taken at its word, as it always was)."""
+    if run_id is None:
+        return True
+    marker = f'"run_id": "{run_id}"'
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return any(marker in line for line in handle if '"PARAMETER"' in line)
+    except OSError:
+        return False
 
 
 def _print_summary(config: RunConfig, runtime: Runtime, engine: Engine, summary: dict, workspace: Workspace,

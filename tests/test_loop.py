@@ -140,3 +140,29 @@ def test_a_failed_save_of_the_best_model_is_written_again_by_the_resumed_run(tmp
     best = torch.load(tmp_path / ckpt.BEST_NAME, weights_only=True)
     assert best["epoch"] == 1 and best["best_epoch"] == 0
     assert torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)["epoch"] == 2
+
+
+def test_resuming_another_run_s_checkpoint_never_cuts_this_workspace_s_raport(tmp_path):
+    """The raport is cut back only when the checkpoint's run wrote it (its run id); else appended to."""
+    run = SYNTHETIC + ["--prof", "2", "-p", "1", "--epochs", "1"]
+    assert main(run + ["--epochs", "2", "--workspace", str(tmp_path / "a")]) == 0  # a longer raport than
+    assert main(run + ["--workspace", str(tmp_path / "b")]) == 0  # the offset b's checkpoint records
+    raport = tmp_path / "a" / "experiment_raport.json"
+    before = raport.read_text()
+    other = tmp_path / "b" / "checkpoint_other.pth.tar"
+    (tmp_path / "b" / "checkpoint.pth.tar").rename(other)
+    assert main(run + ["--epochs", "3", "--resume", str(other), "--workspace", str(tmp_path / "a")]) == 0
+    after = raport.read_text()
+    assert after.startswith(before)  # nothing of this workspace's run was cut
+    records = read_raport(raport)
+    assert any("resumed_from" in r.get("data", {}) for r in records if r.get("step") == "PARAMETER")
+
+
+def test_a_resumed_run_cuts_its_own_raport_back_to_its_checkpoint(tmp_path):
+    run = SYNTHETIC + ["--prof", "2", "-p", "1", "--workspace", str(tmp_path), "--gather-checkpoints"]
+    assert main(run + ["--epochs", "2"]) == 0
+    assert main(run + ["--epochs", "2", "--resume", str(tmp_path / "checkpoint_0000.pth.tar")]) == 0
+    steps = [tuple(r["step"]) for r in read_raport(tmp_path / "experiment_raport.json")
+             if r.get("type") == "LOG" and isinstance(r.get("step"), list) and len(r["step"]) == 2
+             and "train.loss" in r["data"]]
+    assert steps == [(0, 1), (0, 2), (1, 1), (1, 2)]  # epoch 1 logged once, by the resumed run
