@@ -152,6 +152,9 @@ def inference_block(record: dict, command: str) -> str:
     else:
         bf16 = "computes bf16 natively" if env["cpu_bf16_native"] else "has no native bf16: it emulates bf16"
         cpu = f"CPU capability {env['cpu_capability']}, {bf16}"
+    load = env.get("load_average")
+    if load:
+        cpu += f"; load average at the end of the run {' / '.join(f'{v:.1f}' for v in load)} (1 / 5 / 15 min)"
     return "\n".join([
         "```bash", command, "```", "",
         f"Measured on {_environment(record)}; {cpu}; {record['config']['image_size']} px, random weights.", "",

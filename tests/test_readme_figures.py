@@ -52,12 +52,13 @@ def inference_record(native: bool) -> dict:
             "classify_default": "bf16" if native else "channels_last",
             "environment": {"device": "cpu", "cpu_model": "AMD EPYC", "cpu_cores": 2, "python": "3.11.7",
                             "torch": "2.14.1", "torchvision": "0.29.1", "cpu_capability": "AVX2",
-                            "cpu_bf16_native": native}}
+                            "cpu_bf16_native": native, "load_average": [1.04, 0.5, 0.25]}}
 
 
 def test_inference_block_names_the_cpu_capability_and_classifys_default_row():
     block = figures.inference_block(inference_record(native=False), "python benchmarks/infer_throughput.py")
     assert "AMD EPYC (2 cores), no GPU" in block and "CPU capability AVX2, has no native bf16" in block
+    assert "load average at the end of the run 1.0 / 0.5 / 0.2 (1 / 5 / 15 min)" in block
     rows = [line for line in block.splitlines() if line.startswith("| ") and "path" not in line]
     assert [row.split(" | ")[0] for row in rows] == [
         "| torchvision eager FP32 (baseline)", "| eager FP32",
