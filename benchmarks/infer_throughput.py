@@ -45,7 +45,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from benchmarks.common import command_line, environment, percentile, write_json  # noqa: E402
-from image_classification.arguments import UserErrorParser, positive_int  # noqa: E402
+from image_classification.cli import UserErrorParser, positive_int  # noqa: E402
 from image_classification.cli import run  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
 from image_classification.models import build_model  # noqa: E402

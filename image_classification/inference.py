@@ -23,7 +23,7 @@ from torch import nn
 from torchvision import transforms
 
 from . import machine
-from .arguments import UserErrorParser, positive_int
+from .cli import UserErrorParser, positive_int
 from .data.files import is_image_file, open_rgb
 from .data.folder import val_transform
 from .errors import UserError
@@ -300,12 +300,12 @@ def classify_runtime(device: str, precision: str | None, memory_format: str) -> 
     if precision is None:
         wants_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
         precision = default_precision("cuda" if wants_cuda else "cpu")
-    runtime = make_runtime(device, amp=precision == "AMP", memory_format=memory_format, log=lambda *_: None)
+    # no cuDNN autotuning: a one-off run would re-tune at every new batch shape (the last batch is
+    # usually smaller) for no gain
+    runtime = make_runtime(device, amp=precision == "AMP", memory_format=memory_format, log=lambda *_: None,
+                           cudnn_benchmark=False)
     if runtime.device.type == "cpu" and runtime.amp_dtype is not None and not machine.cpu_bf16_is_native():
         warn(f"note: this CPU ({machine.cpu_capability()}) emulates bf16: --precision AMP runs slower than FP32 here")
-    # make_runtime turns cuDNN autotuning on for every CUDA run; a one-off run would re-tune at every new
-    # batch shape (the last batch is usually smaller) for no gain.
-    torch.backends.cudnn.benchmark = False
     return runtime
 
 

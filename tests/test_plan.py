@@ -165,3 +165,15 @@ def test_torch_s_no_cuda_runtime_warning_is_not_printed():
     import image_classification.runtime  # noqa: F401
 
     assert logging.getLogger("torch.utils.cpp_extension").getEffectiveLevel() >= logging.ERROR
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_amp_on_a_cpu_without_bf16_hardware_says_it_is_slower_once(monkeypatch, native):
+    from image_classification import machine
+    from image_classification.runtime import make_runtime
+
+    monkeypatch.setattr(machine, "cpu_bf16_is_native", lambda: native)
+    lines = []
+    runtime = make_runtime("cpu", amp=True, log=lines.append)
+    assert runtime.amp_dtype == torch.bfloat16
+    assert sum("emulated" in line for line in lines) == (0 if native else 1)
