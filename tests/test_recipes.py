@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO
+from helpers import REPO
 from image_classification import launch
 from image_classification.arguments import parse_args
 
