@@ -1,8 +1,12 @@
 """What the fault tests share: running the training with faults injected, reading what it left, counting.
 
-Every run goes through :mod:`tests.faults.runner` (``main.py`` plus a tiny ResNet and the faults the
-environment asks for) in a fresh process, so a SIGKILL kills a real training process.  :data:`TALLY`
-counts what the suite did and what was lost; ``conftest.py`` prints it at the end of the session.
+A run that is killed, signalled, hung or that must hold a lock against another run goes through
+:mod:`tests.faults.runner` (``main.py`` plus a tiny ResNet and the faults the environment asks for) in a
+fresh process (:func:`train`), so a SIGKILL kills a real training process.  Every other run (the runs
+that resume after a fault, refused inputs, failing storage) is ``main.py`` run in the test's process
+(:func:`train_here`), with the same tiny ResNet and one thread as the runner's processes have, so both
+kinds of run compute the same weights bit for bit.  :data:`TALLY` counts what the suite did and what was
+lost; ``conftest.py`` prints it at the end of the session.
 """
 
 from __future__ import annotations
@@ -15,10 +19,10 @@ from pathlib import Path
 
 import torch
 
+from helpers import REPO, explain, one_error_line, run_script, tiny_registered  # noqa: F401 (explain)
 from image_classification import checkpoint as ckpt
 from image_classification.raport import read_raport
 
-REPO = Path(__file__).resolve().parents[2]
 RUNNER = Path(__file__).with_name("runner.py")
 ITERATIONS_PER_EPOCH = 6  # 24 training images, -b 4
 COMMON = ["-a", "tiny", "--num-classes", "3", "--device", "cpu", "--data-backend", "pytorch",
@@ -57,19 +61,20 @@ def train(data: Path, workspace: Path, *args, **faults) -> subprocess.CompletedP
                           env=environment(**faults), timeout=600)
 
 
-def explain(result: subprocess.CompletedProcess) -> str:
-    return (f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}\n"
-            f"--- stderr\n{result.stderr[-3000:]}")
+def train_here(data: Path, workspace: Path, *args, capsys=None):
+    """Run the training to its end in this process, as :func:`train` would without faults: ``main.py``
+    with the tiny ResNet, on one thread.  ``capsys``: pytest's, when the caller has it."""
+    with tiny_registered():
+        return run_script([REPO / "main.py", *COMMON, "--workspace", workspace, *args, data], capsys,
+                          cwd=REPO, threads=1)
 
 
-def error_line(result: subprocess.CompletedProcess, code: int = 2) -> str:
+def error_line(result, code: int = 2) -> str:
     """The one line a refused run printed on stderr (asserting there is exactly one, and the exit code)."""
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == code and len(lines) == 1 and lines[0].startswith("error: "), explain(result)
-    return lines[0]
+    return one_error_line(result, code)
 
 
-def never_trained(result: subprocess.CompletedProcess) -> bool:
+def never_trained(result) -> bool:
     return "RUNNING EPOCHS" not in result.stdout and "Iteration:" not in result.stdout
 
 

@@ -1,8 +1,9 @@
 """``main.py`` with a tiny ResNet registered and faults injected on request, for the fault tests.
 
 Run as a script exactly like ``main.py`` (``multiproc.py`` accepts it as its training script).  The
-architecture ``tiny`` (one BasicBlock per stage, 16-32 channels) keeps a checkpoint at a few hundred
-kilobytes, so a test can save and kill many times in seconds.  The environment picks the faults:
+architecture ``tiny`` (``helpers.tiny_arch_row``: one BasicBlock per stage, 16-32 channels) keeps a checkpoint
+at a few hundred kilobytes, so a test can save and kill many times in seconds.  The environment picks the
+faults:
 
 * ``FAULTS_KILL_AT=K``: the process sends itself SIGKILL right after train iteration K of the run
   (counted over the whole run, as ``Progress.iterations``);
@@ -22,21 +23,21 @@ from __future__ import annotations
 import errno
 import io
 import os
+import runpy
 import signal
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import torch  # noqa: E402
 
+from helpers import tiny_arch_row  # noqa: E402
 from image_classification import engine, losses  # noqa: E402
-from image_classification.cli import run  # noqa: E402
-from image_classification.models.resnet import ARCHS, BasicBlock  # noqa: E402
-from image_classification.training import main  # noqa: E402
+from image_classification.models.resnet import ARCHS  # noqa: E402
 
-TINY = (BasicBlock, (1, 1, 1, 1), (16, 16, 32, 32), 1, 1, False)  # an ARCHS row
 RANK = int(os.environ.get("RANK", "0"))
 
 
@@ -70,9 +71,10 @@ def _install_iteration_hook() -> None:
     engine.Engine.train_step = train_step
 
 
-def _install_save_fault(when: int, fault) -> None:
-    """The ``when``-th ``torch.save`` into a file writes half of its bytes, then ``fault()`` happens."""
-    original, calls = torch.save, {"n": 0}
+def faulty_save(original, when: int, fault):
+    """A ``torch.save`` whose ``when``-th call into a file writes half of its bytes, then ``fault()``
+    happens (used here, and by the tests that run the training in their own process)."""
+    calls = {"n": 0}
 
     def save(obj, f, *args, **kwargs):
         calls["n"] += 1
@@ -86,14 +88,14 @@ def _install_save_fault(when: int, fault) -> None:
         os.fsync(f.fileno())
         fault()
 
-    torch.save = save
+    return save
 
 
 def _kill() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _disk_full() -> None:
+def disk_full() -> None:
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
@@ -111,12 +113,13 @@ def _install_mixup_record(path: str) -> None:
 
 
 if __name__ == "__main__":
-    ARCHS["tiny"] = TINY
+    ARCHS["tiny"] = tiny_arch_row()
     _install_iteration_hook()
     if os.environ.get("FAULTS_KILL_IN_SAVE"):
-        _install_save_fault(int(os.environ["FAULTS_KILL_IN_SAVE"]), _kill)
+        torch.save = faulty_save(torch.save, int(os.environ["FAULTS_KILL_IN_SAVE"]), _kill)
     if os.environ.get("FAULTS_FULL_IN_SAVE"):
-        _install_save_fault(int(os.environ["FAULTS_FULL_IN_SAVE"]), _disk_full)
+        torch.save = faulty_save(torch.save, int(os.environ["FAULTS_FULL_IN_SAVE"]), disk_full)
     if os.environ.get("FAULTS_RECORD"):
         _install_mixup_record(os.environ["FAULTS_RECORD"])
-    sys.exit(run(main))
+    sys.argv[0] = str(REPO / "main.py")
+    runpy.run_path(sys.argv[0], run_name="__main__")  # main.py itself, with the faults installed

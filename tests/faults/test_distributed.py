@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from helpers import free_port
 from image_classification.errors import EXIT_PREEMPTED
 from image_classification.multiproc import _stopped_early
 from image_classification.distributed import lost_peer_reason as _lost_peer_reason
@@ -20,12 +20,6 @@ from .harness import COMMON, REPO, RUNNER, TALLY, assert_same_state, environment
 
 needs_linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gloo on Linux")
 RUN = ["--epochs", "2", "--mixup", "0.4", "-j", "0", "--resume", "auto"]  # 3 iterations per epoch and rank
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def two_processes(data: Path, workspace: Path, *args, **faults) -> subprocess.CompletedProcess:
