@@ -15,6 +15,19 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """One intra-op thread for what runs in the test process: on a small machine shared with other
+    processes, two OpenMP threads run the tests' small convolutions several times slower than one.
+    (Processes the tests start keep their own defaults.)"""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def image_folder(tmp_path_factory) -> Path:
     """A 3-class colour dataset: 8 train and 4 val JPEGs per class, 48x40 pixels."""

@@ -61,15 +61,6 @@ def later_nvidia_layout(state: dict) -> dict:
     return out
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Grouped convs with two OpenMP threads on a shared 2-core machine run up to 10x slower than one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def resnet18_state() -> dict:
     return randomise_bn(build_model("resnet18")).state_dict()
