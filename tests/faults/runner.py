@@ -1,9 +1,9 @@
 """``main.py`` with a tiny ResNet registered and faults injected on request, for the fault tests.
 
-Run as a script exactly like ``main.py`` (``multiproc.py`` accepts it as its training script).  The
-architecture ``tiny`` (``helpers.tiny_arch_row``: one BasicBlock per stage, 16-32 channels) keeps a checkpoint
-at a few hundred kilobytes, so a test can save and kill many times in seconds.  The environment picks the
-faults:
+Run as a script exactly like ``main.py`` (``multiproc.py`` accepts it as its training script), or
+called as :func:`main` in a process forked for one run (``harness.train``).  The architecture ``tiny``
+(``helpers.tiny_arch_row``: one BasicBlock per stage, 16-32 channels) keeps a checkpoint at a few hundred
+kilobytes, so a test can save and kill many times in seconds.  The environment picks the faults:
 
 * ``FAULTS_KILL_AT=K``: the process sends itself SIGKILL right after train iteration K of the run
   (counted over the whole run, as ``Progress.iterations``);
@@ -38,12 +38,14 @@ from helpers import tiny_arch_row  # noqa: E402
 from image_classification import engine, losses  # noqa: E402
 from image_classification.models.resnet import ARCHS  # noqa: E402
 
-RANK = int(os.environ.get("RANK", "0"))
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
 
 
 def _applies() -> bool:
     wanted = os.environ.get("FAULTS_RANK")
-    return wanted is None or int(wanted) == RANK
+    return wanted is None or int(wanted) == _rank()
 
 
 def _after_iteration(iterations: int) -> None:
@@ -106,13 +108,15 @@ def _install_mixup_record(path: str) -> None:
     def mixup(images, targets, num_classes, lam, permutation):
         state["n"] += 1
         with open(path, "a", encoding="utf-8") as record:
-            record.write(f"{RANK} {state['n']} {lam!r}\n")
+            record.write(f"{_rank()} {state['n']} {lam!r}\n")
         return original(images, targets, num_classes, lam, permutation)
 
     losses.mixup = mixup
 
 
-if __name__ == "__main__":
+def main(argv: list[str]) -> None:
+    """Install what the environment asks for, then run ``main.py ARGV`` as ``python main.py`` would (it
+    ends with ``SystemExit``).  For a process of its own: the faults stay installed."""
     ARCHS["tiny"] = tiny_arch_row()
     _install_iteration_hook()
     if os.environ.get("FAULTS_KILL_IN_SAVE"):
@@ -121,5 +125,9 @@ if __name__ == "__main__":
         torch.save = faulty_save(torch.save, int(os.environ["FAULTS_FULL_IN_SAVE"]), disk_full)
     if os.environ.get("FAULTS_RECORD"):
         _install_mixup_record(os.environ["FAULTS_RECORD"])
-    sys.argv[0] = str(REPO / "main.py")
+    sys.argv = [str(REPO / "main.py"), *argv]
     runpy.run_path(sys.argv[0], run_name="__main__")  # main.py itself, with the faults installed
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from .harness import (INTERVAL, ITERATIONS_PER_EPOCH, RUN, TALLY, assert_same_state, count_lost_records,
-                      explain, load, train, train_here)
+                      explain, load, train, train_here, wait_unlocked)
 
 KILLED = -9
 
@@ -19,6 +19,7 @@ def _kill_and_resume(data, workspace, kill_at: int, *args) -> int:
     """Kill the run after iteration ``kill_at``; check what is on disk; return the iterations lost."""
     killed = train(data, workspace, *RUN, *args, kill_at=kill_at)
     assert killed.returncode == KILLED, explain(killed)
+    wait_unlocked(workspace)  # its loader workers (-j N) go a moment after it
     saved = load(workspace / "checkpoint.pth.tar")
     assert saved["iterations"] < kill_at
     lost = kill_at - saved["iterations"]

@@ -21,8 +21,7 @@ import torch
 from image_classification.errors import StorageError
 
 from . import runner
-from .harness import (TALLY, command, environment, error_line, explain, load, never_trained,
-                      train_here)
+from .harness import TALLY, error_line, explain, load, never_trained, start, train_here
 
 INTERVAL_RUN = ["--epochs", "1", "-j", "0", "--checkpoint-interval", "2"]
 
@@ -168,11 +167,9 @@ def test_unusable_file_names_are_refused_before_training(data, tmp_path, capsys,
 def test_a_second_run_on_a_workspace_in_use_stops_and_a_dead_run_s_lock_does_not_block(
         data, tmp_path, capsys):
     """The first run is a process of its own (the lock is held by another process); the others run here."""
-    workspace, log = tmp_path / "ws", (tmp_path / "first.txt").open("w")
-    first = subprocess.Popen(
-        command(data, workspace, "--epochs", "50", "-j", "0", "--checkpoint-interval", "2", "--resume",
-                "auto"),
-        stdout=log, stderr=subprocess.STDOUT, text=True, env=environment())
+    workspace = tmp_path / "ws"
+    first = start(data, workspace, "--epochs", "50", "-j", "0", "--checkpoint-interval", "2", "--resume", "auto",
+                  log=tmp_path / "first.txt")
     try:
         while "SAVING" not in (tmp_path / "first.txt").read_text():
             assert first.poll() is None, (tmp_path / "first.txt").read_text()
@@ -185,7 +182,7 @@ def test_a_second_run_on_a_workspace_in_use_stops_and_a_dead_run_s_lock_does_not
     finally:
         if first.poll() is None:
             first.kill()
-        log.close()
+            first.wait()
     TALLY["bad_inputs"] += 1
     TALLY["kills"] += 1
     assert (workspace / ".workspace.lock").is_file()
