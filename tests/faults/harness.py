@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from helpers import REPO, Result, exit_code, explain, one_error_line, run_script, tiny_registered  # noqa: F401
+from helpers import REPO, Result, exit_code, explain, run_script, tiny_registered  # noqa: F401 (explain)
 from image_classification import checkpoint as ckpt
 from image_classification.raport import read_raport
 
@@ -70,6 +70,8 @@ class Forked:
     def __init__(self, data: Path, workspace: Path, args, faults: dict, stdout: Path, stderr: Path):
         self.args = command(data, workspace, *args)
         self.returncode: int | None = None
+        stdout.touch()
+        stderr.touch()
         sys.stdout.flush()
         sys.stderr.flush()
         self.pid = os.fork()
@@ -152,8 +154,7 @@ def train(data: Path, workspace: Path, *args, **faults):
         out, err = Path(folder, "stdout"), Path(folder, "stderr")
         run = Forked(data, workspace, args, faults, out, err)
         run.wait()
-        return Result(run.args, run.returncode, out.read_text() if out.exists() else "",
-                      err.read_text() if err.exists() else "")
+        return Result(run.args, run.returncode, out.read_text(), err.read_text())
 
 
 def wait_unlocked(workspace: Path, timeout: float = 60) -> None:
@@ -184,11 +185,6 @@ def train_here(data: Path, workspace: Path, *args, capsys=None):
     with tiny_registered():
         return run_script([REPO / "main.py", *COMMON, "--workspace", workspace, *args, data], capsys,
                           cwd=REPO, threads=1)
-
-
-def error_line(result, code: int = 2) -> str:
-    """The one line a refused run printed on stderr (asserting there is exactly one, and the exit code)."""
-    return one_error_line(result, code)
 
 
 def never_trained(result) -> bool:

@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import one_error_line
 from image_classification.errors import StorageError
 
 from . import runner
-from .harness import TALLY, error_line, explain, load, never_trained, start, train_here
+from .harness import TALLY, explain, load, never_trained, start, train_here
 
 INTERVAL_RUN = ["--epochs", "1", "-j", "0", "--checkpoint-interval", "2"]
 
@@ -43,7 +44,7 @@ def test_a_torn_checkpoint_is_refused_with_one_line(data, straight, tmp_path, da
     shutil.copy(straight / "checkpoint.pth.tar", torn)
     damage(torn)
     result = train_here(data, tmp_path / "ws", "--epochs", "3", "-j", "0", "--resume", torn, capsys=capsys)
-    line = error_line(result)
+    line = one_error_line(result)
     assert str(torn) in line and never_trained(result)
     TALLY["bad_inputs"] += 1
 
@@ -78,7 +79,7 @@ def test_resume_auto_in_an_empty_workspace_starts_afresh(data, tmp_path, capsys)
 
 # -- a full disk ------------------------------------------------------------------------------------------
 def _assert_failed_save_left_the_previous(result, workspace: Path) -> None:
-    line = error_line(result, code=StorageError.exit_code)
+    line = one_error_line(result, code=StorageError.exit_code)
     assert "could not write" in line and "No space left on device" in line and "intact" in line
     assert load(workspace / "checkpoint.pth.tar")["iterations"] == 2  # the interval checkpoint before
     assert not list(workspace.glob(".*.tmp"))
@@ -105,7 +106,7 @@ def test_a_full_disk_fails_the_save_with_one_line_and_keeps_the_previous_checkpo
 def test_a_disk_that_fills_while_logging_ends_the_run_with_one_line(data, tmpfs, capsys):
     (tmpfs / "filler").write_bytes(bytes(1024 * 1024 - 8192))  # room for the lock, not for the raport
     result = train_here(data, tmpfs, *INTERVAL_RUN, capsys=capsys)
-    line = error_line(result, code=StorageError.exit_code)
+    line = one_error_line(result, code=StorageError.exit_code)
     assert "raport" in line and "No space left on device" in line
     TALLY["storage_faults"] += 1
 
@@ -123,7 +124,7 @@ def test_a_read_only_workspace_is_refused_before_training(data, tmpfs, capsys):
     if done.returncode != 0:
         pytest.skip(f"cannot remount the tmpfs read-only: {done.stderr.decode().strip()}")
     result = train_here(data, tmpfs, "--epochs", "1", "-j", "0", capsys=capsys)
-    assert "read-only" in error_line(result) and never_trained(result)
+    assert "read-only" in one_error_line(result) and never_trained(result)
     TALLY["bad_inputs"] += 1
 
 
@@ -135,14 +136,14 @@ def test_a_folder_without_write_permission_is_refused_before_training(data, tmp_
         result = train_here(data, workspace, "--epochs", "1", "-j", "0", capsys=capsys)
     finally:
         workspace.chmod(0o755)
-    assert "cannot be written" in error_line(result) and never_trained(result)
+    assert "cannot be written" in one_error_line(result) and never_trained(result)
     TALLY["bad_inputs"] += 1
 
 
 def test_a_workspace_that_is_a_file_is_refused_before_training(data, tmp_path, capsys):
     (tmp_path / "ws").write_text("a file")
     result = train_here(data, tmp_path / "ws", "--epochs", "1", "-j", "0", capsys=capsys)
-    assert "is a file" in error_line(result) and never_trained(result)
+    assert "is a file" in one_error_line(result) and never_trained(result)
     assert (tmp_path / "ws").read_text() == "a file"
     TALLY["bad_inputs"] += 1
 
@@ -156,7 +157,7 @@ def test_a_workspace_that_is_a_file_is_refused_before_training(data, tmp_path, c
 def test_unusable_file_names_are_refused_before_training(data, tmp_path, capsys, flags):
     workspace = tmp_path / "ws"
     result = train_here(data, workspace, "--epochs", "1", "-j", "0", *flags, capsys=capsys)
-    err = error_line(result)
+    err = one_error_line(result)
     assert flags[-2] in err or "same file" in err, err  # refused for its name, not for anything else
     assert "RUNNING EPOCHS" not in result.stdout
     assert not workspace.exists() or not [p for p in workspace.iterdir() if p.name != ".workspace.lock"]
@@ -175,7 +176,7 @@ def test_a_second_run_on_a_workspace_in_use_stops_and_a_dead_run_s_lock_does_not
             assert first.poll() is None, (tmp_path / "first.txt").read_text()
             time.sleep(0.1)
         second = train_here(data, workspace, "--epochs", "50", "-j", "0", "--resume", "auto", capsys=capsys)
-        line = error_line(second)
+        line = one_error_line(second)
         assert "in use by another run" in line and f"pid {first.pid}" in line and never_trained(second)
         first.kill()  # SIGKILL: the lock file stays, the kernel's lock goes with the process
         assert first.wait() == -9
