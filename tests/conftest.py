@@ -1,50 +1,44 @@
-"""Shared fixtures: tiny real-image datasets built on the fly (nothing is downloaded)."""
+"""Shared fixtures: tiny real-image datasets built on the fly (nothing is downloaded), and the ``tiny``
+architecture for runs whose model is not the subject.  The helpers themselves are in ``helpers.py``."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
-from types import ModuleType
 
-import numpy as np
 import pytest
-from PIL import Image
 
-REPO = Path(__file__).resolve().parents[1]
+# REPO, load_script and write_image_folder are imported from here by some test modules too
+from helpers import REPO, load_script, tiny_arch_row, write_image_folder  # noqa: F401
+
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
-def load_script(name: str) -> ModuleType:
-    """Import ``scripts/<name>.py`` (not a package) as the module ``name``."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """One intra-op thread for what runs in the test process: on a small machine shared with other
+    processes, two OpenMP threads run the tests' small convolutions several times slower than one.
+    (Processes the tests start keep their own defaults.)"""
+    import torch
 
-
-def write_image_folder(
-    root: Path, num_classes: int = 3, train_per_class: int = 8, val_per_class: int = 4,
-    size: tuple[int, int] = (48, 40), seed: int = 0,
-) -> Path:
-    """Write a JPEG ImageFolder (train/ and val/) whose classes differ by colour, so a model can learn them."""
-    rng = np.random.default_rng(seed)
-    colours = [(200, 40, 40), (40, 200, 40), (40, 40, 200), (200, 200, 40), (40, 200, 200), (200, 40, 200)]
-    for split, count in (("train", train_per_class), ("val", val_per_class)):
-        for label in range(num_classes):
-            folder = root / split / f"class_{label:02d}"
-            folder.mkdir(parents=True, exist_ok=True)
-            base = np.array(colours[label % len(colours)], dtype=np.float32)
-            for index in range(count):
-                noise = rng.normal(0, 25, size=(size[1], size[0], 3))
-                pixels = np.clip(base + noise, 0, 255).astype(np.uint8)
-                Image.fromarray(pixels).save(folder / f"img_{index:03d}.jpg", quality=90)
-    return root
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
 def image_folder(tmp_path_factory) -> Path:
     """A 3-class colour dataset: 8 train and 4 val JPEGs per class, 48x40 pixels."""
     return write_image_folder(tmp_path_factory.mktemp("colours"))
+
+
+@pytest.fixture
+def tiny_arch(monkeypatch) -> str:
+    """``-a tiny`` for runs in this process: one BasicBlock per stage, 16-32 channels (a few hundred
+    kilobytes a checkpoint, a fraction of ResNet-18's time at 32 px).  Removed again after the test."""
+    from image_classification.models.resnet import ARCHS
+
+    monkeypatch.setitem(ARCHS, "tiny", tiny_arch_row())
+    return "tiny"

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import REPO
+from helpers import REPO, one_error_line, run_script, tiny_registered
 from image_classification import checkpoint as ckpt
 from image_classification.cli import run
 from image_classification.errors import StorageError, UserError
@@ -144,47 +142,43 @@ def test_non_finite_weights_are_refused(tmp_path):
 
 @pytest.fixture(scope="module")
 def damaged(tmp_path_factory, image_folder) -> dict[str, Path]:
-    """A real training checkpoint and copies of it damaged by a 4 KiB flip inside the weights."""
+    """A real training checkpoint (of the tiny architecture, registered for the module's tests) and
+    copies of it damaged by a 4 KiB flip inside the weights."""
+    from image_classification.export import checkpoint2model_main
     from image_classification.training import main
 
     root = tmp_path_factory.mktemp("damaged")
-    assert main(["-a", "resnet18", "--image-size", "32", "-b", "8", "--device", "cpu", "--epochs", "1",
-                 "--prof", "1", "--data-backend", "pytorch", "-j", "0", "--seed", "1",
-                 "--workspace", str(root / "ws"), str(image_folder)]) == 0
-    good = root / "ws" / "checkpoint.pth.tar"
-    bad = root / "bad.pth.tar"
-    bad.write_bytes(good.read_bytes())
-    flip(bad, bad.stat().st_size // 2)
-    weights = root / "weights.pth"
-    assert run(__import__("image_classification.export", fromlist=["x"]).checkpoint2model_main,
-               ["--checkpoint-path", str(good), "--weight-path", str(weights)]) == 0
-    bad_weights = root / "bad_weights.pth"
-    bad_weights.write_bytes(weights.read_bytes())
-    flip(bad_weights, bad_weights.stat().st_size // 2)
-    return {"checkpoint": bad, "weights": bad_weights, "data": image_folder, "root": root}
-
-
-def _one_error_line(result: subprocess.CompletedProcess) -> str:
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2, (result.stdout[-2000:], result.stderr)
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.stderr, result.stderr
-    return lines[0]
+    with tiny_registered():
+        assert main(["-a", "tiny", "--image-size", "32", "-b", "8", "--device", "cpu", "--epochs", "1",
+                     "--prof", "1", "--data-backend", "pytorch", "-j", "0", "--seed", "1",
+                     "--workspace", str(root / "ws"), str(image_folder)]) == 0
+        good = root / "ws" / "checkpoint.pth.tar"
+        bad = root / "bad.pth.tar"
+        bad.write_bytes(good.read_bytes())
+        flip(bad, bad.stat().st_size // 2)
+        weights = root / "weights.pth"
+        assert run(checkpoint2model_main, ["--checkpoint-path", str(good), "--weight-path", str(weights)]) == 0
+        bad_weights = root / "bad_weights.pth"
+        bad_weights.write_bytes(weights.read_bytes())
+        flip(bad_weights, bad_weights.stat().st_size // 2)
+        yield {"checkpoint": bad, "weights": bad_weights, "data": image_folder, "root": root}
 
 
 @pytest.mark.parametrize("entry", ["resume", "pretrained", "classify", "checkpoint2model", "classify-weights"])
-def test_every_entry_point_refuses_a_damaged_file(damaged, entry, tmp_path):
-    python, data = sys.executable, str(damaged["data"])
-    common = ["-a", "resnet18", "--image-size", "32", "-b", "8", "--device", "cpu", "--data-backend", "pytorch",
+def test_every_entry_point_refuses_a_damaged_file(damaged, entry, tmp_path, capsys):
+    """Each script run as ``python SCRIPT ...`` would run it (in this process: see helpers.run_script)."""
+    data = str(damaged["data"])
+    common = ["-a", "tiny", "--image-size", "32", "-b", "8", "--device", "cpu", "--data-backend", "pytorch",
               "-j", "0", "--epochs", "2", "--workspace", str(tmp_path / "ws"), data]
     image = str(next((damaged["data"] / "val" / "class_00").iterdir()))
     commands = {
-        "resume": [python, "main.py", "--resume", str(damaged["checkpoint"]), *common],
-        "pretrained": [python, "main.py", "--pretrained-weights", str(damaged["checkpoint"]), *common],
-        "classify": [python, "classify.py", "--weights", str(damaged["checkpoint"]), "--image", image],
-        "classify-weights": [python, "classify.py", "--weights", str(damaged["weights"]), "--image", image],
-        "checkpoint2model": [python, "checkpoint2model.py", "--checkpoint-path", str(damaged["checkpoint"]),
+        "resume": ["main.py", "--resume", str(damaged["checkpoint"]), *common],
+        "pretrained": ["main.py", "--pretrained-weights", str(damaged["checkpoint"]), *common],
+        "classify": ["classify.py", "--weights", str(damaged["checkpoint"]), "--image", image],
+        "classify-weights": ["classify.py", "--weights", str(damaged["weights"]), "--image", image],
+        "checkpoint2model": ["checkpoint2model.py", "--checkpoint-path", str(damaged["checkpoint"]),
                              "--weight-path", str(tmp_path / "out.pth")],
     }
-    result = subprocess.run(commands[entry], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert "damaged" in _one_error_line(result) or "could not be read" in result.stderr
+    result = run_script(commands[entry], capsys, cwd=REPO)
+    assert "damaged" in one_error_line(result) or "could not be read" in result.stderr
     assert not (tmp_path / "out.pth").exists()

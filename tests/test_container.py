@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from conftest import REPO, load_script
+from helpers import REPO, load_script
 
 DOCKERFILE = REPO / "Dockerfile"
 

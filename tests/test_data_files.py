@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import write_image_folder
+from helpers import REPO, one_error_line, run_script, write_image_folder
 from image_classification.data.common import DataConfig
 from image_classification.data.files import open_rgb, walk_class
 from image_classification.data.folder import folder_loaders
@@ -104,18 +104,14 @@ def test_reading_with_no_workers_leaves_the_training_process_generators_alone(fo
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(in_process, with_workers))
 
 
-def _check(*argv):
-    import subprocess
-    import sys
-
-    from conftest import REPO
-
-    return subprocess.run([sys.executable, "-m", "image_classification.data.check", *map(str, argv)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+@pytest.fixture
+def data_check(capsys):
+    """``python -m image_classification.data.check ARGS``, run in this process (see helpers.run_script)."""
+    return lambda *argv: run_script(["-m", "image_classification.data.check", *argv], capsys, cwd=REPO)
 
 
-def test_data_check_reports_every_kind_of_problem(folder):
-    clean = _check(folder, "-j", "1")
+def test_data_check_reports_every_kind_of_problem(folder, data_check):
+    clean = data_check(folder, "-j", "1")
     assert clean.returncode == 0, clean.stderr
     assert "train/: 3 classes, 24 images" in clean.stdout and "val/: 3 classes, 6 images" in clean.stdout
     assert "ok: nothing to fix" in clean.stdout
@@ -127,7 +123,7 @@ def test_data_check_reports_every_kind_of_problem(folder):
     (folder / "train" / "class_99").mkdir()
     (folder / "val" / "class_98").mkdir()
     Image.new("RGB", (8, 8)).save(folder / "val" / "class_98" / "a.png")
-    found = _check(folder, "-j", "2")
+    found = data_check(folder, "-j", "2")
     assert found.returncode == 1, found.stderr
     out = found.stdout
     assert "train/: 4 classes, 25 images" in out  # 24 + empty.jpg; the loop adds none
@@ -137,24 +133,18 @@ def test_data_check_reports_every_kind_of_problem(folder):
     assert "classes only in train/: class_99" in out and "classes only in val/: class_98" in out
 
 
-def test_data_check_on_a_folder_that_is_not_a_dataset(tmp_path):
-    missing = _check(tmp_path / "nothing")
-    assert missing.returncode == 2 and missing.stderr.startswith("error: dataset directory")
-    empty = _check(tmp_path)
-    assert empty.returncode == 2 and "neither train/ nor val/" in empty.stderr
+def test_data_check_on_a_folder_that_is_not_a_dataset(tmp_path, data_check):
+    missing = data_check(tmp_path / "nothing")
+    assert one_error_line(missing).startswith("error: dataset directory")
+    empty = data_check(tmp_path)
+    assert "neither train/ nor val/" in one_error_line(empty)
 
 
-def test_more_workers_than_cores_are_capped_with_one_notice(folder):
-    import subprocess
-    import sys
-
-    from conftest import REPO
-
+def test_more_workers_than_cores_are_capped_with_one_notice(folder, tiny_arch, capsys):
     cores = len(os.sched_getaffinity(0))
-    result = subprocess.run(
-        [sys.executable, str(REPO / "main.py"), "--data-backend", "pytorch", "-a", "resnet18", "--image-size", "32",
-         "-b", "4", "--epochs", "1", "--prof", "1", "-j", str(cores + 4), "--workspace", str(folder / "ws"),
-         str(folder)], capture_output=True, text=True, timeout=300)
+    result = run_script(
+        [REPO / "main.py", "--data-backend", "pytorch", "-a", tiny_arch, "--image-size", "32", "-b", "4",
+         "--epochs", "1", "--prof", "1", "-j", str(cores + 4), "--workspace", folder / "ws", folder], capsys)
     assert result.returncode == 0, result.stderr[-2000:]
     notice = f"-j {cores + 4} is more than the {cores} cores this process may use: {cores} loader workers"
     assert result.stdout.count(notice) == 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -10,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import REPO, one_error_line, run_script
 from image_classification import export
 from image_classification.cli import run
 from image_classification.models import build_model, load_weights
 
-REPO = Path(__file__).resolve().parents[1]
 
-
-def script(name: str, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, name, *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                          timeout=180)
+@pytest.fixture
+def script(capsys):
+    """``python NAME ARGS`` in the repository, run in this process (see helpers.run_script)."""
+    return lambda name, *args: run_script([name, *args], capsys, cwd=REPO)
 
 
 def randomised(model: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -46,7 +45,7 @@ def training_checkpoint(tmp_path_factory) -> tuple[Path, dict, dict]:
 
 
 @pytest.mark.parametrize("use_ema", [False, True])
-def test_checkpoint2model_extracts_model_or_ema_weights(training_checkpoint, tmp_path, use_ema):
+def test_checkpoint2model_extracts_model_or_ema_weights(training_checkpoint, tmp_path, use_ema, script):
     path, weights, ema = training_checkpoint
     target = tmp_path / "weights.pth"
     result = script("checkpoint2model.py", "--checkpoint-path", path, "--weight-path", target,
@@ -73,7 +72,7 @@ def test_checkpoint2model_strips_the_ddp_prefix(training_checkpoint, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["ema missing", "not a checkpoint", "garbage"])
-def test_checkpoint2model_failures_leave_the_target_alone(tmp_path, case):
+def test_checkpoint2model_failures_leave_the_target_alone(tmp_path, case, script):
     source = tmp_path / "source.pth"
     if case == "ema missing":
         state = build_model("resnet18").state_dict()
@@ -85,14 +84,12 @@ def test_checkpoint2model_failures_leave_the_target_alone(tmp_path, case):
     target = tmp_path / "weights.pth"
     target.write_bytes(b"previous weights")
     result = script("checkpoint2model.py", "--checkpoint-path", source, "--weight-path", target, "--ema")
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    one_error_line(result)
     assert target.read_bytes() == b"previous weights"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["source.pth", "weights.pth"]
 
 
-def test_onnx_round_trip(tmp_path):
+def test_onnx_round_trip(tmp_path, script):
     weights = tmp_path / "resnet18.pth"
     model = randomised(build_model("resnet18", num_classes=10), seed=3).eval()
     torch.save(model.state_dict(), weights)

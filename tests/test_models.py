@@ -14,13 +14,12 @@ import torch
 import torchvision
 from torch import nn
 
+from helpers import REPO
 from image_classification.errors import UserError
 from image_classification.models import (MODEL_CONFIGS, build_model, default_image_size, list_models,
                                          load_weights)
 from image_classification.models import weights as weights_module
 from image_classification.models.resnet import Bottleneck, SqueezeExcitation
-
-REPO = Path(__file__).resolve().parents[1]
 
 # arch: (parameters, state-dict entries) at 1000 classes; the reference toolkit's spec gives resnet50 and
 # the two ResNeXt101-32x4d, torchvision the others, our definition resnext101-32x8d-basic.
@@ -64,15 +63,6 @@ def later_nvidia_layout(state: dict) -> dict:
     return out
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Grouped convs with two OpenMP threads on a shared 2-core machine run up to 10x slower than one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def resnet18_state() -> dict:
     return randomise_bn(build_model("resnet18")).state_dict()
@@ -90,26 +80,32 @@ def test_list_models_names_every_architecture():
     assert all(default_image_size(a) == 224 for a in SIZES)
 
 
+META = torch.device("meta")  # shapes without storage: sizes are counted without allocating the weights
+
+
 @pytest.mark.parametrize("arch", list(SIZES))
 def test_every_architecture_builds_with_the_reference_size_and_classifies(arch):
-    model = build_model(arch).eval()
+    with META:
+        model = build_model(arch).eval()
     assert (sum(p.numel() for p in model.parameters()), len(model.state_dict())) == SIZES[arch]
     with torch.no_grad():
-        assert model(torch.randn(1, 3, 32, 32)).shape == (1, 1000)
+        assert model(torch.randn(1, 3, 32, 32, device=META)).shape == (1, 1000)
 
 
 def test_resnext_shapes_match_the_reference():
-    state = build_model("resnext101-32x4d").state_dict()
+    with META:
+        state = build_model("resnext101-32x4d").state_dict()
+        basic = build_model("resnext101-32x8d-basic").state_dict()
     assert state["layer1.0.conv2.weight"].shape == (128, 4, 3, 3)
     assert state["layer4.0.conv2.weight"].shape == (1024, 32, 3, 3)
     assert state["fc.weight"].shape == (1000, 2048)
-    basic = build_model("resnext101-32x8d-basic").state_dict()
     assert basic["layer1.0.conv1.weight"].shape == (256, 2, 3, 3)  # 64 -> 256 channels in 32 groups
     assert basic["layer4.2.conv2.weight"].shape == (2048, 64, 3, 3)
 
 
 def test_num_classes_changes_only_the_head():
-    model = build_model("resnet50", num_classes=10)
+    with META:
+        model = build_model("resnet50", num_classes=10)
     assert model.fc.weight.shape == (10, 2048) and model.fc.bias.shape == (10,)
     assert sum(p.numel() for p in model.parameters()) == SIZES["resnet50"][0] - 990 * 2049
 
@@ -169,7 +165,8 @@ def test_se_keys_and_hidden_width(se_resnext):
         assert state[f"layer{stage}.0.squeeze.squeeze.bias"].shape == (16,)
         assert state[f"layer{stage}.1.squeeze.expand.weight"].shape == (channels, 16)
         assert state[f"layer{stage}.1.squeeze.expand.bias"].shape == (channels,)
-    assert "layer1.0.squeeze.squeeze.weight" not in build_model("resnext101-32x4d").state_dict()
+    with META:
+        assert "layer1.0.squeeze.squeeze.weight" not in build_model("resnext101-32x4d").state_dict()
 
 
 def test_se_scales_channels_by_a_sigmoid_gate_of_their_means():
@@ -426,7 +423,8 @@ def hub_load(entry: str, **kwargs) -> nn.Module:
                                          ("nvidia_resneXt", "resnext101-32x4d"),
                                          ("nvidia_se_resnext101_32x4d", "se-resnext101-32x4d")])
 def test_hub_entries_build_the_named_models(entry, arch):
-    model = hub_load(entry, pretrained=False, num_classes=5)
+    with META:
+        model = hub_load(entry, pretrained=False, num_classes=5)
     assert model.fc.out_features == 5
     assert sum(p.numel() for p in model.parameters()) == SIZES[arch][0] - 995 * 2049
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import load_script
+from helpers import load_script, refused, tiny_registered
 from image_classification.cli import run as cli_run
 from image_classification.training import main as train
 
-TINY = ["-a", "resnet18", "--image-size", "64", "-b", "8", "--device", "cpu", "--data-backend", "pytorch",
+TINY = ["-a", "tiny", "--image-size", "32", "-b", "8", "--device", "cpu", "--data-backend", "pytorch",
         "-j", "0", "--num-classes", "3"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -25,9 +25,10 @@ def plot_raport():
 def raports(image_folder, tmp_path_factory) -> dict[str, Path]:
     """Two real runs: 2 epochs with validation, and 1 epoch --training-only (no val metrics)."""
     root = tmp_path_factory.mktemp("runs")
-    assert train([*TINY, "--epochs", "2", "--workspace", str(root / "full"), str(image_folder)]) == 0
-    assert train([*TINY, "--epochs", "1", "--training-only", "--workspace", str(root / "train_only"),
-                  str(image_folder)]) == 0
+    with tiny_registered():
+        assert train([*TINY, "--epochs", "2", "--workspace", str(root / "full"), str(image_folder)]) == 0
+        assert train([*TINY, "--epochs", "1", "--training-only", "--workspace", str(root / "train_only"),
+                      str(image_folder)]) == 0
     return {name: root / name / "experiment_raport.json" for name in ("full", "train_only")}
 
 
@@ -86,8 +87,8 @@ def test_a_file_that_is_not_a_raport_is_one_error_line(plot_raport, raports, tmp
     if content is not None:
         bad.write_bytes(content)
     code = cli_run(plot_raport.main, [str(raports["full"]), str(bad), "-o", str(tmp_path / "out")])
-    err = capsys.readouterr().err
-    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and words in err, err
+    err = refused(code, capsys)
+    assert words in err, err
     assert str(bad) in err and not (tmp_path / "out").exists()  # nothing drawn
 
 

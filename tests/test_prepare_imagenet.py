@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 from scipy.io import savemat
 
-from conftest import load_script
+from helpers import load_script
 from image_classification.cli import run
 
 WNIDS = ["n01440764", "n01443537", "n01484850"]  # ILSVRC2012_IDs 1, 2, 3

@@ -3,7 +3,7 @@
 import re
 import sys
 
-from conftest import REPO
+from helpers import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
 

@@ -1,9 +1,9 @@
 """Every command of the READMEs' ``bash`` blocks runs as written, with tiny sizes substituted.
 
 The commands run in a scratch folder that holds what the README assumes: the digits dataset and the
-checkpoint ``make demo`` leaves (a one-epoch demo run), NGC-named weight files (freshly initialised, in
-the layout NGC publishes), a photograph, two raports, and for the per-model READMEs a two-step training
-run of each model in the workspace its README names.  ImageNet paths point at the digits; batch sizes,
+checkpoint ``make demo`` leaves (a one-epoch demo run, cut to a few steps), NGC-named weight files
+(freshly initialised, in the layout NGC publishes), a photograph, two raports, and for the per-model
+READMEs a two-step training run of each model in the workspace its README names.  ImageNet paths point at the digits; batch sizes,
 epochs, image sizes and process counts are cut down so that each command takes seconds.  A command
 that cannot run on one CPU machine is listed in ``NOT_RUN`` with the reason and where it is covered
 instead; any other command, including one added later, is run.  The commands run in README order in
@@ -11,6 +11,11 @@ one folder per README, as a user would type them (model2onnx.py converts the wei
 checkpoint2model.py wrote).  The main README's commands run in the default suite; the per-model
 READMEs' (ResNeXt-101 and SE-ResNeXt-101 take seconds per step on a CPU) are marked slow, and the
 default suite checks that every flag they use is one their scripts accept.
+
+A command runs in the test's process (the script or module executed as ``__main__``, as ``python``
+does: see helpers.run_script), which spares an interpreter and a torch import per command; those in
+``REAL_PROCESS`` run as real processes: the ones that start worker processes, and one smoke run that
+checks a README command as typed into a shell.
 """
 
 from __future__ import annotations
@@ -22,13 +27,12 @@ import shlex
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from conftest import REPO
+from helpers import REPO, explain, run_script
 
 README = REPO / "README.md"
 # per-model README -> (architecture, the workspace its commands use, weights file it converts to)
@@ -50,6 +54,12 @@ NOT_RUN = {
     r"^until python main\.py --resume auto": "a re-queue loop: tests/faults resumes with --resume auto after kills",
     r"-m pytest -q tests/faults": "the fault suite is part of `make test` already",
     r"prepare_imagenet\.py": "needs the ImageNet archives: tests/test_prepare_imagenet.py runs it on archives it builds",
+}
+
+# pattern (searched in the command) -> why it runs in a process of its own rather than in the test's
+REAL_PROCESS = {
+    r"multiproc\.py|torch\.distributed\.run": "starts worker processes: the launcher and its workers are the point",
+    r"^python main\.py --evaluate --resume workspace/digits/": "the smoke run: a command as typed into a shell",
 }
 
 # Flags appended to the training commands: argparse keeps the last value, so these win.  A learning
@@ -96,6 +106,10 @@ def not_run_reason(command: str) -> str | None:
     return next((why for pattern, why in NOT_RUN.items() if re.search(pattern, command)), None)
 
 
+def needs_a_process(command: str) -> bool:
+    return any(re.search(pattern, command) for pattern in REAL_PROCESS)
+
+
 COMMANDS = readme_commands(README.read_text())
 MODEL_COMMANDS = [(path, command) for path in MODEL_READMES for command in readme_commands(path.read_text())]
 
@@ -128,13 +142,19 @@ def tiny(command: str) -> list[str]:
     return argv
 
 
-def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MPLBACKEND": "Agg"}
+ENV = {"MPLBACKEND": "Agg"}
+
+
+def _run(argv: list[str], cwd: Path, capsys=None, process: bool = False):
+    """Run a command in ``cwd``: in a process of its own if ``process``, else in this one."""
+    if not process:
+        return run_script(argv, capsys, cwd=cwd, env=ENV)
+    env = {**os.environ, "PYTHONPATH": str(REPO), **ENV}
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
-def _check(result: subprocess.CompletedProcess) -> None:
-    assert result.returncode == 0, (shlex.join(result.args), result.stdout[-3000:], result.stderr[-3000:])
+def _check(result) -> None:
+    assert result.returncode == 0, explain(result)
 
 
 def _ngc_weights(folder: Path, arch: str) -> None:
@@ -148,11 +168,13 @@ def _ngc_weights(folder: Path, arch: str) -> None:
 
 
 def _digits_folder(tmp_path_factory, name: str) -> Path:
-    """A folder after `make demo` (one epoch): data/digits, workspace/digits, and photographs."""
+    """A folder after `make demo` (one epoch, of 4 steps: the commands need its files, not its accuracy):
+    data/digits, workspace/digits, and photographs."""
     from skimage import data as samples
 
     folder = tmp_path_factory.mktemp(name)
-    _check(_run([sys.executable, "-m", "image_classification.demo", "--epochs", "1", "-j", "0"], folder))
+    _check(_run([sys.executable, "-m", "image_classification.demo", "--epochs", "1", "--prof", "4", "-j", "0"],
+                folder))
     for photo in ("photo.jpg", "cat.jpg", "photos/astronaut.jpg"):
         (folder / photo).parent.mkdir(exist_ok=True)
         Image.fromarray(samples.astronaut()).save(folder / photo, quality=90)
@@ -190,6 +212,9 @@ def test_readme_has_commands_and_every_skip_is_used():
     everywhere = COMMANDS + [command for _, command in MODEL_COMMANDS]
     for pattern in NOT_RUN:
         assert any(re.search(pattern, command) for command in everywhere), f"stale NOT_RUN entry {pattern!r}"
+    run = [command for command in COMMANDS if not not_run_reason(command)]
+    for pattern in REAL_PROCESS:
+        assert any(re.search(pattern, command) for command in run), f"stale REAL_PROCESS entry {pattern!r}"
 
 
 def _short(command: str) -> str:
@@ -197,21 +222,21 @@ def _short(command: str) -> str:
 
 
 @pytest.mark.parametrize("command", [c for c in COMMANDS if not not_run_reason(c)], ids=_short)
-def test_readme_command_runs(command, readme_folder):
-    _check(_run(tiny(command), readme_folder))
+def test_readme_command_runs(command, readme_folder, capsys):
+    _check(_run(tiny(command), readme_folder, capsys, process=needs_a_process(command)))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("readme, command", [(r, c) for r, c in MODEL_COMMANDS if not not_run_reason(c)],
                          ids=lambda value: value.parent.name if isinstance(value, Path) else _short(value))
-def test_model_readme_command_runs(readme, command, model_folders):
-    _check(_run(tiny(command), model_folders[readme]))
+def test_model_readme_command_runs(readme, command, model_folders, capsys):
+    _check(_run(tiny(command), model_folders[readme], capsys, process=needs_a_process(command)))
 
 
 @functools.cache
 def _accepted_flags(script: str) -> frozenset[str]:
     """The long and short options a script's -h lists."""
-    result = _run([sys.executable, script, "-h"], REPO)
+    result = _run([sys.executable, script, "-h"], REPO)  # in this process: the output is captured here
     _check(result)
     return frozenset(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", result.stdout))
 
@@ -221,10 +246,6 @@ def test_readme_flags_are_accepted(readme):
     """Every flag a README command gives to a script of ours is one that script (or main.py behind it) knows."""
     texts = readme_commands(readme.read_text())
     commands = [tiny(c) if c.startswith("python ") else shlex.split(c) for c in texts]
-    every_script = {str(REPO / "main.py")} | {t for argv in commands for t in argv
-                                              if t.startswith(str(REPO)) and t.endswith(".py")}
-    with ThreadPoolExecutor(4) as pool:  # each -h is mostly the interpreter starting: run them side by side
-        list(pool.map(_accepted_flags, sorted(every_script)))
     main_flags = _accepted_flags(str(REPO / "main.py"))
     for command, argv in zip(texts, commands):
         scripts = [token for token in argv if token.startswith(str(REPO)) and token.endswith(".py")]

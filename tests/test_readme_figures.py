@@ -1,6 +1,6 @@
 """scripts/readme_figures.py: every figure block of the README has the run that regenerates it."""
 
-from conftest import REPO, load_script
+from helpers import REPO, load_script
 
 figures = load_script("readme_figures")
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_image_folder
+from helpers import write_image_folder
 
-from .harness import RUN, TALLY, explain, train
+from .harness import RUN, TALLY, explain, train_here
 
 
 @pytest.fixture(scope="session")
@@ -21,10 +21,10 @@ def data(tmp_path_factory) -> Path:
 def straight(data, tmp_path_factory) -> Path:
     """The workspace of the uninterrupted run (``harness.RUN``, -j 0) that interrupted runs must equal.
 
-    Read-only for the tests: copy what you change.
+    Read-only for the tests: copy what you change.  Run in this process (no fault to inject).
     """
     workspace = tmp_path_factory.mktemp("straight")
-    result = train(data, workspace, *RUN, "-j", "0")
+    result = train_here(data, workspace, *RUN, "-j", "0")
     assert result.returncode == 0, explain(result)
     return workspace
 

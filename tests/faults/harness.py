@@ -1,24 +1,36 @@
 """What the fault tests share: running the training with faults injected, reading what it left, counting.
 
-Every run goes through :mod:`tests.faults.runner` (``main.py`` plus a tiny ResNet and the faults the
-environment asks for) in a fresh process, so a SIGKILL kills a real training process.  :data:`TALLY`
-counts what the suite did and what was lost; ``conftest.py`` prints it at the end of the session.
+A run that is killed, signalled, hung or that must hold a lock against another run is a process of its
+own running :mod:`tests.faults.runner` (``main.py`` plus a tiny ResNet and the faults the environment asks
+for), so a SIGKILL kills a real training process: :func:`train` and :func:`start` fork it from the test's
+process (torch and the package already imported: a fraction of a second instead of a fresh interpreter's
+seconds), ``multiproc.py`` starts it as a script (:func:`command`).  Every other run (the runs that resume
+after a fault, refused inputs, failing storage) is ``main.py`` run in the test's process
+(:func:`train_here`).  All of them run the same tiny ResNet on one thread, so they compute the same weights
+bit for bit.  :data:`TALLY` counts what the suite did and what was lost; ``conftest.py`` prints it at the
+end of the session.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+import time
+import traceback
 from collections import Counter
 from pathlib import Path
 
 import torch
 
+from helpers import REPO, Result, exit_code, explain, run_script, tiny_registered  # noqa: F401 (explain)
 from image_classification import checkpoint as ckpt
 from image_classification.raport import read_raport
 
-REPO = Path(__file__).resolve().parents[2]
+from . import runner
+
 RUNNER = Path(__file__).with_name("runner.py")
 ITERATIONS_PER_EPOCH = 6  # 24 training images, -b 4
 COMMON = ["-a", "tiny", "--num-classes", "3", "--device", "cpu", "--data-backend", "pytorch",
@@ -51,25 +63,131 @@ def environment(**faults) -> dict:
     return env
 
 
-def train(data: Path, workspace: Path, *args, **faults) -> subprocess.CompletedProcess:
-    """Run the training to its end in a fresh process (``faults``: see :mod:`tests.faults.runner`)."""
-    return subprocess.run(command(data, workspace, *args), capture_output=True, text=True, cwd=REPO,
-                          env=environment(**faults), timeout=600)
+class Forked:
+    """One run of :mod:`tests.faults.runner` in a child process forked from this one, its stdout and
+    stderr in files; ``pid``, ``poll``, ``wait`` and ``kill`` as a ``subprocess.Popen`` has them."""
+
+    def __init__(self, data: Path, workspace: Path, args, faults: dict, stdout: Path, stderr: Path):
+        self.args = command(data, workspace, *args)
+        self.returncode: int | None = None
+        stdout.touch()
+        stderr.touch()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:
+            _child(self.args[3:], environment(**faults), stdout, stderr)  # never returns
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float = 600) -> int:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                self.kill()
+                self.wait()
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
 
 
-def explain(result: subprocess.CompletedProcess) -> str:
-    return (f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}\n"
-            f"--- stderr\n{result.stderr[-3000:]}")
+def _child(argv: list[str], env: dict, stdout: Path, stderr: Path) -> None:
+    """The forked process: what a fresh ``python -u runner.py ARGV`` would do, then ``os._exit``."""
+    code = 1
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        os.dup2(os.open(stdout, flags), 1)
+        os.dup2(os.open(stderr, flags) if stderr != stdout else 1, 2)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (-u: line by line)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        os.environ.clear()
+        os.environ.update(env)
+        for stop in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(stop, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        torch.set_num_threads(1)  # OMP_NUM_THREADS=1
+        os.chdir(REPO)
+        runner.main(argv)
+        code = 0
+    except SystemExit as error:
+        code = exit_code(error)
+    except BaseException:  # noqa: BLE001 (as the interpreter does: a traceback and exit 1)
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
 
 
-def error_line(result: subprocess.CompletedProcess, code: int = 2) -> str:
-    """The one line a refused run printed on stderr (asserting there is exactly one, and the exit code)."""
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == code and len(lines) == 1 and lines[0].startswith("error: "), explain(result)
-    return lines[0]
+def _forkable() -> bool:
+    """Forking this process is safe: it has not started CUDA (a forked child cannot use it)."""
+    return hasattr(os, "fork") and not torch.cuda.is_initialized()
 
 
-def never_trained(result: subprocess.CompletedProcess) -> bool:
+def start(data: Path, workspace: Path, *args, log: Path, **faults):
+    """Start the training in a process of its own, stdout and stderr together in ``log``."""
+    if _forkable():
+        return Forked(data, workspace, args, faults, log, log)
+    with log.open("w") as out:
+        return subprocess.Popen(command(data, workspace, *args), stdout=out, stderr=subprocess.STDOUT,
+                                text=True, cwd=REPO, env=environment(**faults))
+
+
+def train(data: Path, workspace: Path, *args, **faults):
+    """Run the training to its end in a process of its own (``faults``: see :mod:`tests.faults.runner`);
+    its exit code and output, as ``subprocess.run`` gives them."""
+    if not _forkable():
+        return subprocess.run(command(data, workspace, *args), capture_output=True, text=True, cwd=REPO,
+                              env=environment(**faults), timeout=600)
+    with tempfile.TemporaryDirectory() as folder:
+        out, err = Path(folder, "stdout"), Path(folder, "stderr")
+        run = Forked(data, workspace, args, faults, out, err)
+        run.wait()
+        return Result(run.args, run.returncode, out.read_text(), err.read_text())
+
+
+def wait_unlocked(workspace: Path, timeout: float = 60) -> None:
+    """Wait until no process holds the workspace's lock.  A killed run's DataLoader workers were forked
+    with its lock and hold it until they notice their parent is gone (a few seconds); a fresh interpreter
+    took longer than that to start, a run in this process does not."""
+    import fcntl
+
+    lock = workspace / ".workspace.lock"
+    if not lock.exists():
+        return
+    deadline = time.monotonic() + timeout
+    with lock.open("a") as handle:
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                assert time.monotonic() < deadline, f"{lock} still locked after {timeout} s"
+                time.sleep(0.1)
+                continue
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            return
+
+
+def train_here(data: Path, workspace: Path, *args, capsys=None):
+    """Run the training to its end in this process, as :func:`train` would without faults: ``main.py``
+    with the tiny ResNet, on one thread.  ``capsys``: pytest's, when the caller has it."""
+    with tiny_registered():
+        return run_script([REPO / "main.py", *COMMON, "--workspace", workspace, *args, data], capsys,
+                          cwd=REPO, threads=1)
+
+
+def never_trained(result) -> bool:
     return "RUNNING EPOCHS" not in result.stdout and "Iteration:" not in result.stdout
 
 

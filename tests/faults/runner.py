@@ -1,7 +1,8 @@
 """``main.py`` with a tiny ResNet registered and faults injected on request, for the fault tests.
 
-Run as a script exactly like ``main.py`` (``multiproc.py`` accepts it as its training script).  The
-architecture ``tiny`` (one BasicBlock per stage, 16-32 channels) keeps a checkpoint at a few hundred
+Run as a script exactly like ``main.py`` (``multiproc.py`` accepts it as its training script), or
+called as :func:`main` in a process forked for one run (``harness.train``).  The architecture ``tiny``
+(``helpers.tiny_arch_row``: one BasicBlock per stage, 16-32 channels) keeps a checkpoint at a few hundred
 kilobytes, so a test can save and kill many times in seconds.  The environment picks the faults:
 
 * ``FAULTS_KILL_AT=K``: the process sends itself SIGKILL right after train iteration K of the run
@@ -16,8 +17,6 @@ kilobytes, so a test can save and kill many times in seconds.  The environment p
 * ``FAULTS_FULL_IN_SAVE=N``: the N-th ``torch.save`` writes half of its bytes and then fails as a full
   disk does (``OSError`` ENOSPC);
 * ``FAULTS_RANK=R``: the faults above apply to global rank R only (all ranks when unset);
-* ``FAULTS_ONCE=PATH``: a fault happens once: the first makes PATH, and none happens while PATH exists
-  (a restarted process is not killed again);
 * ``FAULTS_RECORD=PATH``: every MixUp draw is appended to PATH as ``rank iteration lambda``.
 """
 
@@ -26,43 +25,35 @@ from __future__ import annotations
 import errno
 import io
 import os
+import runpy
 import signal
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import torch  # noqa: E402
 
+from helpers import tiny_arch_row  # noqa: E402
 from image_classification import engine, losses  # noqa: E402
-from image_classification.cli import run  # noqa: E402
-from image_classification.models.resnet import ARCHS, BasicBlock  # noqa: E402
-from image_classification.training import main  # noqa: E402
+from image_classification.models.resnet import ARCHS  # noqa: E402
 
-TINY = (BasicBlock, (1, 1, 1, 1), (16, 16, 32, 32), 1, 1, False)  # an ARCHS row
-RANK = int(os.environ.get("RANK", "0"))
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
 
 
 def _applies() -> bool:
     wanted = os.environ.get("FAULTS_RANK")
-    once = os.environ.get("FAULTS_ONCE")
-    if once and os.path.exists(once):
-        return False
-    return wanted is None or int(wanted) == RANK
-
-
-def _happening() -> None:
-    """Mark the fault as done for FAULTS_ONCE (before it happens: a kill leaves no later moment)."""
-    if os.environ.get("FAULTS_ONCE"):
-        open(os.environ["FAULTS_ONCE"], "w").close()
+    return wanted is None or int(wanted) == _rank()
 
 
 def _after_iteration(iterations: int) -> None:
     if not _applies():
         return
     if os.environ.get("FAULTS_KILL_AT") and iterations == int(os.environ["FAULTS_KILL_AT"]):
-        _happening()
         os.kill(os.getpid(), signal.SIGKILL)
     if os.environ.get("FAULTS_HANG_AT") and iterations == int(os.environ["FAULTS_HANG_AT"]):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the launcher's SIGTERM ends the hang at once
@@ -87,9 +78,10 @@ def _install_iteration_hook() -> None:
     engine.Engine.train_step = train_step
 
 
-def _install_save_fault(when: int, fault) -> None:
-    """The ``when``-th ``torch.save`` into a file writes half of its bytes, then ``fault()`` happens."""
-    original, calls = torch.save, {"n": 0}
+def faulty_save(original, when: int, fault):
+    """A ``torch.save`` whose ``when``-th call into a file writes half of its bytes, then ``fault()``
+    happens (used here, and by the tests that run the training in their own process)."""
+    calls = {"n": 0}
 
     def save(obj, f, *args, **kwargs):
         calls["n"] += 1
@@ -103,14 +95,14 @@ def _install_save_fault(when: int, fault) -> None:
         os.fsync(f.fileno())
         fault()
 
-    torch.save = save
+    return save
 
 
 def _kill() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _disk_full() -> None:
+def disk_full() -> None:
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
@@ -121,21 +113,28 @@ def _install_mixup_record(path: str) -> None:
     def mixup(images, targets, num_classes, lam, permutation):
         state["n"] += 1
         with open(path, "a", encoding="utf-8") as record:
-            record.write(f"{RANK} {state['n']} {lam!r}\n")
+            record.write(f"{_rank()} {state['n']} {lam!r}\n")
         return original(images, targets, num_classes, lam, permutation)
 
     losses.mixup = mixup
 
 
-if __name__ == "__main__":
+def main(argv: list[str]) -> None:
+    """Install what the environment asks for, then run ``main.py ARGV`` as ``python main.py`` would (it
+    ends with ``SystemExit``).  For a process of its own: the faults stay installed."""
     if os.environ.get("FAULTS_SIGNAL_GROUP"):
         os.setpgrp()  # a group of its own: the signal must not reach the test runner
-    ARCHS["tiny"] = TINY
+    ARCHS["tiny"] = tiny_arch_row()
     _install_iteration_hook()
     if os.environ.get("FAULTS_KILL_IN_SAVE"):
-        _install_save_fault(int(os.environ["FAULTS_KILL_IN_SAVE"]), _kill)
+        torch.save = faulty_save(torch.save, int(os.environ["FAULTS_KILL_IN_SAVE"]), _kill)
     if os.environ.get("FAULTS_FULL_IN_SAVE"):
-        _install_save_fault(int(os.environ["FAULTS_FULL_IN_SAVE"]), _disk_full)
+        torch.save = faulty_save(torch.save, int(os.environ["FAULTS_FULL_IN_SAVE"]), disk_full)
     if os.environ.get("FAULTS_RECORD"):
         _install_mixup_record(os.environ["FAULTS_RECORD"])
-    sys.exit(run(main))
+    sys.argv = [str(REPO / "main.py"), *argv]
+    runpy.run_path(sys.argv[0], run_name="__main__")  # main.py itself, with the faults installed
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

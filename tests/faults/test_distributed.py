@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from helpers import free_port
 from image_classification.errors import EXIT_PREEMPTED
 from image_classification.multiproc import _stopped_early
 from image_classification.distributed import lost_peer_reason as _lost_peer_reason
@@ -22,17 +22,10 @@ needs_linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="g
 RUN = ["--epochs", "2", "--mixup", "0.4", "-j", "0", "--resume", "auto"]  # 3 iterations per epoch and rank
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def two_processes(data: Path, workspace: Path, *args, launcher=(), **faults) -> subprocess.CompletedProcess:
-    """The training on 2 gloo processes through multiproc.py (rank 1's output in workspace/../GPU_1.log);
-    ``launcher``: more multiproc.py flags."""
+def two_processes(data: Path, workspace: Path, *args, **faults) -> subprocess.CompletedProcess:
+    """The training on 2 gloo processes through multiproc.py (rank 1's output in workspace/../GPU_1.log)."""
     command = [sys.executable, str(REPO / "multiproc.py"), "--nproc_per_node", "2", "--master_port",
-               str(free_port()), "--log_dir", str(workspace.parent), *launcher, str(RUNNER), *COMMON,
+               str(free_port()), "--log_dir", str(workspace.parent), str(RUNNER), *COMMON,
                "--workspace", str(workspace), *map(str, args), str(data)]
     return subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=environment(**faults),
                           timeout=600)

@@ -1,5 +1,7 @@
 """SIGTERM and SIGUSR1 (what SLURM sends before a preemption): a checkpoint of that very point, exit 75,
-and ``--resume auto`` finishes the run as if it had never stopped."""
+and ``--resume auto`` finishes the run as if it had never stopped.
+
+The signalled runs are real processes; the runs that resume them run in the test's process."""
 
 from __future__ import annotations
 
@@ -10,11 +12,11 @@ import pytest
 from image_classification.errors import EXIT_PREEMPTED
 
 from .harness import (ITERATIONS_PER_EPOCH, RUN, TALLY, assert_same_state, count_lost_records, explain, load,
-                      train)
+                      train, train_here)
 
 
 @pytest.mark.parametrize("name,at", [("SIGTERM", 3), ("SIGUSR1", 8)])
-def test_a_stop_signal_saves_exits_75_and_resumes_exactly(data, tmp_path, straight, name, at):
+def test_a_stop_signal_saves_exits_75_and_resumes_exactly(data, tmp_path, straight, name, at, capsys):
     stopped = train(data, tmp_path / "ws", *RUN, "-j", "0", signal_at=f"{at}:{name}")
     assert stopped.returncode == EXIT_PREEMPTED, explain(stopped)
     assert f"Stopped by {name}" in stopped.stdout and "exit code 75" in stopped.stdout
@@ -22,7 +24,7 @@ def test_a_stop_signal_saves_exits_75_and_resumes_exactly(data, tmp_path, straig
     assert saved["iterations"] == at  # exactly where it stopped: nothing to redo
     assert (saved["epoch"], saved["batch"]) == divmod(at, ITERATIONS_PER_EPOCH)
 
-    resumed = train(data, tmp_path / "ws", *RUN, "-j", "0")
+    resumed = train_here(data, tmp_path / "ws", *RUN, "-j", "0", capsys=capsys)
     assert resumed.returncode == 0, explain(resumed)
     TALLY["stops"] += 1
     assert_same_state(load(straight / "checkpoint.pth.tar"), load(tmp_path / "ws" / "checkpoint.pth.tar"))
@@ -38,11 +40,11 @@ def test_sigterm_to_the_process_group_with_loader_workers_saves_and_exits_75(dat
     TALLY["stops"] += 1
 
 
-def test_resume_auto_of_a_finished_run_exits_0_without_training(data, tmp_path, straight):
+def test_resume_auto_of_a_finished_run_exits_0_without_training(data, tmp_path, straight, capsys):
     """A blindly re-queued job whose run already finished does nothing and succeeds."""
     shutil.copytree(straight, tmp_path / "ws")
     before = (tmp_path / "ws" / "checkpoint.pth.tar").read_bytes()
-    again = train(data, tmp_path / "ws", *RUN, "-j", "0")
+    again = train_here(data, tmp_path / "ws", *RUN, "-j", "0", capsys=capsys)
     assert again.returncode == 0, explain(again)
     assert "nothing to do" in again.stdout and "RUNNING EPOCHS" not in again.stdout
     assert (tmp_path / "ws" / "checkpoint.pth.tar").read_bytes() == before

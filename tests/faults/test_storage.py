@@ -2,6 +2,9 @@
 
 Each is one line on stderr, before any training step where it can be known then, and never a lost or
 overwritten file: exit 2 for what the user can fix, 4 for a save that failed.
+
+The runs are ``main.py`` in the test's process (``train_here``), but for the run that holds a workspace
+against a second one, which must be another process.
 """
 
 from __future__ import annotations
@@ -13,15 +16,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
-from image_classification.cli import run as cli_run
+from helpers import one_error_line
 from image_classification.errors import StorageError
-from image_classification.models.resnet import ARCHS
-from image_classification.training import main
 
-from .harness import (COMMON, TALLY, command, environment, error_line, explain, load, never_trained,
-                      train)
-from .runner import TINY
+from . import runner
+from .harness import TALLY, explain, load, never_trained, start, train_here
 
 INTERVAL_RUN = ["--epochs", "1", "-j", "0", "--checkpoint-interval", "2"]
 
@@ -38,17 +39,17 @@ def flip(path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", [truncate, flip], ids=["truncated", "bit-flipped"])
-def test_a_torn_checkpoint_is_refused_with_one_line(data, straight, tmp_path, damage):
+def test_a_torn_checkpoint_is_refused_with_one_line(data, straight, tmp_path, damage, capsys):
     torn = tmp_path / "torn.pth.tar"
     shutil.copy(straight / "checkpoint.pth.tar", torn)
     damage(torn)
-    result = train(data, tmp_path / "ws", "--epochs", "3", "-j", "0", "--resume", torn)
-    line = error_line(result)
+    result = train_here(data, tmp_path / "ws", "--epochs", "3", "-j", "0", "--resume", torn, capsys=capsys)
+    line = one_error_line(result)
     assert str(torn) in line and never_trained(result)
     TALLY["bad_inputs"] += 1
 
 
-def test_resume_auto_falls_back_from_damaged_files_to_the_newest_valid_one(data, straight, tmp_path):
+def test_resume_auto_falls_back_from_damaged_files_to_the_newest_valid_one(data, straight, tmp_path, capsys):
     """The straight run's workspace: checkpoint.pth.tar and checkpoint_0001 (epoch 2), checkpoint_0000
     (epoch 1) and the best; every epoch-2 file is damaged, so the run goes back to epoch 1."""
     workspace = tmp_path / "ws"
@@ -58,7 +59,7 @@ def test_resume_auto_falls_back_from_damaged_files_to_the_newest_valid_one(data,
         damaged.append(workspace / "model_best.pth.tar")
     for index, path in enumerate(damaged):
         (flip if index % 2 else truncate)(path)
-    result = train(data, workspace, "--epochs", "2", "-j", "0", "--resume", "auto")
+    result = train_here(data, workspace, "--epochs", "2", "-j", "0", "--resume", "auto", capsys=capsys)
     assert result.returncode == 0, explain(result)
     for path in damaged:
         assert f"cannot resume from {path}" in result.stdout
@@ -68,16 +69,17 @@ def test_resume_auto_falls_back_from_damaged_files_to_the_newest_valid_one(data,
     TALLY["bad_inputs"] += len(damaged)
 
 
-def test_resume_auto_in_an_empty_workspace_starts_afresh(data, tmp_path):
-    result = train(data, tmp_path / "ws", "--epochs", "1", "--prof", "1", "-j", "0", "--resume", "auto")
+def test_resume_auto_in_an_empty_workspace_starts_afresh(data, tmp_path, capsys):
+    result = train_here(data, tmp_path / "ws", "--epochs", "1", "--prof", "1", "-j", "0", "--resume", "auto",
+                        capsys=capsys)
     assert result.returncode == 0, explain(result)
     assert "no checkpoint in" in result.stdout and "starting from scratch" in result.stdout
     assert "RUNNING EPOCHS FROM 0 TO 1" in result.stdout
 
 
 # -- a full disk ------------------------------------------------------------------------------------------
-def _assert_failed_save_left_the_previous(result: subprocess.CompletedProcess, workspace: Path) -> None:
-    line = error_line(result, code=StorageError.exit_code)
+def _assert_failed_save_left_the_previous(result, workspace: Path) -> None:
+    line = one_error_line(result, code=StorageError.exit_code)
     assert "could not write" in line and "No space left on device" in line and "intact" in line
     assert load(workspace / "checkpoint.pth.tar")["iterations"] == 2  # the interval checkpoint before
     assert not list(workspace.glob(".*.tmp"))
@@ -96,51 +98,52 @@ def tmpfs(tmp_path):
     subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def test_a_full_disk_fails_the_save_with_one_line_and_keeps_the_previous_checkpoint(data, tmpfs):
-    result = train(data, tmpfs, *INTERVAL_RUN)
+def test_a_full_disk_fails_the_save_with_one_line_and_keeps_the_previous_checkpoint(data, tmpfs, capsys):
+    result = train_here(data, tmpfs, *INTERVAL_RUN, capsys=capsys)
     _assert_failed_save_left_the_previous(result, tmpfs)
 
 
-def test_a_disk_that_fills_while_logging_ends_the_run_with_one_line(data, tmpfs):
+def test_a_disk_that_fills_while_logging_ends_the_run_with_one_line(data, tmpfs, capsys):
     (tmpfs / "filler").write_bytes(bytes(1024 * 1024 - 8192))  # room for the lock, not for the raport
-    result = train(data, tmpfs, *INTERVAL_RUN)
-    line = error_line(result, code=StorageError.exit_code)
+    result = train_here(data, tmpfs, *INTERVAL_RUN, capsys=capsys)
+    line = one_error_line(result, code=StorageError.exit_code)
     assert "raport" in line and "No space left on device" in line
     TALLY["storage_faults"] += 1
 
 
-def test_a_writer_failing_midway_keeps_the_previous_checkpoint(data, tmp_path):
+def test_a_writer_failing_midway_keeps_the_previous_checkpoint(data, tmp_path, capsys, monkeypatch):
     """The same fault where no tmpfs can be mounted: the second save writes half and gets ENOSPC."""
-    result = train(data, tmp_path, *INTERVAL_RUN, full_in_save=2)
+    monkeypatch.setattr(torch, "save", runner.faulty_save(torch.save, 2, runner.disk_full))
+    result = train_here(data, tmp_path, *INTERVAL_RUN, capsys=capsys)
     _assert_failed_save_left_the_previous(result, tmp_path)
 
 
 # -- an unusable workspace or file name: exit 2 before any training ----------------------------------------
-def test_a_read_only_workspace_is_refused_before_training(data, tmpfs):
+def test_a_read_only_workspace_is_refused_before_training(data, tmpfs, capsys):
     done = subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], capture_output=True)
     if done.returncode != 0:
         pytest.skip(f"cannot remount the tmpfs read-only: {done.stderr.decode().strip()}")
-    result = train(data, tmpfs, "--epochs", "1", "-j", "0")
-    assert "read-only" in error_line(result) and never_trained(result)
+    result = train_here(data, tmpfs, "--epochs", "1", "-j", "0", capsys=capsys)
+    assert "read-only" in one_error_line(result) and never_trained(result)
     TALLY["bad_inputs"] += 1
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes into a 0555 folder")
-def test_a_folder_without_write_permission_is_refused_before_training(data, tmp_path):
+def test_a_folder_without_write_permission_is_refused_before_training(data, tmp_path, capsys):
     workspace = tmp_path / "ws"
     workspace.mkdir(mode=0o555)
     try:
-        result = train(data, workspace, "--epochs", "1", "-j", "0")
+        result = train_here(data, workspace, "--epochs", "1", "-j", "0", capsys=capsys)
     finally:
         workspace.chmod(0o755)
-    assert "cannot be written" in error_line(result) and never_trained(result)
+    assert "cannot be written" in one_error_line(result) and never_trained(result)
     TALLY["bad_inputs"] += 1
 
 
-def test_a_workspace_that_is_a_file_is_refused_before_training(data, tmp_path):
+def test_a_workspace_that_is_a_file_is_refused_before_training(data, tmp_path, capsys):
     (tmp_path / "ws").write_text("a file")
-    result = train(data, tmp_path / "ws", "--epochs", "1", "-j", "0")
-    assert "is a file" in error_line(result) and never_trained(result)
+    result = train_here(data, tmp_path / "ws", "--epochs", "1", "-j", "0", capsys=capsys)
+    assert "is a file" in one_error_line(result) and never_trained(result)
     assert (tmp_path / "ws").read_text() == "a file"
     TALLY["bad_inputs"] += 1
 
@@ -151,42 +154,39 @@ def test_a_workspace_that_is_a_file_is_refused_before_training(data, tmp_path):
     ["--checkpoint-filename", "run.json", "--raport-file", "run.json"],
     ["--checkpoint-filename", "/tmp/elsewhere.pth.tar"],
 ], ids=["empty checkpoint", "empty raport", "blank raport", "best", "per-epoch", "same file", "absolute"])
-def test_unusable_file_names_are_refused_before_training(data, tmp_path, capsys, monkeypatch, flags):
-    monkeypatch.setitem(ARCHS, "tiny", TINY)  # this one runs in the test's process
+def test_unusable_file_names_are_refused_before_training(data, tmp_path, capsys, flags):
     workspace = tmp_path / "ws"
-    argv = [*COMMON, "--epochs", "1", "-j", "0", "--workspace", str(workspace), *flags, str(data)]
-    code = cli_run(main, argv)
-    out, err = capsys.readouterr()
-    assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+    result = train_here(data, workspace, "--epochs", "1", "-j", "0", *flags, capsys=capsys)
+    err = one_error_line(result)
     assert flags[-2] in err or "same file" in err, err  # refused for its name, not for anything else
-    assert "RUNNING EPOCHS" not in out
+    assert "RUNNING EPOCHS" not in result.stdout
     assert not workspace.exists() or not [p for p in workspace.iterdir() if p.name != ".workspace.lock"]
     TALLY["bad_inputs"] += 1
 
 
 # -- two runs, one workspace --------------------------------------------------------------------------------
-def test_a_second_run_on_a_workspace_in_use_stops_and_a_dead_run_s_lock_does_not_block(data, tmp_path):
-    workspace, log = tmp_path / "ws", (tmp_path / "first.txt").open("w")
-    first = subprocess.Popen(
-        command(data, workspace, "--epochs", "50", "-j", "0", "--checkpoint-interval", "2", "--resume",
-                "auto"),
-        stdout=log, stderr=subprocess.STDOUT, text=True, env=environment())
+def test_a_second_run_on_a_workspace_in_use_stops_and_a_dead_run_s_lock_does_not_block(
+        data, tmp_path, capsys):
+    """The first run is a process of its own (the lock is held by another process); the others run here."""
+    workspace = tmp_path / "ws"
+    first = start(data, workspace, "--epochs", "50", "-j", "0", "--checkpoint-interval", "2", "--resume", "auto",
+                  log=tmp_path / "first.txt")
     try:
         while "SAVING" not in (tmp_path / "first.txt").read_text():
             assert first.poll() is None, (tmp_path / "first.txt").read_text()
             time.sleep(0.1)
-        second = train(data, workspace, "--epochs", "50", "-j", "0", "--resume", "auto")
-        line = error_line(second)
+        second = train_here(data, workspace, "--epochs", "50", "-j", "0", "--resume", "auto", capsys=capsys)
+        line = one_error_line(second)
         assert "in use by another run" in line and f"pid {first.pid}" in line and never_trained(second)
         first.kill()  # SIGKILL: the lock file stays, the kernel's lock goes with the process
         assert first.wait() == -9
     finally:
         if first.poll() is None:
             first.kill()
-        log.close()
+            first.wait()
     TALLY["bad_inputs"] += 1
     TALLY["kills"] += 1
     assert (workspace / ".workspace.lock").is_file()
-    third = train(data, workspace, "--epochs", "1", "-j", "0", "--resume", "auto")
+    third = train_here(data, workspace, "--epochs", "1", "-j", "0", "--resume", "auto", capsys=capsys)
     assert third.returncode == 0, explain(third)
     assert "in use" not in third.stderr and load(workspace / "checkpoint.pth.tar")["epoch"] >= 1
