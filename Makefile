@@ -7,7 +7,8 @@ PY := $(VENV)/bin/python
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --disable-pip-version-check -q -r requirements.txt
+	@echo "Installing requirements.txt into $(VENV): on a first install pip downloads about 4 GB (torch's CUDA 13 build, DALI); its progress follows."
+	$(PY) -m pip install --disable-pip-version-check --progress-bar on -r requirements.txt
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
