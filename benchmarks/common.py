@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -47,6 +48,28 @@ def summarise(values: Sequence[float]) -> dict:
     median = statistics.median(values)
     return {"median": median, "min": min(values), "max": max(values), "spread": max(values) - min(values),
             "relative_spread": (max(values) - min(values)) / median if median else 0.0, "values": list(values)}
+
+
+def verdict(ours: dict, baseline: dict) -> str:
+    """A comparison of two :func:`summarise` results that claims no more than the rounds show: a ratio
+    of medians whose difference is smaller than either side's spread is noise, and says so."""
+    ratio = ours["median"] / baseline["median"]
+    spread = max(ours["relative_spread"], baseline["relative_spread"])
+    if spread >= abs(ratio - 1):
+        return f"no verdict: the spread ({spread:.0%}) exceeds the difference ({abs(ratio - 1):.0%})"
+    return f"{ratio:.2f}x"
+
+
+def compiler_missing(device: torch.device) -> str | None:
+    """Why torch.compile cannot run here, or None: inductor builds its CPU kernels with a C++ compiler, and
+    on CUDA Triton builds its kernel launcher with a C compiler, so a GPU host needs one too."""
+    if device.type == "cpu":
+        names, what = (os.environ.get("CXX"), "c++", "g++", "clang++"), "a C++ compiler"
+    else:
+        names, what = (os.environ.get("CC"), "cc", "gcc", "clang"), "a C compiler (Triton builds its launcher)"
+    if any(name and shutil.which(name) for name in names):
+        return None
+    return f"torch.compile on {device.type} needs {what}; none found"
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -44,7 +44,7 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from benchmarks.common import command_line, environment, percentile, write_json  # noqa: E402
+from benchmarks.common import command_line, compiler_missing, environment, percentile, write_json  # noqa: E402
 from image_classification.cli import UserErrorParser, positive_int  # noqa: E402
 from image_classification.cli import run  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
@@ -138,23 +138,11 @@ def _fp32_label(device: torch.device) -> str:
     return "float32"
 
 
-def _compiler_missing(device: torch.device) -> str | None:
-    """Why torch.compile cannot run here, or None: inductor builds its CPU kernels with a C++ compiler, and
-    on CUDA Triton builds its kernel launcher with a C compiler, so a GPU host needs one too."""
-    if device.type == "cpu":
-        names, what = (os.environ.get("CXX"), "c++", "g++", "clang++"), "a C++ compiler"
-    else:
-        names, what = (os.environ.get("CC"), "cc", "gcc", "clang"), "a C compiler (Triton builds its launcher)"
-    if any(name and shutil.which(name) for name in names):
-        return None
-    return f"torch.compile on {device.type} needs {what}; none found"
-
-
 def _check_runs(name: str, device: torch.device) -> None:
     """Raise :class:`Skipped` when path ``name`` cannot run on ``device``; before any model is moved there."""
     reason = None
     if name == "compile":
-        reason = _compiler_missing(device)
+        reason = compiler_missing(device)
     elif name == "fp16" and device.type == "cpu":
         reason = "fp16 autocast is measured on CUDA only; the CPU's mixed precision is bf16"
     elif name == "bf16" and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):

@@ -1,16 +1,19 @@
-"""Training-step throughput: the package's ``Engine.train_step`` against the loop a user would write.
+"""Training-step throughput: the package's ``Engine.train_step`` on each path against the loop a user writes.
 
-Both sides train the same model (same architecture, same initial weights) on the same synthetic batch
-held on the device, in one process: ours through :class:`image_classification.engine.Engine` with the
-options under test (precision, memory format, label smoothing), the baseline as a plain Python loop with
+Every side trains the same model (same architecture, same initial weights) on the same synthetic batch
+held on the device, in one process. The baseline, ``plain``, is a plain Python loop with
 ``torch.optim.SGD``, ``nn.CrossEntropyLoss`` and autocast (plus a ``GradScaler`` for fp16) where the
-precision asks for it. Each side first runs ``--warmup`` untimed iterations (their time is reported);
-then ``--repeats`` rounds each time ``--iters`` iterations of both sides, interleaved (the order
-alternates from round to round), each synchronised with the device only at its end. The JSON holds
-every round's images/s, their median and spread, the ratio of the medians (ours / plain), the device
-and the software versions. Example::
+precision asks for it, on an NCHW model: what a user writes. Ours drives
+:class:`image_classification.engine.Engine` as main.py's loop does, on each path of ``--paths``:
+``eager`` (NCHW), ``channels_last`` (``--memory-format nhwc``) and ``compile`` (``--compile``, NCHW),
+all at the precision the flags ask for. Each side first runs ``--warmup`` untimed iterations (their time,
+compilation included, is reported); then ``--repeats`` rounds each time ``--iters`` iterations of every
+side, interleaved (the order rotates from round to round), each synchronised with the device only at its
+end. The JSON holds every round's images/s per side, their median and spread, each path's ratio of
+medians over ``plain`` with its verdict (none when the rounds' spread is larger than the difference), the
+device and the software versions. Example::
 
-    python benchmarks/train_throughput.py -a resnet50 --image-size 128 -b 16 -o train_resnet50_128.json
+    python benchmarks/train_throughput.py -a resnet50 --image-size 128 -b 16 -o /tmp/train_resnet50_128.json
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -30,9 +34,10 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from benchmarks.common import command_line, environment, summarise, write_json  # noqa: E402
+from benchmarks.common import command_line, compiler_missing, environment, summarise, verdict, write_json  # noqa: E402
 from image_classification.cli import UserErrorParser, positive_int  # noqa: E402
 from image_classification.cli import run  # noqa: E402
+from image_classification.errors import UserError  # noqa: E402
 from image_classification.engine import Engine  # noqa: E402
 from image_classification.plan import RunConfig  # noqa: E402
 from image_classification.models import build_model, list_models  # noqa: E402
@@ -41,6 +46,7 @@ from image_classification.runtime import Runtime, make_runtime  # noqa: E402
 
 LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 1e-4
 Step = Callable[[], None]
+PATHS = ("eager", "channels_last", "compile")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,19 +68,19 @@ def build_parser() -> argparse.ArgumentParser:
                         help="mixed precision: fp16 autocast with a loss scaler on CUDA, bf16 on the CPU")
     parser.add_argument("--amp-dtype", choices=("float16", "bfloat16"), default=None,
                         help="autocast dtype with --amp (default: float16 on CUDA, bfloat16 on the CPU)")
-    parser.add_argument("--memory-format", choices=("nchw", "nhwc"), default="nchw",
-                        help="nhwc: channels-last model and inputs on both sides (default: nchw)")
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS), metavar="PATH",
+                        help=f"our paths to time against the plain loop: {', '.join(PATHS)} (default: all)")
     parser.add_argument("--label-smoothing", type=float, default=0.0, metavar="S",
                         help="label smoothing of the loss on both sides (default: 0)")
     parser.add_argument("-o", "--output", metavar="FILE", default=None, help="JSON file to write")
     return parser
 
 
-def make_engine(args: argparse.Namespace, runtime: Runtime, model: nn.Module) -> Engine:
+def make_engine(args: argparse.Namespace, runtime: Runtime, model: nn.Module, compile: bool = False) -> Engine:
     config = RunConfig(arch=args.arch, num_classes=args.num_classes, model_options=(),
                        preprocessing=Preprocessing(args.image_size), lr=LR, momentum=MOMENTUM,
                        weight_decay=WEIGHT_DECAY, batch_size=args.batch_size, label_smoothing=args.label_smoothing,
-                       print_freq=10**9)
+                       print_freq=10**9, compile=compile)
     engine = Engine(config, runtime, model, log=lambda *_: None)
     engine.set_epoch_lr(0)
     return engine
@@ -132,20 +138,32 @@ def timed(step: Step, finish: Step, iterations: int, runtime: Runtime) -> float:
     return time.perf_counter() - start
 
 
+def path_runtime(runtime: Runtime, path: str) -> Runtime:
+    """The runtime a path trains with: channels-last for ``channels_last``, main.py's default NCHW else."""
+    layout = torch.channels_last if path == "channels_last" else torch.contiguous_format
+    return dataclasses.replace(runtime, memory_format=layout)
+
+
 def measure(args: argparse.Namespace) -> dict:
-    runtime = make_runtime(args.device, amp=args.amp, amp_dtype=args.amp_dtype, memory_format=args.memory_format,
-                           log=lambda *_: None)
+    runtime = make_runtime(args.device, amp=args.amp, amp_dtype=args.amp_dtype, log=lambda *_: None)
+    if "compile" in args.paths and (missing := compiler_missing(runtime.device)):
+        raise UserError(f"--paths compile: {missing}; leave compile out of --paths")
     torch.manual_seed(0)
-    model = build_model(args.arch, num_classes=args.num_classes)
-    plain_model = copy.deepcopy(model)
-    ours_model = model.to(runtime.device, memory_format=runtime.memory_format).train()
-    plain_model = plain_model.to(runtime.device, memory_format=runtime.memory_format).train()
+    initial = build_model(args.arch, num_classes=args.num_classes)
     generator = torch.Generator().manual_seed(1)
-    images = torch.randn(args.batch_size, 3, args.image_size, args.image_size, generator=generator)
-    images = images.to(runtime.device).contiguous(memory_format=runtime.memory_format)
+    batch = torch.randn(args.batch_size, 3, args.image_size, args.image_size, generator=generator)
     targets = torch.randint(0, args.num_classes, (args.batch_size,), generator=generator).to(runtime.device)
-    sides = {"ours": ours_step(make_engine(args, runtime, ours_model), images, targets),
-             "plain": plain_step(args, runtime, plain_model, images, targets)}
+
+    def on_device(model: nn.Module, layout: torch.memory_format) -> tuple[nn.Module, torch.Tensor]:
+        model = copy.deepcopy(model).to(runtime.device, memory_format=layout).train()
+        return model, batch.to(runtime.device).contiguous(memory_format=layout)
+
+    model, images = on_device(initial, torch.contiguous_format)
+    sides = {"plain": plain_step(args, runtime, model, images, targets)}
+    for path in args.paths:
+        ours = path_runtime(runtime, path)
+        model, images = on_device(initial, ours.memory_format)
+        sides[path] = ours_step(make_engine(args, ours, model, compile=path == "compile"), images, targets)
 
     warmup = {name: timed(*side, args.warmup, runtime) if args.warmup > 0 else 0.0 for name, side in sides.items()}
     rates: dict[str, list[float]] = {name: [] for name in sides}
@@ -154,37 +172,43 @@ def measure(args: argparse.Namespace) -> dict:
         for name in order:
             seconds = timed(*sides[name], args.iters, runtime)
             rates[name].append(args.iters * args.batch_size / seconds)
-        order.reverse()  # neither side always runs first
+        order = order[1:] + order[:1]  # no side always runs first
 
-    ours, plain = summarise(rates["ours"]), summarise(rates["plain"])
+    plain = summarise(rates["plain"])
+    paths = {}
+    for path in args.paths:
+        stats = summarise(rates[path])
+        paths[path] = {**stats, "ratio": stats["median"] / plain["median"],
+                       "verdict": verdict(stats, plain)}
     precision = "fp32" if runtime.amp_dtype is None else str(runtime.amp_dtype).replace("torch.", "")
     return {
         "benchmark": "train_throughput",
         "command": command_line(),
         "config": {"arch": args.arch, "image_size": args.image_size, "batch_size": args.batch_size,
                    "num_classes": args.num_classes, "iters": args.iters, "warmup": args.warmup,
-                   "repeats": args.repeats, "precision": precision, "memory_format": args.memory_format,
+                   "repeats": args.repeats, "precision": precision, "paths": list(args.paths),
                    "label_smoothing": args.label_smoothing},
         "environment": environment(runtime.device),
         "unit": "images/s",
         "warmup_seconds": warmup,
-        "ours": ours,
         "plain": plain,
-        "ratio": ours["median"] / plain["median"],
+        "paths": paths,
+        "best": max(paths, key=lambda name: paths[name]["median"]),
     }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     result = measure(args)
-    config, ours, plain = result["config"], result["ours"], result["plain"]
-    print(f"{config['arch']} {config['image_size']} px, batch {config['batch_size']}, {config['precision']}, "
-          f"{config['memory_format']} on {result['environment']['device_name']} "
-          f"(torch {result['environment']['torch']})")
-    for name, stats in (("ours", ours), ("plain", plain)):
-        print(f"  {name:>5}: {stats['median']:8.1f} img/s median of {len(stats['values'])} "
-              f"(spread {100 * stats['relative_spread']:.1f}%), warm-up {result['warmup_seconds'][name]:.2f} s")
-    print(f"  ratio ours / plain: {result['ratio']:.3f}")
+    config, plain = result["config"], result["plain"]
+    print(f"{config['arch']} {config['image_size']} px, batch {config['batch_size']}, {config['precision']} on "
+          f"{result['environment']['device_name']} (torch {result['environment']['torch']})")
+    for name, stats in (("plain", plain), *result["paths"].items()):
+        line = (f"  {name:>13}: {stats['median']:8.1f} img/s median of {len(stats['values'])} "
+                f"(spread {100 * stats['relative_spread']:.1f}%), warm-up {result['warmup_seconds'][name]:.2f} s")
+        if name != "plain":
+            line += f", {stats['ratio']:.3f}x plain: {stats['verdict']}"
+        print(line)
     write_json(result, args.output)
     return 0
 

@@ -15,22 +15,48 @@ from image_classification import machine
 benchmark = importlib.import_module("benchmarks.infer_throughput")
 
 
-def test_train_throughput_writes_both_sides_and_their_ratio(tmp_path):
+def test_train_throughput_times_every_path_against_the_plain_loop(tmp_path):
     benchmark = importlib.import_module("benchmarks.train_throughput")
     output = tmp_path / "train.json"
     argv = ["-a", "resnet18", "--image-size", "32", "-b", "4", "--num-classes", "10", "--iters", "2",
-            "--warmup", "1", "--repeats", "2", "--device", "cpu", "--label-smoothing", "0.1", "-o", str(output)]
+            "--warmup", "1", "--repeats", "2", "--device", "cpu", "--label-smoothing", "0.1",
+            "--paths", "eager", "channels_last", "-o", str(output)]
     assert benchmark.main(argv) == 0
     result = json.loads(output.read_text())
-    assert {"command", "config", "environment", "warmup_seconds", "ours", "plain", "ratio"} <= result.keys()
+    assert {"command", "config", "environment", "warmup_seconds", "plain", "paths", "best"} <= result.keys()
     assert result["config"]["label_smoothing"] == 0.1 and result["config"]["precision"] == "fp32"
     assert {"cpu_model", "cpu_cores", "torch", "torchvision"} <= result["environment"].keys()
-    for side in ("ours", "plain"):
-        stats = result[side]
+    assert list(result["paths"]) == ["eager", "channels_last"] and result["best"] in result["paths"]
+    for side in ("plain", "eager", "channels_last"):
+        stats = result["plain"] if side == "plain" else result["paths"][side]
         assert len(stats["values"]) == 2 and all(value > 0 for value in stats["values"])
         assert stats["min"] <= stats["median"] <= stats["max"]
         assert result["warmup_seconds"][side] > 0
-    assert result["ratio"] == pytest.approx(result["ours"]["median"] / result["plain"]["median"])
+    for stats in result["paths"].values():
+        assert stats["ratio"] == pytest.approx(stats["median"] / result["plain"]["median"])
+        assert stats["verdict"]
+
+
+def test_train_throughput_refuses_compile_without_a_compiler(monkeypatch, capsys):
+    benchmark = importlib.import_module("benchmarks.train_throughput")
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    monkeypatch.delenv("CXX", raising=False)
+    from image_classification.cli import run
+
+    assert run(benchmark.main, ["--device", "cpu", "--paths", "compile"]) == 2
+    assert "needs a C++ compiler" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ours, plain, expected", [
+    ((100, 98, 102), (50, 49, 51), "2.00x"),  # twice as fast, rounds within 4%: a verdict
+    ((100, 60, 140), (90, 89, 91), "no verdict"),  # 11% faster but the rounds spread over 80%
+    ((100, 99, 101), (100.5, 100, 101), "no verdict"),  # equal within the noise
+    ((50, 49, 51), (100, 99, 101), "0.50x"),
+])
+def test_a_ratio_smaller_than_its_spread_gets_no_verdict(ours, plain, expected):
+    from benchmarks.common import summarise, verdict
+
+    assert verdict(summarise(ours), summarise(plain)).startswith(expected)
 
 
 def test_infer_throughput_reports_every_path_and_skips_what_cannot_run(tmp_path, monkeypatch):

@@ -68,3 +68,15 @@ def test_inference_block_names_the_cpu_capability_and_classifys_default_row():
     assert rows[-1] == "| `torch.compile` | skipped: torch.compile on cpu needs a C++ compiler; none found | | | | |"  # 5 cells
     native = figures.inference_block(inference_record(native=True), "python benchmarks/infer_throughput.py")
     assert "computes bf16 natively" in native and "| bf16 autocast, channels-last (**`classify.py`" in native
+
+
+def test_train_step_row_shows_each_path_and_withholds_a_verdict_inside_the_noise():
+    def stats(median, spread, verdict=None):
+        return {"median": median, "relative_spread": spread, **({"verdict": verdict} if verdict else {})}
+
+    record = {"plain": stats(20.0, 0.05), "paths": {
+        "eager": stats(20.5, 0.04, "no verdict: the spread (5%) exceeds the difference (2%)"),
+        "compile": stats(30.0, 0.03, "1.50x")}}
+    row = figures.train_step_row(record, "python benchmarks/train_throughput.py -a resnet50")
+    assert row == ("| `python benchmarks/train_throughput.py -a resnet50` | 20.0 (5%) | "
+                   "20.5 (4%): no verdict: the spread (5%) exceeds the difference (2%) | - | 30.0 (3%): **1.50x** |")

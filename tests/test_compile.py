@@ -1,0 +1,60 @@
+"""``--compile``: the compiled model trains the same loss curve as eager and survives a stop and resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from image_classification import engine as engine_module
+from image_classification.errors import EXIT_PREEMPTED
+from image_classification.raport import read_raport
+from image_classification.training import main
+
+pytestmark = pytest.mark.skipif(not any(os.access(os.path.join(folder, name), os.X_OK)
+                                        for folder in os.environ.get("PATH", "").split(os.pathsep)
+                                        for name in ("c++", "g++", "clang++")),
+                                reason="torch.compile on the CPU needs a C++ compiler")
+
+STEPS = 20
+
+
+def step_losses(raport: Path) -> list[float]:
+    """train.loss of every logged training step ([epoch, iteration] records), in order."""
+    return [record["data"]["train.loss"] for record in read_raport(raport)
+            if isinstance(record.get("step"), list) and len(record["step"]) == 2 and "train.loss" in record["data"]]
+
+
+def test_compiled_training_follows_eager_and_resumes_after_a_mid_epoch_stop(tiny_arch, tmp_path, monkeypatch):
+    common = ["-a", tiny_arch, "--image-size", "32", "-b", "8", "--num-classes", "10", "--device", "cpu",
+              "--data-backend", "synthetic", "--prof", str(STEPS), "--epochs", "1", "-p", "1", "--seed", "3",
+              "--lr", "0.05", "--training-only", "--checkpoint-interval", "5"]
+    assert main(common + ["--workspace", str(tmp_path / "eager")]) == 0
+    eager = step_losses(tmp_path / "eager" / "experiment_raport.json")
+    assert len(eager) == STEPS
+
+    original, calls = engine_module.Engine.train_step, {"n": 0}
+
+    def stopped_at_step_12(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 12:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(engine_module.Engine, "train_step", stopped_at_step_12)
+    compiled = common + ["--compile", "--workspace", str(tmp_path / "compiled")]
+    assert main(compiled) == EXIT_PREEMPTED
+    partial = torch.load(tmp_path / "compiled" / "checkpoint.pth.tar", weights_only=True)
+    assert (partial["epoch"], partial["batch"]) == (0, 12)
+    monkeypatch.setattr(engine_module.Engine, "train_step", original)
+    assert main(compiled + ["--resume", "auto"]) == 0
+
+    losses = step_losses(tmp_path / "compiled" / "experiment_raport.json")
+    assert len(losses) == STEPS  # the resumed run logs steps 13-20 after the stopped run's 1-12
+    assert losses[0] == pytest.approx(eager[0], rel=1e-4)  # the same initial weights and first batch
+    assert losses == pytest.approx(eager, rel=2e-3, abs=2e-3)
+    state = torch.load(tmp_path / "compiled" / "checkpoint.pth.tar", weights_only=True)["state_dict"]
+    assert not any(key.startswith("_orig_mod") for key in state)  # saved as the plain model, loadable anywhere
