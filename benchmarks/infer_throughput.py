@@ -184,16 +184,16 @@ def _compiled(model: nn.Module) -> Callable[[int], Forward]:
 
 def _onnxruntime(model: nn.Module, image_size: int, workdir: Path) -> Forward:
     try:
-        import onnxruntime
+        import onnxruntime  # noqa: F401
     except ImportError:
         raise Skipped("onnxruntime is not installed") from None
     from image_classification.export import export_onnx
+    from image_classification.onnx_runtime import OPSET, session as onnx_session
 
     path = workdir / "model.onnx"
-    export_onnx(model.float().eval(), torch.randn(1, 3, image_size, image_size), path, dynamic_batch=True, opset=17)
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = torch.get_num_threads()
-    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    export_onnx(model.float().eval(), torch.randn(1, 3, image_size, image_size), path, dynamic_batch=True,
+                opset=OPSET)
+    session = onnx_session(path, threads=torch.get_num_threads())  # classify.py --runtime onnxruntime's session
 
     def forward(images: torch.Tensor) -> object:
         return session.run(["output"], {"input": images.numpy()})[0]  # numpy() of a CPU tensor copies nothing

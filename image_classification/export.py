@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import inspect
 import os
 import warnings
@@ -21,6 +20,7 @@ from .errors import UserError
 from .inference import add_model_arguments, load_model, warn
 from .integrity import recorded_description
 from .models.weights import extract_state_dict
+from .onnx_runtime import require_onnxruntime
 
 # Largest FP32 logit difference between onnxruntime and PyTorch we accept, relative to the largest logit
 # when that exceeds 1: a model whose logits reach 1e5 (a briefly trained or diverging one) cannot agree
@@ -116,17 +116,6 @@ def onnx_max_difference(path: str | os.PathLike, model: nn.Module,
     return worst, scale
 
 
-def require_onnx() -> None:
-    """Fail in one line, before anything is loaded or written, where the onnx extra is not installed: torch's
-    exporter would otherwise stop half way with a traceback ("Module onnx is not installed!")."""
-    for module in ("onnx", "onnxruntime"):
-        try:
-            importlib.import_module(module)
-        except ImportError as error:
-            raise UserError(f"model2onnx needs the onnx extra ({error}); pip install .[onnx] in the "
-                            "repository, or pip install onnx onnxscript onnxruntime") from None
-
-
 def default_onnx_path(weights: str | None, arch: str) -> Path:
     """``w.pth.tar`` / ``w.pth`` / ``w.pt`` -> ``w.onnx`` beside it; ``<arch>.onnx`` without weights."""
     if not weights:
@@ -160,7 +149,7 @@ def model2onnx_parser() -> argparse.ArgumentParser:
 
 def model2onnx_main(argv: Sequence[str] | None = None) -> int:
     args = model2onnx_parser().parse_args(argv)
-    require_onnx()
+    require_onnxruntime("model2onnx")
     if not args.weights and not args.pretrained:
         warn(f"warning: no --weights given: exporting {args.arch or 'resnet50'} with random weights")
     loaded = load_model(args.arch, args.weights, args.num_classes, args.model_config, args.pretrained)

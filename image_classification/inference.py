@@ -31,6 +31,7 @@ from .integrity import recorded_description
 from .models import (MODEL_CONFIGS, build_model, default_image_size, list_models, load_checkpoint_file,
                      load_weights)
 from .models.weights import extract_state_dict, fetch_pretrained
+from .onnx_runtime import OnnxModel
 from .preprocessing import Preprocessing
 from .runtime import Runtime, make_runtime
 
@@ -324,6 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="nhwc: channels-last model and images, the faster layout for oneDNN and cuDNN; "
                      "nchw: the plain layout (default: nhwc)")
     run.add_argument("--cpu", dest="device", action="store_const", const="cpu", help="same as --device cpu")
+    run.add_argument("--runtime", choices=("torch", "onnxruntime"), default="torch",
+                     help="onnxruntime: export the model to ONNX once (cached by a hash of its weights) and run "
+                     "it with ONNX Runtime, FP32 on the CPU; needs the onnx extra (default: torch)")
     run.add_argument("--topk", metavar="K", type=positive_int, default=5,
                      help="how many classes to show per image (default: 5)")
     run.add_argument("--labels", metavar="FILE", default=None,
@@ -346,8 +350,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     loaded = load_model(args.arch, args.weights, args.num_classes, args.model_config, args.pretrained)
     names = class_names_for(loaded.num_classes, args.labels, loaded.class_names)
     preprocessing = loaded.resolve_preprocessing(args.image_size)
-    runtime = classify_runtime(args.device, args.precision, args.memory_format)
-    model = loaded.model.to(runtime.device, memory_format=runtime.memory_format)
+    if args.runtime == "onnxruntime":
+        if args.device == "cuda" or args.precision == "AMP":
+            raise UserError("--runtime onnxruntime runs FP32 on the CPU; leave out --device cuda and --precision AMP")
+        runtime = classify_runtime("cpu", "FP32", "nchw")
+        model = OnnxModel(loaded.model, preprocessing.image_size, log=warn)
+    else:
+        runtime = classify_runtime(args.device, args.precision, args.memory_format)
+        model = loaded.model.to(runtime.device, memory_format=runtime.memory_format)
     for path, predictions in classify_paths(model, paths, runtime, preprocessing, names, args.topk):
         if args.json:
             print(json.dumps({"path": str(path), "predictions": predictions}), flush=True)
