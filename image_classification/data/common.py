@@ -187,15 +187,16 @@ class ShardSampler(Sampler):
             return list(range(self.rank, self.size, self.world_size))
         order = self._permutation()
         if self.repeats > 1:
-            return self._repeated(order)
+            return self._repeated(order)[:len(self)]
         usable = len(order) - len(order) % self.world_size
         return order[self.rank:usable:self.world_size]
 
     def _repeated(self, order: list[int]) -> list[int]:
+        """This rank's share of ``order`` repeated and padded, before it is cut to an epoch's length."""
         repeated = [index for index in order for _ in range(self.repeats)]
         total = -(-len(repeated) // self.world_size) * self.world_size
         repeated += repeated[:total - len(repeated)]
-        return repeated[self.rank:total:self.world_size][:len(self)]
+        return repeated[self.rank:total:self.world_size]
 
     def __iter__(self):
         indices = self._indices()
