@@ -283,3 +283,11 @@ def test_a_crash_after_an_interval_checkpoint_resumes_bitwise_with_every_recipe_
     assert resumed["iterations"] == straight["iterations"] == 12
     for name, tensor in straight["state_dict"].items():
         assert torch.equal(tensor, resumed["state_dict"][name]), name
+
+
+def test_the_readme_s_draw_timing_script_runs(capsys):
+    from helpers import load_script
+
+    results = load_script("augment_draws").main(["--batch", "4", "--size", "32"])
+    assert set(results) == {0.1, 0.25, 1.0} and all(ms > 0 for ms in results.values())
+    assert "--random-erase 0.25:" in capsys.readouterr().out
