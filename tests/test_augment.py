@@ -210,6 +210,19 @@ def test_ra_sampler_gives_every_copy_its_own_seed_and_resumes_part_way():
     assert list(sampler) == pairs[5:]
 
 
+def test_an_ra_epoch_without_a_whole_batch_is_refused():
+    """500 images on 2 processes: 256 an epoch with --ra-reps, 128 each, too few for -b 200."""
+    from image_classification.data.common import train_sampler
+    from image_classification.runtime import Runtime
+
+    runtime = Runtime(torch.device("cpu"), None, torch.contiguous_format, rank=1, local_rank=1, world_size=2)
+    config = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=200, ra_reps=3)
+    with pytest.raises(UserError, match="--ra-reps 3: .* 128 of the 500 training images.*lower -b"):
+        train_sampler(500, config, runtime)
+    assert len(train_sampler(500, DataConfig(data=None, backend="pytorch", image_size=32, batch_size=128,
+                                             ra_reps=3), runtime)) == 128
+
+
 # -- the flags: refused values, one line ------------------------------------------------------------------
 @pytest.mark.parametrize("argv, message", [
     (["--cutmix", "1e-320"], "--cutmix must be 0"),

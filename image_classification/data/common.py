@@ -10,6 +10,8 @@ from typing import Iterable, Iterator, Protocol
 import torch
 from torch.utils.data import Sampler
 
+from ..errors import UserError
+
 from ..preprocessing import CROP_RATIO, IMAGENET_MEAN_255 as MEAN_255, IMAGENET_STD_255 as STD_255
 from ..runtime import Runtime
 
@@ -211,3 +213,15 @@ class ShardSampler(Sampler):
                 return self.size // RA_ROUND * RA_ROUND // self.world_size
             return -(-self.size // self.world_size)
         return self.size // self.world_size
+
+
+def train_sampler(size: int, config: DataConfig, runtime: Runtime) -> ShardSampler:
+    """The training sampler of a backend, refusing an epoch without a whole batch: repeated augmentation
+    rounds an epoch down to multiples of 256 images, which can leave a process less than one batch."""
+    sampler = ShardSampler(size, runtime.rank, runtime.world_size, shuffle=True, seed=config.seed,
+                           repeats=config.ra_reps)
+    if config.ra_reps > 1 and len(sampler) < config.batch_size:  # without repeats split_samples checked it
+        raise UserError(f"--ra-reps {config.ra_reps}: an epoch gives each of the {runtime.world_size} process(es) "
+                        f"{len(sampler)} of the {size} training images (whole multiples of 256 in all), fewer than "
+                        f"one batch of {config.batch_size}; lower -b/--batch-size")
+    return sampler

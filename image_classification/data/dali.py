@@ -22,7 +22,7 @@ import torch
 
 from ..errors import UserError
 from ..runtime import Runtime
-from .common import CROP_RATIO, MEAN_255, STD_255, DataConfig, ShardSampler, Unreadable, val_resize_size
+from .common import CROP_RATIO, MEAN_255, STD_255, DataConfig, ShardSampler, Unreadable, train_sampler, val_resize_size
 from .files import decode_problem
 from .layout import split_samples
 
@@ -208,10 +208,10 @@ class DaliLoader:
     """
 
     def __init__(self, samples: list[tuple[str, int]], spec: PipelineSpec, runtime: Runtime, seed: int,
-                 repeats: int = 1):
+                 sampler: ShardSampler | None = None):
         self.samples, self.spec, self.runtime, self.seed = samples, spec, runtime, seed
-        self.sampler = ShardSampler(len(samples), runtime.rank, runtime.world_size, shuffle=spec.train, seed=seed,
-                                    repeats=repeats if spec.train else 1)
+        self.sampler = sampler or ShardSampler(len(samples), runtime.rank, runtime.world_size, shuffle=spec.train,
+                                               seed=seed)
         share = len(self.sampler)
         self.num_samples = share - share % spec.batch_size if spec.train else share
         self.epoch = 0
@@ -332,7 +332,8 @@ def dali_loaders(
     train = val = None
     if want_train:
         samples = split_samples(root, "train", classes, batch_size=config.batch_size, world_size=runtime.world_size)
-        train = DaliLoader(samples, PipelineSpec(train=True, **spec), runtime, config.seed, repeats=config.ra_reps)
+        train = DaliLoader(samples, PipelineSpec(train=True, **spec), runtime, config.seed,
+                           sampler=train_sampler(len(samples), config, runtime))
     if want_val:
         samples = split_samples(root, "val", classes)
         val = DaliLoader(samples, PipelineSpec(train=False, **spec), runtime, config.seed)

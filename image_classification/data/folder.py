@@ -19,7 +19,7 @@ from torchvision.transforms import v2
 
 from ..runtime import Runtime
 from ..signals import ignore_in_worker
-from .common import CROP_RATIO, DataConfig, DeviceLoader, ShardSampler, Unreadable, val_resize_size
+from .common import CROP_RATIO, DataConfig, DeviceLoader, ShardSampler, Unreadable, train_sampler, val_resize_size
 from .files import open_rgb, read_rgb_tensor
 from .layout import split_samples
 
@@ -166,8 +166,8 @@ def _worker_init(_worker_id: int) -> None:
 
 def _loader(samples, transform, config: DataConfig, runtime: Runtime, train: bool) -> DeviceLoader:
     dataset = ImageFiles(samples, transform, tensors=train)
-    sampler = ShardSampler(len(samples), runtime.rank, runtime.world_size, shuffle=train, seed=config.seed,
-                           repeats=config.ra_reps if train else 1)
+    sampler = train_sampler(len(samples), config, runtime) if train else \
+        ShardSampler(len(samples), runtime.rank, runtime.world_size, shuffle=False, seed=config.seed)
     workers = config.workers
     normalize_in_workers = not runtime.is_cuda and workers > 0
     inv_std = 1.0 / torch.tensor(config.std).view(1, 3, 1, 1)
