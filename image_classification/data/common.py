@@ -11,7 +11,6 @@ import torch
 from torch.utils.data import Sampler
 
 from ..errors import UserError
-
 from ..preprocessing import CROP_RATIO, IMAGENET_MEAN_255 as MEAN_255, IMAGENET_STD_255 as STD_255
 from ..runtime import Runtime
 
@@ -29,7 +28,7 @@ class DataConfig:
     crop_scale: tuple[float, float] = (0.08, 1.0)
     hflip: float = 0.5
     interpolation: str = "bilinear"
-    augmentation: str | None = None  # None, autoaugment, randaugment, trivialaugment or augmix (pytorch only)
+    augmentation: str | None = None  # None, autoaugment, randaugment, trivialaugment or augmix (not on DALI)
     randaugment_magnitude: int = 9  # torchvision's RandAugment defaults
     randaugment_num_ops: int = 2
     ra_reps: int = 1  # repeated augmentation: each image this many times per epoch
