@@ -23,6 +23,8 @@ DEFAULT_WORKERS = 5  # the reference's -j
 BACKEND_ALIASES = {"syntetic": "synthetic"}  # the reference README's spelling
 LR_SCHEDULES = ("step", "linear", "cosine")
 INTERPOLATIONS = ("bilinear", "bicubic", "triangular")
+AUGMENTATIONS = ("autoaugment", "randaugment", "trivialaugment", "augmix")
+RANDAUGMENT_BINS = 31  # torchvision's num_magnitude_bins: a magnitude is 0 to 30
 
 
 def _str2bool(value: str) -> bool:
@@ -73,8 +75,19 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
                       "the architecture's, 224)")
     data.add_argument("--interpolation", choices=INTERPOLATIONS, default=None,
                       help="resize interpolation (default: the checkpoint's, else bilinear)")
-    data.add_argument("--augmentation", choices=("autoaugment",), default=None,
-                      help="extra training augmentation (default: none)")
+    data.add_argument("--augmentation", choices=AUGMENTATIONS, default=None,
+                      help="extra training augmentation, torchvision's AutoAugment (ImageNet policy), RandAugment, "
+                      "TrivialAugmentWide or AugMix (default: none)")
+    data.add_argument("--randaugment-magnitude", metavar="M", type=int, default=None,
+                      help="--augmentation randaugment: magnitude of each operation, 0 to 30 (default: 9)")
+    data.add_argument("--randaugment-num-ops", metavar="N", type=positive_int, default=None,
+                      help="--augmentation randaugment: operations applied to each image (default: 2)")
+    data.add_argument("--random-erase", metavar="P", type=_probability, default=0.0,
+                      help="probability of erasing a random rectangle of each training image (torchvision's "
+                      "RandomErasing, after normalisation) (default: 0, off)")
+    data.add_argument("--ra-reps", metavar="N", type=positive_int, default=1,
+                      help="repeated augmentation: each epoch shows every image N times, in different "
+                      "augmentations and to different processes, in an epoch as long as without (default: 1, off)")
     data.add_argument("--crop-scale", metavar=("MIN", "MAX"), type=float, nargs=2, default=(0.08, 1.0),
                       help="area range of the random-resized crop, as fractions of the image (default: 0.08 1.0)")
     data.add_argument("--hflip", metavar="P", type=_probability, default=0.5,
@@ -126,6 +139,11 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     optim.add_argument("--label-smoothing", metavar="S", type=float, default=0.0,
                        help="label smoothing (default: 0)")
     optim.add_argument("--mixup", metavar="ALPHA", type=float, default=0.0, help="mixup alpha (default: 0, off)")
+    optim.add_argument("--cutmix", metavar="ALPHA", type=float, default=0.0,
+                       help="cutmix alpha: paste a box of another image, the labels mixed by its area (default: 0, off)")
+    optim.add_argument("--mixup-switch-prob", metavar="P", type=_probability, default=None,
+                       help="with both --mixup and --cutmix, the probability that a batch is mixed by CutMix rather "
+                       "than MixUp (default: 0.5)")
     optim.add_argument("--momentum", metavar="M", type=float, default=0.9, help="momentum (default: 0.9)")
     optim.add_argument("--weight-decay", "--wd", metavar="W", type=float, default=1e-4,
                        help="weight decay (default: 1e-4)")
@@ -305,7 +323,7 @@ MIN_MIXUP = 1e-3
 
 def check_values(args: argparse.Namespace) -> None:
     """Check each value on its own: ranges argparse's types do not cover. Raises :class:`UserError`."""
-    floats = ("lr", "end_lr", "momentum", "weight_decay", "label_smoothing", "mixup", "rmsprop_alpha",
+    floats = ("lr", "end_lr", "momentum", "weight_decay", "label_smoothing", "mixup", "cutmix", "rmsprop_alpha",
               "rmsprop_eps", "use_ema", "static_loss_scale", "hflip")
     for name in floats:
         value = getattr(args, name)
@@ -329,6 +347,10 @@ def check_values(args: argparse.Namespace) -> None:
         (not 0 <= args.label_smoothing < 1, f"--label-smoothing must be in [0, 1), got {args.label_smoothing}"),
         (args.mixup != 0 and not args.mixup >= MIN_MIXUP,
          f"--mixup must be 0 (off) or at least {MIN_MIXUP} (a smaller alpha draws NaN weights), got {args.mixup}"),
+        (args.cutmix != 0 and not args.cutmix >= MIN_MIXUP,
+         f"--cutmix must be 0 (off) or at least {MIN_MIXUP} (a smaller alpha draws NaN weights), got {args.cutmix}"),
+        (args.randaugment_magnitude is not None and not 0 <= args.randaugment_magnitude < RANDAUGMENT_BINS,
+         f"--randaugment-magnitude must be 0 to {RANDAUGMENT_BINS - 1}, got {args.randaugment_magnitude}"),
         (args.use_ema is not None and not 0.0 < args.use_ema < 1.0,
          f"--use-ema needs a decay between 0 and 1, got {args.use_ema}"),
         (args.static_loss_scale is not None and args.static_loss_scale <= 0,
@@ -359,5 +381,15 @@ def validate_args(args: argparse.Namespace, *, require_data: bool = True) -> Non
         raise UserError("--evaluate and --training-only exclude each other")
     if args.nesterov and (args.optimizer != "sgd" or args.momentum <= 0):
         raise UserError("--nesterov needs --optimizer sgd with a positive --momentum")
+    _check_augmentation_flags(args)
     if args.resume and args.pretrained_weights:
         raise UserError("--resume and --pretrained-weights exclude each other: a checkpoint already holds weights")
+
+
+def _check_augmentation_flags(args: argparse.Namespace) -> None:
+    """A flag that only tunes another must come with it: alone it would do nothing, silently."""
+    randaugment = args.randaugment_magnitude is not None or args.randaugment_num_ops is not None
+    if randaugment and args.augmentation != "randaugment":
+        raise UserError("--randaugment-magnitude and --randaugment-num-ops need --augmentation randaugment")
+    if args.mixup_switch_prob is not None and not (args.mixup > 0 and args.cutmix > 0):
+        raise UserError("--mixup-switch-prob chooses between MixUp and CutMix: it needs both --mixup and --cutmix")

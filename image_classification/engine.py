@@ -17,12 +17,12 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from . import checkpoint as ckpt
+from .batch_augment import augment_batch
 from .ema import ModelEma
 from .errors import TrainingDiverged, UserError
 from .losses import classification_loss
@@ -122,13 +122,9 @@ class Engine:
         batch = targets.shape[0]
         if batch == 1:  # what skipped unreadable images can leave: BatchNorm cannot normalise one sample
             images, targets = torch.cat([images, images]), torch.cat([targets, targets])
-        target = targets
-        if config.mixup > 0:
-            from .losses import mixup
-
-            lam = float(np.random.beta(config.mixup, config.mixup))
-            permutation = torch.randperm(images.shape[0], device=images.device)
-            images, target = mixup(images, targets, config.num_classes, lam, permutation)
+        images, target = augment_batch(images, targets, num_classes=config.num_classes, mixup_alpha=config.mixup,
+                                       cutmix_alpha=config.cutmix, switch_prob=config.mixup_switch_prob,
+                                       erase_prob=config.random_erase)
         sync = contextlib.nullcontext()
         if self.runtime.distributed and not step_now:
             sync = self.model.no_sync()  # accumulation steps skip the gradient all-reduce

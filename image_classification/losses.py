@@ -1,4 +1,4 @@
-"""Losses, MixUp and accuracy as plain functions of their inputs."""
+"""Losses, MixUp, CutMix and accuracy as plain functions of their inputs."""
 
 from __future__ import annotations
 
@@ -20,6 +20,21 @@ def mixup(images: torch.Tensor, targets: torch.Tensor, num_classes: int, lam: fl
     one_hot = F.one_hot(targets, num_classes).to(images.dtype)
     mixed_images = images.mul(lam).add_(images[permutation], alpha=1.0 - lam)
     mixed_targets = one_hot.mul(lam).add_(one_hot[permutation], alpha=1.0 - lam)
+    return mixed_images, mixed_targets
+
+
+def cutmix(images: torch.Tensor, targets: torch.Tensor, num_classes: int,
+           box: tuple[int, int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Paste ``box`` = (x1, y1, x2, y2) of each sample's predecessor in the batch (the last sample's for
+    the first) into it, as torchvision's CutMix pairs samples; the soft targets weigh the two labels by
+    area, so they still sum to one."""
+    x1, y1, x2, y2 = box
+    height, width = images.shape[-2:]
+    lam = 1.0 - (x2 - x1) * (y2 - y1) / (width * height)
+    mixed_images = images.clone()
+    mixed_images[..., y1:y2, x1:x2] = images.roll(1, 0)[..., y1:y2, x1:x2]
+    one_hot = F.one_hot(targets, num_classes).to(images.dtype)
+    mixed_targets = one_hot.roll(1, 0).mul_(1.0 - lam).add_(one_hot.mul(lam))
     return mixed_images, mixed_targets
 
 

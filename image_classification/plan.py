@@ -111,6 +111,9 @@ class RunConfig:
     accumulation: int = 1
     label_smoothing: float = 0.0
     mixup: float = 0.0
+    cutmix: float = 0.0
+    mixup_switch_prob: float = 0.5  # with both: the chance that a batch is cut and pasted rather than blended
+    random_erase: float = 0.0
     ema_decay: float | None = None
     loss_scale: float = DEFAULT_LOSS_SCALE  # fp16 only: the scale, or where a dynamic one starts
     dynamic_loss_scale: bool = True
@@ -261,9 +264,13 @@ def data_config(args: argparse.Namespace, image_size: int, **overrides) -> DataC
         data=getattr(args, "data", None), backend=args.data_backend, image_size=image_size,
         batch_size=args.batch_size, workers=args.workers, prefetch=args.prefetch,
         crop_scale=tuple(args.crop_scale), hflip=args.hflip, interpolation=args.interpolation or "bilinear",
-        augmentation=args.augmentation, seed=args.seed if args.seed is not None else 0,
+        augmentation=args.augmentation, ra_reps=args.ra_reps, seed=args.seed if args.seed is not None else 0,
         num_classes=args.num_classes, synthetic_length=max(0, args.prof),
     )
+    if args.randaugment_magnitude is not None:
+        fields["randaugment_magnitude"] = args.randaugment_magnitude
+    if args.randaugment_num_ops is not None:
+        fields["randaugment_num_ops"] = args.randaugment_num_ops
     fields.update(overrides)
     return DataConfig(**fields)
 
@@ -328,6 +335,8 @@ def build_config(args: argparse.Namespace, *, seed: int, num_classes: int, prepr
         bn_weight_decay=args.bn_weight_decay, rmsprop_alpha=args.rmsprop_alpha, rmsprop_eps=args.rmsprop_eps,
         batch_size=args.batch_size, accumulation=accumulation, label_smoothing=args.label_smoothing,
         mixup=args.mixup, ema_decay=args.use_ema, loss_scale=loss_scale[0], dynamic_loss_scale=loss_scale[1],
+        cutmix=args.cutmix, random_erase=args.random_erase,
+        mixup_switch_prob=0.5 if args.mixup_switch_prob is None else args.mixup_switch_prob,
         seed=seed, run_epochs=args.run_epochs,
         early_stopping_patience=args.early_stopping_patience, prof=args.prof, print_freq=args.print_freq,
         topk=topk, evaluate=args.evaluate, raport_file=args.raport_file,

@@ -99,11 +99,11 @@ def test_dali_gpu_without_a_gpu_points_to_dali_cpu(image_folder):
         dali_loaders(data_config(args, SIZE), cpu_runtime(), ["a"], want_train=True, want_val=True)
 
 
-def test_autoaugment_is_refused(image_folder):
+def test_augmix_is_refused_naming_the_backend_that_has_it(image_folder):
     from image_classification.data.dali import dali_loaders
 
-    args = make_args(image_folder, "--augmentation", "autoaugment")
-    with pytest.raises(UserError, match="--data-backend pytorch"):
+    args = make_args(image_folder, "--augmentation", "augmix")
+    with pytest.raises(UserError, match="augmix is not supported with DALI.*--data-backend pytorch"):
         dali_loaders(data_config(args, SIZE), cpu_runtime(), ["a"], want_train=True, want_val=False)
 
 
@@ -177,6 +177,33 @@ def test_every_interpolation_and_no_flip_build(dali, image_folder, interpolation
     for loader in (train, val):
         images, targets = next(iter(loader))
         assert images.shape == (4, 3, SIZE, SIZE) and targets.shape == (4,)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # DALI's auto_aug calls its own old names
+@pytest.mark.parametrize("augmentation", ["autoaugment", "randaugment", "trivialaugment"])
+def test_auto_augmentations_run_on_dali(dali, flat_folder, augmentation):
+    """DALI's auto_aug policies change the training crops (flat colours: only colour operations can show),
+    and the same seed repeats them."""
+    extra = ["--randaugment-magnitude", "30", "--randaugment-num-ops", "3"] if augmentation == "randaugment" else []
+    plain = torch.cat([images for images, _ in epoch(loaders(make_args(flat_folder), cpu_runtime(),
+                                                              want_val=False)[0], 0)])
+    runs = []
+    for _ in range(2):
+        train, _ = loaders(make_args(flat_folder, "--augmentation", augmentation, *extra), cpu_runtime(),
+                           want_val=False)
+        runs.append(torch.cat([images for images, _ in epoch(train, 0)]))
+    assert runs[0].shape == plain.shape == (20, 3, SIZE, SIZE)
+    assert torch.equal(runs[0], runs[1])
+    assert not torch.equal(runs[0], plain)
+
+
+def test_repeated_augmentation_shows_each_image_in_several_crops(dali, flat_folder):
+    """--ra-reps 3 on one process: the 21 images fill one epoch of 21 (five batches of 4 kept), each image
+    in three consecutive positions."""
+    train, _ = loaders(make_args(flat_folder, "--ra-reps", "3"), cpu_runtime(), want_val=False)
+    idents = seen(epoch(train, 0))
+    assert len(train) == 5 and len(idents) == 20
+    assert all(idents[i] == idents[i + 1] == idents[i + 2] for i in range(0, 18, 3))
 
 
 @pytest.mark.parametrize("hflip", [0.0, 1.0])

@@ -10,6 +10,7 @@ from typing import Iterable, Iterator, Protocol
 import torch
 from torch.utils.data import Sampler
 
+from ..errors import UserError
 from ..preprocessing import CROP_RATIO, IMAGENET_MEAN_255 as MEAN_255, IMAGENET_STD_255 as STD_255
 from ..runtime import Runtime
 
@@ -27,7 +28,10 @@ class DataConfig:
     crop_scale: tuple[float, float] = (0.08, 1.0)
     hflip: float = 0.5
     interpolation: str = "bilinear"
-    augmentation: str | None = None  # None or autoaugment (pytorch backend only)
+    augmentation: str | None = None  # None, autoaugment, randaugment, trivialaugment or augmix (not on DALI)
+    randaugment_magnitude: int = 9  # torchvision's RandAugment defaults
+    randaugment_num_ops: int = 2
+    ra_reps: int = 1  # repeated augmentation: each image this many times per epoch
     seed: int = 0
     num_classes: int | None = None
     synthetic_length: int = 0  # batches per synthetic epoch; 0 for the default
@@ -148,29 +152,52 @@ def sample_seed(seed: int, epoch: int, position: int) -> int:
     return (seed * 1_000_003 + epoch * 7_919 + position * 104_729) % (2**63 - 1)
 
 
+RA_ROUND = 256  # torchvision's RASampler rounds an epoch down to whole multiples of 256 images
+
+
 class ShardSampler(Sampler):
     """Yields (index, sample seed) pairs of this rank's share of an epoch.
 
     Training shuffles with a generator seeded from (seed, epoch), trims the permutation to a multiple
     of the world size and deals it out round-robin.  Validation deals ``range(n)`` without shuffling
     or padding, so every image is seen by exactly one rank.
+
+    ``repeats`` > 1 is repeated augmentation, as torchvision's ``RASampler`` (and timm's
+    ``RepeatAugSampler``) deal it: each index of the permutation ``repeats`` times in a row, the list
+    padded from its start to a multiple of the world size and dealt out round-robin, so the copies of an
+    image go to different ranks; each rank then keeps only its first ``len(self)`` positions: an epoch
+    as long as without repeats, rounded down to whole multiples of 256 images (all of them for a
+    dataset under 256, as timm does).  Every copy is at its own position, so it has its own sample seed.
     """
 
-    def __init__(self, size: int, rank: int, world_size: int, shuffle: bool, seed: int):
+    def __init__(self, size: int, rank: int, world_size: int, shuffle: bool, seed: int, repeats: int = 1):
         self.size, self.rank, self.world_size = size, rank, world_size
         self.shuffle, self.seed, self.epoch, self.start = shuffle, seed, 0, 0
+        self.repeats = repeats
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """Pick ``epoch``'s order; the next pass begins at this rank's ``start``-th sample."""
         self.epoch, self.start = epoch, start
 
+    def _permutation(self) -> list[int]:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return torch.randperm(self.size, generator=generator).tolist()
+
     def _indices(self) -> list[int]:
         if not self.shuffle:
             return list(range(self.rank, self.size, self.world_size))
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        order = torch.randperm(self.size, generator=generator).tolist()
+        order = self._permutation()
+        if self.repeats > 1:
+            return self._repeated(order)[:len(self)]
         usable = len(order) - len(order) % self.world_size
         return order[self.rank:usable:self.world_size]
+
+    def _repeated(self, order: list[int]) -> list[int]:
+        """This rank's share of ``order`` repeated and padded, before it is cut to an epoch's length."""
+        repeated = [index for index in order for _ in range(self.repeats)]
+        total = -(-len(repeated) // self.world_size) * self.world_size
+        repeated += repeated[:total - len(repeated)]
+        return repeated[self.rank:total:self.world_size]
 
     def __iter__(self):
         indices = self._indices()
@@ -180,4 +207,20 @@ class ShardSampler(Sampler):
     def __len__(self) -> int:
         if not self.shuffle:
             return len(range(self.rank, self.size, self.world_size))
+        if self.repeats > 1:
+            if self.size >= RA_ROUND:
+                return self.size // RA_ROUND * RA_ROUND // self.world_size
+            return -(-self.size // self.world_size)
         return self.size // self.world_size
+
+
+def train_sampler(size: int, config: DataConfig, runtime: Runtime) -> ShardSampler:
+    """The training sampler of a backend, refusing an epoch without a whole batch: repeated augmentation
+    rounds an epoch down to multiples of 256 images, which can leave a process less than one batch."""
+    sampler = ShardSampler(size, runtime.rank, runtime.world_size, shuffle=True, seed=config.seed,
+                           repeats=config.ra_reps)
+    if config.ra_reps > 1 and len(sampler) < config.batch_size:  # without repeats split_samples checked it
+        raise UserError(f"--ra-reps {config.ra_reps}: an epoch gives each of the {runtime.world_size} process(es) "
+                        f"{len(sampler)} of the {size} training images (whole multiples of 256 in all), fewer than "
+                        f"one batch of {config.batch_size}; lower -b/--batch-size")
+    return sampler

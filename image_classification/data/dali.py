@@ -22,13 +22,15 @@ import torch
 
 from ..errors import UserError
 from ..runtime import Runtime
-from .common import CROP_RATIO, MEAN_255, STD_255, DataConfig, ShardSampler, Unreadable, val_resize_size
+from .common import CROP_RATIO, MEAN_255, STD_255, DataConfig, ShardSampler, Unreadable, train_sampler, val_resize_size
 from .files import decode_problem
 from .layout import split_samples
 
 # Words in DALI's error when a file could not be read (a dangling link) or decoded: those are skipped.
 _FILE_ERRORS = ("io.file.read", "decoders.", "Decod")
 _INTERPOLATION = {"bilinear": "INTERP_LINEAR", "bicubic": "INTERP_CUBIC", "triangular": "INTERP_TRIANGULAR"}
+# --augmentation on DALI: its auto_aug module has these policies (AugMix it has not).
+DALI_AUGMENTATIONS = ("autoaugment", "randaugment", "trivialaugment")
 # nvJPEG scratch memory reserved up front, as in the reference recipes, so it does not regrow per batch.
 _GPU_DECODER_PADDING = {"device_memory_padding": 211_025_920, "host_memory_padding": 140_544_512}
 
@@ -59,6 +61,9 @@ class PipelineSpec:
     gpu_decode: bool  # dali-gpu: nvJPEG ("mixed") decode and GPU resize
     channels_last: bool
     crop_ratio: float = CROP_RATIO  # validation: the short side is image_size / crop_ratio
+    augmentation: str | None = None  # training: one of DALI_AUGMENTATIONS
+    randaugment_magnitude: int = 9
+    randaugment_num_ops: int = 2
     mean: tuple[float, float, float] = MEAN_255  # on the 0-255 scale
     std: tuple[float, float, float] = STD_255
 
@@ -106,9 +111,11 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
     decoder_options = _GPU_DECODER_PADDING if spec.gpu_decode else {}
     interp = getattr(types, _INTERPOLATION[spec.interpolation])
     size = spec.image_size
+    augment = spec.train and spec.augmentation is not None
 
     @pipeline_def(
-        batch_size=spec.batch_size, num_threads=spec.num_threads, device_id=spec.device_id, seed=seed
+        batch_size=spec.batch_size, num_threads=spec.num_threads, device_id=spec.device_id, seed=seed,
+        enable_conditionals=augment,  # auto_aug picks each sample's operations with `if`
     )
     def pipeline():
         paths, labels_ = fn.external_source(
@@ -130,6 +137,8 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
             images = fn.resize(
                 images, device=resize_device, size=[size, size], interp_type=interp, antialias=False
             )
+            if augment:
+                images = _auto_augment(images, spec)
         else:
             # As torchvision's Resize on a PIL image: the short side to val_resize_size, the long side
             # truncated (not rounded) to keep the aspect, and antialiased when it shrinks.
@@ -158,6 +167,20 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
     return pipeline()
 
 
+def _auto_augment(images, spec: PipelineSpec):
+    """``--augmentation`` by DALI's auto_aug, on the uint8 crops: translations relative to the image as
+    torchvision's, black fill as torchvision's default."""
+    from nvidia.dali.auto_aug import auto_augment, rand_augment, trivial_augment
+
+    shape = [spec.image_size, spec.image_size]
+    if spec.augmentation == "autoaugment":
+        return auto_augment.auto_augment(images, policy_name="image_net", shape=shape, fill_value=0)
+    if spec.augmentation == "randaugment":
+        return rand_augment.rand_augment(images, n=spec.randaugment_num_ops, m=spec.randaugment_magnitude,
+                                         shape=shape, fill_value=0)
+    return trivial_augment.trivial_augment_wide(images, shape=shape, fill_value=0)
+
+
 def _centre(length, crop: int):
     """crop_pos for torchvision's CenterCrop: offset ``round((length - crop) / 2)``, halves to even."""
     from nvidia.dali import fn, types
@@ -184,9 +207,11 @@ class DaliLoader:
     mid-epoch resume sees exactly the images it had left, though with fresh crops.
     """
 
-    def __init__(self, samples: list[tuple[str, int]], spec: PipelineSpec, runtime: Runtime, seed: int):
+    def __init__(self, samples: list[tuple[str, int]], spec: PipelineSpec, runtime: Runtime, seed: int,
+                 sampler: ShardSampler | None = None):
         self.samples, self.spec, self.runtime, self.seed = samples, spec, runtime, seed
-        self.sampler = ShardSampler(len(samples), runtime.rank, runtime.world_size, shuffle=spec.train, seed=seed)
+        self.sampler = sampler or ShardSampler(len(samples), runtime.rank, runtime.world_size, shuffle=spec.train,
+                                               seed=seed)
         share = len(self.sampler)
         self.num_samples = share - share % spec.batch_size if spec.train else share
         self.epoch = 0
@@ -285,8 +310,9 @@ def dali_loaders(
 ) -> tuple[DaliLoader | None, DaliLoader | None]:
     """Train and val loaders for ``--data-backend dali-cpu`` or ``dali-gpu``."""
     backend = config.backend
-    if config.augmentation is not None:
-        raise UserError(f"--augmentation {config.augmentation} is not supported with DALI; use --data-backend pytorch")
+    if want_train and config.augmentation is not None and config.augmentation not in DALI_AUGMENTATIONS:
+        raise UserError(f"--augmentation {config.augmentation} is not supported with DALI (it has "
+                        f"{', '.join(DALI_AUGMENTATIONS)}); use --data-backend pytorch")
     if backend == "dali-gpu" and not runtime.is_cuda:
         raise UserError("--data-backend dali-gpu needs a CUDA GPU; use --data-backend dali-cpu on this machine")
     _import_dali()
@@ -299,12 +325,15 @@ def dali_loaders(
         hflip=config.hflip, batch_size=config.batch_size, num_threads=max(1, config.workers), device_id=device_id,
         gpu_decode=backend == "dali-gpu", channels_last=runtime.memory_format == torch.channels_last,
         crop_ratio=config.crop_ratio, mean=tuple(config.mean), std=tuple(config.std),
+        augmentation=config.augmentation, randaugment_magnitude=config.randaugment_magnitude,
+        randaugment_num_ops=config.randaugment_num_ops,
     )
     root = Path(config.data)
     train = val = None
     if want_train:
         samples = split_samples(root, "train", classes, batch_size=config.batch_size, world_size=runtime.world_size)
-        train = DaliLoader(samples, PipelineSpec(train=True, **spec), runtime, config.seed)
+        train = DaliLoader(samples, PipelineSpec(train=True, **spec), runtime, config.seed,
+                           sampler=train_sampler(len(samples), config, runtime))
     if want_val:
         samples = split_samples(root, "val", classes)
         val = DaliLoader(samples, PipelineSpec(train=False, **spec), runtime, config.seed)

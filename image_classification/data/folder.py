@@ -19,7 +19,7 @@ from torchvision.transforms import v2
 
 from ..runtime import Runtime
 from ..signals import ignore_in_worker
-from .common import CROP_RATIO, DataConfig, DeviceLoader, ShardSampler, Unreadable, val_resize_size
+from .common import CROP_RATIO, DataConfig, DeviceLoader, ShardSampler, Unreadable, train_sampler, val_resize_size
 from .files import open_rgb, read_rgb_tensor
 from .layout import split_samples
 
@@ -120,8 +120,22 @@ class FolderBatches:
                 yield images, labels
 
 
+def auto_augmentation(config: DataConfig):
+    """torchvision's transform for ``--augmentation`` (None when off), with torchvision's defaults (nearest
+    interpolation for the geometric operations, black fill), after the crop and flip, on uint8 images."""
+    if config.augmentation is None:
+        return None
+    return {
+        "autoaugment": lambda: v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET),
+        "randaugment": lambda: v2.RandAugment(num_ops=config.randaugment_num_ops,
+                                              magnitude=config.randaugment_magnitude),
+        "trivialaugment": lambda: v2.TrivialAugmentWide(),
+        "augmix": lambda: v2.AugMix(),
+    }[config.augmentation]()
+
+
 def train_transform(config: DataConfig):
-    """torchvision's RandomResizedCrop, flip and AutoAugment, on uint8 CHW tensors (antialiased resize)."""
+    """torchvision's RandomResizedCrop, flip and ``--augmentation``, on uint8 CHW tensors (antialiased resize)."""
     steps = [
         v2.RandomResizedCrop(
             config.image_size, scale=tuple(config.crop_scale), ratio=(3 / 4, 4 / 3),
@@ -130,8 +144,9 @@ def train_transform(config: DataConfig):
     ]
     if config.hflip > 0:
         steps.append(v2.RandomHorizontalFlip(config.hflip))
-    if config.augmentation == "autoaugment":
-        steps.append(v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET))
+    augmentation = auto_augmentation(config)
+    if augmentation is not None:
+        steps.append(augmentation)
     return v2.Compose(steps)
 
 
@@ -151,7 +166,8 @@ def _worker_init(_worker_id: int) -> None:
 
 def _loader(samples, transform, config: DataConfig, runtime: Runtime, train: bool) -> DeviceLoader:
     dataset = ImageFiles(samples, transform, tensors=train)
-    sampler = ShardSampler(len(samples), runtime.rank, runtime.world_size, shuffle=train, seed=config.seed)
+    sampler = train_sampler(len(samples), config, runtime) if train else \
+        ShardSampler(len(samples), runtime.rank, runtime.world_size, shuffle=False, seed=config.seed)
     workers = config.workers
     normalize_in_workers = not runtime.is_cuda and workers > 0
     inv_std = 1.0 / torch.tensor(config.std).view(1, 3, 1, 1)

@@ -1,0 +1,306 @@
+"""The timm/torchvision recipe flags: CutMix, the MixUp/CutMix switch, random erasing, RandAugment,
+TrivialAugment, AugMix and repeated augmentation, each held to the library it mirrors, and a resume in the
+middle of a run that uses them all."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from torchvision import transforms
+from torchvision.transforms import v2
+
+from helpers import refused
+from image_classification.arguments import parse_args
+from image_classification.batch_augment import augment_batch, cutmix_box, random_erase
+from image_classification.cli import run as cli_run
+from image_classification.data.common import DataConfig, ShardSampler
+from image_classification.data.folder import train_transform
+from image_classification.errors import UserError
+from image_classification.losses import classification_loss, cutmix, mixup
+from image_classification.training import main
+
+
+def batch(n: int = 6, height: int = 32, width: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(100)
+    return torch.randn(n, 3, height, width), torch.tensor([0, 1, 2, 3, 4, 0, 1, 2][:n])
+
+
+# -- CutMix and the switch ------------------------------------------------------------------------------
+@pytest.mark.parametrize("alpha", [0.2, 1.0, 5.0])
+def test_cutmix_cuts_torchvision_s_boxes_and_mixes_its_labels(alpha):
+    """Under the same torch seed: the same lambda, box, pasted pixels and area-corrected soft labels as
+    torchvision's v2.CutMix, bit for bit."""
+    images, labels = batch()
+    for seed in range(25):
+        torch.manual_seed(seed)
+        ours = cutmix(images, labels, 5, cutmix_box(32, 40, alpha))
+        torch.manual_seed(seed)
+        theirs = v2.CutMix(alpha=alpha, num_classes=5)(images, labels)
+        assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1]), seed
+
+
+def test_cutmix_lambda_is_the_pasted_area_and_boxes_are_clipped_at_the_edges():
+    images, labels = batch(4, 10, 10)
+    mixed, soft = cutmix(images, labels, 5, (6, 0, 10, 5))  # a 4 x 5 box clipped at the top right
+    assert torch.equal(mixed[1, :, 0:5, 6:10], images[0, :, 0:5, 6:10])
+    assert torch.equal(mixed[0, :, 0:5, 6:10], images[3, :, 0:5, 6:10])  # the first takes the last's
+    assert torch.equal(mixed[:, :, 5:], images[:, :, 5:]) and torch.equal(mixed[..., :6], images[..., :6])
+    torch.testing.assert_close(soft[1], torch.tensor([0.2, 0.8, 0, 0, 0]))  # lambda = 1 - 20/100
+    edges = set()
+    for seed in range(200):
+        torch.manual_seed(seed)
+        x1, y1, x2, y2 = cutmix_box(7, 9, 1.0)
+        assert 0 <= x1 <= x2 <= 9 and 0 <= y1 <= y2 <= 7
+        edges |= {x1 == 0 or y1 == 0 or x2 == 9 or y2 == 7}
+    assert edges == {True, False}
+
+
+@pytest.mark.parametrize("flags", [dict(mixup_alpha=0.4), dict(cutmix_alpha=1.0),
+                                   dict(mixup_alpha=0.4, cutmix_alpha=1.0, erase_prob=0.5)])
+def test_mixed_soft_labels_sum_to_one(flags):
+    images, labels = batch(8)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    for _ in range(20):
+        _, soft = augment_batch(images, labels, num_classes=5, **flags)
+        assert soft.shape == (8, 5)
+        torch.testing.assert_close(soft.sum(dim=1), torch.ones(8))
+
+
+def _cut(images: torch.Tensor, mixed: torch.Tensor) -> bool:
+    """Whether ``mixed`` is a CutMix of ``images`` (every pixel its own or its predecessor's) rather than a
+    MixUp blend."""
+    return bool(((mixed == images) | (mixed == images.roll(1, 0))).all())
+
+
+@pytest.mark.parametrize("switch", [0.0, 0.3, 1.0])
+def test_the_switch_probability_picks_cutmix_for_that_share_of_batches(switch):
+    images, labels = batch(4)
+    np.random.seed(1)
+    torch.manual_seed(1)
+    cuts = sum(_cut(images, augment_batch(images, labels, num_classes=5, mixup_alpha=0.4, cutmix_alpha=1.0,
+                                          switch_prob=switch)[0]) for _ in range(300))
+    assert cuts == pytest.approx(300 * switch, abs=25)
+
+
+def test_mixup_alone_draws_as_before_cutmix_existed():
+    """A --mixup run keeps its draws (numpy's beta, one permutation): a run resumed across the change
+    continues exactly."""
+    images, labels = batch(6)
+    np.random.seed(5)
+    torch.manual_seed(5)
+    lam = float(np.random.beta(0.2, 0.2))
+    expected = mixup(images, labels, 5, lam, torch.randperm(6))
+    np.random.seed(5)
+    torch.manual_seed(5)
+    got = augment_batch(images, labels, num_classes=5, mixup_alpha=0.2, cutmix_alpha=0.0)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert augment_batch(images, labels, num_classes=5)[1] is labels  # nothing asked: class ids stay
+
+
+def test_mixed_labels_with_smoothing_give_timm_s_loss():
+    """timm smooths the one-hot targets and then mixes them; our loss smooths the mixed targets: the same
+    cross entropy, for MixUp and CutMix weights alike."""
+    timm_mixup = pytest.importorskip("timm.data.mixup")
+    torch.manual_seed(3)
+    logits, labels = torch.randn(6, 5), torch.tensor([0, 1, 2, 3, 4, 0])
+    flip = torch.arange(5, -1, -1)  # timm pairs each sample with the batch's mirror image
+    for lam, smoothing in ((0.7, 0.1), (0.35, 0.0), (0.9, 0.3)):
+        _, soft = mixup(torch.zeros(6, 1, 1, 1), labels, 5, lam, flip)
+        theirs = timm_mixup.mixup_target(labels, 5, lam=lam, smoothing=smoothing)
+        expected = (-logits.log_softmax(-1) * theirs).sum(-1).mean()
+        torch.testing.assert_close(classification_loss(logits, soft, smoothing), expected)
+
+
+# -- random erasing -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("p", [0.5, 1.0])
+def test_random_erase_erases_torchvision_s_rectangles(p):
+    """Under the same torch seed, each image erased exactly as torchvision's RandomErasing(p) (v1 and v2,
+    value 0 after normalisation) erases it; the batch handed in is left as it was."""
+    images, _ = batch(8)
+    before = images.clone()
+    for seed in range(20):
+        torch.manual_seed(seed)
+        ours = random_erase(images, p)
+        for eraser in (transforms.RandomErasing(p), v2.RandomErasing(p)):
+            torch.manual_seed(seed)
+            assert torch.equal(ours, torch.stack([eraser(image.clone()) for image in images])), seed
+    assert torch.equal(images, before)
+    torch.manual_seed(0)
+    erased = (random_erase(images, 1.0) == 0).all(dim=1).flatten(1).any(dim=1)
+    assert bool(erased.all())
+
+
+# -- RandAugment, TrivialAugment, AugMix on the pytorch backend ---------------------------------------
+@pytest.mark.parametrize("augmentation, theirs", [
+    ("randaugment", lambda: v2.RandAugment(num_ops=3, magnitude=17)),
+    ("trivialaugment", v2.TrivialAugmentWide),
+    ("augmix", v2.AugMix),
+])
+def test_training_transform_applies_torchvision_s_augmentation(augmentation, theirs):
+    """After the crop and flip, torchvision's transform with the flags' settings: the same seed gives the
+    same pixels; without it the images differ."""
+    config = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=4, augmentation=augmentation,
+                        randaugment_magnitude=17, randaugment_num_ops=3)
+    plain = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=4)
+    image = torch.randint(0, 256, (3, 48, 40), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    expected_steps = [*train_transform(plain).transforms, theirs()]
+    changed = 0
+    for seed in range(6):
+        torch.manual_seed(seed)
+        ours = train_transform(config)(image)
+        torch.manual_seed(seed)
+        assert torch.equal(ours, v2.Compose(expected_steps)(image)), seed
+        torch.manual_seed(seed)
+        changed += not torch.equal(ours, train_transform(plain)(image))
+    assert changed >= 4
+
+
+# -- repeated augmentation ------------------------------------------------------------------------------
+def _shares(size: int, world: int, repeats: int, epoch: int = 0, seed: int = 0) -> list[list[int]]:
+    shares = []
+    for rank in range(world):
+        sampler = ShardSampler(size, rank, world, shuffle=True, seed=seed, repeats=repeats)
+        sampler.set_epoch(epoch)
+        shares.append([index for index, _ in sampler])
+    return shares
+
+
+@pytest.mark.parametrize("size, world, repeats", [(10, 3, 3), (23, 2, 2), (600, 4, 3), (300, 8, 4)])
+def test_ra_sampler_deals_as_timm_s_repeat_aug_sampler(size, world, repeats):
+    """Seed 0: the same indices, rank by rank and epoch by epoch, as timm's RepeatAugSampler (torchvision's
+    RASampler, with timm's whole-dataset epoch for datasets under 256 images)."""
+    timm_sampler = pytest.importorskip("timm.data.distributed_sampler")
+    for epoch in (0, 1):
+        for rank, share in enumerate(_shares(size, world, repeats, epoch)):
+            theirs = timm_sampler.RepeatAugSampler(list(range(size)), num_replicas=world, rank=rank,
+                                                   num_repeats=repeats)
+            theirs.set_epoch(epoch)
+            assert share == list(theirs), (epoch, rank)
+
+
+def test_ra_sampler_shares_are_disjoint_and_show_each_image_n_times():
+    """Before each rank keeps its epoch's length, the ranks' positions split the repeated, padded list
+    without overlap: every image N times over the ranks, its copies on N different ranks.  After it, the
+    epoch is as long as without repeats (torchvision's rounding to 256)."""
+    size, world, repeats = 600, 4, 3
+    samplers = [ShardSampler(size, rank, world, shuffle=True, seed=7, repeats=repeats) for rank in range(world)]
+    full = [sampler._repeated(sampler._permutation()) for sampler in samplers]
+    counts = Counter(index for share in full for index in share)
+    assert sum(counts.values()) == size * repeats and set(counts.values()) == {repeats}
+    ranks_of = {}
+    for rank, share in enumerate(full):
+        for index in share:
+            ranks_of.setdefault(index, set()).add(rank)
+    assert all(len(ranks) == repeats for ranks in ranks_of.values())
+    shares = _shares(size, world, repeats, seed=7)
+    assert [len(share) for share in shares] == [512 // world] * world
+    assert all(share == whole[:len(share)] for share, whole in zip(shares, full))
+
+
+def test_ra_sampler_gives_every_copy_its_own_seed_and_resumes_part_way():
+    sampler = ShardSampler(24, 1, 2, shuffle=True, seed=3, repeats=2)
+    sampler.set_epoch(4)
+    pairs = list(sampler)
+    assert len({seed for _, seed in pairs}) == len(pairs) == 12
+    sampler.set_epoch(4, start=5)
+    assert list(sampler) == pairs[5:]
+
+
+def test_an_ra_epoch_without_a_whole_batch_is_refused():
+    """500 images on 2 processes: 256 an epoch with --ra-reps, 128 each, too few for -b 200."""
+    from image_classification.data.common import train_sampler
+    from image_classification.runtime import Runtime
+
+    runtime = Runtime(torch.device("cpu"), None, torch.contiguous_format, rank=1, local_rank=1, world_size=2)
+    config = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=200, ra_reps=3)
+    with pytest.raises(UserError, match="--ra-reps 3: .* 128 of the 500 training images.*lower -b"):
+        train_sampler(500, config, runtime)
+    assert len(train_sampler(500, DataConfig(data=None, backend="pytorch", image_size=32, batch_size=128,
+                                             ra_reps=3), runtime)) == 128
+
+
+# -- the flags: refused values, one line ------------------------------------------------------------------
+@pytest.mark.parametrize("argv, message", [
+    (["--cutmix", "1e-320"], "--cutmix must be 0"),
+    (["--cutmix", "nan"], "--cutmix must be a finite number"),
+    (["--cutmix", "-1"], "--cutmix must be 0"),
+    (["--mixup-switch-prob", "0.3", "--mixup", "0.2"], "needs both --mixup and --cutmix"),
+    (["--mixup-switch-prob", "1.5", "--mixup", "0.2", "--cutmix", "1"], "between 0 and 1"),
+    (["--randaugment-magnitude", "5"], "need --augmentation randaugment"),
+    (["--augmentation", "randaugment", "--randaugment-magnitude", "31"], "0 to 30"),
+    (["--augmentation", "randaugment", "--randaugment-num-ops", "0"], "at least 1"),
+    (["--random-erase", "1.01"], "between 0 and 1"),
+    (["--ra-reps", "0"], "at least 1"),
+])
+def test_bad_recipe_flags_are_one_line_and_exit_2(argv, message, capsys):
+    assert message in refused(cli_run(main, ["--data-backend", "synthetic", *argv]), capsys)
+
+
+def test_the_flags_reach_the_run_s_configuration():
+    from image_classification.plan import build_config, data_config
+    from image_classification.preprocessing import Preprocessing
+
+    args = parse_args(["/data", "--mixup", "0.2", "--cutmix", "1.0", "--mixup-switch-prob", "0.25",
+                       "--random-erase", "0.1", "--ra-reps", "3", "--augmentation", "randaugment",
+                       "--randaugment-magnitude", "12"])
+    config = build_config(args, seed=0, num_classes=10, preprocessing=Preprocessing(32), topk=5, accumulation=1,
+                          loss_scale=(1.0, True, None))
+    assert (config.mixup, config.cutmix, config.mixup_switch_prob, config.random_erase) == (0.2, 1.0, 0.25, 0.1)
+    data = data_config(args, 32)
+    assert (data.ra_reps, data.augmentation, data.randaugment_magnitude, data.randaugment_num_ops) == \
+        (3, "randaugment", 12, 2)
+    defaults = build_config(parse_args(["/data", "--mixup", "0.2", "--cutmix", "1"]), seed=0, num_classes=10,
+                            preprocessing=Preprocessing(32), topk=5, accumulation=1, loss_scale=(1.0, True, None))
+    assert defaults.mixup_switch_prob == 0.5
+    with pytest.raises(UserError):
+        parse_args(["/data", "--randaugment-num-ops", "2"])
+
+
+# -- a resume in the middle of a run that uses every flag ------------------------------------------------
+class Crash(Exception):
+    """A run that dies without saving (as a SIGKILL would leave it)."""
+
+
+def test_a_crash_after_an_interval_checkpoint_resumes_bitwise_with_every_recipe_flag(image_folder, tmp_path,
+                                                                                     tiny_arch, monkeypatch):
+    from image_classification import engine as engine_module
+
+    run = ["-a", tiny_arch, "--num-classes", "3", "--device", "cpu", "--data-backend", "pytorch", "-j", "0",
+           "--image-size", "32", "-b", "4", "-p", "1", "--lr", "0.05", "--seed", "3", "--epochs", "2",
+           "--mixup", "0.4", "--cutmix", "1.0", "--mixup-switch-prob", "0.5", "--label-smoothing", "0.1",
+           "--random-erase", "0.5", "--ra-reps", "2", "--augmentation", "randaugment", "--checkpoint-interval",
+           "2", "--resume", "auto", str(image_folder)]
+    assert main(run + ["--workspace", str(tmp_path / "straight")]) == 0
+
+    original, calls = engine_module.Engine.train_step, [0]
+
+    def crashing(self, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 9:  # mid-epoch 1, one iteration after the interval checkpoint at 8
+            raise Crash()
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(engine_module.Engine, "train_step", crashing)
+    with pytest.raises(Crash):
+        main(run + ["--workspace", str(tmp_path / "crashed")])
+    monkeypatch.setattr(engine_module.Engine, "train_step", original)
+    saved = torch.load(tmp_path / "crashed" / "checkpoint.pth.tar", weights_only=True)
+    assert (saved["epoch"], saved["batch"]) == (1, 2)
+    assert main(run + ["--workspace", str(tmp_path / "crashed")]) == 0
+    straight = torch.load(tmp_path / "straight" / "checkpoint.pth.tar", weights_only=True)
+    resumed = torch.load(tmp_path / "crashed" / "checkpoint.pth.tar", weights_only=True)
+    assert resumed["iterations"] == straight["iterations"] == 12
+    for name, tensor in straight["state_dict"].items():
+        assert torch.equal(tensor, resumed["state_dict"][name]), name
+
+
+def test_the_readme_s_draw_timing_script_runs(capsys):
+    from helpers import load_script
+
+    results = load_script("augment_draws").main(["--batch", "4", "--size", "32"])
+    assert set(results) == {0.1, 0.25, 1.0} and all(ms > 0 for ms in results.values())
+    assert "--random-erase 0.25:" in capsys.readouterr().out
