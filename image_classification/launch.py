@@ -1,8 +1,8 @@
 """``launch.py``: run main.py with a preset from ``configs.yml``.
 
-A preset is picked by model, platform, precision and mode, and resolved as
-``{**precision[P], **platform[H], **models[M][H][P], **mode[X]}`` (later entries win).  The result
-becomes the defaults of main.py's parser, so every flag given on the command line still wins.
+A preset is picked by model, platform, precision and mode (and optionally a recipe), and resolved as
+``{**precision[P], **platform[H], **models[M][H][P], **recipes[R], **mode[X]}`` (later entries win).  The
+result becomes the defaults of main.py's parser, so every flag given on the command line still wins.
 
 The presets file is package data (``image_classification/configs.yml``, a link to the repository's
 ``configs.yml``, the one copy there is), so an installed package finds its presets too.
@@ -78,9 +78,18 @@ def _choose(table: dict, name: str, what: str) -> dict:
 
 
 def resolve(model: str, precision: str, mode: str, platform: str,
-            cfg_file: str | Path = DEFAULT_CFG_FILE) -> dict:
-    """The preset for one model x platform x precision x mode: a dict of main.py argparse dests."""
+            cfg_file: str | Path = DEFAULT_CFG_FILE, recipe: str | None = None) -> dict:
+    """The preset for one model x platform x precision x mode: a dict of main.py argparse dests.
+
+    ``recipe`` names an entry of the file's ``recipes`` section, whose hyperparameters replace the
+    model's own (NVIDIA's) for every platform and precision."""
     config = load_config(cfg_file)
+    recipe_preset = {}
+    if recipe is not None:
+        recipes = config.get("recipes")
+        if not isinstance(recipes, dict) or not recipes:
+            raise UserError(f"{cfg_file} has no recipes section, so --recipe {recipe} cannot be found")
+        recipe_preset = _choose(recipes, recipe, "recipe")
     platforms = _choose(config["models"], model, "model")
     precision_preset = _choose(config["precision"], precision, "precision")
     platform_preset = _choose(config["platform"], platform, "platform")
@@ -92,7 +101,8 @@ def resolve(model: str, precision: str, mode: str, platform: str,
     if precision not in precisions:
         raise UserError(f"{model} on {platform} has no {precision} preset; "
                         f"choose one of: {', '.join(precisions)}")
-    return {**precision_preset, **platform_preset, **(precisions[precision] or {}), **mode_preset}
+    return {**precision_preset, **platform_preset, **(precisions[precision] or {}), **recipe_preset,
+            **mode_preset}
 
 
 def adapt_to_host(preset: dict, device: str, cuda_available: bool) -> tuple[dict, list[str]]:
@@ -122,6 +132,8 @@ def list_presets(cfg_file: str | Path = DEFAULT_CFG_FILE) -> str:
     """A readable table of what ``cfg_file`` offers."""
     config = load_config(cfg_file)
     lines = [f"presets in {cfg_file}:", f"  modes: {', '.join(config['mode'])}"]
+    if isinstance(config.get("recipes"), dict):
+        lines.append(f"  recipes (--recipe): {', '.join(config['recipes'])}")
     for model, platforms in config["models"].items():
         lines.append(f"  {model}:")
         for platform, precisions in (platforms or {}).items():
@@ -164,8 +176,8 @@ def build_parser(prog: str = "launch.py") -> argparse.ArgumentParser:
     parser = UserErrorParser(
         prog=prog,
         allow_abbrev=False,  # an abbreviated main.py flag must not be taken for one of ours
-        usage=f"{prog} --model M --precision P --mode X --platform H [--cfg_file FILE] [--dry-run] "
-        "[main.py flags] [DIR]",
+        usage=f"{prog} --model M --precision P --mode X --platform H [--recipe R] [--cfg_file FILE] "
+        "[--dry-run] [main.py flags] [DIR]",
         description="Run main.py with a preset from configs.yml (see --list).",
         epilog="Every other argument goes to main.py (python main.py -h lists them) and overrides the "
         "preset. DIR may be left out with --dry-run, or with --mode benchmark_training_short (synthetic "
@@ -179,6 +191,10 @@ def build_parser(prog: str = "launch.py") -> argparse.ArgumentParser:
                         help="benchmark_training, benchmark_training_short, benchmark_inference, "
                         "convergence or evaluate")
     parser.add_argument("--platform", metavar="H", help="platform preset, e.g. DGXA100, DGXH100 or CPU")
+    parser.add_argument("--recipe", metavar="R", default=None,
+                        help="a training recipe of the presets file's recipes section, e.g. "
+                        "torchvision-v2 (torchvision's ResNet-50 IMAGENET1K_V2 hyperparameters); it replaces "
+                        "the model's own (default: the model's, NVIDIA's)")
     parser.add_argument("--dry-run", "--print-config", dest="dry_run", action="store_true",
                         help="print the main.py command line the preset stands for and, separately, what "
                         "this machine would change; DIR may be left out; then exit")
@@ -240,7 +256,8 @@ def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = Non
     missing = [f"--{name}" for name in required if getattr(launch, name) is None]
     if missing:
         raise UserError(f"launch.py: the following arguments are required: {', '.join(missing)}")
-    preset = resolve(launch.model, launch.precision, launch.mode, launch.platform, launch.cfg_file)
+    preset = resolve(launch.model, launch.precision, launch.mode, launch.platform, launch.cfg_file,
+                     recipe=launch.recipe)
     args = parse_args(rest, defaults=preset, require_data=not launch.dry_run, prog=prog)
     if cuda_available is None:
         import torch
@@ -248,7 +265,9 @@ def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = Non
         cuda_available = torch.cuda.is_available()
     adapted, notices = adapt_to_host(preset, args.device, cuda_available)
     if launch.dry_run:
-        title = f"{launch.model} {launch.precision} {launch.mode} {launch.platform} from {launch.cfg_file}"
+        recipe = f" --recipe {launch.recipe}" if launch.recipe else ""
+        title = (f"{launch.model} {launch.precision} {launch.mode} {launch.platform}{recipe} "
+                 f"from {launch.cfg_file}")
         print(dry_run_report(title, rest, preset, adapted, notices, trainer))
         return 0
     if adapted.get("num_classes") == IMAGENET_CLASSES and not _typed(rest, "--num-classes", "--num_classes"):
