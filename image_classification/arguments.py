@@ -153,8 +153,8 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
                        help="torchvision's EMA instead: --model-ema-decay adjusted to the batch and the update "
                        "interval, restarted from the weights during --warmup epochs (default: off)")
     optim.add_argument("--model-ema-decay", metavar="DECAY", type=float, default=None,
-                       help="decay of torchvision's EMA, per image and epoch as torchvision's; implies --model-ema "
-                       "(default: 0.99998)")
+                       help="torchvision's --model-ema-decay, before it is adjusted to the batch and the interval; "
+                       "implies --model-ema (default: 0.99998)")
     optim.add_argument("--model-ema-steps", metavar="N", type=positive_int, default=None,
                        help="update torchvision's EMA every N optimizer steps (default: 32)")
     optim.add_argument("--model-ema-warmup", action="store_true",
