@@ -83,7 +83,35 @@ def trust_ratios(ratios: torch.Tensor, weight_norms: torch.Tensor, other_norms: 
     return list(torch.where(keep, ratios, torch.ones_like(ratios)).unbind())
 
 
-class Lamb(torch.optim.Optimizer):
+class _GroupwiseOptimizer(torch.optim.Optimizer):
+    """An optimizer whose update is :meth:`_step_group` over each group's tensors that have a gradient."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                self._step_group(group, params)
+        return loss
+
+    def _step_group(self, group: dict, params: list[torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def _buffers(self, params: list[torch.Tensor], *names: str) -> list[list[torch.Tensor]]:
+        """The state tensors ``names`` of ``params`` (zeros until the first step), one list per name."""
+        for param in params:
+            state = self.state[param]
+            for name in names:
+                if name not in state:
+                    state[name] = torch.zeros_like(param)
+        return [[self.state[p][name] for p in params] for name in names]
+
+
+class Lamb(_GroupwiseOptimizer):
     """LAMB, You et al. 2019 ("Large Batch Optimization for Deep Learning", Algorithm 2).
 
     Adam's bias-corrected step ``r = m_hat / (sqrt(v_hat) + eps)`` plus the weight decay,
@@ -96,43 +124,28 @@ class Lamb(torch.optim.Optimizer):
                  weight_decay: float = 0.0, adapt: bool = True):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, adapt=adapt))
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            for param in params:
-                if not self.state[param]:
-                    self.state[param]["exp_avg"] = torch.zeros_like(param)
-                    self.state[param]["exp_avg_sq"] = torch.zeros_like(param)
-            grads = [p.grad for p in params]
-            exp_avg = [self.state[p]["exp_avg"] for p in params]
-            exp_avg_sq = [self.state[p]["exp_avg_sq"] for p in params]
-            group["step"] = step = group.get("step", 0) + 1  # every tensor of a group steps together
-            beta1, beta2 = group["betas"]
-            torch._foreach_lerp_(exp_avg, grads, 1 - beta1)  # m = beta1 m + (1 - beta1) g
-            torch._foreach_mul_(exp_avg_sq, beta2)
-            torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)  # v = beta2 v + (1 - beta2) g^2
-            denominator = torch._foreach_sqrt(exp_avg_sq)
-            torch._foreach_div_(denominator, math.sqrt(1 - beta2**step))
-            torch._foreach_add_(denominator, group["eps"])  # sqrt(v_hat) + eps
-            update = torch._foreach_div(exp_avg, denominator)
-            torch._foreach_div_(update, 1 - beta1**step)  # r = m_hat / (sqrt(v_hat) + eps)
-            if group["weight_decay"]:
-                torch._foreach_add_(update, params, alpha=group["weight_decay"])
-            if group["adapt"]:
-                weight_norms, update_norms = _norms(params), _norms(update)
-                torch._foreach_mul_(update, trust_ratios(weight_norms / update_norms, weight_norms, update_norms))
-            torch._foreach_add_(params, update, alpha=-group["lr"])
-        return loss
+    def _step_group(self, group: dict, params: list[torch.Tensor]) -> None:
+        grads = [p.grad for p in params]
+        exp_avg, exp_avg_sq = self._buffers(params, "exp_avg", "exp_avg_sq")
+        group["step"] = step = group.get("step", 0) + 1  # every tensor of a group steps together
+        beta1, beta2 = group["betas"]
+        torch._foreach_lerp_(exp_avg, grads, 1 - beta1)  # m = beta1 m + (1 - beta1) g
+        torch._foreach_mul_(exp_avg_sq, beta2)
+        torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)  # v = beta2 v + (1 - beta2) g^2
+        denominator = torch._foreach_sqrt(exp_avg_sq)
+        torch._foreach_div_(denominator, math.sqrt(1 - beta2**step))
+        torch._foreach_add_(denominator, group["eps"])  # sqrt(v_hat) + eps
+        update = torch._foreach_div(exp_avg, denominator)
+        torch._foreach_div_(update, 1 - beta1**step)  # r = m_hat / (sqrt(v_hat) + eps)
+        if group["weight_decay"]:
+            torch._foreach_add_(update, params, alpha=group["weight_decay"])
+        if group["adapt"]:
+            weight_norms, update_norms = _norms(params), _norms(update)
+            torch._foreach_mul_(update, trust_ratios(weight_norms / update_norms, weight_norms, update_norms))
+        torch._foreach_add_(params, update, alpha=-group["lr"])
 
 
-class Lars(torch.optim.Optimizer):
+class Lars(_GroupwiseOptimizer):
     """LARS, You et al. 2017 ("Large Batch Training of Convolutional Networks", Algorithm 1).
 
     The decayed gradient ``g + weight_decay * w`` is scaled per tensor by the trust ratio
@@ -146,34 +159,21 @@ class Lars(torch.optim.Optimizer):
                  eta: float = 1e-3, adapt: bool = True):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, eta=eta, adapt=adapt))
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            grads = [p.grad for p in params]
-            decay = group["weight_decay"]
-            update = torch._foreach_add(grads, params, alpha=decay)  # a new list: p.grad stays as it was
-            if group["adapt"]:
-                weight_norms, grad_norms = _norms(params), _norms(grads)
-                ratios = group["eta"] * weight_norms / (grad_norms + decay * weight_norms)
-                ratios = trust_ratios(ratios, weight_norms, grad_norms)
-                torch._foreach_mul_(update, ratios)
-            if group["momentum"]:
-                for param in params:
-                    if not self.state[param]:
-                        self.state[param]["momentum_buffer"] = torch.zeros_like(param)
-                velocity = [self.state[p]["momentum_buffer"] for p in params]
-                torch._foreach_mul_(velocity, group["momentum"])
-                torch._foreach_add_(velocity, update)
-                update = velocity
-            torch._foreach_add_(params, update, alpha=-group["lr"])
-        return loss
+    def _step_group(self, group: dict, params: list[torch.Tensor]) -> None:
+        grads = [p.grad for p in params]
+        decay = group["weight_decay"]
+        update = torch._foreach_add(grads, params, alpha=decay)  # a new list: p.grad stays as it was
+        if group["adapt"]:
+            weight_norms, grad_norms = _norms(params), _norms(grads)
+            ratios = group["eta"] * weight_norms / (grad_norms + decay * weight_norms)
+            ratios = trust_ratios(ratios, weight_norms, grad_norms)
+            torch._foreach_mul_(update, ratios)
+        if group["momentum"]:
+            (velocity,) = self._buffers(params, "momentum_buffer")
+            torch._foreach_mul_(velocity, group["momentum"])
+            torch._foreach_add_(velocity, update)
+            update = velocity
+        torch._foreach_add_(params, update, alpha=-group["lr"])
 
 
 def make_optimizer(optimizer_class: type[torch.optim.Optimizer], groups: list[dict], **options) -> torch.optim.Optimizer:

@@ -343,6 +343,22 @@ def test_ema_state_dict_round_trips_and_keeps_updating():
         assert torch.equal(second.state_dict()[key], value), key
 
 
+def train_without_synchronising(engine) -> None:
+    """Four training steps of ``engine`` on CUDA; the last three fail on any host-device synchronisation
+    (the first may synchronise for one-off set-up)."""
+    device = engine.runtime.device
+    images = torch.randn(8, 3, 32, 32, device=device)
+    targets = torch.randint(0, 10, (8,), device=device)
+    engine.train_step(images, targets, accumulation=1, step_now=True)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            engine.train_step(images, targets, accumulation=1, step_now=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("amp_dtype, use_ema", [(None, False), ("float16", True), ("bfloat16", False)])
@@ -359,16 +375,7 @@ def test_cuda_training_steps_never_synchronise_with_the_host(amp_dtype, use_ema)
                        ema_decay=0.99 if use_ema else None, dynamic_loss_scale=True, loss_scale=128.0)
     engine = Engine(config, runtime, model, log=lambda *_: None)
     assert all(group["fused"] for group in engine.optimizer.param_groups)
-    images = torch.randn(8, 3, 32, 32, device=runtime.device)
-    targets = torch.randint(0, 10, (8,), device=runtime.device)
-    engine.train_step(images, targets, accumulation=1, step_now=True)  # one-off set-up may synchronise
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for _ in range(3):
-            engine.train_step(images, targets, accumulation=1, step_now=True)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    train_without_synchronising(engine)
     reading = engine.read_window("the test")
     assert reading.steps == 4 and engine.progress.optimizer_steps == 4
 
@@ -440,3 +447,22 @@ def test_a_mid_epoch_resume_of_each_new_optimizer_is_bitwise_exact(optimizer, ex
     assert_same_tensors(straight["state_dict"], resumed["state_dict"], "state_dict")
     assert_same_tensors(straight["optimizer"], resumed["optimizer"], "optimizer")
     assert len(straight["optimizer"]["param_groups"]) == (3 if optimizer == "lamb" else 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["adamw", "lamb", "lars"])
+def test_cuda_steps_of_the_new_optimizers_and_torchvisions_ema_never_synchronise(name):
+    """fp32: the trust ratios stay on the device (no .item()), the EMA's interval is counted on the host."""
+    from image_classification.engine import Engine
+    from image_classification.plan import RunConfig
+    from image_classification.preprocessing import Preprocessing
+    from image_classification.runtime import make_runtime
+
+    runtime = make_runtime("cuda", log=lambda *_: None)
+    model = build_model("resnet18", num_classes=10).to(runtime.device)
+    config = RunConfig(arch="resnet18", num_classes=10, model_options=(), preprocessing=Preprocessing(32),
+                       optimizer=name, ema_decay=0.9999, ema_style="torchvision", ema_steps=2)
+    engine = Engine(config, runtime, model, log=lambda *_: None)
+    train_without_synchronising(engine)
+    assert engine.ema.updates == 2
