@@ -17,6 +17,7 @@ from .cli import UserErrorParser, positive_float, positive_int
 from .errors import UserError
 from .gpu_affinity import MODES as GPU_AFFINITY_MODES
 from .models import MODEL_CONFIGS, list_models
+from .optim import OPTIMIZERS
 
 DATA_BACKENDS = ("pytorch", "synthetic", "dali-cpu", "dali-gpu")
 DEFAULT_WORKERS = 5  # the reference's -j
@@ -127,7 +128,9 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     optim.add_argument("--optimizer-batch-size", metavar="N", type=int, default=-1,
                        help="size of a total batch size, for simulating bigger batches using gradient "
                        "accumulation; a multiple of world size x batch size (default: -1, off)")
-    optim.add_argument("--optimizer", choices=("sgd", "rmsprop"), default="sgd", help="optimizer (default: sgd)")
+    optim.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd",
+                       help="optimizer: sgd | rmsprop | adamw | lamb | lars; AdamW and LAMB use betas 0.9, 0.999 and "
+                       "take no --momentum (default: sgd)")
     optim.add_argument("--lr", "--learning-rate", metavar="LR", type=float, default=0.1,
                        help="initial learning rate (default: 0.1)")
     optim.add_argument("--lr-schedule", metavar="SCHEDULE", choices=LR_SCHEDULES, default="step",
@@ -149,6 +152,12 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
                        help="weight decay (default: 1e-4)")
     optim.add_argument("--bn-weight-decay", action="store_true",
                        help="use weight_decay on batch normalization learnable parameters, (default: false)")
+    optim.add_argument("--norm-weight-decay", metavar="W", type=float, default=None,
+                       help="weight decay of the normalisation layers' parameters (default: 0, or --weight-decay "
+                       "with --bn-weight-decay)")
+    optim.add_argument("--bias-weight-decay", metavar="W", type=float, default=None,
+                       help="weight decay of every bias, normalisation layers' included (default: as the layer's "
+                       "other parameters)")
     optim.add_argument("--nesterov", action="store_true", help="use nesterov momentum, (default: false)")
     optim.add_argument("--rmsprop-alpha", metavar="A", type=float, default=0.9,
                        help="RMSprop smoothing constant (default: 0.9)")
@@ -156,7 +165,19 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
                        help="RMSprop epsilon (default: 1e-3)")
     optim.add_argument("--use-ema", metavar="DECAY", type=float, default=None,
                        help="keep an exponential moving average of the weights with this decay, "
-                       "validated as val_ema (default: off)")
+                       "validated as val_ema: the reference's EMA, updated every optimizer step with a warm-up "
+                       "of min(DECAY, (1 + step) / (10 + step)) (default: off)")
+    optim.add_argument("--model-ema", action="store_true",
+                       help="torchvision's EMA instead: --model-ema-decay adjusted to the batch and the update "
+                       "interval, restarted from the weights during --warmup epochs (default: off)")
+    optim.add_argument("--model-ema-decay", metavar="DECAY", type=float, default=None,
+                       help="torchvision's --model-ema-decay, before it is adjusted to the batch and the interval; "
+                       "implies --model-ema (default: 0.99998)")
+    optim.add_argument("--model-ema-steps", metavar="N", type=positive_int, default=None,
+                       help="update torchvision's EMA every N optimizer steps (default: 32)")
+    optim.add_argument("--model-ema-warmup", action="store_true",
+                       help="timm's EMA warm-up, min(DECAY, 1 - (1 + n)^(-2/3)) after n updates, for --use-ema or "
+                       "--model-ema (default: off)")
 
     precision = parser.add_argument_group("precision and device")
     precision.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -324,7 +345,8 @@ MIN_MIXUP = 1e-3
 def check_values(args: argparse.Namespace) -> None:
     """Check each value on its own: ranges argparse's types do not cover. Raises :class:`UserError`."""
     floats = ("lr", "end_lr", "momentum", "weight_decay", "label_smoothing", "mixup", "cutmix", "rmsprop_alpha",
-              "rmsprop_eps", "use_ema", "static_loss_scale", "hflip")
+              "rmsprop_eps", "use_ema", "static_loss_scale", "hflip", "norm_weight_decay", "bias_weight_decay",
+              "model_ema_decay")
     for name in floats:
         value = getattr(args, name)
         if value is not None and not math.isfinite(value):
@@ -353,6 +375,12 @@ def check_values(args: argparse.Namespace) -> None:
          f"--randaugment-magnitude must be 0 to {RANDAUGMENT_BINS - 1}, got {args.randaugment_magnitude}"),
         (args.use_ema is not None and not 0.0 < args.use_ema < 1.0,
          f"--use-ema needs a decay between 0 and 1, got {args.use_ema}"),
+        (args.model_ema_decay is not None and not 0.0 < args.model_ema_decay < 1.0,
+         f"--model-ema-decay needs a decay between 0 and 1, got {args.model_ema_decay}"),
+        (args.norm_weight_decay is not None and args.norm_weight_decay < 0,
+         f"--norm-weight-decay must be 0 or more, got {args.norm_weight_decay}"),
+        (args.bias_weight_decay is not None and args.bias_weight_decay < 0,
+         f"--bias-weight-decay must be 0 or more, got {args.bias_weight_decay}"),
         (args.static_loss_scale is not None and args.static_loss_scale <= 0,
          f"--static-loss-scale must be positive, got {args.static_loss_scale}"),
         (args.optimizer_batch_size == 0 or args.optimizer_batch_size < -1,
@@ -382,6 +410,7 @@ def validate_args(args: argparse.Namespace, *, require_data: bool = True) -> Non
     if args.nesterov and (args.optimizer != "sgd" or args.momentum <= 0):
         raise UserError("--nesterov needs --optimizer sgd with a positive --momentum")
     _check_augmentation_flags(args)
+    check_optimisation_combinations(args)
     if args.resume and args.pretrained_weights:
         raise UserError("--resume and --pretrained-weights exclude each other: a checkpoint already holds weights")
 
@@ -393,3 +422,19 @@ def _check_augmentation_flags(args: argparse.Namespace) -> None:
         raise UserError("--randaugment-magnitude and --randaugment-num-ops need --augmentation randaugment")
     if args.mixup_switch_prob is not None and not (args.mixup > 0 and args.cutmix > 0):
         raise UserError("--mixup-switch-prob chooses between MixUp and CutMix: it needs both --mixup and --cutmix")
+
+
+def check_optimisation_combinations(args: argparse.Namespace) -> None:
+    """Weight-decay and EMA flags that contradict each other. Raises :class:`UserError`."""
+    if args.bn_weight_decay and args.norm_weight_decay is not None:
+        raise UserError("--bn-weight-decay and --norm-weight-decay both set the BatchNorm decay: give one "
+                        "(--bn-weight-decay is --norm-weight-decay equal to --weight-decay)")
+    torchvision_ema = args.model_ema or args.model_ema_decay is not None
+    if args.use_ema is not None and torchvision_ema:
+        raise UserError("--use-ema and --model-ema / --model-ema-decay are two EMAs: give one (--use-ema DECAY: the "
+                        "reference's, every step; --model-ema-decay: torchvision's, every --model-ema-steps)")
+    if args.model_ema_steps is not None and not torchvision_ema:
+        raise UserError("--model-ema-steps needs --model-ema or --model-ema-decay (--use-ema updates at every "
+                        "optimizer step)")
+    if args.model_ema_warmup and args.use_ema is None and not torchvision_ema:
+        raise UserError("--model-ema-warmup needs an EMA: --use-ema DECAY or --model-ema")

@@ -23,7 +23,7 @@ from torch import nn
 
 from . import checkpoint as ckpt
 from .batch_augment import augment_batch
-from .ema import ModelEma
+from .ema import ModelEma, torchvision_decay
 from .errors import TrainingDiverged, UserError
 from .losses import classification_loss
 from .optim import build_optimizer, load_optimizer_state, set_lr
@@ -69,11 +69,12 @@ class Engine:
         self.optimizer = build_optimizer(
             model, name=config.optimizer, lr=config.lr, momentum=config.momentum,
             weight_decay=config.weight_decay, nesterov=config.nesterov, bn_weight_decay=config.bn_weight_decay,
+            norm_weight_decay=config.norm_weight_decay, bias_weight_decay=config.bias_weight_decay,
             rmsprop_alpha=config.rmsprop_alpha, rmsprop_eps=config.rmsprop_eps,
             log=(lambda *_: None) if config.evaluate else log,  # --evaluate never steps: no word about decay
         )
         self.scaler = self._make_scaler()
-        self.ema = ModelEma(model, config.ema_decay) if config.ema_decay else None
+        self.ema = self._make_ema(model) if config.ema_decay else None
         self.model = self._wrap(model)
         self.progress = Progress()
         self.classes = list(classes)
@@ -92,6 +93,21 @@ class Engine:
         growth_interval = LOSS_SCALE_GROWTH_INTERVAL if self.config.dynamic_loss_scale else 2**31 - 1
         return torch.amp.GradScaler(self.runtime.device.type, init_scale=self.config.loss_scale,
                                     growth_factor=2.0, backoff_factor=0.5, growth_interval=growth_interval)
+
+    def _make_ema(self, model: nn.Module) -> ModelEma:
+        """--use-ema's EMA (the reference's: every step, its warm-up) or --model-ema's (torchvision's)."""
+        config = self.config
+        warmup = "timm" if config.ema_warmup else ("reference" if config.ema_style == "reference" else "none")
+        if config.ema_style == "reference":
+            return ModelEma(model, config.ema_decay, warmup=warmup)
+        images = self.runtime.world_size * config.batch_size * config.accumulation
+        decay = torchvision_decay(config.ema_decay, images_per_step=images, steps=config.ema_steps,
+                                  epochs=config.epochs)
+        if not config.evaluate:
+            restart = f"; restarted from the weights in the {config.warmup} warm-up epochs" if config.warmup else ""
+            self.log(f"=> EMA every {config.ema_steps} optimizer steps of {images} images: decay "
+                     f"{config.ema_decay:g} over {config.epochs} epochs is {decay:.6g} per update{restart}")
+        return ModelEma(model, decay, every=config.ema_steps, warmup=warmup, restart_epochs=config.warmup)
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         if self.config.jit == "script":
@@ -158,7 +174,7 @@ class Engine:
         self.optimizer.zero_grad(set_to_none=True)
         self.progress.optimizer_steps += 1
         if self.ema is not None:
-            self.ema.update(self.base_model, self.progress.optimizer_steps)
+            self.ema.update(self.base_model, self.progress.optimizer_steps, self.progress.epoch)
 
     def end_epoch(self, val_top1: float | None) -> bool:
         """Close the epoch being trained; True when ``val_top1`` (None: not validated, or not finite) makes
@@ -255,6 +271,7 @@ class Engine:
             state["classes"] = list(self.classes)  # classify.py prints these names
         if self.ema is not None:
             state["state_dict_ema"] = self.ema.state_dict()
+            state["ema_updates"] = self.ema.updates
         if self.raport_position is not None:
             state["raport"] = self.raport_position()
         return state
@@ -284,6 +301,8 @@ class Engine:
         if self.ema is not None:
             if state.get("state_dict_ema") is not None:
                 self.ema.load_state_dict(state["state_dict_ema"])
+                # a checkpoint written before the count was recorded: every update so far counts
+                self.ema.updates = int(state.get("ema_updates", progress.optimizer_steps // self.ema.every))
             else:
                 self.log("=> the checkpoint has no EMA weights; the EMA starts from the resumed weights")
         self._restore_rng_and_position(state)

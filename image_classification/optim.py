@@ -27,19 +27,153 @@ def lr_at(epoch: int, *, base_lr: float, schedule: str, warmup: int, epochs: int
     raise UserError(f"unknown LR schedule {schedule!r}; choose step, linear or cosine")
 
 
-def split_weight_decay(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
-    """(BatchNorm parameters, all others): every BN counts, the downsample BNs included."""
-    bn_ids = {
+# torchvision's norm_classes in references/classification/utils.set_weight_decay
+NORM_LAYERS = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm, nn.modules.instancenorm._InstanceNorm,
+               nn.LocalResponseNorm)
+
+
+def split_weight_decay(model: nn.Module, *, separate_biases: bool = False
+                       ) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
+    """(normalisation-layer parameters, all others, biases): every BatchNorm counts, the downsample BNs
+    included.  With ``separate_biases`` every parameter named ``bias`` (a BatchNorm's included) goes to the
+    third list, as torchvision's ``bias`` key takes precedence over its norm group; else that list is empty."""
+    norm_ids = {
         id(param)
         for module in model.modules()
-        if isinstance(module, nn.modules.batchnorm._BatchNorm)
+        if isinstance(module, NORM_LAYERS)
         for param in module.parameters(recurse=False)
     }
-    bn, rest = [], []
-    for param in model.parameters():
-        if param.requires_grad:
-            (bn if id(param) in bn_ids else rest).append(param)
-    return bn, rest
+    norm, rest, biases = [], [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        if separate_biases and name.rsplit(".", 1)[-1] == "bias":
+            biases.append(param)
+        else:
+            (norm if id(param) in norm_ids else rest).append(param)
+    return norm, rest, biases
+
+
+def weight_decay_groups(model: nn.Module, weight_decay: float, *, norm_weight_decay: float = 0.0,
+                        bias_weight_decay: float | None = None) -> list[dict]:
+    """The parameter groups, always in this order (a checkpoint's optimizer state follows it): the
+    normalisation layers' parameters at ``norm_weight_decay``, the rest at ``weight_decay``, and with
+    ``bias_weight_decay`` a third group of every bias at that decay.
+
+    Each group also says whether LARS and LAMB adapt its step (``adapt``): the weights always, a
+    normalisation or bias group only when it is decayed, so what is excluded from weight decay is
+    excluded from the trust ratio too (timm's ``always_adapt=False``).
+    """
+    norm, rest, biases = split_weight_decay(model, separate_biases=bias_weight_decay is not None)
+    groups = [{"params": norm, "weight_decay": norm_weight_decay, "adapt": norm_weight_decay != 0},
+              {"params": rest, "weight_decay": weight_decay, "adapt": True}]
+    if bias_weight_decay is not None:
+        groups.append({"params": biases, "weight_decay": bias_weight_decay, "adapt": bias_weight_decay != 0})
+    return groups
+
+
+def _norms(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return torch.stack(torch._foreach_norm(tensors))
+
+
+def trust_ratios(ratios: torch.Tensor, weight_norms: torch.Tensor, other_norms: torch.Tensor) -> list[torch.Tensor]:
+    """``ratios`` per tensor, 1 where the weight's or the other norm is 0 (a zero-initialised layer, no
+    gradient): one vectorised operation on the device, no host synchronisation."""
+    keep = (weight_norms > 0) & (other_norms > 0)
+    return list(torch.where(keep, ratios, torch.ones_like(ratios)).unbind())
+
+
+class _GroupwiseOptimizer(torch.optim.Optimizer):
+    """An optimizer whose update is :meth:`_step_group` over each group's tensors that have a gradient."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                self._step_group(group, params)
+        return loss
+
+    def _step_group(self, group: dict, params: list[torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def _buffers(self, params: list[torch.Tensor], *names: str) -> list[list[torch.Tensor]]:
+        """The state tensors ``names`` of ``params`` (zeros until the first step), one list per name."""
+        for param in params:
+            state = self.state[param]
+            for name in names:
+                if name not in state:
+                    state[name] = torch.zeros_like(param)
+        return [[self.state[p][name] for p in params] for name in names]
+
+
+class Lamb(_GroupwiseOptimizer):
+    """LAMB, You et al. 2019 ("Large Batch Optimization for Deep Learning", Algorithm 2).
+
+    Adam's bias-corrected step ``r = m_hat / (sqrt(v_hat) + eps)`` plus the weight decay,
+    ``u = r + weight_decay * w``, scaled per tensor by the trust ratio ``||w|| / ||u||`` (1 when either norm
+    is 0): ``w -= lr * ratio * u``.  No gradient clipping (the paper has none).  A group with ``adapt``
+    False takes the unscaled step ``w -= lr * u``.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.0, adapt: bool = True):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, adapt=adapt))
+
+    def _step_group(self, group: dict, params: list[torch.Tensor]) -> None:
+        grads = [p.grad for p in params]
+        exp_avg, exp_avg_sq = self._buffers(params, "exp_avg", "exp_avg_sq")
+        group["step"] = step = group.get("step", 0) + 1  # every tensor of a group steps together
+        beta1, beta2 = group["betas"]
+        torch._foreach_lerp_(exp_avg, grads, 1 - beta1)  # m = beta1 m + (1 - beta1) g
+        torch._foreach_mul_(exp_avg_sq, beta2)
+        torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)  # v = beta2 v + (1 - beta2) g^2
+        denominator = torch._foreach_sqrt(exp_avg_sq)
+        torch._foreach_div_(denominator, math.sqrt(1 - beta2**step))
+        torch._foreach_add_(denominator, group["eps"])  # sqrt(v_hat) + eps
+        update = torch._foreach_div(exp_avg, denominator)
+        torch._foreach_div_(update, 1 - beta1**step)  # r = m_hat / (sqrt(v_hat) + eps)
+        if group["weight_decay"]:
+            torch._foreach_add_(update, params, alpha=group["weight_decay"])
+        if group["adapt"]:
+            weight_norms, update_norms = _norms(params), _norms(update)
+            torch._foreach_mul_(update, trust_ratios(weight_norms / update_norms, weight_norms, update_norms))
+        torch._foreach_add_(params, update, alpha=-group["lr"])
+
+
+class Lars(_GroupwiseOptimizer):
+    """LARS, You et al. 2017 ("Large Batch Training of Convolutional Networks", Algorithm 1).
+
+    The decayed gradient ``g + weight_decay * w`` is scaled per tensor by the trust ratio
+    ``eta * ||w|| / (||g|| + weight_decay * ||w||)`` (1 when either norm is 0), then goes through momentum:
+    ``v = momentum * v + ratio * (g + weight_decay * w)``, ``w -= lr * v``.  The global ``lr`` multiplies the
+    velocity, as torch's SGD and timm's ``Lars`` do (the paper puts it inside ``v``; the two agree while
+    the LR is constant, and ours changes only between epochs).  A group with ``adapt`` False is plain SGD.
+    """
+
+    def __init__(self, params, lr: float = 1.0, momentum: float = 0.9, weight_decay: float = 0.0,
+                 eta: float = 1e-3, adapt: bool = True):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, eta=eta, adapt=adapt))
+
+    def _step_group(self, group: dict, params: list[torch.Tensor]) -> None:
+        grads = [p.grad for p in params]
+        decay = group["weight_decay"]
+        update = torch._foreach_add(grads, params, alpha=decay)  # a new list: p.grad stays as it was
+        if group["adapt"]:
+            weight_norms, grad_norms = _norms(params), _norms(grads)
+            ratios = group["eta"] * weight_norms / (grad_norms + decay * weight_norms)
+            ratios = trust_ratios(ratios, weight_norms, grad_norms)
+            torch._foreach_mul_(update, ratios)
+        if group["momentum"]:
+            (velocity,) = self._buffers(params, "momentum_buffer")
+            torch._foreach_mul_(velocity, group["momentum"])
+            torch._foreach_add_(velocity, update)
+            update = velocity
+        torch._foreach_add_(params, update, alpha=-group["lr"])
 
 
 def make_optimizer(optimizer_class: type[torch.optim.Optimizer], groups: list[dict], **options) -> torch.optim.Optimizer:
@@ -48,39 +182,73 @@ def make_optimizer(optimizer_class: type[torch.optim.Optimizer], groups: list[di
 
     The fused update is one kernel per parameter group: on CUDA it lets ``GradScaler.step`` hand its
     inf check to the kernel instead of reading it back to the host, and on the CPU it is faster than the
-    for-loop update. The optimizer's constructor decides what it supports.
+    for-loop update. The optimizer's constructor decides what it supports; one with neither option (our
+    LAMB and LARS, foreach throughout) is built as it is.
     """
-    if "fused" in inspect.signature(optimizer_class).parameters:
+    accepted = inspect.signature(optimizer_class).parameters
+    if "fused" in accepted:
         try:
             return optimizer_class(groups, fused=True, **options)
         except RuntimeError:  # no fused kernel for this device or dtype
             pass
-    return optimizer_class(groups, foreach=True, **options)
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+    if "foreach" in accepted or takes_any:
+        return optimizer_class(groups, foreach=True, **options)
+    return optimizer_class(groups, **options)
+
+
+OPTIMIZERS = ("sgd", "rmsprop", "adamw", "lamb", "lars")
+ADAM_BETAS = (0.9, 0.999)  # AdamW's and LAMB's (torch's default, the LAMB paper's)
+ADAMW_EPS, LAMB_EPS = 1e-8, 1e-6  # torch's AdamW default; the LAMB paper's (and timm's)
 
 
 def build_optimizer(model: nn.Module, *, name: str, lr: float, momentum: float, weight_decay: float,
-                    nesterov: bool = False, bn_weight_decay: bool = False, rmsprop_alpha: float = 0.9,
-                    rmsprop_eps: float = 1e-3, log=print) -> torch.optim.Optimizer:
-    """SGD or RMSprop over two groups: BatchNorm parameters (no decay unless asked) and the rest.
+                    nesterov: bool = False, bn_weight_decay: bool = False, norm_weight_decay: float | None = None,
+                    bias_weight_decay: float | None = None, rmsprop_alpha: float = 0.9, rmsprop_eps: float = 1e-3,
+                    log=print) -> torch.optim.Optimizer:
+    """``name`` (one of :data:`OPTIMIZERS`) over :func:`weight_decay_groups`.
 
-    Build it after the model is on its device: :func:`make_optimizer` picks the kernels for it.
+    The normalisation layers' decay is ``norm_weight_decay`` when given, else ``weight_decay`` with
+    ``bn_weight_decay``, else 0 (the reference's exclusion, downsample BNs included).  AdamW and LAMB use
+    betas :data:`ADAM_BETAS`; ``momentum`` is SGD's, RMSprop's and LARS's.  Build it after the model is on
+    its device: :func:`make_optimizer` picks the kernels for it.
     """
-    bn, rest = split_weight_decay(model)
-    groups = [
-        {"params": bn, "weight_decay": weight_decay if bn_weight_decay else 0.0},
-        {"params": rest, "weight_decay": weight_decay},
-    ]
-    if bn_weight_decay:
-        log(f"=> weight decay {weight_decay:g} on all {len(bn) + len(rest)} parameter tensors, BatchNorm included")
-    else:
-        log(f"=> weight decay {weight_decay:g} on {len(rest)} parameter tensors; none on the {len(bn)} BatchNorm "
-            "ones (--bn-weight-decay includes them)")
+    if name not in OPTIMIZERS:
+        raise UserError(f"unknown optimizer {name!r}; choose {', '.join(OPTIMIZERS[:-1])} or {OPTIMIZERS[-1]}")
+    if norm_weight_decay is None:
+        norm_weight_decay = weight_decay if bn_weight_decay else 0.0
+    groups = weight_decay_groups(model, weight_decay, norm_weight_decay=norm_weight_decay,
+                                 bias_weight_decay=bias_weight_decay)
+    log(describe_weight_decay(groups, weight_decay))
+    if name not in ("lamb", "lars"):
+        for group in groups:
+            del group["adapt"]  # LARS's and LAMB's only; the other optimizers' checkpoints stay as they were
     if name == "sgd":
         return make_optimizer(torch.optim.SGD, groups, lr=lr, momentum=momentum, nesterov=nesterov)
     if name == "rmsprop":
         return make_optimizer(torch.optim.RMSprop, groups, lr=lr, alpha=rmsprop_alpha, eps=rmsprop_eps,
                               momentum=momentum)
-    raise UserError(f"unknown optimizer {name!r}; choose sgd or rmsprop")
+    if name == "adamw":
+        return make_optimizer(torch.optim.AdamW, groups, lr=lr, betas=ADAM_BETAS, eps=ADAMW_EPS)
+    if name == "lamb":
+        return make_optimizer(Lamb, groups, lr=lr, betas=ADAM_BETAS, eps=LAMB_EPS)
+    return make_optimizer(Lars, groups, lr=lr, momentum=momentum)
+
+
+def describe_weight_decay(groups: list[dict], weight_decay: float) -> str:
+    """One line on which parameter tensors are decayed, and by how much."""
+    norm, rest = groups[0], groups[1]
+    if len(groups) == 2 and norm["weight_decay"] == weight_decay:
+        return (f"=> weight decay {weight_decay:g} on all {len(norm['params']) + len(rest['params'])} parameter "
+                "tensors, BatchNorm included")
+    if len(groups) == 2 and norm["weight_decay"] == 0:
+        return (f"=> weight decay {weight_decay:g} on {len(rest['params'])} parameter tensors; none on the "
+                f"{len(norm['params'])} BatchNorm ones (--bn-weight-decay includes them)")
+    parts = [f"{weight_decay:g} on {len(rest['params'])} weight tensors",
+             f"{norm['weight_decay']:g} on {len(norm['params'])} normalisation ones"]
+    if len(groups) > 2:
+        parts.append(f"{groups[2]['weight_decay']:g} on {len(groups[2]['params'])} biases")
+    return "=> weight decay " + ", ".join(parts)
 
 
 IMPLEMENTATION_FLAGS = ("fused", "foreach")
@@ -89,9 +257,11 @@ IMPLEMENTATION_FLAGS = ("fused", "foreach")
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
     """Load ``state`` but keep the kernels :func:`make_optimizer` chose here (a checkpoint's parameter
     groups carry the flags of the machine and torch version that wrote it)."""
-    chosen = [{flag: group.get(flag) for flag in IMPLEMENTATION_FLAGS} for group in optimizer.param_groups]
+    chosen = [{flag: group[flag] for flag in IMPLEMENTATION_FLAGS if flag in group} for group in optimizer.param_groups]
     optimizer.load_state_dict(state)
     for group, flags in zip(optimizer.param_groups, chosen):
+        for flag in IMPLEMENTATION_FLAGS:
+            group.pop(flag, None)
         group.update(flags)
 
 

@@ -105,6 +105,8 @@ class RunConfig:
     weight_decay: float = 1e-4
     nesterov: bool = False
     bn_weight_decay: bool = False
+    norm_weight_decay: float | None = None  # None: 0, or weight_decay with bn_weight_decay
+    bias_weight_decay: float | None = None  # None: biases decay as their layer's other parameters
     rmsprop_alpha: float = 0.9
     rmsprop_eps: float = 1e-3
     batch_size: int = 256
@@ -115,6 +117,9 @@ class RunConfig:
     mixup_switch_prob: float = 0.5  # with both: the chance that a batch is cut and pasted rather than blended
     random_erase: float = 0.0
     ema_decay: float | None = None
+    ema_style: str = "reference"  # "reference" (--use-ema) or "torchvision" (--model-ema)
+    ema_steps: int = 1  # optimizer steps per EMA update
+    ema_warmup: bool = False  # timm's warm-up (--model-ema-warmup) instead of the style's own
     loss_scale: float = DEFAULT_LOSS_SCALE  # fp16 only: the scale, or where a dynamic one starts
     dynamic_loss_scale: bool = True
     # the run
@@ -324,6 +329,18 @@ def resolve_topk(args, num_classes: int) -> int:
     return args.topk
 
 
+TORCHVISION_EMA_DECAY, TORCHVISION_EMA_STEPS = 0.99998, 32  # torchvision train.py's defaults
+
+
+def ema_options(args: argparse.Namespace) -> dict:
+    """RunConfig's EMA fields: --use-ema's (the reference's) or --model-ema's (torchvision's), or off."""
+    if args.model_ema or args.model_ema_decay is not None:
+        decay = TORCHVISION_EMA_DECAY if args.model_ema_decay is None else args.model_ema_decay
+        return {"ema_decay": decay, "ema_style": "torchvision", "ema_warmup": args.model_ema_warmup,
+                "ema_steps": args.model_ema_steps or TORCHVISION_EMA_STEPS}
+    return {"ema_decay": args.use_ema, "ema_warmup": args.model_ema_warmup}
+
+
 def build_config(args: argparse.Namespace, *, seed: int, num_classes: int, preprocessing: Preprocessing,
                  topk: int, accumulation: int, loss_scale: tuple[float, bool, str | None]) -> RunConfig:
     interval = CheckpointInterval.parse(args.checkpoint_interval) if args.checkpoint_interval else None
@@ -332,9 +349,10 @@ def build_config(args: argparse.Namespace, *, seed: int, num_classes: int, prepr
         preprocessing=preprocessing, jit=args.jit, compile=args.compile,
         optimizer=args.optimizer, lr=args.lr, lr_schedule=args.lr_schedule, warmup=args.warmup, end_lr=args.end_lr,
         epochs=args.epochs, momentum=args.momentum, weight_decay=args.weight_decay, nesterov=args.nesterov,
-        bn_weight_decay=args.bn_weight_decay, rmsprop_alpha=args.rmsprop_alpha, rmsprop_eps=args.rmsprop_eps,
+        bn_weight_decay=args.bn_weight_decay, norm_weight_decay=args.norm_weight_decay,
+        bias_weight_decay=args.bias_weight_decay, rmsprop_alpha=args.rmsprop_alpha, rmsprop_eps=args.rmsprop_eps,
         batch_size=args.batch_size, accumulation=accumulation, label_smoothing=args.label_smoothing,
-        mixup=args.mixup, ema_decay=args.use_ema, loss_scale=loss_scale[0], dynamic_loss_scale=loss_scale[1],
+        mixup=args.mixup, **ema_options(args), loss_scale=loss_scale[0], dynamic_loss_scale=loss_scale[1],
         cutmix=args.cutmix, random_erase=args.random_erase,
         mixup_switch_prob=0.5 if args.mixup_switch_prob is None else args.mixup_switch_prob,
         seed=seed, run_epochs=args.run_epochs,
@@ -370,7 +388,8 @@ def reseed(seed: int, rank: int, epoch: int = 0, iterations: int = 0) -> None:
     torch.manual_seed(process_seed)
 
 
-PROGRESS_COUNTS = ("epoch", "batch", "optimizer_steps", "skipped_steps", "iterations", "epochs_without_improvement")
+PROGRESS_COUNTS = ("epoch", "batch", "optimizer_steps", "skipped_steps", "iterations", "epochs_without_improvement",
+                   "ema_updates")
 
 
 def check_progress(state: dict, path: str) -> None:

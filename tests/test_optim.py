@@ -33,7 +33,8 @@ def test_linear_and_cosine_follow_the_spec_formulas():
 
 def test_every_batchnorm_is_excluded_from_weight_decay_downsample_included():
     model = build_model("resnet50")
-    bn, rest = split_weight_decay(model)
+    bn, rest, biases = split_weight_decay(model)
+    assert biases == []
     names = {id(p): n for n, p in model.named_parameters()}
     bn_names = {names[id(p)] for p in bn}
     assert "layer1.0.downsample.1.weight" in bn_names and "layer4.0.downsample.1.bias" in bn_names
@@ -101,11 +102,190 @@ def test_a_checkpoint_of_another_implementation_loads_without_changing_the_kerne
     from image_classification.optim import load_optimizer_state
 
     model = build_model("resnet18", num_classes=10)
-    old = torch.optim.SGD([{"params": g} for g in split_weight_decay(model)], lr=0.3, momentum=0.9)
+    old = torch.optim.SGD([{"params": g} for g in split_weight_decay(model)[:2]], lr=0.3, momentum=0.9)
     ours = build_optimizer(model, name="sgd", lr=0.1, momentum=0.9, weight_decay=1e-4, log=lambda *_: None)
     load_optimizer_state(ours, old.state_dict())
     assert [g["lr"] for g in ours.param_groups] == [0.3, 0.3]  # the checkpoint's values are restored
     assert all(g["fused"] is True for g in ours.param_groups)
+
+
+# ------------------------------------------------------------------------------------------------
+# AdamW, LAMB and LARS
+# ------------------------------------------------------------------------------------------------
+def _toy_problem(steps: int = 6) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+    """The batches (inputs, targets) of a small least-squares problem, the same for every run."""
+    generator = torch.Generator().manual_seed(0)
+    return [(torch.randn(16, 5, generator=generator), torch.randn(16, 3, generator=generator)) for _ in range(steps)]
+
+
+def _toy_weights() -> list[torch.Tensor]:
+    """A matrix, a zero bias (its trust ratio is 1 at the first step) and a per-feature scale, in float64."""
+    generator = torch.Generator().manual_seed(1)
+    return [torch.randn(5, 3, generator=generator, dtype=torch.float64), torch.zeros(3, dtype=torch.float64),
+            torch.randn(3, generator=generator, dtype=torch.float64)]
+
+
+def _toy_gradients(weights: list[torch.Tensor], inputs: torch.Tensor, targets: torch.Tensor) -> list[torch.Tensor]:
+    """Gradients of ``mean((x @ (W * scale) + b) - y)^2``; ``scale`` is a normalisation-like per-feature weight."""
+    weights = [w.detach().clone().requires_grad_(True) for w in weights]
+    matrix, bias, scale = weights
+    loss = ((inputs.double() @ (matrix * scale) + bias - targets.double()) ** 2).mean()
+    return list(torch.autograd.grad(loss, weights))
+
+
+def _run_ours(optimizer_class, groups_of: list[int], decays: list[float], adapt: list[bool], **options):
+    """Our optimizer on the toy problem; tensor i is in group ``groups_of[i]``."""
+    params = [torch.nn.Parameter(w.clone()) for w in _toy_weights()]
+    groups = [{"params": [p for p, g in zip(params, groups_of) if g == index], "weight_decay": decay, "adapt": flag}
+              for index, (decay, flag) in enumerate(zip(decays, adapt))]
+    optimizer = optimizer_class(groups, **options)
+    for inputs, targets in _toy_problem():
+        for param, grad in zip(params, _toy_gradients(list(params), inputs, targets)):
+            param.grad = grad
+        optimizer.step()
+    return [p.detach() for p in params]
+
+
+def _paper_lamb(decays: list[float], adapt: list[bool], lr: float, betas=(0.9, 0.999), eps=1e-6):
+    """You et al. 2019, Algorithm 2, per layer, with bias correction; phi is the identity."""
+    beta1, beta2 = betas
+    weights = _toy_weights()
+    m = [torch.zeros_like(w) for w in weights]
+    v = [torch.zeros_like(w) for w in weights]
+    for t, (inputs, targets) in enumerate(_toy_problem(), start=1):
+        grads = _toy_gradients(weights, inputs, targets)
+        for i, (w, g) in enumerate(zip(weights, grads)):
+            m[i] = beta1 * m[i] + (1 - beta1) * g
+            v[i] = beta2 * v[i] + (1 - beta2) * g * g
+            m_hat, v_hat = m[i] / (1 - beta1**t), v[i] / (1 - beta2**t)
+            update = m_hat / (v_hat.sqrt() + eps) + decays[i] * w
+            ratio = 1.0
+            if adapt[i] and w.norm() > 0 and update.norm() > 0:
+                ratio = w.norm() / update.norm()
+            weights[i] = w - lr * ratio * update
+    return weights
+
+
+def _paper_lars(decays: list[float], adapt: list[bool], lr: float, momentum: float, eta: float = 1e-3):
+    """You et al. 2017, Algorithm 1 (constant global LR: the velocity holds lr, as the paper writes it)."""
+    weights = _toy_weights()
+    velocity = [torch.zeros_like(w) for w in weights]
+    for inputs, targets in _toy_problem():
+        grads = _toy_gradients(weights, inputs, targets)
+        for i, (w, g) in enumerate(zip(weights, grads)):
+            local = 1.0
+            if adapt[i] and w.norm() > 0 and g.norm() > 0:
+                local = eta * w.norm() / (g.norm() + decays[i] * w.norm())
+            velocity[i] = momentum * velocity[i] + lr * local * (g + decays[i] * w)
+            weights[i] = w - velocity[i]
+    return weights
+
+
+@pytest.mark.parametrize("adapt_second_group", [False, True])
+def test_lamb_is_the_papers_algorithm_with_bias_correction_and_trust_ratio(adapt_second_group):
+    from image_classification.optim import Lamb
+
+    adapt = [True, adapt_second_group]
+    got = _run_ours(Lamb, [0, 1, 1], [0.01, 0.0], adapt, lr=0.02)
+    expected = _paper_lamb([0.01, 0.0, 0.0], [True, adapt[1], adapt[1]], lr=0.02)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+    assert got[0].abs().max() > 0 and got[1].abs().max() > 0  # the zero tensor moved: its ratio was 1
+
+
+def test_lamb_trust_ratio_changes_the_step_from_adams():
+    from image_classification.optim import Lamb
+
+    adapted = _run_ours(Lamb, [0, 0, 0], [0.01], [True], lr=0.02)
+    plain = _run_ours(Lamb, [0, 0, 0], [0.01], [False], lr=0.02)
+    assert not torch.allclose(adapted[0], plain[0])
+    torch.testing.assert_close(plain[0], _paper_lamb([0.01] * 3, [False] * 3, lr=0.02)[0], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("adapt_second_group", [False, True])
+def test_lars_is_the_papers_algorithm_with_momentum(adapt_second_group):
+    from image_classification.optim import Lars
+
+    adapt = [True, adapt_second_group]
+    got = _run_ours(Lars, [0, 1, 1], [0.01, 0.0], adapt, lr=2.0, momentum=0.9)
+    expected = _paper_lars([0.01, 0.0, 0.0], [True, adapt[1], adapt[1]], lr=2.0, momentum=0.9)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+    unadapted = _paper_lars([0.01, 0.0, 0.0], [False] * 3, lr=2.0, momentum=0.9)
+    assert not torch.allclose(got[0], unadapted[0])  # eta * ||w|| / ||g|| really scaled the step
+
+
+def test_adamw_lamb_and_lars_are_built_over_the_groups_lars_and_lamb_skip_the_undecayed_ones():
+    model = build_model("resnet18", num_classes=10)
+    quiet = dict(lr=0.1, momentum=0.9, weight_decay=0.05, log=lambda *_: None)
+    adamw = build_optimizer(model, name="adamw", **quiet)
+    assert isinstance(adamw, torch.optim.AdamW) and adamw.defaults["betas"] == (0.9, 0.999)
+    assert [g["weight_decay"] for g in adamw.param_groups] == [0.0, 0.05]
+    assert "adapt" not in adamw.param_groups[0]  # the torch optimizers' groups (and checkpoints) are as before
+    lars = build_optimizer(model, name="lars", **quiet)
+    assert [(g["weight_decay"], g["adapt"]) for g in lars.param_groups] == [(0.0, False), (0.05, True)]
+    assert lars.defaults["momentum"] == 0.9 and lars.defaults["eta"] == 1e-3
+    lamb = build_optimizer(model, name="lamb", norm_weight_decay=1e-5, bias_weight_decay=0.0, **quiet)
+    assert [(g["weight_decay"], g["adapt"]) for g in lamb.param_groups] == [(1e-5, True), (0.05, True), (0.0, False)]
+    assert lamb.defaults["eps"] == 1e-6
+
+
+# ------------------------------------------------------------------------------------------------
+# weight-decay groups, against torchvision's references/classification/utils.set_weight_decay
+# ------------------------------------------------------------------------------------------------
+TORCHVISION_NORM_CLASSES = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.LayerNorm, torch.nn.GroupNorm,
+                            torch.nn.modules.instancenorm._InstanceNorm, torch.nn.LocalResponseNorm)
+
+
+def torchvision_decays(model, weight_decay, norm_weight_decay=None, bias_weight_decay=None) -> dict[str, float]:
+    """What torchvision's train.py gives each parameter (by name): ``set_weight_decay`` walks the modules;
+    a parameter whose own name is a custom key (``bias`` with --bias-weight-decay) takes that key's decay,
+    else a normalisation layer's parameter takes norm_weight_decay when that is given, else weight_decay."""
+    decays = {}
+    for module_name, module in model.named_modules():
+        for name, _ in module.named_parameters(recurse=False):
+            full = f"{module_name}.{name}" if module_name else name
+            if bias_weight_decay is not None and name == "bias":
+                decays[full] = bias_weight_decay
+            elif norm_weight_decay is not None and isinstance(module, TORCHVISION_NORM_CLASSES):
+                decays[full] = norm_weight_decay
+            else:
+                decays[full] = weight_decay
+    return decays
+
+
+def _our_decays(model, **flags) -> dict[str, float]:
+    optimizer = build_optimizer(model, name="sgd", lr=0.1, momentum=0.9, log=lambda *_: None, **flags)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decays = {}
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            assert names[id(param)] not in decays  # in one group only
+            decays[names[id(param)]] = group["weight_decay"]
+    return decays
+
+
+@pytest.mark.parametrize("arch", ["resnet50", "se-resnext101-32x4d"])
+@pytest.mark.parametrize("norm, bias", [(0.0, None), (1e-5, None), (0.0, 0.0), (2e-5, 3e-4), (3e-5, 3e-5)])
+def test_norm_and_bias_weight_decay_give_each_parameter_torchvisions_decay(arch, norm, bias):
+    model = build_model(arch, num_classes=10)
+    ours = _our_decays(model, weight_decay=3e-5, norm_weight_decay=norm, bias_weight_decay=bias)
+    assert ours == torchvision_decays(model, 3e-5, norm, bias)
+    assert set(ours) == {n for n, _ in model.named_parameters()}
+    if bias is not None:
+        assert ours["fc.bias"] == ours["bn1.bias"] == ours["layer1.0.downsample.1.bias"] == bias
+
+
+def test_bn_weight_decay_is_norm_weight_decay_at_the_weight_decay_and_the_default_layout_is_kept():
+    model = build_model("resnet50")
+    kept = _our_decays(model, weight_decay=1e-4, bn_weight_decay=True)
+    assert kept == _our_decays(model, weight_decay=1e-4, norm_weight_decay=1e-4)
+    assert kept == torchvision_decays(model, 1e-4)  # torchvision without --norm-weight-decay decays them all
+    default = build_optimizer(model, name="sgd", lr=0.1, momentum=0.9, weight_decay=1e-4, log=lambda *_: None)
+    norm, rest, _ = split_weight_decay(model)
+    # today's checkpoints hold two groups in this order: BatchNorm (undecayed), then the rest
+    assert [g["params"] for g in default.param_groups] == [norm, rest]
+    assert [g["weight_decay"] for g in default.param_groups] == [0.0, 1e-4]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -163,6 +343,22 @@ def test_ema_state_dict_round_trips_and_keeps_updating():
         assert torch.equal(second.state_dict()[key], value), key
 
 
+def train_without_synchronising(engine) -> None:
+    """Four training steps of ``engine`` on CUDA; the last three fail on any host-device synchronisation
+    (the first may synchronise for one-off set-up)."""
+    device = engine.runtime.device
+    images = torch.randn(8, 3, 32, 32, device=device)
+    targets = torch.randint(0, 10, (8,), device=device)
+    engine.train_step(images, targets, accumulation=1, step_now=True)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            engine.train_step(images, targets, accumulation=1, step_now=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("amp_dtype, use_ema", [(None, False), ("float16", True), ("bfloat16", False)])
@@ -179,15 +375,94 @@ def test_cuda_training_steps_never_synchronise_with_the_host(amp_dtype, use_ema)
                        ema_decay=0.99 if use_ema else None, dynamic_loss_scale=True, loss_scale=128.0)
     engine = Engine(config, runtime, model, log=lambda *_: None)
     assert all(group["fused"] for group in engine.optimizer.param_groups)
-    images = torch.randn(8, 3, 32, 32, device=runtime.device)
-    targets = torch.randint(0, 10, (8,), device=runtime.device)
-    engine.train_step(images, targets, accumulation=1, step_now=True)  # one-off set-up may synchronise
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for _ in range(3):
-            engine.train_step(images, targets, accumulation=1, step_now=True)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    train_without_synchronising(engine)
     reading = engine.read_window("the test")
     assert reading.steps == 4 and engine.progress.optimizer_steps == 4
+
+
+# ------------------------------------------------------------------------------------------------
+# exact resume of the new optimizers' state
+# ------------------------------------------------------------------------------------------------
+def stopped_and_resumed(data, workspace, argv: list[str], stop_after: int) -> tuple[dict, dict]:
+    """(the checkpoint of a straight run, that of the same run stopped by SIGTERM after ``stop_after``
+    training steps, mid-epoch, and resumed from its checkpoint)."""
+    import os
+    import signal
+
+    from image_classification import engine as engine_module
+    from image_classification.errors import EXIT_PREEMPTED
+    from image_classification.training import main
+
+    def run(name: str, *extra: str) -> int:
+        return main([*argv, "--workspace", str(workspace / name), *extra, str(data)])
+
+    assert run("straight") == 0
+    original, calls = engine_module.Engine.train_step, {"n": 0}
+
+    def stepping_then_signalled(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == stop_after:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    engine_module.Engine.train_step = stepping_then_signalled
+    try:
+        assert run("stopped") == EXIT_PREEMPTED
+    finally:
+        engine_module.Engine.train_step = original
+    partial = torch.load(workspace / "stopped" / "checkpoint.pth.tar", weights_only=True)
+    assert partial["batch"] > 0  # saved mid-epoch
+    assert run("stopped", "--resume", str(workspace / "stopped" / "checkpoint.pth.tar")) == 0
+    load = lambda name: torch.load(workspace / name / "checkpoint.pth.tar", weights_only=True)  # noqa: E731
+    return load("straight"), load("stopped")
+
+
+def assert_same_tensors(a, b, where: str = "") -> None:
+    """``a`` and ``b`` (nested dicts and lists of tensors and numbers) are bitwise equal."""
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), (where, sorted(a), sorted(b))
+        for key in a:
+            assert_same_tensors(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for index, (x, y) in enumerate(zip(a, b)):
+            assert_same_tensors(x, y, f"{where}[{index}]")
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize("optimizer, extra", [
+    ("adamw", ["--weight-decay", "0.05"]),
+    ("lamb", ["--norm-weight-decay", "1e-5", "--bias-weight-decay", "0"]),
+    ("lars", ["--lr", "2"]),
+])
+def test_a_mid_epoch_resume_of_each_new_optimizer_is_bitwise_exact(optimizer, extra, image_folder, tmp_path, tiny_arch):
+    argv = ["-a", tiny_arch, "--image-size", "32", "-b", "4", "--device", "cpu", "-p", "1", "--num-classes", "3",
+            "--data-backend", "pytorch", "-j", "0", "--epochs", "2", "--seed", "5", "--lr", "0.01",
+            "--optimizer", optimizer, *extra]
+    straight, resumed = stopped_and_resumed(image_folder, tmp_path, argv, stop_after=8)  # epoch 2, batch 2
+    assert straight["epoch"] == resumed["epoch"] == 2
+    assert_same_tensors(straight["state_dict"], resumed["state_dict"], "state_dict")
+    assert_same_tensors(straight["optimizer"], resumed["optimizer"], "optimizer")
+    assert len(straight["optimizer"]["param_groups"]) == (3 if optimizer == "lamb" else 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["adamw", "lamb", "lars"])
+def test_cuda_steps_of_the_new_optimizers_and_torchvisions_ema_never_synchronise(name):
+    """fp32: the trust ratios stay on the device (no .item()), the EMA's interval is counted on the host."""
+    from image_classification.engine import Engine
+    from image_classification.plan import RunConfig
+    from image_classification.preprocessing import Preprocessing
+    from image_classification.runtime import make_runtime
+
+    runtime = make_runtime("cuda", log=lambda *_: None)
+    model = build_model("resnet18", num_classes=10).to(runtime.device)
+    config = RunConfig(arch="resnet18", num_classes=10, model_options=(), preprocessing=Preprocessing(32),
+                       optimizer=name, ema_decay=0.9999, ema_style="torchvision", ema_steps=2)
+    engine = Engine(config, runtime, model, log=lambda *_: None)
+    train_without_synchronising(engine)
+    assert engine.ema.updates == 2
