@@ -356,3 +356,54 @@ def test_launch_runs_a_tiny_benchmark_end_to_end(tmp_path, capsys):
     raport = (workspace / "experiment_raport.json").read_text()
     assert '"num_classes": 5' in raport and '"data_backend": "synthetic"' in raport
     assert '"tf32": false' in raport and '"device": "cpu"' in raport
+
+
+# ------------------------------------------------------------------------------------------------
+# Recipes
+# ------------------------------------------------------------------------------------------------
+# torchvision's ResNet-50 IMAGENET1K_V2 recipe as published (torchvision's references/classification, 8 GPUs):
+# torchrun --nproc_per_node=8 train.py --model resnet50 --batch-size 128 --lr 0.5 --lr-scheduler cosineannealinglr
+# --lr-warmup-epochs 5 --lr-warmup-method linear --auto-augment ta_wide --epochs 600 --random-erase 0.1
+# --weight-decay 0.00002 --norm-weight-decay 0.0 --label-smoothing 0.1 --mixup-alpha 0.2 --cutmix-alpha 1.0
+# --train-crop-size 176 --model-ema --val-resize-size 232 --ra-sampler --ra-reps 4
+# (train.py's defaults: momentum 0.9, --model-ema-steps 32, --model-ema-decay 0.99998, val crop 224, bilinear)
+TORCHVISION_V2 = {
+    "epochs": 600, "batch_size": 128, "optimizer_batch_size": 8 * 128, "optimizer": "sgd", "lr": 0.5,
+    "momentum": 0.9, "lr_schedule": "cosine", "warmup": 5, "augmentation": "trivialaugment", "random_erase": 0.1,
+    "weight_decay": 2e-5, "norm_weight_decay": 0.0, "label_smoothing": 0.1, "mixup": 0.2, "cutmix": 1.0,
+    "model_ema": True, "model_ema_steps": 32, "model_ema_decay": 0.99998, "ra_reps": 4,
+    "interpolation": "bilinear",
+}
+
+
+@pytest.mark.parametrize("model,platform,precision", COMBINATIONS)
+def test_the_torchvision_recipe_applies_to_every_preset(model, platform, precision):
+    preset = launch.resolve(model, precision, "convergence", platform, REPO / "configs.yml", recipe="torchvision-v2")
+    args = parse_args(["/imagenet"], defaults=preset)
+    assert {key: getattr(args, key) for key in TORCHVISION_V2} == TORCHVISION_V2
+    assert args.arch == model and preset["optimizer_batch_size"] % (8 * preset["batch_size"]) == 0
+    assert parse_args(launch.main_py_argv(args, preset)) == args
+
+
+def test_the_torchvision_recipe_dry_run_prints_the_published_values(capsys):
+    dry = _dry_run(["--model", "resnet50", "--precision", "AMP", "--mode", "convergence", "--platform", "DGXA100",
+                    "--recipe", "torchvision-v2"], capsys)
+    assert "--recipe torchvision-v2" in dry.text.splitlines()[0]
+    assert {key: getattr(dry.written, key) for key in TORCHVISION_V2} == TORCHVISION_V2
+    command = dry.text.splitlines()[1]
+    for token in ("--epochs=600", "--lr=0.5", "--warmup=5", "--lr-schedule=cosine", "--momentum=0.9",
+                  "--weight-decay=2e-05", "--norm-weight-decay=0.0", "--label-smoothing=0.1", "--mixup=0.2",
+                  "--cutmix=1.0", "--augmentation=trivialaugment", "--random-erase=0.1", "--model-ema",
+                  "--model-ema-steps=32", "--model-ema-decay=0.99998", "--ra-reps=4", "--batch-size=128",
+                  "--optimizer-batch-size=1024"):
+        assert token in command.split(), token
+    # without --recipe the model's own (NVIDIA's) hyperparameters stay
+    nvidia = launch.resolve("resnet50", "AMP", "convergence", "DGXA100", REPO / "configs.yml")
+    assert (nvidia["epochs"], nvidia["lr"], nvidia["momentum"]) == (250, 2.048, 0.875) and "cutmix" not in nvidia
+
+
+def test_an_unknown_recipe_is_one_line_naming_the_recipes(capsys):
+    argv = ["--model", "resnet50", "--precision", "AMP", "--mode", "convergence", "--platform", "DGXA100",
+            "--recipe", "torchvision-v3", "--dry-run"]
+    message = refused(run(launch.main, argv, cuda_available=True), capsys)
+    assert "unknown recipe 'torchvision-v3'" in message and "torchvision-v2" in message
