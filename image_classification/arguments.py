@@ -74,6 +74,15 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     data.add_argument("--image-size", metavar="S", type=positive_int, default=None,
                       help="training and validation crop size, at least 32 (default: the checkpoint's, else "
                       "the architecture's, 224)")
+    data.add_argument("--train-crop-size", metavar="S", type=positive_int, default=None,
+                      help="training crop size when it differs from the validation one (FixRes; torchvision's "
+                      "recipe trains at 176) (default: --image-size)")
+    data.add_argument("--val-resize-size", metavar="S", type=positive_int, default=None,
+                      help="validation: the short side before the centre crop (default: the checkpoint's, "
+                      "else the crop / 0.875, 256 for 224)")
+    data.add_argument("--val-crop-size", metavar="S", type=positive_int, default=None,
+                      help="validation crop size, recorded as the model's image size for classify.py and "
+                      "export (default: --image-size)")
     data.add_argument("--interpolation", choices=INTERPOLATIONS, default=None,
                       help="resize interpolation (default: the checkpoint's, else bilinear)")
     data.add_argument("--augmentation", choices=AUGMENTATIONS, default=None,
@@ -356,9 +365,10 @@ def check_values(args: argparse.Namespace) -> None:
         raise UserError(f"--crop-scale needs 0 < MIN <= MAX <= 1, got {low} {high}")
     checks = (
         (args.workers < 0, f"-j/--workers must be 0 or more, got {args.workers}"),
-        (args.image_size is not None and args.image_size < MIN_IMAGE_SIZE,
-         f"--image-size must be at least {MIN_IMAGE_SIZE} (the network reduces its input 32-fold), got "
-         f"{args.image_size}"),
+        *((value is not None and value < MIN_IMAGE_SIZE,
+           f"{flag} must be at least {MIN_IMAGE_SIZE} (the network reduces its input 32-fold), got {value}")
+          for flag, value in (("--image-size", args.image_size), ("--train-crop-size", args.train_crop_size),
+                              ("--val-resize-size", args.val_resize_size), ("--val-crop-size", args.val_crop_size))),
         (args.lr < 0, f"--lr must be 0 or more, got {args.lr}"),
         (args.end_lr < 0, f"--end-lr must be 0 or more, got {args.end_lr}"),
         (not 0.0 <= args.momentum < 1.0, f"--momentum must be in [0, 1), got {args.momentum}"),

@@ -29,7 +29,7 @@ from .data import DataConfig, resolve_backend
 from .errors import UserError
 from .models import build_model, default_image_size, load_weights
 from .optim import lr_at
-from .preprocessing import Preprocessing
+from .preprocessing import CROP_RATIO, Preprocessing
 from .runtime import Runtime
 from .workspace import Workspace
 
@@ -305,16 +305,30 @@ def resolve_num_classes(args, recorded: dict, weights: dict | None, classes: lis
 
 
 def resolve_preprocessing(args, recorded: dict, source: str, log) -> Preprocessing:
-    """Image size and interpolation: the flags, else what the checkpoint was trained with, else the arch's."""
+    """Crop sizes and interpolation: the flags, else what the checkpoint was trained with, else the arch's.
+
+    --image-size sets both crops; --train-crop-size, --val-crop-size and --val-resize-size each set one
+    size (the validation resize is recorded as the crop ratio, val crop / val resize)."""
     before = None
     if isinstance(recorded.get("preprocessing"), dict):
         before = Preprocessing.from_dict(recorded["preprocessing"], source)
-    size = args.image_size or (before.image_size if before else default_image_size(args.arch))
+    size = args.val_crop_size or args.image_size or (before.image_size if before else default_image_size(args.arch))
+    train_size = args.train_crop_size or args.image_size or (before.train_size if before else size)
     interpolation = args.interpolation or (before.interpolation if before else "bilinear")
-    chosen = Preprocessing(size, interpolation) if before is None else \
-        Preprocessing(size, interpolation, before.crop_ratio, before.mean, before.std)
+    if args.val_resize_size is not None:
+        if args.val_resize_size < size:
+            raise UserError(f"--val-resize-size {args.val_resize_size} is smaller than the validation crop, {size}: "
+                            "the centre crop must fit in the resized image")
+        ratio = size / args.val_resize_size
+    else:
+        ratio = before.crop_ratio if before else CROP_RATIO
+    chosen = Preprocessing(size, interpolation, ratio, train_crop_size=train_size) if before is None else \
+        Preprocessing(size, interpolation, ratio, before.mean, before.std, train_size)
     if before is not None:
-        for flag, ours, theirs in (("--image-size", size, before.image_size),
+        size_flag = "--val-crop-size" if args.val_crop_size else "--image-size"
+        for flag, ours, theirs in ((size_flag, size, before.image_size),
+                                   ("--train-crop-size", train_size, before.train_size),
+                                   ("--val-resize-size", chosen.resize_size, before.resize_size),
                                    ("--interpolation", interpolation, before.interpolation)):
             if ours != theirs:
                 log(f"=> {flag} {ours} overrides the {theirs} that {source} was trained with")
@@ -476,11 +490,14 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     workers = min(args.workers, machine.cores())
     if workers < args.workers and args.workers != DEFAULT_WORKERS:  # the reference's default says nothing
         log(f"=> -j {args.workers} is more than the {workers} cores this process may use: {workers} loader workers")
-    data = data_config(args, preprocessing.image_size, backend=backend, seed=seed, num_classes=num_classes,
+    data = data_config(args, preprocessing.image_size, train_crop_size=preprocessing.train_crop_size,
+                       backend=backend, seed=seed, num_classes=num_classes,
                        interpolation=preprocessing.interpolation, workers=workers,
                        crop_ratio=preprocessing.crop_ratio, mean=preprocessing.mean, std=preprocessing.std)
     parameters = {**vars(args), "data_backend": backend, "seed": seed, "num_classes": num_classes,
                   "topk": config.topk, "world_size": runtime.world_size, "device": str(runtime.device),
                   "amp_dtype": str(runtime.amp_dtype), "image_size": preprocessing.image_size,
+                  "train_crop_size": preprocessing.train_size, "val_resize_size": preprocessing.resize_size,
+                  "val_crop_size": preprocessing.image_size,
                   "interpolation": preprocessing.interpolation, "run_id": config.run_id}
     return Plan(config, data, model, classes, resumed, parameters)

@@ -7,7 +7,9 @@ overrides it (and then they say so).
 
 Validation and inference: resize the short side to ``round(image_size / crop_ratio)`` with
 ``interpolation`` (antialiased), take the centre ``image_size`` square, subtract ``mean`` and divide by
-``std`` (both on the 0-255 scale, per RGB channel).
+``std`` (both on the 0-255 scale, per RGB channel). Training crops ``train_crop_size`` squares, the
+validation crop unless it is set (FixRes: torchvision's recipe trains at 176 and validates at 224 of 232);
+a record without it (every checkpoint before the flag existed) trained at ``image_size``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,16 @@ class Preprocessing:
     crop_ratio: float = CROP_RATIO
     mean: tuple[float, float, float] = IMAGENET_MEAN_255
     std: tuple[float, float, float] = IMAGENET_STD_255
+    train_crop_size: int | None = None  # None: training crops are image_size too
+
+    def __post_init__(self):
+        if self.train_crop_size == self.image_size:  # one spelling per meaning, so equal records compare equal
+            object.__setattr__(self, "train_crop_size", None)
+
+    @property
+    def train_size(self) -> int:
+        """The side of the training crops."""
+        return self.train_crop_size or self.image_size
 
     @property
     def resize_size(self) -> int:
@@ -43,6 +55,7 @@ class Preprocessing:
     def to_dict(self) -> dict:
         record = asdict(self)
         record["mean"], record["std"] = list(self.mean), list(self.std)
+        record["train_crop_size"] = self.train_size
         record["resize"] = "short side to round(image_size / crop_ratio), then centre crop"
         return record
 
@@ -55,19 +68,22 @@ class Preprocessing:
             ratio = float(record.get("crop_ratio", CROP_RATIO))
             mean = tuple(float(v) for v in record.get("mean", IMAGENET_MEAN_255))
             std = tuple(float(v) for v in record.get("std", IMAGENET_STD_255))
+            train_size = record.get("train_crop_size", size)
         except (KeyError, TypeError, ValueError):
             raise UserError(f"{source} records its preprocessing in a form this version cannot read") from None
         valid = (
             isinstance(size, int) and not isinstance(size, bool) and size in IMAGE_SIZES
             and interpolation in INTERPOLATIONS and MIN_CROP_RATIO <= ratio <= 1 and len(mean) == 3
             and len(std) == 3 and all(math.isfinite(v) for v in mean + std) and all(v > 0 for v in std)
+            and isinstance(train_size, int) and not isinstance(train_size, bool) and train_size in IMAGE_SIZES
         )
         if not valid:
             shown = repr(dict(record))
             raise UserError(f"{source} records an invalid preprocessing (image size {IMAGE_SIZES.start}-"
                             f"{IMAGE_SIZES.stop - 1}, crop ratio {MIN_CROP_RATIO}-1, 3 finite means and "
                             f"positive stds): {shown[:200]}{'...' if len(shown) > 200 else ''}")
-        return cls(size, interpolation, ratio, mean, std)  # type: ignore[arg-type]
+        return cls(size, interpolation, ratio, mean, std, train_size)  # type: ignore[arg-type]
 
     def describe(self) -> str:
-        return f"{self.image_size}px crops of a {self.resize_size}px short side, {self.interpolation}"
+        trained = f" (trained on {self.train_crop_size}px crops)" if self.train_crop_size else ""
+        return f"{self.image_size}px crops of a {self.resize_size}px short side, {self.interpolation}{trained}"

@@ -372,7 +372,7 @@ TORCHVISION_V2 = {
     "momentum": 0.9, "lr_schedule": "cosine", "warmup": 5, "augmentation": "trivialaugment", "random_erase": 0.1,
     "weight_decay": 2e-5, "norm_weight_decay": 0.0, "label_smoothing": 0.1, "mixup": 0.2, "cutmix": 1.0,
     "model_ema": True, "model_ema_steps": 32, "model_ema_decay": 0.99998, "ra_reps": 4,
-    "interpolation": "bilinear",
+    "train_crop_size": 176, "val_resize_size": 232, "val_crop_size": 224, "interpolation": "bilinear",
 }
 
 
@@ -394,7 +394,8 @@ def test_the_torchvision_recipe_dry_run_prints_the_published_values(capsys):
     for token in ("--epochs=600", "--lr=0.5", "--warmup=5", "--lr-schedule=cosine", "--momentum=0.9",
                   "--weight-decay=2e-05", "--norm-weight-decay=0.0", "--label-smoothing=0.1", "--mixup=0.2",
                   "--cutmix=1.0", "--augmentation=trivialaugment", "--random-erase=0.1", "--model-ema",
-                  "--model-ema-steps=32", "--model-ema-decay=0.99998", "--ra-reps=4", "--batch-size=128",
+                  "--model-ema-steps=32", "--model-ema-decay=0.99998", "--ra-reps=4", "--train-crop-size=176",
+                  "--val-resize-size=232", "--val-crop-size=224", "--batch-size=128",
                   "--optimizer-batch-size=1024"):
         assert token in command.split(), token
     # without --recipe the model's own (NVIDIA's) hyperparameters stay

@@ -21,7 +21,7 @@ class DataConfig:
 
     data: str | None  # the ImageFolder root (train/ and val/); None for synthetic data
     backend: str  # pytorch, dali-cpu, dali-gpu or synthetic
-    image_size: int
+    image_size: int  # the validation crop, and the training crop unless train_crop_size is set
     batch_size: int
     workers: int = 0
     prefetch: int = 2
@@ -37,9 +37,15 @@ class DataConfig:
     synthetic_length: int = 0  # batches per synthetic epoch; 0 for the default
     # how the weights' training normalised and cropped (their checkpoint's record under --evaluate)
     crop_ratio: float = CROP_RATIO
+    train_crop_size: int | None = None  # --train-crop-size (FixRes: train smaller than validate); None: image_size
     mean: tuple[float, float, float] = MEAN_255  # on the 0-255 scale: batches stay uint8 until the device
     std: tuple[float, float, float] = STD_255
 
+
+    @property
+    def train_size(self) -> int:
+        """The side of the training crops."""
+        return self.train_crop_size or self.image_size
 
 def val_resize_size(image_size: int, crop_ratio: float = CROP_RATIO) -> int:
     """Short side before the centre crop: 256 for 224, in proportion at other sizes."""

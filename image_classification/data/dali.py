@@ -332,7 +332,8 @@ def dali_loaders(
     train = val = None
     if want_train:
         samples = split_samples(root, "train", classes, batch_size=config.batch_size, world_size=runtime.world_size)
-        train = DaliLoader(samples, PipelineSpec(train=True, **spec), runtime, config.seed,
+        train_spec = PipelineSpec(train=True, **{**spec, "image_size": config.train_size})
+        train = DaliLoader(samples, train_spec, runtime, config.seed,
                            sampler=train_sampler(len(samples), config, runtime))
     if want_val:
         samples = split_samples(root, "val", classes)

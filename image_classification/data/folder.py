@@ -138,7 +138,7 @@ def train_transform(config: DataConfig):
     """torchvision's RandomResizedCrop, flip and ``--augmentation``, on uint8 CHW tensors (antialiased resize)."""
     steps = [
         v2.RandomResizedCrop(
-            config.image_size, scale=tuple(config.crop_scale), ratio=(3 / 4, 4 / 3),
+            config.train_size, scale=tuple(config.crop_scale), ratio=(3 / 4, 4 / 3),
             interpolation=_INTERPOLATION[config.interpolation], antialias=True,
         )
     ]

@@ -44,8 +44,8 @@ class SyntheticLoader:
 def synthetic_loaders(config: DataConfig, runtime: Runtime, *, want_train: bool,
                       want_val: bool) -> tuple[SyntheticLoader | None, SyntheticLoader | None]:
     length = config.synthetic_length or DEFAULT_EPOCH_LENGTH
-    make = lambda offset: SyntheticLoader(  # noqa: E731
-        config.batch_size, config.image_size, config.num_classes or 1000, length, runtime,
+    make = lambda offset, size: SyntheticLoader(  # noqa: E731
+        config.batch_size, size, config.num_classes or 1000, length, runtime,
         config.seed + runtime.rank + offset,
     )
-    return (make(0) if want_train else None), (make(1) if want_val else None)
+    return (make(0, config.train_size) if want_train else None), (make(1, config.image_size) if want_val else None)
