@@ -30,9 +30,9 @@ from .errors import UserError
 from .integrity import recorded_description
 from .models import (MODEL_CONFIGS, build_model, default_image_size, list_models, load_checkpoint_file,
                      load_weights)
-from .models.weights import extract_state_dict, fetch_pretrained
+from .models.weights import checked_arch, fetch_pretrained, recorded_num_classes
 from .onnx_runtime import OnnxModel
-from .preprocessing import Preprocessing
+from .preprocessing import Preprocessing, choose_preprocessing
 from .runtime import Runtime, make_runtime
 
 BATCH_SIZE = 32  # images classified per forward pass
@@ -50,15 +50,7 @@ def image_transform(preprocessing: Preprocessing | int) -> Callable[[Image.Image
     """PIL image -> normalised float CHW tensor, as validation sees it (an int: that size, the defaults)."""
     if isinstance(preprocessing, int):
         preprocessing = Preprocessing(preprocessing)
-    if preprocessing.resize_size == Preprocessing(preprocessing.image_size).resize_size:
-        resize_crop = val_transform(preprocessing.image_size, preprocessing.interpolation)
-    else:  # a crop ratio other than the data backends' 0.875
-        from .data.folder import _INTERPOLATION
-
-        resize_crop = transforms.Compose([
-            transforms.Resize(preprocessing.resize_size, interpolation=_INTERPOLATION[preprocessing.interpolation]),
-            transforms.CenterCrop(preprocessing.image_size),
-        ])
+    resize_crop = val_transform(preprocessing.image_size, preprocessing.interpolation, preprocessing.crop_ratio)
     to_tensor = transforms.Compose([resize_crop, transforms.PILToTensor()])
     mean = torch.tensor(preprocessing.mean).view(3, 1, 1)
     std = torch.tensor(preprocessing.std).view(3, 1, 1)
@@ -118,27 +110,8 @@ class LoadedModel:
 
     def resolve_preprocessing(self, image_size: int | None, log: Callable[[str], None] = warn) -> Preprocessing:
         """The recorded preprocessing, else the arch's default; ``image_size`` overrides it (with a notice)."""
-        recorded = self.preprocessing
-        if image_size is None:
-            return recorded or Preprocessing(default_image_size(self.arch))
-        if recorded is None:
-            return Preprocessing(image_size)
-        if image_size != recorded.image_size:
-            log(f"note: --image-size {image_size} overrides the {recorded.image_size} px that {self.source} "
-                "were trained at")
-        return Preprocessing(image_size, recorded.interpolation, recorded.crop_ratio, recorded.mean, recorded.std)
-
-
-def _recorded_num_classes(checkpoint: dict) -> int | None:
-    description = recorded_description(checkpoint)
-    number = description.get("num_classes") or (description.get("model_options") or {}).get("num_classes")
-    if isinstance(number, int) and not isinstance(number, bool):
-        return number
-    try:
-        head = extract_state_dict(checkpoint).get("fc.weight")
-    except UserError:
-        return None  # load_weights explains what is wrong with the file
-    return int(head.shape[0]) if head is not None and head.dim() == 2 else None
+        return choose_preprocessing(self.preprocessing, default_image_size(self.arch), self.source or "the weights",
+                                    lambda line: log(f"note: {line}"), image_size=image_size)
 
 
 def load_model(arch: str | None, weights: str | None = None, num_classes: int | None = None,
@@ -155,13 +128,8 @@ def load_model(arch: str | None, weights: str | None = None, num_classes: int | 
     checkpoint: dict = {}
     if weights:
         checkpoint = load_checkpoint_file(weights)
-        recorded_arch = recorded_description(checkpoint).get("arch")
-        if isinstance(recorded_arch, str) and arch is not None and recorded_arch != arch:
-            raise UserError(f"{weights} holds a {recorded_arch} checkpoint, not {arch}; "
-                            f"pass --arch {recorded_arch}")
-        if arch is None and isinstance(recorded_arch, str):
-            arch = recorded_arch
-        recorded_classes = _recorded_num_classes(checkpoint)
+        arch = checked_arch(checkpoint, arch, weights)
+        recorded_classes = recorded_num_classes(checkpoint)
         if num_classes is not None and recorded_classes is not None and recorded_classes != num_classes:
             raise UserError(f"{weights} has {recorded_classes} classes, but --num-classes is {num_classes}; "
                             f"pass --num-classes {recorded_classes}")

@@ -28,8 +28,9 @@ from .arguments import DEFAULT_WORKERS
 from .data import DataConfig, resolve_backend
 from .errors import UserError
 from .models import build_model, default_image_size, load_weights
+from .models.weights import checked_arch, recorded_num_classes
 from .optim import lr_at
-from .preprocessing import CROP_RATIO, Preprocessing
+from .preprocessing import Preprocessing, choose_preprocessing
 from .runtime import Runtime
 from .workspace import Workspace
 
@@ -242,18 +243,6 @@ def _recorded(resumed: dict | None, pretrained: dict | None, evaluate: bool) -> 
     return {}, ""
 
 
-def _head_classes(weights: dict | None) -> int | None:
-    from .models.weights import extract_state_dict
-
-    if weights is None:
-        return None
-    try:
-        head = extract_state_dict(weights).get("fc.bias")
-    except UserError:
-        return None
-    return int(head.shape[0]) if head is not None and head.dim() == 1 else None
-
-
 def _dataset_classes(args: argparse.Namespace, backend: str) -> list[str]:
     """The class folders, checked once before anything is built; none for synthetic data."""
     if backend == "synthetic":
@@ -280,11 +269,9 @@ def data_config(args: argparse.Namespace, image_size: int, **overrides) -> DataC
     return DataConfig(**fields)
 
 
-def resolve_num_classes(args, recorded: dict, weights: dict | None, classes: list[str], log) -> int:
+def resolve_num_classes(args, weights: dict | None, classes: list[str], log) -> int:
     """--num-classes, else the checkpoint's (or evaluated weights'), else the dataset's folders, else 1000."""
-    known = recorded.get("num_classes") or (recorded.get("model_options") or {}).get("num_classes")
-    if known is None and weights is not None:
-        known = _head_classes(weights)
+    known = recorded_num_classes(weights)
     if args.num_classes is not None:
         number = args.num_classes
     elif known is not None:
@@ -305,34 +292,14 @@ def resolve_num_classes(args, recorded: dict, weights: dict | None, classes: lis
 
 
 def resolve_preprocessing(args, recorded: dict, source: str, log) -> Preprocessing:
-    """Crop sizes and interpolation: the flags, else what the checkpoint was trained with, else the arch's.
-
-    --image-size sets both crops; --train-crop-size, --val-crop-size and --val-resize-size each set one
-    size (the validation resize is recorded as the crop ratio, val crop / val resize)."""
+    """Crop sizes and interpolation: the flags, else what the checkpoint was trained with, else the arch's."""
     before = None
     if isinstance(recorded.get("preprocessing"), dict):
         before = Preprocessing.from_dict(recorded["preprocessing"], source)
-    size = args.val_crop_size or args.image_size or (before.image_size if before else default_image_size(args.arch))
-    train_size = args.train_crop_size or args.image_size or (before.train_size if before else size)
-    interpolation = args.interpolation or (before.interpolation if before else "bilinear")
-    if args.val_resize_size is not None:
-        if args.val_resize_size < size:
-            raise UserError(f"--val-resize-size {args.val_resize_size} is smaller than the validation crop, {size}: "
-                            "the centre crop must fit in the resized image")
-        ratio = size / args.val_resize_size
-    else:
-        ratio = before.crop_ratio if before else CROP_RATIO
-    chosen = Preprocessing(size, interpolation, ratio, train_crop_size=train_size) if before is None else \
-        Preprocessing(size, interpolation, ratio, before.mean, before.std, train_size)
-    if before is not None:
-        size_flag = "--val-crop-size" if args.val_crop_size else "--image-size"
-        for flag, ours, theirs in ((size_flag, size, before.image_size),
-                                   ("--train-crop-size", train_size, before.train_size),
-                                   ("--val-resize-size", chosen.resize_size, before.resize_size),
-                                   ("--interpolation", interpolation, before.interpolation)):
-            if ours != theirs:
-                log(f"=> {flag} {ours} overrides the {theirs} that {source} was trained with")
-    return chosen
+    return choose_preprocessing(before, default_image_size(args.arch), source, lambda line: log(f"=> {line}"),
+                                image_size=args.image_size, train_crop_size=args.train_crop_size,
+                                val_crop_size=args.val_crop_size, val_resize_size=args.val_resize_size,
+                                interpolation=args.interpolation)
 
 
 def resolve_topk(args, num_classes: int) -> int:
@@ -448,9 +415,8 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     resume_path, resumed = find_resume_checkpoint(args, workspace, runtime, log)
     if resumed is not None:
         check_progress(resumed, resume_path)
-    if resumed is not None and resumed.get("arch", args.arch) != args.arch:
-        raise UserError(f"{resume_path} holds a {resumed['arch']} checkpoint, not {args.arch}; pass --arch "
-                        f"{resumed['arch']}")
+    if resumed is not None:
+        checked_arch(resumed, args.arch, resume_path)
     if resumed is not None and not args.evaluate and resumed.get("stopped_early"):
         if args.resume == "auto":
             log(f"=> {resume_path} is a run that early stopping ended: nothing to do")
@@ -474,7 +440,7 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     classes = _dataset_classes(args, backend)
     recorded, source = _recorded(resumed, pretrained, args.evaluate)
     described = resumed if resumed is not None else (pretrained if args.evaluate else None)
-    num_classes = resolve_num_classes(args, recorded, described, classes, log)
+    num_classes = resolve_num_classes(args, described, classes, log)
     preprocessing = resolve_preprocessing(args, recorded, source, log)
     if not args.evaluate and args.batch_size == 1 and preprocessing.image_size <= 32:
         raise UserError(f"-b 1 cannot train at {preprocessing.image_size} px: the last feature map is one pixel, and "

@@ -15,7 +15,7 @@ a record without it (every checkpoint before the flag existed) trained at ``imag
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
 from .errors import UserError
@@ -87,3 +87,37 @@ class Preprocessing:
     def describe(self) -> str:
         trained = f" (trained on {self.train_crop_size}px crops)" if self.train_crop_size else ""
         return f"{self.image_size}px crops of a {self.resize_size}px short side, {self.interpolation}{trained}"
+
+
+def choose_preprocessing(recorded: Preprocessing | None, default_size: int, source: str,
+                         log: Callable[[str], None], *, image_size: int | None = None,
+                         train_crop_size: int | None = None, val_crop_size: int | None = None,
+                         val_resize_size: int | None = None, interpolation: str | None = None) -> Preprocessing:
+    """What every entry point prepares images with: each flag given, else what the weights recorded, else
+    the architecture's defaults. ``image_size`` sets both crops; the other sizes set one each (the
+    validation resize becomes the crop ratio). A flag that changes the record says so, once, through ``log``.
+    """
+    size = val_crop_size or image_size or (recorded.image_size if recorded else default_size)
+    train_size = train_crop_size or image_size or (recorded.train_size if recorded else size)
+    interpolation = interpolation or (recorded.interpolation if recorded else "bilinear")
+    if val_resize_size is not None:
+        if val_resize_size < size:
+            raise UserError(f"--val-resize-size {val_resize_size} is smaller than the validation crop, {size}: "
+                            "the centre crop must fit in the resized image")
+        ratio = size / val_resize_size
+    else:
+        ratio = recorded.crop_ratio if recorded else CROP_RATIO
+    if recorded is None:
+        return Preprocessing(size, interpolation, ratio, train_crop_size=train_size)
+    chosen = Preprocessing(size, interpolation, ratio, recorded.mean, recorded.std, train_size)
+    given = (("--image-size", image_size, recorded.image_size),
+             ("--val-crop-size", val_crop_size, recorded.image_size),
+             ("--train-crop-size", train_crop_size, recorded.train_size),
+             ("--val-resize-size", val_resize_size, recorded.resize_size),
+             ("--interpolation", interpolation, recorded.interpolation))
+    for flag, ours, theirs in given:
+        if ours is not None and ours != theirs:
+            extra = f" (and its {recorded.train_size} px training crops)" \
+                if flag == "--image-size" and recorded.train_crop_size and not train_crop_size else ""
+            log(f"{flag} {ours} overrides the {theirs} recorded in {source}{extra}")
+    return chosen

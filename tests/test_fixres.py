@@ -64,7 +64,7 @@ def test_the_checkpoint_records_both_sizes_and_classify_follows_them(image_folde
                           str(image_folder)]) == 0
     assert "overrides" not in capsys.readouterr().out
     assert main(common + ["--epochs", "2", "--resume", "auto", "--train-crop-size", "56", str(image_folder)]) == 0
-    assert f"--train-crop-size 56 overrides the {TRAIN} that the checkpoint was trained with" in capsys.readouterr().out
+    assert f"=> --train-crop-size 56 overrides the {TRAIN} recorded in the checkpoint" in capsys.readouterr().out
 
 
 def test_a_record_without_the_training_crop_trained_at_its_image_size():

@@ -73,7 +73,7 @@ def test_a_head_larger_than_the_dataset_is_said(image_folder, capsys):
     from image_classification.plan import resolve_num_classes
 
     args = argparse.Namespace(num_classes=1000, evaluate=True)
-    assert resolve_num_classes(args, {}, None, ["a", "b", "c"], print) == 1000
+    assert resolve_num_classes(args, None, ["a", "b", "c"], print) == 1000
     assert "a 1000-class head for the dataset's 3 class folders" in capsys.readouterr().out
 
 

@@ -77,7 +77,7 @@ def test_classify_uses_the_trained_size_and_says_when_a_flag_overrides_it(traine
     assert captured.err == "" and json.loads(captured.out)["predictions"][0]["label"].startswith("class_")
     assert run(inference.main, ["--weights", str(trained), "--image", image, "--image-size", "64"]) == 0
     assert used[-1].image_size == 64 and used[-1].interpolation == "bicubic"
-    assert "--image-size 64 overrides the 32 px" in capsys.readouterr().err
+    assert "note: --image-size 64 overrides the 32 recorded in" in capsys.readouterr().err
 
 
 def test_evaluate_resume_uses_the_trained_size(trained, image_folder, tmp_path, capsys):
@@ -89,7 +89,7 @@ def test_evaluate_resume_uses_the_trained_size(trained, image_folder, tmp_path, 
     assert train_main(["--evaluate", "--resume", str(trained), "-a", "resnet18", "--device", "cpu", "-b", "8",
                        "--image-size", "48", "--data-backend", "pytorch", "-j", "0", "--workspace",
                        str(tmp_path / "b"), str(image_folder)]) == 0
-    assert "--image-size 48 overrides the 32 that the checkpoint was trained with" in capsys.readouterr().out
+    assert "=> --image-size 48 overrides the 32 recorded in the checkpoint" in capsys.readouterr().out
 
 
 def test_extracted_weights_keep_the_description_and_export_uses_it(trained, tmp_path, capsys):

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from image_classification.errors import UserError
-from image_classification.integrity import verify
+from image_classification.integrity import recorded_description, verify
 
 NGC = "https://api.ngc.nvidia.com/v2/models/nvidia/"
 PRETRAINED_URLS = {  # NGC 20.06.0 releases: plain state dicts with layer1..layer4 names
@@ -80,6 +80,33 @@ def _reason(error: Exception) -> str:
     found = re.search(r"WeightsUnpickler error:\s*(.+)", text)
     line = found.group(1) if found else (text.strip().splitlines() or [type(error).__name__])[0]
     return line.strip()[:160]
+
+
+def checked_arch(weights: Mapping, arch: str | None, source: str) -> str | None:
+    """The architecture ``weights`` record, else ``arch``; a record that contradicts ``arch`` (the --arch
+    given; None when it was not) is a :class:`UserError` naming the flag that fits."""
+    recorded = recorded_description(weights).get("arch")
+    if not isinstance(recorded, str):
+        return arch
+    if arch is not None and recorded != arch:
+        raise UserError(f"{source} holds a {recorded} checkpoint, not {arch}; pass --arch {recorded}")
+    return recorded
+
+
+def recorded_num_classes(weights: Mapping | None) -> int | None:
+    """How many classes a checkpoint or weights file holds: what it records, else the rows of its ``fc``
+    head; None when neither says (or the file is not a set of weights: loading it explains why)."""
+    if weights is None:
+        return None
+    description = recorded_description(weights)
+    number = description.get("num_classes") or (description.get("model_options") or {}).get("num_classes")
+    if isinstance(number, int) and not isinstance(number, bool):
+        return number
+    try:
+        head = extract_state_dict(weights).get("fc.weight")
+    except UserError:
+        return None
+    return int(head.shape[0]) if isinstance(head, torch.Tensor) and head.dim() == 2 else None
 
 
 def extract_state_dict(checkpoint: Mapping) -> dict[str, torch.Tensor]:

@@ -1,0 +1,61 @@
+"""One reading of what a set of weights records (class count, architecture, preprocessing), shared by
+training, --evaluate, classify.py and model2onnx.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import refused
+from image_classification.cli import run
+from image_classification.errors import UserError
+from image_classification.inference import main as classify_main
+from image_classification.models import build_model
+from image_classification.models.weights import checked_arch, recorded_num_classes
+from image_classification.preprocessing import Preprocessing, choose_preprocessing
+from image_classification.training import main as train_main
+
+
+def test_the_class_count_is_the_record_else_the_head_rows():
+    state = build_model("resnet18", num_classes=7).state_dict()
+    assert recorded_num_classes(state) == 7  # a plain state dict: its head
+    assert recorded_num_classes({"state_dict": state}) == 7
+    assert recorded_num_classes({"arch": "resnet18", "num_classes": 5, "state_dict": state}) == 5  # the record
+    assert recorded_num_classes({"arch": "resnet18", "model_options": {"num_classes": 4}}) == 4
+    assert recorded_num_classes(None) is None and recorded_num_classes({"optimizer": {}}) is None
+
+
+def test_the_architecture_check_is_one_message_everywhere(tmp_path, image_folder, capsys):
+    assert checked_arch({"arch": "resnet18"}, None, "w") == "resnet18"
+    assert checked_arch({}, "resnet50", "w") == "resnet50"
+    with pytest.raises(UserError, match="w holds a resnet18 checkpoint, not resnet50; pass --arch resnet18"):
+        checked_arch({"arch": "resnet18"}, "resnet50", "w")
+
+    workspace = tmp_path / "run"
+    common = ["-b", "4", "--image-size", "32", "--device", "cpu", "--data-backend", "pytorch", "-j", "0",
+              "--workspace", str(workspace)]
+    assert train_main(["-a", "resnet18", "--epochs", "1", *common, str(image_folder)]) == 0
+    path = workspace / "checkpoint.pth.tar"
+    expected = f"{path} holds a resnet18 checkpoint, not resnet34; pass --arch resnet18"
+    assert expected in refused(run(train_main, ["-a", "resnet34", "--resume", str(path), *common,
+                                                str(image_folder)]), capsys)
+    assert expected in refused(run(classify_main, ["-a", "resnet34", "--weights", str(path), "--image",
+                                                   str(next(image_folder.glob("val/*/*.jpg")))]), capsys)
+
+
+def test_flags_beat_the_record_which_beats_the_default_and_each_override_is_said_once():
+    lines: list[str] = []
+    assert choose_preprocessing(None, 224, "w", lines.append) == Preprocessing(224)
+    recorded = Preprocessing(64, "bicubic", 64 / 72, train_crop_size=48)
+    assert choose_preprocessing(recorded, 224, "w", lines.append) == recorded and lines == []
+    chosen = choose_preprocessing(recorded, 224, "'w.pth'", lines.append, image_size=96)
+    assert (chosen.image_size, chosen.train_size, chosen.interpolation) == (96, 96, "bicubic")
+    assert chosen.crop_ratio == recorded.crop_ratio  # the record's resize rule, at the new size
+    assert lines == ["--image-size 96 overrides the 64 recorded in 'w.pth' (and its 48 px training crops)"]
+    lines.clear()
+    chosen = choose_preprocessing(recorded, 224, "w", lines.append, val_resize_size=80, interpolation="bilinear")
+    assert (chosen.image_size, chosen.resize_size, chosen.train_size) == (64, 80, 48)
+    assert lines == ["--val-resize-size 80 overrides the 72 recorded in w",
+                     "--interpolation bilinear overrides the bicubic recorded in w"]
+    with pytest.raises(UserError, match="--val-resize-size 60 is smaller than the validation crop, 64"):
+        choose_preprocessing(None, 64, "w", lines.append, val_resize_size=60)
