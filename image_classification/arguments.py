@@ -369,6 +369,8 @@ def check_values(args: argparse.Namespace) -> None:
            f"{flag} must be at least {MIN_IMAGE_SIZE} (the network reduces its input 32-fold), got {value}")
           for flag, value in (("--image-size", args.image_size), ("--train-crop-size", args.train_crop_size),
                               ("--val-resize-size", args.val_resize_size), ("--val-crop-size", args.val_crop_size))),
+        (args.seed is not None and not 0 <= args.seed < 2**63,
+         f"--seed must be 0 to 2**63 - 1 (checkpoints record it, and a resume refuses any other), got {args.seed}"),
         (args.lr < 0, f"--lr must be 0 or more, got {args.lr}"),
         (args.end_lr < 0, f"--end-lr must be 0 or more, got {args.end_lr}"),
         (not 0.0 <= args.momentum < 1.0, f"--momentum must be in [0, 1), got {args.momentum}"),

@@ -32,6 +32,7 @@ from .models.weights import checked_arch, recorded_num_classes
 from .optim import lr_at
 from .preprocessing import Preprocessing, choose_preprocessing
 from .runtime import Runtime
+from .seeding import mix_seed
 from .workspace import Workspace
 
 DEFAULT_LOSS_SCALE = 2.0**16  # where a dynamic fp16 loss scale starts unless told (torch's GradScaler default)
@@ -363,7 +364,7 @@ def build_model_for(config: RunConfig, runtime: Runtime, resumed: dict | None, r
 
 def reseed(seed: int, rank: int, epoch: int = 0, iterations: int = 0) -> None:
     """Seed python, numpy and torch (CPU and CUDA) from the run seed, the global rank and the position."""
-    process_seed = (seed + rank + 1_000_003 * epoch + 7_919 * iterations) % 2**63
+    process_seed = mix_seed(seed + rank, epoch, iterations)
     random.seed(process_seed)
     np.random.seed(process_seed % 2**32)
     torch.manual_seed(process_seed)

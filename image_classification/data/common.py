@@ -13,6 +13,7 @@ from torch.utils.data import Sampler
 from ..errors import UserError
 from ..preprocessing import CROP_RATIO, IMAGENET_MEAN_255 as MEAN_255, IMAGENET_STD_255 as STD_255
 from ..runtime import Runtime
+from ..seeding import mix_seed
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ class DeviceLoader:
 
 def sample_seed(seed: int, epoch: int, position: int) -> int:
     """The seed of one sample's augmentation: a pure function of the run seed, epoch and position."""
-    return (seed * 1_000_003 + epoch * 7_919 + position * 104_729) % (2**63 - 1)
+    return mix_seed(0, seed, epoch, position)
 
 
 RA_ROUND = 256  # torchvision's RASampler rounds an epoch down to whole multiples of 256 images
@@ -186,7 +187,7 @@ class ShardSampler(Sampler):
         self.epoch, self.start = epoch, start
 
     def _permutation(self) -> list[int]:
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        generator = torch.Generator().manual_seed(mix_seed(self.epoch, self.seed))
         return torch.randperm(self.size, generator=generator).tolist()
 
     def _indices(self) -> list[int]:

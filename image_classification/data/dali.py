@@ -22,6 +22,7 @@ import torch
 
 from ..errors import UserError
 from ..runtime import Runtime
+from ..seeding import mix_seed
 from .common import CROP_RATIO, MEAN_255, STD_255, DataConfig, ShardSampler, Unreadable, train_sampler, val_resize_size
 from .files import decode_problem
 from .layout import split_samples
@@ -196,7 +197,7 @@ def _centre(length, crop: int):
 def pipeline_seed(seed: int, epoch: int, rank: int) -> int:
     """DALI's seed for a rank's pipeline built at ``epoch``: the crops and flips differ between ranks, and
     a run resumed at a later epoch does not repeat the first epochs' crops."""
-    return (seed * 1_000_003 + epoch * 7_919 + rank * 104_729) % (2**31 - 1)
+    return mix_seed(0, seed, epoch, rank, modulus=2**31 - 1)  # DALI takes 31-bit seeds
 
 
 class DaliLoader:

@@ -11,6 +11,7 @@ from typing import Iterator
 import torch
 
 from ..runtime import Runtime
+from ..seeding import mix_seed
 from .common import DataConfig
 
 DEFAULT_EPOCH_LENGTH = 100
@@ -46,6 +47,6 @@ def synthetic_loaders(config: DataConfig, runtime: Runtime, *, want_train: bool,
     length = config.synthetic_length or DEFAULT_EPOCH_LENGTH
     make = lambda offset, size: SyntheticLoader(  # noqa: E731
         config.batch_size, size, config.num_classes or 1000, length, runtime,
-        config.seed + runtime.rank + offset,
+        mix_seed(config.seed + runtime.rank + offset),
     )
     return (make(0, config.train_size) if want_train else None), (make(1, config.image_size) if want_val else None)
