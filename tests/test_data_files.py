@@ -174,6 +174,47 @@ def test_training_crops_follow_torchvision_random_resized_crop():
     assert 0.08 <= min(areas) and max(areas) <= 1.0 and 0.3 < sum(areas) / len(areas) < 0.7
 
 
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+def test_training_crops_are_torchvision_s_pixels_exactly(interpolation):
+    """A sample seeded as before gets the same box and the same pixels as torchvision's v2 transforms give
+    (resuming a run made before the faster crop replays the same images)."""
+    from torchvision.transforms import v2
+
+    from image_classification.data.folder import _INTERPOLATION, train_transform
+
+    config = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=4, interpolation=interpolation)
+    ours = train_transform(config)
+    theirs = v2.Compose([v2.RandomResizedCrop(32, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
+                                              interpolation=_INTERPOLATION[interpolation], antialias=True),
+                         v2.RandomHorizontalFlip(0.5)])
+    image = torch.randint(0, 256, (3, 75, 100), dtype=torch.uint8)
+    for seed in range(40):
+        torch.manual_seed(seed)
+        expected = theirs(image)
+        torch.manual_seed(seed)
+        assert torch.equal(ours(image), expected), seed
+
+
+def test_a_worker_s_batch_is_normalised_in_shared_memory(monkeypatch):
+    """Workers hand the training process (x - mean) / std in NCHW; the batch is made in shared memory, so
+    passing it over costs no copy of it."""
+    from image_classification.data import folder as folder_module
+
+    images = [torch.randint(0, 256, (8, 6, 3), dtype=torch.uint8) for _ in range(3)]
+    batch = [(images[0], 0, None), (None, 1, ("broken.jpg", "OSError: truncated")), (images[1], 2, None),
+             (images[2], 1, None)]
+    mean, std = torch.tensor([120.0, 110.0, 100.0]), torch.tensor([60.0, 55.0, 50.0])
+    normalize = (1 / std.view(1, 3, 1, 1), (mean / std).view(1, 3, 1, 1))
+    monkeypatch.setattr(folder_module, "get_worker_info", lambda: object())  # as inside a worker
+    out, labels, broken = folder_module.collate_uint8(batch, normalize)
+    expected = (torch.stack(images).permute(0, 3, 1, 2).float() - mean.view(1, 3, 1, 1)) / std.view(1, 3, 1, 1)
+    assert out.shape == (3, 3, 8, 6) and out.is_contiguous() and torch.allclose(out, expected, atol=1e-5)
+    assert labels.tolist() == [0, 2, 1] and broken == [("broken.jpg", "OSError: truncated")]
+    assert out.is_shared()
+    uint8, _, _ = folder_module.collate_uint8(batch)  # CUDA: uint8 NCHW, normalised on the device
+    assert uint8.dtype == torch.uint8 and uint8.is_shared() and torch.equal(uint8, torch.stack(images).permute(0, 3, 1, 2))
+
+
 def test_jpegs_decode_to_the_same_pixels_as_pil(tmp_path):
     from image_classification.data.files import read_rgb_tensor
 
