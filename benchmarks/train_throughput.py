@@ -30,7 +30,7 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from benchmarks.common import command_line, environment, summarise, write_json  # noqa: E402
+from benchmarks.common import command_line, environment, ratio_spread, ratio_text, summarise, verdict, write_json  # noqa: E402
 from image_classification.cli import UserErrorParser, positive_int  # noqa: E402
 from image_classification.cli import run  # noqa: E402
 from image_classification.engine import Engine  # noqa: E402
@@ -171,6 +171,9 @@ def measure(args: argparse.Namespace) -> dict:
         "ours": ours,
         "plain": plain,
         "ratio": ours["median"] / plain["median"],
+        # the rounds' own ratios (each round runs both sides): a ratio inside their spread is no verdict
+        "ratio_spread": ratio_spread(rates["ours"], rates["plain"]),
+        "verdict": verdict(ours["median"] / plain["median"], ratio_spread(rates["ours"], rates["plain"])),
     }
 
 
@@ -184,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, stats in (("ours", ours), ("plain", plain)):
         print(f"  {name:>5}: {stats['median']:8.1f} img/s median of {len(stats['values'])} "
               f"(spread {100 * stats['relative_spread']:.1f}%), warm-up {result['warmup_seconds'][name]:.2f} s")
-    print(f"  ratio ours / plain: {result['ratio']:.3f}")
+    print(f"  ratio ours / plain: {ratio_text(result['ratio'], result['ratio_spread'])}")
     write_json(result, args.output)
     return 0
 

@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks.common import ratio_text  # noqa: E402
 from image_classification import machine  # noqa: E402
 
 README = REPO / "README.md"
@@ -98,10 +99,12 @@ def train_step() -> str:
                                      "--iters", iters, "--repeats", repeats)
         ours, plain = record["ours"], record["plain"]
         rows.append(f"| `{command}` | {ours['median']:.1f} ({ours['relative_spread']:.0%}) | "
-                    f"{plain['median']:.1f} ({plain['relative_spread']:.0%}) | **{record['ratio']:.2f}x** |")
+                    f"{plain['median']:.1f} ({plain['relative_spread']:.0%}) | "
+                    f"{ratio_text(record['ratio'], record['ratio_spread'], bold=True)} |")
     return "\n".join([
         f"Measured on {_environment(record)}. Batch 16, FP32, NCHW, 1000 classes; median images/s of the rounds",
-        "(spread of the rounds, max - min over median, in brackets).",
+        "(spread of the rounds, max - min over median, in brackets). A ratio is bold only where it differs from 1",
+        "by more than the spread of the rounds' own ratios; otherwise the table says so.",
         "",
         "| command | ours | plain loop | ours / plain |",
         "|---|---|---|---|",
@@ -119,7 +122,8 @@ INFERENCE_PATHS = (
 def inference() -> str:
     record, command = _benchmark("infer_throughput.py", "-a", "resnet50", "--batch-sizes", "1", "16", "--iters", "5",
                                  "--repeats", "3", "--warmup", "2", "--chart", str(REPO / "docs" / "inference.png"))
-    return inference_block(record, command.replace(str(REPO / "docs"), "docs"))
+    # only this script writes the tracked chart: the command a reader copies writes to a scratch path
+    return inference_block(record, command.replace(str(REPO / "docs"), "/tmp"))
 
 
 def inference_block(record: dict, command: str) -> str:
@@ -141,8 +145,10 @@ def inference_block(record: dict, command: str) -> str:
         cells = []
         for b in sizes:
             point = path[b]
+            versus = f"{point['speedup']:.2f}x" if key == "torchvision" else \
+                ratio_text(point["speedup"], point.get("speedup_spread"))
             cells.append(f"{point['images_per_s']:.2f} | {point['p50_ms']:.0f} / {point['p90_ms']:.0f} / "
-                         f"{point['p99_ms']:.0f} | {point['speedup']:.2f}x")
+                         f"{point['p99_ms']:.0f} | {versus}")
         agreement = " - | - " if key == "torchvision" else \
             f" {path['max_abs_diff']:.1e} | {path['top1_agreement']:.0%} "
         rows.append(f"| {title} | " + " | ".join(cells) + f" |{agreement}|")

@@ -31,6 +31,24 @@ def test_train_throughput_writes_both_sides_and_their_ratio(tmp_path):
         assert stats["min"] <= stats["median"] <= stats["max"]
         assert result["warmup_seconds"][side] > 0
     assert result["ratio"] == pytest.approx(result["ours"]["median"] / result["plain"]["median"])
+    rounds = [a / b for a, b in zip(result["ours"]["values"], result["plain"]["values"])]
+    assert result["ratio_spread"] == pytest.approx((max(rounds) - min(rounds)) / (sum(rounds) / 2))
+    assert result["verdict"] == (abs(result["ratio"] - 1) > result["ratio_spread"])
+
+
+def test_a_ratio_inside_the_spread_of_its_rounds_gets_no_verdict():
+    """A figure whose rounds moved more than the difference it claims says so and names no winner."""
+    from benchmarks.common import ratio_spread, ratio_text, verdict
+
+    steady = ratio_spread([120, 121, 119], [100, 100, 100])  # ratios 1.19-1.21: spread about 2%
+    assert steady == pytest.approx(0.02 / 1.20) and verdict(1.20, steady)
+    assert ratio_text(1.20, steady) == "1.20x" and ratio_text(1.20, steady, bold=True) == "**1.20x**"
+    noisy = ratio_spread([104, 96, 110], [100, 100, 100])  # ratios 0.96-1.10: 14% spread
+    assert not verdict(1.04, noisy) and not verdict(0.9, noisy) and verdict(0.8, noisy)
+    text = ratio_text(1.04, noisy, bold=True)
+    assert "**" not in text and "no verdict" in text and "spread 13%" in text
+    assert ratio_spread([120], [100]) is None and not verdict(1.5, None)  # one round: no spread measured
+    assert "no verdict" in ratio_text(1.5, None)
 
 
 def test_infer_throughput_reports_every_path_and_skips_what_cannot_run(tmp_path, monkeypatch):
@@ -51,6 +69,7 @@ def test_infer_throughput_reports_every_path_and_skips_what_cannot_run(tmp_path,
             assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"]
             assert row["batches"] == 2 and row["images_per_s"] > 0
             assert row["speedup"] == pytest.approx(row["images_per_s"] / paths["torchvision"][batch]["images_per_s"])
+            assert row["speedup_spread"] is None and row["verdict"] is False  # one round: no verdict
     assert paths["eager"]["max_abs_diff"] < 1e-4 and paths["eager"]["top1_agreement"] == 1.0  # same weights
     assert paths["bf16"]["max_abs_diff"] > 0  # bfloat16 rounds; it is measured, not assumed
     assert paths["eager"]["compared_images"] == 3  # the measured batches of 1 and 2
