@@ -186,3 +186,35 @@ def test_the_cuda_benchmark_turns_cudnn_autotuning_on(monkeypatch):
         assert benchmark.select_device("auto").type == "cuda" and torch.backends.cudnn.benchmark is True
     finally:
         torch.backends.cudnn.benchmark = saved
+
+
+def test_the_loader_benchmark_builds_the_photo_set_and_states_a_ratio_only_beyond_its_spread(tmp_path, capsys):
+    """--photos writes a class per photograph; the summary gives the median of the epochs' ratios with their
+    spread, and the verdict line (which the README's table takes) follows the spread rule."""
+    import re
+
+    from benchmarks.common import verdict
+    from helpers import load_script
+
+    loader = load_script("benchmark_loader")
+    figures = load_script("readme_figures")
+    data = tmp_path / "photos"
+    argv = ["--photos", "2", "--data-backend", "pytorch", "-b", "2", "-j", "0", "--epochs", "3", "--image-size", "32",
+            "--device", "cpu", "--baseline", str(data)]
+    assert loader.main(argv) == 0
+    output = capsys.readouterr().out
+    assert sorted(path.name for path in (data / "train").iterdir()) == sorted(loader.PHOTO_SET)
+    assert all(len(list(folder.glob("*.jpg"))) == 2 for folder in (data / "train").iterdir())
+    rates = {name: [float(rate) for rate in re.findall(rf"^{name} epoch \d+: .* ([\d.]+) images/s", output, re.M)]
+             for name in ("torchvision", "pytorch")}
+    ratios = sorted(a / b for a, b in zip(rates["pytorch"][1:], rates["torchvision"][1:]))
+    summary = figures.LOADER_SUMMARY.search(output)
+    assert summary is not None and summary.group(3) == "pytorch"
+    speedup = float(summary.group(6))
+    assert speedup == pytest.approx(sum(ratios) / 2, abs=0.006)  # the median of the two epochs after the first
+    spread = (ratios[1] - ratios[0]) / (sum(ratios) / 2)
+    assert summary.group(7) == f"spread {spread:.1%}"
+    claim = re.search(r"^verdict: (.*)$", output, re.M).group(1)
+    assert claim.startswith(f"{summary.group(6)}x")
+    if abs(abs(speedup - 1) - spread) > 0.01:  # the printed rates are rounded: no call at the boundary
+        assert ("no verdict" in claim) == (not verdict(speedup, spread))
