@@ -8,7 +8,8 @@ which only slices the list.  The order and the sharding come from the shared :cl
 both backends see the same images in the same order for a given seed.  Training drops the last partial
 batch; validation keeps it, and every validation image is read by exactly one rank.  A file DALI cannot
 read (a dangling link) or decode is reported once and left out, as the pytorch backend does (the pipeline
-is rebuilt then: DALI's state after an error is not reusable).
+is rebuilt then: DALI's state after an error is not reusable); so is an image past the size rule of
+``files.MAX_IMAGE_PIXELS``, which the pipeline finds from its header and never decodes.
 """
 
 from __future__ import annotations
