@@ -203,7 +203,7 @@ def loader() -> str:
             claim = f"**{claim}** ({spread})" if stated else claim
             commands.append("python scripts/benchmark_loader.py " + " ".join(argv).replace(folder, "/tmp"))
             images = f"{len(list(data.glob('train/*/*.jpg'))):,} {data_set}"
-            rows.append(f"| `--data-backend {name}` | {images} | {batch} | {float(ips):,.0f} | {ms} | "
+            rows.append(f"| `--data-backend {name}` | {images} | {batch} | {float(ips):,.0f} | {ms} ({base_ms}) | "
                         f"{float(base_ips):,.0f} | {claim} |")
             bars.append((f"{name}\n{images}\nbatch {batch}", float(ips), float(base_ips),
                          f"{ratio}x" if stated else f"{ratio}x\n(in spread)"))
@@ -213,7 +213,7 @@ def loader() -> str:
         "```bash", *commands, "```", "",
         f"Measured on {machine.description()}; DALI {_dali_version()}; load average at the end {load} "
         "(1 / 5 / 15 min).", "",
-        "| loader | training JPEGs | batch | images/s | CPU ms per image | plain torchvision in the same run, "
+        "| loader | training JPEGs | batch | images/s | CPU ms per image (torchvision's) | plain torchvision in the same run, "
         "images/s | vs torchvision: median of the epochs' ratios (their spread) |",
         "|---|---|---|---|---|---|---|", *rows, "",
         "![data loaders against plain torchvision](docs/loader.png)",
@@ -221,7 +221,7 @@ def loader() -> str:
 
 
 def draw_loader_chart(bars: list[tuple[str, float, float, str]], path: Path) -> None:
-    """Pairs of bars, ours beside plain torchvision's from the same run, the ratio written above."""
+    """Pairs of bars, ours beside plain torchvision's from the same run, the ratio's label written above."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -232,12 +232,13 @@ def draw_loader_chart(bars: list[tuple[str, float, float, str]], path: Path) -> 
     ours = axis.bar([x - 0.2 for x in places], [b[1] for b in bars], 0.4, color="tab:blue", label="ours")
     axis.bar([x + 0.2 for x in places], [b[2] for b in bars], 0.4, color="0.55", label="plain torchvision")
     for bar, (_, _, _, ratio) in zip(ours, bars):
-        axis.annotate(f"{ratio}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+        axis.annotate(ratio, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
                       va="bottom", fontsize=8)
     axis.set_xticks(list(places), [b[0] for b in bars], fontsize=7)
     axis.set_ylabel("training images/s")
     axis.grid(True, axis="y", alpha=0.3)
-    axis.legend(fontsize=8)
+    axis.set_ylim(0, 1.25 * max(max(b[1], b[2]) for b in bars))  # room for the labels and the legend
+    axis.legend(fontsize=8, loc="upper left", ncol=2)
     axis.set_title(f"Training data loaders (224 px crops, 2 workers)\n{machine.cpu_model()}, "
                    f"{machine.cores()} cores", fontsize=9)
     figure.tight_layout()
