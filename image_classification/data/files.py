@@ -24,8 +24,8 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 SPLITS = ("train", "val")  # a dataset's split folders, beside each other
 
-# PIL's own default limit (Image.MAX_IMAGE_PIXELS: a 1 GiB RGBA image), applied alike on every backend.  PIL
-# alone only warns up to twice it, torchvision's and DALI's decoders not at all.
+# PIL's own default limit (Image.MAX_IMAGE_PIXELS: a quarter GiB as 24-bit RGB), applied alike on every backend
+# and not a flag.  PIL alone only warns up to twice it, torchvision's and DALI's decoders check nothing.
 MAX_IMAGE_PIXELS = 89_478_485
 
 # PIL modes of 16-bit greyscale images (a PNG may open as "I" in older Pillow releases)
