@@ -50,14 +50,28 @@ def summarise(values: Sequence[float]) -> dict:
             "relative_spread": (max(values) - min(values)) / median if median else 0.0, "values": list(values)}
 
 
-def verdict(ours: dict, baseline: dict) -> str:
-    """A comparison of two :func:`summarise` results that claims no more than the rounds show: a ratio
-    of medians whose difference is smaller than either side's spread is noise, and says so."""
-    ratio = ours["median"] / baseline["median"]
-    spread = max(ours["relative_spread"], baseline["relative_spread"])
-    if spread >= abs(ratio - 1):
-        return f"no verdict: the spread ({spread:.0%}) exceeds the difference ({abs(ratio - 1):.0%})"
-    return f"{ratio:.2f}x"
+def ratio_spread(ours: Sequence[float], base: Sequence[float]) -> float | None:
+    """How much a ratio moved between rounds measured side by side: the relative spread (max - min over
+    median) of the round-by-round ratios ``ours[i] / base[i]``; None with fewer than two rounds."""
+    ratios = [a / b for a, b in zip(ours, base)]
+    return summarise(ratios)["relative_spread"] if len(ratios) >= 2 else None
+
+
+def verdict(ratio: float, spread: float | None) -> bool:
+    """Whether ``ratio`` may be stated as a difference: only where the difference it claims, |ratio - 1|,
+    is larger than ``spread`` (relative, as from :func:`ratio_spread`).  A spread as large as the
+    difference, or none known, means the rounds cannot tell the two sides apart."""
+    return spread is not None and abs(ratio - 1) > spread
+
+
+def ratio_text(ratio: float, spread: float | None, bold: bool = False) -> str:
+    """``1.65x`` (``**1.65x**`` in Markdown with ``bold``) where the verdict holds; otherwise the ratio and
+    the reason no verdict is given."""
+    if verdict(ratio, spread):
+        return f"**{ratio:.2f}x**" if bold else f"{ratio:.2f}x"
+    if spread is None:
+        return f"{ratio:.2f}x (one round, spread unknown: no verdict)"
+    return f"{ratio:.2f}x (spread {spread:.0%} >= the {abs(ratio - 1):.0%} difference: no verdict)"
 
 
 def compiler_missing(device: torch.device) -> str | None:

@@ -34,7 +34,8 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from benchmarks.common import command_line, compiler_missing, environment, summarise, verdict, write_json  # noqa: E402
+from benchmarks.common import (command_line, compiler_missing, environment, ratio_spread,  # noqa: E402
+                               ratio_text, summarise, verdict, write_json)
 from image_classification.cli import UserErrorParser, positive_int  # noqa: E402
 from image_classification.cli import run  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
@@ -178,8 +179,10 @@ def measure(args: argparse.Namespace) -> dict:
     paths = {}
     for path in args.paths:
         stats = summarise(rates[path])
-        paths[path] = {**stats, "ratio": stats["median"] / plain["median"],
-                       "verdict": verdict(stats, plain)}
+        ratio = stats["median"] / plain["median"]
+        # the rounds' own ratios (each round runs every side): a ratio inside their spread is no verdict
+        spread = ratio_spread(rates[path], rates["plain"])
+        paths[path] = {**stats, "ratio": ratio, "ratio_spread": spread, "verdict": verdict(ratio, spread)}
     precision = "fp32" if runtime.amp_dtype is None else str(runtime.amp_dtype).replace("torch.", "")
     return {
         "benchmark": "train_throughput",
@@ -207,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         line = (f"  {name:>13}: {stats['median']:8.1f} img/s median of {len(stats['values'])} "
                 f"(spread {100 * stats['relative_spread']:.1f}%), warm-up {result['warmup_seconds'][name]:.2f} s")
         if name != "plain":
-            line += f", {stats['ratio']:.3f}x plain: {stats['verdict']}"
+            line += f", vs plain {ratio_text(stats['ratio'], stats['ratio_spread'])}"
         print(line)
     write_json(result, args.output)
     return 0

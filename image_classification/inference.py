@@ -24,7 +24,7 @@ from torchvision import transforms
 
 from . import machine
 from .cli import UserErrorParser, positive_int
-from .data.files import is_image_file, open_rgb
+from .data.files import is_image_file, open_image, open_rgb
 from .data.folder import val_transform
 from .errors import UserError
 from .integrity import recorded_description
@@ -64,7 +64,7 @@ def load_image(path: str | os.PathLike, decode: bool = True) -> Image.Image | No
     """
     try:
         if not decode:
-            with Image.open(path):
+            with open_image(path):  # the size rule of training, from the header
                 return None
         return open_rgb(path)
     except FileNotFoundError:

@@ -5,9 +5,11 @@
 prints images/s and CPU milliseconds per image for every epoch and, as its last line, ``images/s: N``:
 the median over the epochs after the first, which pays for start-up.  ``--baseline`` also times a plain
 torchvision ImageFolder loader with the same batch size and workers, alternating epochs with the
-measured one, and prints the speed-up.  CPU time per image counts the loader's threads and worker
-processes; it is the steadier figure on a machine shared with other jobs.  ``--make-dataset`` first writes a
-small JPEG dataset into DIR (photos from scikit-image, cropped and resized to 500x375).
+measured one, and prints the speed-up: the median of the epoch-by-epoch ratios, with their spread; where
+the spread is as large as the difference, it says so and gives no verdict.  CPU time per image counts
+the loader's threads and worker processes; it is the steadier figure on a machine shared with other jobs.
+``--make-dataset`` first writes a small JPEG dataset into DIR (photos from scikit-image, cropped and
+resized to 500x375); ``--photos`` uses DIR as the photo set, writing it first where it is not there yet.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
+from benchmarks.common import ratio_spread, ratio_text  # noqa: E402
 from image_classification.arguments import DATA_BACKENDS, parse_args  # noqa: E402
 from image_classification.cli import run  # noqa: E402
 from image_classification.data import get_loaders  # noqa: E402
@@ -35,6 +38,8 @@ from image_classification.errors import UserError  # noqa: E402
 from image_classification.runtime import Runtime, make_runtime  # noqa: E402
 
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry")
+# The photo set: real photographs only, a class per photograph, 300 cuts of each.
+PHOTO_SET, PHOTO_SET_PER_CLASS = ("astronaut", "coffee", "chelsea", "rocket"), 300
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,32 +60,61 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--make-dataset", metavar="N", type=int, nargs="?", const=200, default=0,
                         help="first write 2 classes x N (default 200) JPEGs of 500x375 into DIR/train "
                         "(needs scikit-image)")
+    parser.add_argument("--photos", metavar="N", type=int, nargs="?", const=PHOTO_SET_PER_CLASS, default=0,
+                        help=f"DIR is the photo set: {len(PHOTO_SET)} classes x N (default {PHOTO_SET_PER_CLASS}) "
+                        f"JPEGs of 500x375 cut from scikit-image's {', '.join(PHOTO_SET)}; written first where "
+                        "DIR has no train/ (needs scikit-image)")
     return parser
 
 
-def make_dataset(root: Path, classes: int = 2, per_class: int = 200, size=(500, 375), seed: int = 0) -> None:
-    """Random crops of scikit-image's sample photos, resized to ``size`` and saved as quality-90 JPEGs."""
-    import numpy as np
+def _sample_photos(names: tuple[str, ...]):
+    """scikit-image's sample photographs ``names``, as RGB PIL images."""
     from PIL import Image
 
     try:
         import skimage.data
     except ImportError:
-        raise UserError("--make-dataset needs scikit-image: pip install scikit-image") from None
-    photos = [Image.fromarray(getattr(skimage.data, name)()).convert("RGB") for name in PHOTOS]
+        raise UserError("--make-dataset and --photos need scikit-image: pip install scikit-image") from None
+    return [Image.fromarray(getattr(skimage.data, name)()).convert("RGB") for name in names]
+
+
+def _cut(photo, rng, size: tuple[int, int]):
+    """A random crop of half to all of ``photo``'s width and height, resized to ``size``, flipped half the time."""
+    from PIL import Image
+
+    width, height = photo.size
+    crop_w, crop_h = int(width * rng.uniform(0.5, 1)), int(height * rng.uniform(0.5, 1))
+    left, top = rng.integers(width - crop_w + 1), rng.integers(height - crop_h + 1)
+    image = photo.crop((left, top, left + crop_w, top + crop_h)).resize(size, Image.BILINEAR)
+    return image.transpose(Image.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else image
+
+
+def make_dataset(root: Path, classes: int = 2, per_class: int = 200, size=(500, 375), seed: int = 0) -> None:
+    """Random crops of scikit-image's sample photos, resized to ``size`` and saved as quality-90 JPEGs."""
+    import numpy as np
+
+    photos = _sample_photos(PHOTOS)
     rng = np.random.default_rng(seed)
     for label in range(classes):
         folder = root / "train" / f"class_{label}"
         folder.mkdir(parents=True, exist_ok=True)
         for index in range(per_class):
-            photo = photos[rng.integers(len(photos))]
-            width, height = photo.size
-            crop_w, crop_h = int(width * rng.uniform(0.5, 1)), int(height * rng.uniform(0.5, 1))
-            left, top = rng.integers(width - crop_w + 1), rng.integers(height - crop_h + 1)
-            image = photo.crop((left, top, left + crop_w, top + crop_h)).resize(size, Image.BILINEAR)
-            if rng.random() < 0.5:
-                image = image.transpose(Image.FLIP_LEFT_RIGHT)
-            image.save(folder / f"img_{index:04d}.jpg", quality=90)
+            _cut(photos[rng.integers(len(photos))], rng, size).save(folder / f"img_{index:04d}.jpg", quality=90)
+
+
+def make_photo_set(root: Path, per_class: int = PHOTO_SET_PER_CLASS, size=(500, 375), seed: int = 0) -> None:
+    """The photo set: a class per photograph of PHOTO_SET, ``per_class`` quality-90 JPEG cuts of it; a DIR
+    that already has train/ is used as it is."""
+    import numpy as np
+
+    if (root / "train").is_dir():
+        return
+    rng = np.random.default_rng(seed)
+    for name, photo in zip(PHOTO_SET, _sample_photos(PHOTO_SET)):
+        folder = root / "train" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for index in range(per_class):
+            _cut(photo, rng, size).save(folder / f"img_{index:04d}.jpg", quality=90)
 
 
 class TorchvisionLoader:
@@ -162,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     opts = build_parser().parse_args(argv)
     if opts.make_dataset:
         make_dataset(Path(opts.data), per_class=opts.make_dataset)
+    if opts.photos:
+        make_photo_set(Path(opts.data), per_class=opts.photos)
     runtime = make_runtime(opts.device, memory_format=opts.memory_format)
     print(f"device: {runtime.device}, batch {opts.batch_size}, workers {opts.workers}, "
           f"{opts.image_size} px crops, torch {torch.__version__}", flush=True)
@@ -180,9 +216,14 @@ def main(argv: list[str] | None = None) -> int:
     if len(runs) == 2:
         base = runs[0][0]
         base_rate, base_cpu = base.median(base.rates), base.median(base.cpu_ms)
+        # Each epoch's ratio pairs two neighbouring epochs, so load that comes and goes cancels out.
+        ratios = [ours / plain for ours, plain in zip(timing.rates, base.rates)]
+        speedup, spread = timing.median(ratios), ratio_spread(timing.rates[1:], base.rates[1:])
+        spread_text = "spread unknown" if spread is None else f"spread {spread:.1%} over {len(ratios) - 1} epochs"
         print(f"torchvision: {base_rate:.1f} images/s, {base_cpu:.2f} CPU ms/image; {timing.name}: "
-              f"{rate:.1f} images/s, {cpu_ms:.2f} CPU ms/image; speed-up {rate / base_rate:.2f}x, "
+              f"{rate:.1f} images/s, {cpu_ms:.2f} CPU ms/image; speed-up {speedup:.2f}x ({spread_text}), "
               f"CPU per image {base_cpu / cpu_ms:.2f}x less", flush=True)
+        print(f"verdict: {ratio_text(speedup, spread)}", flush=True)
     print(f"images/s: {rate:.1f}", flush=True)
     return 0
 

@@ -174,6 +174,47 @@ def test_training_crops_follow_torchvision_random_resized_crop():
     assert 0.08 <= min(areas) and max(areas) <= 1.0 and 0.3 < sum(areas) / len(areas) < 0.7
 
 
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+def test_training_crops_are_torchvision_s_pixels_exactly(interpolation):
+    """A sample seeded as before gets the same box and the same pixels as torchvision's v2 transforms give
+    (resuming a run made before the faster crop replays the same images)."""
+    from torchvision.transforms import v2
+
+    from image_classification.data.folder import _INTERPOLATION, train_transform
+
+    config = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=4, interpolation=interpolation)
+    ours = train_transform(config)
+    theirs = v2.Compose([v2.RandomResizedCrop(32, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
+                                              interpolation=_INTERPOLATION[interpolation], antialias=True),
+                         v2.RandomHorizontalFlip(0.5)])
+    image = torch.randint(0, 256, (3, 75, 100), dtype=torch.uint8)
+    for seed in range(40):
+        torch.manual_seed(seed)
+        expected = theirs(image)
+        torch.manual_seed(seed)
+        assert torch.equal(ours(image), expected), seed
+
+
+def test_a_worker_s_batch_is_normalised_in_shared_memory(monkeypatch):
+    """Workers hand the training process (x - mean) / std in NCHW; the batch is made in shared memory, so
+    passing it over costs no copy of it."""
+    from image_classification.data import folder as folder_module
+
+    images = [torch.randint(0, 256, (8, 6, 3), dtype=torch.uint8) for _ in range(3)]
+    batch = [(images[0], 0, None), (None, 1, ("broken.jpg", "OSError: truncated")), (images[1], 2, None),
+             (images[2], 1, None)]
+    mean, std = torch.tensor([120.0, 110.0, 100.0]), torch.tensor([60.0, 55.0, 50.0])
+    normalize = (1 / std.view(1, 3, 1, 1), (mean / std).view(1, 3, 1, 1))
+    monkeypatch.setattr(folder_module, "get_worker_info", lambda: object())  # as inside a worker
+    out, labels, broken = folder_module.collate_uint8(batch, normalize)
+    expected = (torch.stack(images).permute(0, 3, 1, 2).float() - mean.view(1, 3, 1, 1)) / std.view(1, 3, 1, 1)
+    assert out.shape == (3, 3, 8, 6) and out.is_contiguous() and torch.allclose(out, expected, atol=1e-5)
+    assert labels.tolist() == [0, 2, 1] and broken == [("broken.jpg", "OSError: truncated")]
+    assert out.is_shared()
+    uint8, _, _ = folder_module.collate_uint8(batch)  # CUDA: uint8 NCHW, normalised on the device
+    assert uint8.dtype == torch.uint8 and uint8.is_shared() and torch.equal(uint8, torch.stack(images).permute(0, 3, 1, 2))
+
+
 def test_jpegs_decode_to_the_same_pixels_as_pil(tmp_path):
     from image_classification.data.files import read_rgb_tensor
 
@@ -220,3 +261,108 @@ def test_links_never_relabel_an_image_or_leak_validation_into_training(tmp_path,
     run(check_main, [str(root)])
     report = capsys.readouterr().out
     assert "train/: 2 classes, 7 images" in report and "train/ links not followed: 3" in report
+
+
+# -- one size rule: every backend and data.check -------------------------------------------------------
+def write_grey_jpeg(path, width: int, height: int) -> None:
+    """A real baseline JPEG of uniform grey 128, written without ever holding its pixels: with the standard
+    tables each 8x8 block of that grey codes as the same 6 bits (DC unchanged, end of block), so 20000x20000
+    is 4.7 MB made in milliseconds."""
+    import io
+    import struct
+
+    buffer = io.BytesIO()
+    Image.new("L", (16, 16), 128).save(buffer, "JPEG", quality=90)
+    data = buffer.getvalue()
+    frame = data.index(b"\xff\xc0")
+    data = data[:frame + 5] + struct.pack(">HH", height, width) + data[frame + 9:]
+    scan = data.index(b"\xff\xda")
+    start = scan + 2 + struct.unpack(">H", data[scan + 2:scan + 4])[0]
+    blocks = -(-width // 8) * -(-height // 8)
+    assert blocks % 4 == 0  # four blocks fill three bytes exactly
+    path.write_bytes(data[:start] + b"\x28\xa2\x8a" * (blocks // 4) + b"\xff\xd9")
+
+
+def write_black_png(path, width: int, height: int) -> None:
+    """A real 1-bit greyscale PNG, all black: 20000x20000 compresses to about 50 KB."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    row = b"\x00" * (1 + -(-width // 8))  # filter byte, then the row's bits
+    compressor = zlib.compressobj(6)
+    pixels = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b""))
+
+
+def test_the_grey_jpeg_writer_writes_a_real_jpeg(tmp_path):
+    write_grey_jpeg(tmp_path / "grey.jpg", 64, 48)
+    write_black_png(tmp_path / "black.png", 70, 9)
+    assert np.asarray(Image.open(tmp_path / "grey.jpg")).tolist() == [[128] * 64] * 48
+    assert np.asarray(Image.open(tmp_path / "black.png").convert("L")).tolist() == [[0] * 70] * 9
+
+
+# 20000x20000 is past twice PIL's limit (where PIL refuses); 9472x9472 is past it by 0.3% (where PIL warns).
+OVERSIZED = ("jpeg_20000.jpg", "png_20000.png", "jpeg_9472.jpg")
+
+
+@pytest.fixture(scope="module")
+def oversized(tmp_path_factory):
+    """A two-class dataset whose class_00 holds, in train/ and val/, the images past the size rule."""
+    root = write_image_folder(tmp_path_factory.mktemp("oversized"), num_classes=2, train_per_class=6,
+                              val_per_class=2)
+    for split in ("train", "val"):
+        folder = root / split / "class_00"
+        write_grey_jpeg(folder / OVERSIZED[0], 20000, 20000)
+        write_black_png(folder / OVERSIZED[1], 20000, 20000)
+        write_grey_jpeg(folder / OVERSIZED[2], 9472, 9472)
+    return root
+
+
+def _warned(err: str) -> list[str]:
+    """The names of the images skipped as too large in ``err``, one entry per warning."""
+    return sorted(line.split("/")[-1].split(" ")[0] for line in err.splitlines()
+                  if line.startswith("warning: skipped unreadable image")
+                  and line.endswith("(ImageTooLarge: more than 89,478,485 pixels)"))
+
+
+@pytest.mark.parametrize("backend", ["pytorch", "dali-cpu"])
+def test_images_past_the_size_rule_are_skipped_alike_by_every_backend(oversized, backend, capsys):
+    """Each image past 89,478,485 pixels is named once, in training and validation, and left out; the
+    rest are all seen.  (Before the rule, the pytorch backend trained on the JPEGs and DALI on all.)"""
+    if backend == "dali-cpu":
+        pytest.importorskip("nvidia.dali")
+    from image_classification.data import get_loaders
+
+    runtime = make_runtime("cpu", False, None, "nchw", False)
+    config = DataConfig(data=str(oversized), backend=backend, image_size=32, batch_size=3, workers=0)
+    train, val = get_loaders(config, runtime, want_train=True, want_val=True)
+    capsys.readouterr()
+    for epoch in (0, 1):
+        train.set_epoch(epoch)
+        val.set_epoch(epoch)
+        assert sum(len(targets) for _, targets in train) == 15 - 3  # 5 batches of 3, less the 3 skipped
+        assert sum(len(targets) for _, targets in val) == 4
+    assert _warned(capsys.readouterr().err) == sorted(OVERSIZED * 2)
+    assert train.skipped == val.skipped == 3
+
+
+def test_data_check_applies_the_same_size_rule(oversized, data_check):
+    result = data_check(str(oversized), "-j", "1")
+    assert result.returncode == 1
+    for split in ("train", "val"):
+        assert f"{split}/ unreadable images: 3" in result.stdout
+    flagged = [line for line in result.stdout.splitlines() if "(ImageTooLarge: more than 89,478,485 pixels)" in line]
+    assert sorted(line.strip().split("/")[-1].split(" ")[0] for line in flagged) == sorted(OVERSIZED * 2)
+
+
+def test_classify_refuses_an_image_past_the_size_rule_in_one_line(oversized):
+    from image_classification.errors import UserError
+
+    path = oversized / "val" / "class_00" / OVERSIZED[1]
+    for decode in (False, True):
+        with pytest.raises(UserError, match="more than 89,478,485 pixels"):
+            load_image(path, decode=decode)

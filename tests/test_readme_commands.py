@@ -79,6 +79,8 @@ SUBSTITUTIONS = [
     (r" \[--[\w-]+\]", ""),  # an optional flag shown in brackets: the demo's checkpoint has no EMA
     (r"--make-dataset \d+", "--make-dataset 12"),
     (r"/tmp/bench1000", "bench"),
+    (r"--photos(?! \d)", "--photos 3"),
+    (r"/tmp/photos", "photoset"),  # photos/ holds the classify examples
     (r"--batch-sizes( \d+)+", "--batch-sizes 1"),
     (r"--iterations \d+", "--iterations 2"),
 ]

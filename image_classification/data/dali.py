@@ -8,7 +8,8 @@ which only slices the list.  The order and the sharding come from the shared :cl
 both backends see the same images in the same order for a given seed.  Training drops the last partial
 batch; validation keeps it, and every validation image is read by exactly one rank.  A file DALI cannot
 read (a dangling link) or decode is reported once and left out, as the pytorch backend does (the pipeline
-is rebuilt then: DALI's state after an error is not reusable).
+is rebuilt then: DALI's state after an error is not reusable); so is an image past the size rule of
+``files.MAX_IMAGE_PIXELS``, which the pipeline finds from its header and never decodes.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from ..errors import UserError
 from ..runtime import Runtime
 from ..seeding import mix_seed
 from .common import CROP_RATIO, MEAN_255, STD_255, DataConfig, ShardSampler, Unreadable, train_sampler, val_resize_size
-from .files import decode_problem
+from .files import MAX_IMAGE_PIXELS, ImageTooLarge, decode_problem
 from .layout import split_samples
 
-# Words in DALI's error when a file could not be read (a dangling link) or decoded: those are skipped.
-_FILE_ERRORS = ("io.file.read", "decoders.", "Decod")
+# Words in DALI's error when a file could not be read (a dangling link), its header parsed or its data
+# decoded: those are skipped.
+_FILE_ERRORS = ("io.file.read", "decoders.", "Decod", "peek_image_shape")
 _INTERPOLATION = {"bilinear": "INTERP_LINEAR", "bicubic": "INTERP_CUBIC", "triangular": "INTERP_TRIANGULAR"}
 # --augmentation on DALI: its auto_aug module has these policies (AugMix it has not).
 DALI_AUGMENTATIONS = ("autoaugment", "randaugment", "trivialaugment")
@@ -116,7 +118,7 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
 
     @pipeline_def(
         batch_size=spec.batch_size, num_threads=spec.num_threads, device_id=spec.device_id, seed=seed,
-        enable_conditionals=augment,  # auto_aug picks each sample's operations with `if`
+        enable_conditionals=True,  # the size rule's branch; auto_aug picks each sample's operations with `if`
     )
     def pipeline():
         paths, labels_ = fn.external_source(
@@ -128,32 +130,41 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
         # instead, but it wants a stateless callback (each pass's order is state) and its own processes,
         # spawned (never forked after CUDA is up) and copying every file through shared memory.
         encoded = fn.io.file.read(paths, dont_use_mmap=True)
-        if spec.train:
-            # Decoding only the random crop window is what makes CPU decoding fast.
-            images = fn.decoders.image_random_crop(
-                encoded, device=decode_device, output_type=types.RGB,
-                random_area=list(spec.crop_scale), random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=100,
-                **decoder_options,
-            )
-            images = fn.resize(
-                images, device=resize_device, size=[size, size], interp_type=interp, antialias=False
-            )
-            if augment:
-                images = _auto_augment(images, spec)
-        else:
+        # The size rule of every backend, from the header: an image past it is not decoded at all (the
+        # branch below splits the batch) and comes out as a blank flagged unfit, which the loader drops.
+        shape = fn.peek_image_shape(encoded)
+        height, width = fn.cast(shape[0], dtype=types.INT64), fn.cast(shape[1], dtype=types.INT64)
+        fits = height * width <= MAX_IMAGE_PIXELS
+        if not spec.train:
             # As torchvision's Resize on a PIL image: the short side to val_resize_size, the long side
             # truncated (not rounded) to keep the aspect, and antialiased when it shrinks.
-            shape = fn.peek_image_shape(encoded)
-            height, width = fn.cast(shape[0], dtype=types.INT64), fn.cast(shape[1], dtype=types.INT64)
             short = val_resize_size(size, spec.crop_ratio)
             portrait = fn.cast(height > width, dtype=types.INT64)
             out_h = portrait * (short * height // width) + (1 - portrait) * short
             out_w = (1 - portrait) * (short * width // height) + portrait * short
-            images = fn.decoders.image(encoded, device=decode_device, output_type=types.RGB, **decoder_options)
-            images = fn.resize(
-                images, device=resize_device, resize_x=fn.cast(out_w, dtype=types.FLOAT),
-                resize_y=fn.cast(out_h, dtype=types.FLOAT), interp_type=interp, antialias=True,
-            )
+        if fits:
+            if spec.train:
+                # Decoding only the random crop window is what makes CPU decoding fast.
+                images = fn.decoders.image_random_crop(
+                    encoded, device=decode_device, output_type=types.RGB,
+                    random_area=list(spec.crop_scale), random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=100,
+                    **decoder_options,
+                )
+                images = fn.resize(
+                    images, device=resize_device, size=[size, size], interp_type=interp, antialias=False
+                )
+                if augment:
+                    images = _auto_augment(images, spec)
+            else:
+                images = fn.decoders.image(encoded, device=decode_device, output_type=types.RGB, **decoder_options)
+                images = fn.resize(
+                    images, device=resize_device, resize_x=fn.cast(out_w, dtype=types.FLOAT),
+                    resize_y=fn.cast(out_h, dtype=types.FLOAT), interp_type=interp, antialias=True,
+                )
+        else:
+            images = fn.constant(idata=0, shape=[size, size, 3], dtype=types.UINT8, layout="HWC")
+            if spec.gpu_decode:
+                images = images.gpu()
         if spec.device_id is not None:
             # With a GPU, the normalised float batch is made there: only uint8 crops cross the bus.
             images, labels_ = images.gpu(), labels_.gpu()
@@ -163,7 +174,7 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
             images, dtype=types.FLOAT, crop=(size, size), mean=list(spec.mean), std=list(spec.std),
             mirror=mirror, output_layout="HWC" if spec.channels_last else "CHW", **crop_pos,
         )
-        return images, labels_
+        return images, labels_, fits
 
     return pipeline()
 
@@ -248,9 +259,16 @@ class DaliLoader:
         done = 0  # files already delivered in batches
         while done < len(files):
             try:
-                for images, targets in self._run(files[done:], labels[done:]):
-                    done += len(targets)
-                    yield images, targets
+                for images, targets, fits in self._run(files[done:], labels[done:]):
+                    fed, done = files[done:done + len(targets)], done + len(targets)
+                    if not bool(fits.all()):  # images past the size rule: blanks, left out here
+                        for path in (path for path, fit in zip(fed, fits.tolist()) if not fit):
+                            self.unreadable.add(path, f"{ImageTooLarge.__name__}: {ImageTooLarge()}")
+                        keep = fits.to(images.device)
+                        images = images[keep].contiguous(memory_format=self.runtime.memory_format)
+                        targets = targets[keep.to(targets.device)]
+                    if len(targets):
+                        yield images, targets
                 return
             except RuntimeError as error:
                 self._batches = None  # DALI's state after an error is not reusable: build it again
@@ -268,8 +286,9 @@ class DaliLoader:
                 files = files[:done] + [f for f, _ in kept]
                 labels = labels[:done] + [l for _, l in kept]
 
-    def _run(self, files: list[str], labels: list[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The batches of ``files``, in order, from the split's pipeline (built on first use)."""
+    def _run(self, files: list[str], labels: list[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The batches of ``files``, in order, from the split's pipeline (built on first use), each with the
+        flags of the images that kept to the size rule."""
         if self._in_pass:  # the last pass was left part-way (--prof, an early stop): empty the queue
             self.feed.stop()
             for _ in self._batches:
@@ -285,7 +304,7 @@ class DaliLoader:
             images, targets = batch["images"], batch["labels"]
             if self.spec.channels_last:
                 images = images.permute(0, 3, 1, 2)  # NHWC storage seen as NCHW: channels_last strides
-            yield images.contiguous(memory_format=memory_format), targets.view(-1).long()
+            yield images.contiguous(memory_format=memory_format), targets.view(-1).long(), batch["fits"].view(-1)
         self._in_pass = False
 
     def _build(self):
@@ -295,7 +314,7 @@ class DaliLoader:
         pipeline = build_pipeline(self.spec, self.feed, seed % (2**31 - 1))
         self.builds += 1
         # No reader to ask for the pass's length: the iterator runs until the feed raises StopIteration.
-        return DALIGenericIterator(pipeline, ["images", "labels"])
+        return DALIGenericIterator(pipeline, ["images", "labels", "fits"])
 
 
 def _undecodable_message(candidates: list[str]) -> str:

@@ -4,13 +4,16 @@ A class folder is walked following symbolic links (datasets are often assembled 
 never makes an image count twice or under another class: a directory already walked, one that holds
 the class folder (``ln -s .. train/a/loop``) or one inside another class folder is not entered, and is
 reported instead.  Images are opened as 8-bit RGB; 16-bit greyscale (PNG ``I;16``) is scaled, not
-clipped.
+clipped.  One size rule holds everywhere (every backend, ``data.check``, classify.py): an image whose header
+declares more than :data:`MAX_IMAGE_PIXELS` pixels is unreadable, before any of it is decoded.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import struct
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +23,10 @@ from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 SPLITS = ("train", "val")  # a dataset's split folders, beside each other
+
+# PIL's own default limit (Image.MAX_IMAGE_PIXELS: a quarter GiB as 24-bit RGB), applied alike on every backend
+# and not a flag.  PIL alone only warns up to twice it, torchvision's and DALI's decoders check nothing.
+MAX_IMAGE_PIXELS = 89_478_485
 
 # PIL modes of 16-bit greyscale images (a PNG may open as "I" in older Pillow releases)
 _SIXTEEN_BIT_MODES = {"I;16", "I;16L", "I;16B", "I;16N", "I"}
@@ -121,12 +128,65 @@ def walk_class(class_dir: Path, split_dir: Path | None = None, shared: SplitWalk
     return walk
 
 
+class ImageTooLarge(ValueError):
+    """An image whose header declares more than MAX_IMAGE_PIXELS pixels (the same words on every backend)."""
+
+    def __init__(self):
+        super().__init__(f"more than {MAX_IMAGE_PIXELS:,} pixels")
+
+
+def check_size(width: int, height: int) -> None:
+    """Raise ImageTooLarge when a ``width`` x ``height`` image breaks the size rule."""
+    if width * height > MAX_IMAGE_PIXELS:
+        raise ImageTooLarge()
+
+
+def open_image(source) -> Image.Image:
+    """``Image.open`` (which reads the header only) under the size rule: ImageTooLarge past the limit."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the rule below decides
+        try:
+            image = Image.open(source)
+        except Image.DecompressionBombError:  # PIL refuses past twice its limit, before saying the size
+            raise ImageTooLarge() from None
+    try:
+        check_size(*image.size)
+    except ImageTooLarge:
+        image.close()
+        raise
+    return image
+
+
+_SOF_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+def jpeg_size(raw: bytes) -> tuple[int, int] | None:
+    """(width, height) from a JPEG's frame header, or None where there is none to find."""
+    position = 2  # after SOI
+    while position + 9 <= len(raw):
+        if raw[position] != 0xFF:
+            return None
+        marker = raw[position + 1]
+        if marker == 0xFF:  # fill byte
+            position += 1
+            continue
+        if marker in _SOF_MARKERS:
+            height, width = struct.unpack(">HH", raw[position + 5:position + 9])
+            return width, height
+        if marker == 0xD8 or 0xD0 <= marker <= 0xD7:  # markers without a length
+            position += 2
+            continue
+        position += 2 + struct.unpack(">H", raw[position + 2:position + 4])[0]
+    return None
+
+
 def open_rgb(source) -> Image.Image:
     """Open a path or binary file as an 8-bit RGB image (16-bit greyscale scaled by 255/65535).
 
-    Raises what PIL raises for a file that is not a readable image (OSError, ValueError, ...).
+    Raises what PIL raises for a file that is not a readable image (OSError, ValueError, ...), and
+    ImageTooLarge.
     """
-    with Image.open(source) as image:
+    with open_image(source) as image:
         if image.mode in _SIXTEEN_BIT_MODES:
             pixels = np.asarray(image, dtype=np.float64)
             eight_bit = np.clip(np.rint(pixels * (255 / 65535)), 0, 255).astype(np.uint8)
@@ -137,7 +197,7 @@ def open_rgb(source) -> Image.Image:
 def decode_problem(path: str) -> str | None:
     """Why ``path`` cannot be decoded as an image, or None when it can."""
     try:
-        with Image.open(path) as image:
+        with open_image(path) as image:
             image.draft("RGB", (1, 1))  # JPEG: decode at 1/8 scale; every byte is still read
             image.load()
     except Exception as error:  # anything PIL raises makes the file unusable for training
@@ -149,12 +209,14 @@ def read_rgb_tensor(path: str) -> torch.Tensor:
     """A CHW uint8 RGB tensor of the image at ``path``, for augmentation on tensors.
 
     JPEGs are decoded by torchvision's libjpeg-turbo decoder straight into a tensor (faster than PIL
-    plus a conversion); anything it refuses, and every other format, goes through :func:`open_rgb`, so a
-    broken file raises what PIL raises.
+    plus a conversion), once their header passes the size rule; anything it refuses, and every other
+    format, goes through :func:`open_rgb`, so a broken file raises what PIL raises.
     """
     with open(path, "rb") as handle:
         raw = handle.read()
-    if raw[:3] == b"\xff\xd8\xff":
+    size = jpeg_size(raw) if raw[:3] == b"\xff\xd8\xff" else None
+    if size is not None:
+        check_size(*size)
         from torchvision.io import ImageReadMode, decode_jpeg
 
         try:

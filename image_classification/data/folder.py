@@ -65,7 +65,9 @@ class ImageFiles(Dataset):
 
     def _augment(self, image, seed: int) -> torch.Tensor:
         """The augmented image as an HWC uint8 tensor."""
-        torch.manual_seed(seed)
+        # The CPU generator alone: the transforms draw nothing else, and torch.manual_seed would also
+        # queue a seed for every lazy accelerator, formatting a stack trace each time (~1 ms a sample).
+        torch.default_generator.manual_seed(seed)
         random.seed(seed)
         out = self.transform(image)
         if isinstance(out, torch.Tensor):
@@ -73,20 +75,37 @@ class ImageFiles(Dataset):
         return torch.from_numpy(np.array(out, dtype=np.uint8))  # a writable copy: PIL's buffer is read-only
 
 
+def _batch_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An empty tensor for a batch; in a worker it lives in shared memory, so sending it is not a copy."""
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(int(np.prod(shape)))
+    return torch.empty(0, dtype=dtype).new(storage).resize_(shape)  # as torch's default_collate does
+
+
 def collate_uint8(batch, normalize: tuple[torch.Tensor, torch.Tensor] | None = None):
     """Stack HWC uint8 images into an NCHW tensor (channels-last in memory); broken samples are dropped
     and reported.
 
     With ``normalize`` = (1 / std, mean / std) (CPU training) the workers also normalise, so the main
-    process does not.
+    process does not; the batch is then float32 NCHW, contiguous.
     """
     good = [(image, label) for image, label, _ in batch if image is not None]
     broken = [problem for _, _, problem in batch if problem is not None]
     if good:
-        images = torch.stack([image for image, _ in good]).permute(0, 3, 1, 2)
-        if normalize is not None:  # (x - mean) / std as one contiguous multiply-add: several times faster
+        height, width, channels = good[0][0].shape
+        if normalize is None:
+            images = _batch_tensor((len(good), height, width, channels), torch.uint8)
+            torch.stack([image for image, _ in good], out=images)
+            images = images.permute(0, 3, 1, 2)
+        else:
+            # One pass converts, transposes and writes each image; (x - mean) / std is then one in-place
+            # multiply-add over the batch.
+            images = _batch_tensor((len(good), channels, height, width), torch.float32)
+            for slot, (image, _) in zip(images, good):
+                slot.copy_(image.permute(2, 0, 1))
             inv_std, mean_over_std = normalize
-            images = images.contiguous().float().mul_(inv_std).sub_(mean_over_std)
+            images.mul_(inv_std).sub_(mean_over_std)
         labels = torch.tensor([label for _, label in good], dtype=torch.int64)
     else:
         images = torch.empty(0, dtype=torch.uint8)
@@ -134,14 +153,24 @@ def auto_augmentation(config: DataConfig):
     }[config.augmentation]()
 
 
+class RandomResizedCrop:
+    """torchvision's RandomResizedCrop on a uint8 CHW tensor: the same box from the same generator state,
+    the same pixels.  Only the crop is copied to channels-last memory before torchvision resizes it, as
+    torch's uint8 antialiased kernels are fastest there; the result is a CHW view of HWC memory, so the
+    batch's HWC stack is a plain copy."""
+
+    def __init__(self, size: int, scale: tuple[float, float], interpolation: transforms.InterpolationMode):
+        self.size, self.scale, self.interpolation = [size, size], list(scale), interpolation
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        top, left, height, width = transforms.RandomResizedCrop.get_params(image, self.scale, [3 / 4, 4 / 3])
+        crop = image[None, :, top:top + height, left:left + width].contiguous(memory_format=torch.channels_last)
+        return v2.functional.resize(crop, self.size, self.interpolation, antialias=True)[0]
+
+
 def train_transform(config: DataConfig):
     """torchvision's RandomResizedCrop, flip and ``--augmentation``, on uint8 CHW tensors (antialiased resize)."""
-    steps = [
-        v2.RandomResizedCrop(
-            config.train_size, scale=tuple(config.crop_scale), ratio=(3 / 4, 4 / 3),
-            interpolation=_INTERPOLATION[config.interpolation], antialias=True,
-        )
-    ]
+    steps = [RandomResizedCrop(config.train_size, tuple(config.crop_scale), _INTERPOLATION[config.interpolation])]
     if config.hflip > 0:
         steps.append(v2.RandomHorizontalFlip(config.hflip))
     augmentation = auto_augmentation(config)
