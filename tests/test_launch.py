@@ -431,26 +431,3 @@ def test_the_torchvision_recipe_trains_end_to_end(tiny_arch, image_folder, tmp_p
     assert (record["train_crop_size"], record["image_size"], round(36 / record["crop_ratio"])) == (32, 36, 40)
     assert checkpoint["state_dict_ema"] is not None and checkpoint["ema_updates"] > 0
     assert "val_ema.top1" in capsys.readouterr().out
-
-
-@pytest.mark.slow
-def test_the_torchvision_recipe_shrunk_to_the_digits_keeps_the_demos_accuracy(tmp_path, capsys):
-    """The recipe at 32 px (its sizes, learning rate and warm-up scaled to the demo's 6 epochs of batch 64)
-    against the demo's recipe: val top-1 at most 2 points lower after the same number of epochs."""
-    from image_classification import demo
-    from image_classification.raport import read_raport
-
-    data = demo.write_digits(tmp_path / "digits")
-
-    def best_top1(workspace) -> float:
-        return max(record["data"]["val.top1"] for record in read_raport(workspace / "experiment_raport.json")
-                   if "val.top1" in record.get("data", {}))
-
-    demo_argv = [flag if flag != str(demo.WORKSPACE) else str(tmp_path / "demo") for flag in demo.RECIPE]
-    assert run(__import__("image_classification.training", fromlist=["main"]).main, demo_argv + [str(data)]) == 0
-    shrunk = _recipe_run(tmp_path / "recipe", data, "--arch", "resnet18", "--train-crop-size", "32",
-                         "--val-resize-size", "33", "--val-crop-size", "32", "--crop-scale", "0.6", "1.0", "--hflip",
-                         "0", "-b", "64", "--optimizer-batch-size", "-1", "--lr", str(0.5 * 64 / 1024), "--warmup",
-                         "0", "--epochs", "6")
-    assert run(launch.main, shrunk, cuda_available=False) == 0
-    assert best_top1(tmp_path / "recipe") >= best_top1(tmp_path / "demo") - 2.0
