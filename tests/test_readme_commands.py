@@ -3,12 +3,12 @@
 The commands run in a scratch folder that holds what the README assumes: the digits dataset and the
 checkpoint ``make demo`` leaves (a one-epoch demo run, cut to a few steps), NGC-named weight files
 (freshly initialised, in the layout NGC publishes), a photograph, two raports, and for the per-model
-READMEs a two-step training run of each model in the workspace its README names.  ImageNet paths point at the digits; batch sizes,
-epochs, image sizes and process counts are cut down so that each command takes seconds.  A command
-that cannot run on one CPU machine is listed in ``NOT_RUN`` with the reason and where it is covered
-instead; any other command, including one added later, is run.  The commands run in README order in
-one folder per README, as a user would type them (model2onnx.py converts the weights that
-checkpoint2model.py wrote).  The main README's commands run in the default suite; the per-model
+READMEs a two-step training run of each model in the workspace its README names.  ImageNet paths point
+at the digits; batch sizes, epochs, image sizes and process counts are cut down so that each command
+takes seconds.  A command that cannot run on one CPU machine is listed in ``NOT_RUN`` with the reason
+and where it is covered instead; any other command, including one added later, is run.  The commands run
+in README order in one folder per README, as a user would type them (model2onnx.py converts the weights
+that checkpoint2model.py wrote).  The main README's commands run in the default suite; the per-model
 READMEs' (ResNeXt-101 and SE-ResNeXt-101 take seconds per step on a CPU) are marked slow, and the
 default suite checks that every flag they use is one their scripts accept.
 
