@@ -24,6 +24,10 @@ def environment(device: torch.device) -> dict:
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else machine.cpu_model(),
         "cpu_model": machine.cpu_model(),
         "cpu_cores": machine.cores(),
+        "cpu_capability": machine.cpu_capability(),
+        "cpu_bf16_native": machine.cpu_bf16_is_native(),
+        # when the run ends: on a shared machine, other work on the cores slows every path down
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -2,18 +2,23 @@
 
 Every path classifies the same images with the same weights, in one process: ``torchvision`` (the
 baseline: ``torchvision.models.<arch>()`` in eval mode under ``torch.no_grad``, what a user writes), and
-ours: ``eager`` (FP32, NCHW, ``torch.inference_mode``), ``channels_last`` (FP32), ``bf16`` (bfloat16
-autocast, channels-last; fp16 on CUDA), ``compile`` (``torch.compile`` of the channels-last FP32 model)
+ours: ``eager`` (FP32, NCHW, ``torch.inference_mode``), ``channels_last`` (FP32), ``bf16`` and ``fp16``
+(bfloat16 and float16 autocast, channels-last; each runs the dtype it is named after, fp16 on CUDA only),
+``compile`` (``torch.compile`` of the channels-last FP32 model, compiled for each batch size's static shape)
 and ``onnxruntime`` (the model exported by ``image_classification.export.export_onnx`` run with ONNX
-Runtime; CPU only). A path that cannot run here (no C compiler for ``torch.compile``, onnxruntime not
-installed) is recorded as skipped with the reason.
+Runtime; CPU only). A path that cannot run here (no compiler for ``torch.compile``, onnxruntime not
+installed, no bf16 on the GPU) is recorded as skipped with the reason. On CUDA, cuDNN autotuning is on.
 
-For each batch size, every path first runs ``--warmup`` untimed batches (their time, compilation
-included, is reported); then ``--repeats`` rounds each time ``--iters`` batches of every path in turn
-(the order rotates from round to round), each batch timed on its own with the device synchronised. The
-JSON holds per path and batch size the latency percentiles (p50, p90, p99, in ms), images/s (batch size
-over the mean latency), the speed-up over the baseline's images/s, and the largest absolute logit
-difference and top-1 agreement against the baseline's FP32 outputs. Example::
+Every path times the model alone: each batch is uploaded to the device once, before any timing, and the
+outputs stay on the device (they are read back only to compare them, untimed). On CUDA the upload of a
+batch and the download of its logits, from and into pinned memory, are timed on their own and reported
+beside the paths. For each batch size, every path first runs ``--warmup`` untimed batches (their time,
+compilation included, is reported); then ``--repeats`` rounds each time ``--iters`` batches of every path in
+turn (the order rotates from round to round), each batch timed on its own with the device synchronised
+around it. The JSON holds per path and batch size the latency percentiles (p50, p90, p99, in ms), images/s
+(batch size over the mean latency), the speed-up over the baseline's images/s, per path its compute dtype,
+the largest absolute logit difference and top-1 agreement against the baseline's FP32 outputs on the
+measured batches, and the path ``classify.py`` takes by default on this machine. Example::
 
     python benchmarks/infer_throughput.py -a resnet50 --batch-sizes 1 16 -o infer_resnet50.json \\
         --chart docs/inference.png
@@ -40,14 +45,15 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from benchmarks.common import command_line, environment, percentile, write_json  # noqa: E402
-from image_classification.arguments import UserErrorParser, positive_int  # noqa: E402
+from image_classification.cli import UserErrorParser, positive_int  # noqa: E402
 from image_classification.cli import run  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
 from image_classification.models import build_model  # noqa: E402
 
 BASELINE = "torchvision"
-PATHS = ("eager", "channels_last", "bf16", "compile", "onnxruntime")
-Forward = Callable[[torch.Tensor], torch.Tensor]
+PATHS = ("eager", "channels_last", "bf16", "fp16", "compile", "onnxruntime")
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}  # a mixed path runs the dtype it is named after
+Forward = Callable[[torch.Tensor], object]  # a batch on the device -> the output, left where it was computed
 
 
 class Skipped(Exception):
@@ -56,14 +62,26 @@ class Skipped(Exception):
 
 @dataclass
 class Path_:
-    """One way of running the model: its forward function (logits as a float CPU tensor) once built."""
+    """One way of running the model: its forward function (device-resident batch in, output left on the
+    device) once built, or for compile a fresh forward per batch size."""
 
     name: str
     forward: Forward | None = None
     skipped: str | None = None
     min_warmup: int = 0  # untimed calls it needs whatever --warmup says (compile's first call compiles)
+    dtype: str = "float32"  # what its convolutions compute in
+    for_batch_size: Callable[[int], Forward] | None = None  # called before each batch size's warm-up
     warmup_seconds: dict[int, float] = field(default_factory=dict)
     latencies: dict[int, list[float]] = field(default_factory=dict)
+    max_abs_diff: float = 0.0  # against the first path's (the baseline's) logits, over the measured batches
+    agreeing: int = 0
+    compared: int = 0
+
+
+def default_paths(device: torch.device) -> list[str]:
+    """Every path that can run on ``device``: fp16 autocast on CUDA only, ONNX Runtime on the CPU only."""
+    excluded = "fp16" if device.type == "cpu" else "onnxruntime"
+    return [name for name in PATHS if name != excluded]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,8 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--image-size", type=positive_int, default=224, metavar="S", help="input size (default: 224)")
     parser.add_argument("--batch-sizes", nargs="+", type=positive_int, default=[1, 16], metavar="N",
                         help="batch sizes (default: 1 16)")
-    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS),
-                        help="our paths to measure (default: all)")
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=None,
+                        help="our paths to measure (default: all that run on the device: fp16 on CUDA only, "
+                        "onnxruntime on the CPU only)")
     parser.add_argument("--iters", type=positive_int, default=10, metavar="N",
                         help="timed batches per path, batch size and round (default: 10)")
     parser.add_argument("--warmup", type=int, default=3, metavar="N",
@@ -89,35 +108,93 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def select_device(choice: str) -> torch.device:
+    """The device to measure on.  On CUDA cuDNN autotuning goes on, as a server running fixed shapes
+    would have it: every shape is tuned during its warm-up, before any timing."""
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for, but no CUDA device is available")
+    if choice == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    torch.backends.cudnn.benchmark = True
+    return torch.device("cuda")
+
+
+def classify_default(device: torch.device) -> str:
+    """The path classify.py takes on ``device`` with its defaults (channels-last, its default precision)."""
+    from image_classification.inference import default_precision
+
+    if default_precision(device.type) == "FP32":
+        return "channels_last"
+    return "fp16" if device.type == "cuda" else "bf16"
+
+
 # ------------------------------------------------------------------------------------------------
 # Paths
 # ------------------------------------------------------------------------------------------------
+def _fp32_label(device: torch.device) -> str:
+    """FP32 paths' dtype; cuDNN computes FP32 convolutions in TF32 when it is allowed (the default)."""
+    if device.type == "cuda" and torch.backends.cudnn.allow_tf32:
+        return "float32 (TF32 convolutions)"
+    return "float32"
+
+
+def _compiler_missing(device: torch.device) -> str | None:
+    """Why torch.compile cannot run here, or None: inductor builds its CPU kernels with a C++ compiler, and
+    on CUDA Triton builds its kernel launcher with a C compiler, so a GPU host needs one too."""
+    if device.type == "cpu":
+        names, what = (os.environ.get("CXX"), "c++", "g++", "clang++"), "a C++ compiler"
+    else:
+        names, what = (os.environ.get("CC"), "cc", "gcc", "clang"), "a C compiler (Triton builds its launcher)"
+    if any(name and shutil.which(name) for name in names):
+        return None
+    return f"torch.compile on {device.type} needs {what}; none found"
+
+
+def _check_runs(name: str, device: torch.device) -> None:
+    """Raise :class:`Skipped` when path ``name`` cannot run on ``device``; before any model is moved there."""
+    reason = None
+    if name == "compile":
+        reason = _compiler_missing(device)
+    elif name == "fp16" and device.type == "cpu":
+        reason = "fp16 autocast is measured on CUDA only; the CPU's mixed precision is bf16"
+    elif name == "bf16" and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
+        reason = "this GPU computes no bf16 (that came with Ampere)"
+    elif name == "onnxruntime" and device.type != "cpu":
+        reason = "the ONNX Runtime path is measured on the CPU only"
+    if reason:
+        raise Skipped(reason)
+
+
 def _eager(model: nn.Module, device: torch.device, memory_format: torch.memory_format,
            dtype: torch.dtype | None) -> Forward:
     def forward(images: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
-            batch = images.to(device).contiguous(memory_format=memory_format)
+            batch = images.contiguous(memory_format=memory_format)  # on the device: part of the path's cost
             with torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext():
-                return model(batch).float().cpu()
+                return model(batch)
 
     return forward
 
 
-def _compiled(model: nn.Module, device: torch.device) -> Forward:
-    if device.type == "cpu" and not (shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")):
-        raise Skipped("torch.compile on the CPU needs a C++ compiler; none found")
-    compiled = torch.compile(model.to(memory_format=torch.channels_last))
+def _compiled(model: nn.Module) -> Callable[[int], Forward]:
+    """A fresh ``torch.compile(dynamic=False)`` per batch size: each shape gets its own static graph, where
+    reusing one compiled module would recompile the second shape with dynamic shapes (slower kernels)."""
+    model = model.to(memory_format=torch.channels_last)
 
-    def forward(images: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return compiled(images.to(device).contiguous(memory_format=torch.channels_last)).float().cpu()
+    def for_batch_size(batch_size: int) -> Forward:
+        torch._dynamo.reset()  # the previous batch size's graphs and its record of shapes seen
+        compiled = torch.compile(model, dynamic=False)
 
-    return forward
+        def forward(images: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                return compiled(images.contiguous(memory_format=torch.channels_last))
+
+        return forward
+
+    return for_batch_size
 
 
-def _onnxruntime(model: nn.Module, device: torch.device, image_size: int, workdir: Path) -> Forward:
-    if device.type != "cpu":
-        raise Skipped("the ONNX Runtime path is measured on the CPU only")
+def _onnxruntime(model: nn.Module, image_size: int, workdir: Path) -> Forward:
     try:
         import onnxruntime
     except ImportError:
@@ -130,9 +207,8 @@ def _onnxruntime(model: nn.Module, device: torch.device, image_size: int, workdi
     options.intra_op_num_threads = torch.get_num_threads()
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
-    def forward(images: torch.Tensor) -> torch.Tensor:
-        (logits,) = session.run(["output"], {"input": images.numpy()})
-        return torch.from_numpy(logits)
+    def forward(images: torch.Tensor) -> object:
+        return session.run(["output"], {"input": images.numpy()})[0]  # numpy() of a CPU tensor copies nothing
 
     return forward
 
@@ -140,24 +216,24 @@ def _onnxruntime(model: nn.Module, device: torch.device, image_size: int, workdi
 def build_path(name: str, state: dict, arch: str, num_classes: int, device: torch.device, image_size: int,
                workdir: Path) -> Path_:
     """Our path ``name`` over a fresh copy of the package's model holding ``state``."""
-    model = build_model(arch, num_classes=num_classes)
-    model.load_state_dict(state)
-    model = model.eval().to(device)
-    mixed = torch.float16 if device.type == "cuda" else torch.bfloat16
+    dtype = str(AUTOCAST[name]).removeprefix("torch.") if name in AUTOCAST else _fp32_label(device)
     try:
-        if name == "eager":
-            return Path_(name, _eager(model, device, torch.contiguous_format, None))
-        if name == "channels_last":
-            model = model.to(memory_format=torch.channels_last)
-            return Path_(name, _eager(model, device, torch.channels_last, None))
-        if name == "bf16":
-            model = model.to(memory_format=torch.channels_last)
-            return Path_(name, _eager(model, device, torch.channels_last, mixed))
+        _check_runs(name, device)
+        model = build_model(arch, num_classes=num_classes)
+        model.load_state_dict(state)
+        model = model.eval().to(device)
         if name == "compile":
-            return Path_(name, _compiled(model, device), min_warmup=1)
-        return Path_(name, _onnxruntime(model, device, image_size, workdir))
+            return Path_(name, min_warmup=1, dtype=dtype, for_batch_size=_compiled(model))
+        if name == "eager":
+            forward = _eager(model, device, torch.contiguous_format, None)
+        elif name == "channels_last" or name in AUTOCAST:
+            model = model.to(memory_format=torch.channels_last)
+            forward = _eager(model, device, torch.channels_last, AUTOCAST.get(name))
+        else:
+            forward = _onnxruntime(model, image_size, workdir)
+        return Path_(name, forward, dtype=dtype)
     except Skipped as reason:
-        return Path_(name, skipped=str(reason))
+        return Path_(name, skipped=str(reason), dtype=dtype)
 
 
 def build_baseline(arch: str, state: dict, device: torch.device) -> Path_:
@@ -170,9 +246,9 @@ def build_baseline(arch: str, state: dict, device: torch.device) -> Path_:
 
     def forward(images: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            return model(images.to(device)).float().cpu()
+            return model(images)
 
-    return Path_(BASELINE, forward)
+    return Path_(BASELINE, forward, dtype=_fp32_label(device))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -183,54 +259,77 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time_batch(path: Path_, images: torch.Tensor, device: torch.device) -> float:
+def _timed(work: Callable[[], object], device: torch.device) -> float:
+    """Seconds ``work`` takes, the device synchronised just before and just after it."""
     _synchronize(device)
     start = time.perf_counter()
-    path.forward(images)  # the logits come back to the host: the result is complete
+    work()
     _synchronize(device)
     return time.perf_counter() - start
 
 
+def _logits(output: object) -> torch.Tensor:
+    """A path's output as float logits on the host, to compare (never inside a timed region)."""
+    return torch.as_tensor(output).float().cpu()
+
+
+def _compare(paths: list[Path_], images: torch.Tensor) -> None:
+    """Every path's logits on ``images`` against the first path's: largest difference, top-1 agreement."""
+    reference = _logits(paths[0].forward(images))
+    for path in paths[1:]:
+        logits = _logits(path.forward(images))
+        path.max_abs_diff = max(path.max_abs_diff, float((logits - reference).abs().max()))
+        path.agreeing += int((logits.argmax(1) == reference.argmax(1)).sum())
+        path.compared += len(reference)
+
+
 def measure_paths(paths: list[Path_], batch_sizes: Sequence[int], image_size: int, device: torch.device,
                   iters: int, warmup: int, repeats: int) -> None:
-    live = [p for p in paths if p.forward is not None]
+    """Time every runnable path at every batch size; then compare each path's outputs with the first's."""
+    live = [p for p in paths if p.skipped is None]
     generator = torch.Generator().manual_seed(0)
     for batch_size in batch_sizes:
-        images = torch.randn(batch_size, 3, image_size, image_size, generator=generator)
+        # Uploaded once: the timed calls get a batch already on the device, as a pipelined server's model does.
+        images = torch.randn(batch_size, 3, image_size, image_size, generator=generator).to(device)
         for path in live:
             start = time.perf_counter()
+            if path.for_batch_size is not None:
+                path.forward = path.for_batch_size(batch_size)
             for _ in range(max(warmup, path.min_warmup)):
                 path.forward(images)
+            _synchronize(device)
             path.warmup_seconds[batch_size] = time.perf_counter() - start
             path.latencies[batch_size] = []
         for round_index in range(repeats):
             shift = round_index % len(live)
             for path in live[shift:] + live[:shift]:
-                path.latencies[batch_size] += [_time_batch(path, images, device) for _ in range(iters)]
+                path.latencies[batch_size] += [_timed(lambda: path.forward(images), device) for _ in range(iters)]
+        if len(live) > 1:
+            _compare(live, images)
 
 
-def agreement(paths: list[Path_], image_size: int, samples: int = 16) -> dict[str, dict]:
-    """Largest absolute logit difference and top-1 agreement of every path with the baseline's."""
-    images = torch.randn(samples, 3, image_size, image_size, generator=torch.Generator().manual_seed(7))
-    reference = paths[0].forward(images)
-    result = {}
-    for path in paths[1:]:
-        if path.forward is None:
-            continue
-        logits = path.forward(images)
-        result[path.name] = {"max_abs_diff": float((logits - reference).abs().max()),
-                             "top1_agreement": float((logits.argmax(1) == reference.argmax(1)).float().mean())}
-    return result
+def transfer_times(batch_size: int, image_size: int, num_classes: int, device: torch.device,
+                   iters: int) -> dict[str, float]:
+    """Median ms to upload a batch from pinned memory and to download its logits into pinned memory, both
+    non-blocking (CUDA): what a server pays besides the model, kept out of the paths' figures."""
+    host = torch.randn(batch_size, 3, image_size, image_size).pin_memory()
+    logits = torch.empty(batch_size, num_classes, device=device)
+    back = torch.empty(logits.shape, pin_memory=True)
+    upload, download = [], []
+    for _ in range(iters + 1):  # the first of each is a warm-up
+        upload.append(_timed(lambda: host.to(device, non_blocking=True), device))
+        download.append(_timed(lambda: back.copy_(logits, non_blocking=True), device))
+    return {"upload_ms": 1e3 * percentile(upload[1:], 50), "download_ms": 1e3 * percentile(download[1:], 50)}
 
 
-def summary(paths: list[Path_], batch_sizes: Sequence[int], checks: dict[str, dict]) -> dict:
+def summary(paths: list[Path_], batch_sizes: Sequence[int]) -> dict:
     baseline_rate = {}
     table: dict[str, dict] = {}
     for path in paths:
         if path.skipped:
-            table[path.name] = {"skipped": path.skipped}
+            table[path.name] = {"dtype": path.dtype, "skipped": path.skipped}
             continue
-        entry: dict = {}
+        entry: dict = {"dtype": path.dtype}
         for batch_size in batch_sizes:
             latencies = path.latencies[batch_size]
             rate = batch_size * len(latencies) / sum(latencies)
@@ -242,7 +341,9 @@ def summary(paths: list[Path_], batch_sizes: Sequence[int], checks: dict[str, di
                 "speedup": rate / baseline_rate[batch_size], "warmup_seconds": path.warmup_seconds[batch_size],
                 "batches": len(latencies),
             }
-        entry.update(checks.get(path.name, {}))
+        if path.compared:
+            entry.update(max_abs_diff=path.max_abs_diff, top1_agreement=path.agreeing / path.compared,
+                         compared_images=path.compared)
         table[path.name] = entry
     return table
 
@@ -282,7 +383,8 @@ def draw_chart(result: dict, path: str) -> None:
         axis.grid(True, axis="y", alpha=0.3)
     env = result["environment"]
     figure.suptitle(f"{result['config']['arch']} {result['config']['image_size']} px inference, "
-                    f"{env['device_name']} ({env['cpu_cores']} cores), torch {env['torch']}", fontsize=10)
+                    f"{env['device_name']} ({env['cpu_cores']} cores, {env['cpu_capability']}), "
+                    f"torch {env['torch']}", fontsize=10)
     figure.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100)
@@ -290,20 +392,16 @@ def draw_chart(result: dict, path: str) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda was asked for, but no CUDA device is available")
-    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    device = torch.device("cuda" if use_cuda else "cpu")
+    device = select_device(args.device)
     torch.manual_seed(0)
     state = build_model(args.arch, num_classes=1000).state_dict()
     with tempfile.TemporaryDirectory() as workdir:
         paths = [build_baseline(args.arch, state, device)]
         paths += [build_path(name, state, args.arch, 1000, device, args.image_size, Path(workdir))
-                  for name in args.paths]
+                  for name in args.paths or default_paths(device)]
         measure_paths(paths, args.batch_sizes, args.image_size, device, args.iters, args.warmup, args.repeats)
-        checks = agreement(paths, args.image_size)
-    table = summary(paths, args.batch_sizes, checks)
-    return {
+    table = summary(paths, args.batch_sizes)
+    result = {
         "benchmark": "infer_throughput",
         "command": command_line(),
         "config": {"arch": args.arch, "image_size": args.image_size, "batch_sizes": list(args.batch_sizes),
@@ -311,7 +409,12 @@ def measure(args: argparse.Namespace) -> dict:
         "environment": environment(device),
         "paths": table,
         "best": best_paths(table, args.batch_sizes),
+        "classify_default": classify_default(device),
     }
+    if device.type == "cuda":
+        result["transfer"] = {str(b): transfer_times(b, args.image_size, 1000, device, args.iters)
+                              for b in args.batch_sizes}
+    return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -322,15 +425,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UserError(f"torchvision has no model {args.arch!r} to compare with")
     result = measure(args)
     env = result["environment"]
-    print(f"{args.arch} {args.image_size} px on {env['device_name']} ({env['cpu_cores']} cores), torch {env['torch']}")
+    print(f"{args.arch} {args.image_size} px on {env['device_name']} ({env['cpu_cores']} cores, "
+          f"{env['cpu_capability']}), torch {env['torch']}")
+    default = result["classify_default"]
     for name, entry in result["paths"].items():
+        label = f"{name}{'*' if name == default else ''}"
         if "skipped" in entry:
-            print(f"  {name:>14}: skipped ({entry['skipped']})")
+            print(f"  {label:>15}: skipped ({entry['skipped']})")
             continue
         cells = [f"b{b}: {entry[str(b)]['images_per_s']:7.1f} img/s p50 {entry[str(b)]['p50_ms']:7.1f} ms "
                  f"({entry[str(b)]['speedup']:.2f}x)" for b in args.batch_sizes]
-        check = f"  max|diff| {entry['max_abs_diff']:.2g} top1 {entry['top1_agreement']:.2f}" if name != BASELINE else ""
-        print(f"  {name:>14}: " + "   ".join(cells) + check)
+        check = ""
+        if "max_abs_diff" in entry:
+            check = f"  max|diff| {entry['max_abs_diff']:.2g} top1 {entry['top1_agreement']:.2f}"
+        print(f"  {label:>15}: " + "   ".join(cells) + f"  [{entry['dtype']}]" + check)
+    print(f"  * classify.py's default path here: {default}")
+    for batch_size, times in result.get("transfer", {}).items():
+        print(f"  transfer, not in the figures above: b{batch_size} upload {times['upload_ms']:.2f} ms, "
+              f"logits back {times['download_ms']:.2f} ms (pinned, non-blocking)")
     print("  fastest: " + ", ".join(f"batch {b}: {name}" for b, name in result["best"].items()))
     write_json(result, args.output)
     if args.chart:

@@ -31,9 +31,10 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from benchmarks.common import command_line, environment, summarise, write_json  # noqa: E402
-from image_classification.arguments import UserErrorParser, positive_int  # noqa: E402
+from image_classification.cli import UserErrorParser, positive_int  # noqa: E402
 from image_classification.cli import run  # noqa: E402
-from image_classification.engine import Engine, RunConfig  # noqa: E402
+from image_classification.engine import Engine  # noqa: E402
+from image_classification.plan import RunConfig  # noqa: E402
 from image_classification.models import build_model, list_models  # noqa: E402
 from image_classification.preprocessing import Preprocessing  # noqa: E402
 from image_classification.runtime import Runtime, make_runtime  # noqa: E402

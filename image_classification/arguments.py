@@ -9,24 +9,20 @@ from __future__ import annotations
 
 import argparse
 import math
+import reprlib
 import sys
 from typing import Sequence
 
+from .cli import UserErrorParser, positive_float, positive_int
 from .errors import UserError
 from .gpu_affinity import MODES as GPU_AFFINITY_MODES
 from .models import MODEL_CONFIGS, list_models
 
 DATA_BACKENDS = ("pytorch", "synthetic", "dali-cpu", "dali-gpu")
+DEFAULT_WORKERS = 5  # the reference's -j
 BACKEND_ALIASES = {"syntetic": "synthetic"}  # the reference README's spelling
 LR_SCHEDULES = ("step", "linear", "cosine")
 INTERPOLATIONS = ("bilinear", "bicubic", "triangular")
-
-
-class UserErrorParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors become :class:`UserError` (one line, exit code 2)."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise UserError(f"{self.prog}: {message}")
 
 
 def _str2bool(value: str) -> bool:
@@ -36,20 +32,6 @@ def _str2bool(value: str) -> bool:
     if lowered in ("0", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
-
-
-def positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
-    return number
-
-
-def positive_float(value: str) -> float:
-    number = float(value)
-    if not (math.isfinite(number) and number > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {value}")
-    return number
 
 
 def _probability(value: str) -> float:
@@ -82,7 +64,7 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
         help="data backend: pytorch | synthetic (alias syntetic) | dali-cpu | dali-gpu "
         "(default: dali-cpu when NVIDIA DALI is installed, else pytorch)",
     )
-    data.add_argument("-j", "--workers", metavar="N", type=int, default=5,
+    data.add_argument("-j", "--workers", metavar="N", type=int, default=DEFAULT_WORKERS,
                       help="number of data loading workers; 0 loads in the main process (default: 5)")
     data.add_argument("--prefetch", metavar="N", type=positive_int, default=2,
                       help="batches each pytorch-backend worker loads ahead (default: 2)")
@@ -206,6 +188,9 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
                      help="path to directory where checkpoints will be stored (default: ./)")
     run.add_argument("--checkpoint-filename", "--checkpoint", metavar="NAME", default="checkpoint.pth.tar",
                      help="name of the latest checkpoint in the workspace (default: checkpoint.pth.tar)")
+    run.add_argument("--overwrite", action="store_true",
+                     help="let a new run (no --resume) replace the run whose checkpoints the workspace holds "
+                     "(default: refuse, naming --resume auto and --workspace)")
     run.add_argument("--no-checkpoints", dest="save_checkpoints", action="store_false",
                      help="do not store any checkpoints, useful for benchmarking")
     run.add_argument("--checkpoint-interval", metavar="N|Nm", default=None,
@@ -223,14 +208,15 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str] | None = None, defaults: dict | None = None, *,
-               require_data: bool = True) -> argparse.Namespace:
+               require_data: bool = True, prog: str = "main.py") -> argparse.Namespace:
     """Parse ``argv`` (``sys.argv[1:]`` when None), with ``defaults`` (a preset) applied under explicit flags.
 
     A preset's values go through exactly the checks a typed flag does: each is written as the flag it
     stands for and parsed, so ``batch_size: 0`` fails like ``-b 0`` does, naming the key.
     ``require_data=False`` accepts a missing DIR (``launch.py --dry-run`` prints a command without one).
+    ``prog``: the command's name in usage and errors (``ic-train`` when installed).
     """
-    parser = build_parser()
+    parser = build_parser(prog)
     argv = list(sys.argv[1:] if argv is None else argv)
     preset_argv: list[str] = []
     for key, value in (defaults or {}).items():
@@ -239,48 +225,67 @@ def parse_args(argv: Sequence[str] | None = None, defaults: dict | None = None, 
             check_values(parser.parse_args(_bare_gather_flag(tokens)))
         except UserError as error:
             reason = str(error).split(": ", 1)[-1] if str(error).startswith(parser.prog) else str(error)
-            raise UserError(f"preset value {key}: {value!r} is not valid: {reason}") from None
+            raise UserError(f"preset value {key}: {shown(value)} is not valid: {reason[:200]}") from None
         preset_argv += tokens
     args = parser.parse_args(_bare_gather_flag(preset_argv + argv))
     validate_args(args, require_data=require_data)
     return args
 
 
+_SHOWN = reprlib.Repr()  # reads only what it shows: a few items, two levels deep
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 2, 40, 40
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 4
+
+
+def shown(value, limit: int = 100) -> str:
+    """``value`` for a one-line message, cut short: a preset's value may be huge or hold itself (YAML
+    aliases), and a full repr of it would take minutes and gigabytes."""
+    text = _SHOWN.repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _action_for(parser: argparse.ArgumentParser, dest: str) -> argparse.Action | None:
     return next((a for a in parser._actions if a.dest == dest and a.option_strings), None)
 
 
+def flag_tokens(action: argparse.Action, value) -> list[str]:
+    """The command-line tokens that set ``action``'s dest to ``value`` (none for a switch left off)."""
+    flag = next((s for s in action.option_strings if s.startswith("--")), action.option_strings[0])
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return [flag if value else "--no-" + flag[2:]]
+    if action.nargs == 0:  # store_true / store_false
+        return [flag] if value == action.const else []
+    if isinstance(value, (list, tuple)):
+        return [flag, *map(str, value)]
+    if isinstance(value, bool):
+        return [f"{flag}={str(value).lower()}"]
+    return [f"{flag}={value}"]
+
+
 def preset_tokens(parser: argparse.ArgumentParser, key: str, value) -> list[str]:
-    """The command-line tokens that set ``key`` (an argparse dest) to ``value``; [] for the default."""
+    """The tokens that set ``key`` (an argparse dest) to a preset's ``value``, its type checked; [] for None."""
     action = _action_for(parser, key)
     if action is None or key == "help":
         raise UserError(f"unknown configuration key: {key}")
-    flag = next(s for s in action.option_strings if s.startswith("--"))
     if value is None:
         return []
-    if isinstance(action, argparse.BooleanOptionalAction):
+    if isinstance(action, argparse.BooleanOptionalAction) or action.nargs == 0:
         _require(key, value, bool)
-        return [flag if value else "--no-" + flag[2:]]
-    if action.nargs == 0:  # store_true / store_false
-        _require(key, value, bool)
-        return [flag] if value == action.const else []
-    if action.nargs == 2:
+    elif action.nargs == 2:
         if not isinstance(value, (list, tuple)) or len(value) != 2:
-            raise UserError(f"preset value {key}: {value!r} is not valid: expected a list of two numbers")
+            raise UserError(f"preset value {key}: {shown(value)} is not valid: expected a list of two numbers")
         for item in value:
             _require(key, item, (int, float), scalar=True)
-        return [flag, *map(str, value)]
-    if isinstance(value, bool) and action.type is _str2bool:
-        return [f"{flag}={str(value).lower()}"]
-    _require(key, value, (str, int, float), scalar=True)
-    return [f"{flag}={value}"]
+    elif not (isinstance(value, bool) and action.type is _str2bool):
+        _require(key, value, (str, int, float), scalar=True)
+    return flag_tokens(action, value)
 
 
 def _require(key: str, value, kinds, scalar: bool = False) -> None:
     wrong = not isinstance(value, kinds) or (scalar and isinstance(value, bool))
     if wrong:
         expected = "true or false" if kinds is bool else "a single value"
-        raise UserError(f"preset value {key}: {value!r} is not valid: expected {expected}")
+        raise UserError(f"preset value {key}: {shown(value)} is not valid: expected {expected}")
 
 
 def _bare_gather_flag(argv: list[str]) -> list[str]:
@@ -295,6 +300,7 @@ def _bare_gather_flag(argv: list[str]) -> list[str]:
 
 
 MIN_IMAGE_SIZE = 32  # a ResNet reduces its input 32-fold
+MIN_MIXUP = 1e-3
 
 
 def check_values(args: argparse.Namespace) -> None:
@@ -321,7 +327,8 @@ def check_values(args: argparse.Namespace) -> None:
         (args.rmsprop_eps <= 0, f"--rmsprop-eps must be positive, got {args.rmsprop_eps}"),
         (args.warmup < 0, f"--warmup must be 0 or more, got {args.warmup}"),
         (not 0 <= args.label_smoothing < 1, f"--label-smoothing must be in [0, 1), got {args.label_smoothing}"),
-        (args.mixup < 0, f"--mixup must be 0 or more, got {args.mixup}"),
+        (args.mixup != 0 and not args.mixup >= MIN_MIXUP,
+         f"--mixup must be 0 (off) or at least {MIN_MIXUP} (a smaller alpha draws NaN weights), got {args.mixup}"),
         (args.use_ema is not None and not 0.0 < args.use_ema < 1.0,
          f"--use-ema needs a decay between 0 and 1, got {args.use_ema}"),
         (args.static_loss_scale is not None and args.static_loss_scale <= 0,
@@ -335,7 +342,7 @@ def check_values(args: argparse.Namespace) -> None:
         if failed:
             raise UserError(message)
     if args.checkpoint_interval is not None:
-        from .engine import CheckpointInterval
+        from .plan import CheckpointInterval
 
         try:
             CheckpointInterval.parse(args.checkpoint_interval)

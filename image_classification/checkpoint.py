@@ -33,17 +33,6 @@ TEMP_SUFFIX = ".tmp"
 _EPOCH_FILE = re.compile(r"checkpoint_(\d{4,})\.pth\.tar$")
 
 
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The plain model under DDP, torch.compile and similar wrappers."""
-    while True:
-        if hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            return model
-
-
 # ------------------------------------------------------------------------------------------------
 # Writing
 # ------------------------------------------------------------------------------------------------
@@ -53,21 +42,57 @@ def _umask_mode() -> int:
     return 0o666 & ~current
 
 
-def _storage_error(path: Path, error: OSError) -> StorageError:
-    reason = error.strerror or str(error) or type(error).__name__
+def _storage_error(path: Path, error: OSError | None, fallback: str = "") -> StorageError:
+    reason = (error.strerror or str(error) or type(error).__name__) if error is not None else fallback
     return StorageError(f"could not write {path}: {reason}; the previous {path.name} (if any) is intact")
 
 
+# torch.save's zip writer (caffe2's inline_container.cc, class PytorchStreamWriter) reports a write that
+# failed under it, a full disk among them, as a RuntimeError: "[enforce fail at inline_container.cc:672]
+# . unexpected pos 64 vs 0" or "PytorchStreamWriter failed writing file data/0: file write failed".
+_ZIP_WRITER_FAILURE = re.compile(r"inline_container\.cc|PytorchStreamWriter")
+
+
+def _zip_writer_failure(error: RuntimeError) -> tuple[OSError | None, str] | None:
+    """(the OSError behind it, if Python saw one; torch's words) when ``error`` is the zip writer failing,
+    None for any other RuntimeError, which stays a bug to show."""
+    text = str(error)
+    if not _ZIP_WRITER_FAILURE.search(text):
+        return None
+    cause = error.__cause__ or error.__context__
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__ or cause.__context__
+    words = text.splitlines()[0].split("] ", 1)[-1].strip(" .")[:100]
+    return cause, f"the checkpoint writer failed ({words}): is the disk full?"
+
+
+def longest_name(folder: str | os.PathLike) -> int:
+    """The longest file name, in bytes, that the file system of ``folder`` takes (255 where it won't say);
+    asked of the nearest folder that exists, so that names can be checked before anything is created."""
+    for existing in (Path(folder).absolute(), *Path(folder).absolute().parents):
+        if existing.is_dir():
+            try:
+                return os.pathconf(existing, "PC_NAME_MAX")
+            except (OSError, ValueError):
+                break
+    return 255
+
+
 def temporary_name(path: Path) -> str:
-    """The prefix of ``path``'s temporary files: hidden, beside it, recognisable by :func:`stale_temporaries`."""
-    return f".{path.name}."
+    """The prefix of ``path``'s temporary files: hidden, beside it, recognisable by the workspace.
+
+    A long name is cut so that the temporary (prefix, 8 random characters, ``.tmp``) still fits the file
+    system: any name the file system takes can be saved.
+    """
+    room = longest_name(path.parent) - len("..") - 8 - len(TEMP_SUFFIX)
+    return f".{os.fsdecode(os.fsencode(path.name)[:room])}."
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
     """Write ``path`` through a temporary file beside it, fsync and rename: never a half-written file.
 
-    Any OSError (a full disk, a read-only folder) removes the temporary file, leaves ``path`` as it was
-    and becomes a :class:`StorageError`.
+    Any OSError (a full disk, a read-only folder), and torch.save's zip writer failing on one, removes
+    the temporary file, leaves ``path`` as it was and becomes a :class:`StorageError`.
     """
     path = Path(path)
     tmp = None
@@ -84,6 +109,11 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
         _fsync_folder(path.parent)
     except OSError as error:
         raise _storage_error(path, error) from None
+    except RuntimeError as error:
+        failure = _zip_writer_failure(error)
+        if failure is None:
+            raise
+        raise _storage_error(path, *failure) from None
     finally:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)

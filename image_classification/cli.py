@@ -1,12 +1,40 @@
-"""How every script ends: a user's mistake is one line on stderr and exit code 2, never a traceback."""
+"""How every script starts and ends: a user's mistake is one line on stderr and exit code 2, never a
+traceback.
+
+Standard library only (as :mod:`image_classification.errors`, which holds the exit codes), so that
+``multiproc.py`` and ``--help`` never wait for torch.
+"""
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import sys
 from typing import Callable
 
 from .errors import UserError
+
+
+class UserErrorParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors become :class:`UserError` (one line, exit code 2)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UserError(f"{self.prog}: {message}")
+
+
+def positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
+
+
+def positive_float(value: str) -> float:
+    number = float(value)
+    if not (math.isfinite(number) and number > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {value}")
+    return number
 
 
 def run(entry: Callable[..., int | None], *args, **kwargs) -> int:

@@ -12,18 +12,24 @@ import importlib
 from typing import Callable
 
 from .cli import run
+from .signals import catch_early
 
 
-def _command(module: str, function: str = "main") -> Callable[[], int]:
+def _command(module: str, function: str = "main", *, saves_on_signal: bool = False,
+             prog: str | None = None) -> Callable[[], int]:
+    """``prog``: the name the command gives itself in usage lines and the commands it prints."""
     def command() -> int:
-        return run(getattr(importlib.import_module(f"{__package__}.{module}"), function))
+        if saves_on_signal:  # as main.py and launch.py: a SIGTERM during the imports stops cleanly
+            catch_early()
+        entry = getattr(importlib.import_module(f"{__package__}.{module}"), function)
+        return run(entry, prog=prog) if prog else run(entry)
 
     command.__doc__ = f"{module}.{function}, as a console command: its exit code"
     return command
 
 
-train = _command("training")
-launch = _command("launch")
+train = _command("training", saves_on_signal=True, prog="ic-train")
+launch = _command("launch", saves_on_signal=True, prog="ic-launch")
 classify = _command("inference")
 multiproc = _command("multiproc")
 checkpoint2model = _command("export", "checkpoint2model_main")

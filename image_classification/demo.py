@@ -14,6 +14,7 @@ import numpy as np
 from PIL import Image
 
 from .cli import run
+from .errors import UserError
 from .training import main as train_main
 
 DATA_DIR = Path("data/digits")
@@ -30,7 +31,11 @@ RECIPE = [
 
 def write_digits(root: Path, size: int = IMAGE_SIZE) -> Path:
     """Write the digits as ``root/{train,val}/<digit>/<n>.jpg``, grey ink on black, ``size`` pixels square."""
-    from sklearn.datasets import load_digits
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as error:  # the digits come with scikit-learn, an optional dependency
+        raise UserError(f"the demo needs scikit-learn, whose digits it trains on ({error}); pip install "
+                        ".[demo] in the repository, or pip install scikit-learn") from None
 
     digits = load_digits()
     for index, (pixels, label) in enumerate(zip(digits.images, digits.target)):
@@ -47,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"=> writing scikit-learn's handwritten digits to {DATA_DIR}/", flush=True)
         write_digits(DATA_DIR)
     command = RECIPE + list(argv or []) + [str(DATA_DIR)]
+    if (WORKSPACE / "checkpoint.pth.tar").exists():
+        print(f"=> replacing the earlier demo run in {WORKSPACE}/ (copy it elsewhere first to keep it)", flush=True)
+        command.insert(0, "--overwrite")
     print("=> python main.py " + " ".join(command), flush=True)
     return train_main(command)
 

@@ -22,7 +22,8 @@ from typing import Callable, Iterator
 
 import torch.distributed as dist
 
-EXIT_PEER_LOST = 5  # errors.PeerLost.exit_code, without importing torch-free modules in a watchdog thread
+from .errors import PeerLost
+
 
 
 class PeerWatchdog:
@@ -68,7 +69,7 @@ class PeerWatchdog:
                       f"{self.timeout_s:g} s while {what}; one of them is gone or hung (--dist-timeout)",
                       file=sys.stderr, flush=True)
                 sys.stdout.flush()
-                self._exit(EXIT_PEER_LOST)
+                self._exit(PeerLost.exit_code)
                 self._waiting = None  # only reached when exit_process returns (tests)
 
 

@@ -1,7 +1,6 @@
 """The training engine: one object owns everything a checkpoint restores.
 
-:class:`RunConfig` is the run's configuration, resolved once from the command line and never changed.
-:class:`Engine` holds the model (and its DDP / compiled wrapper), optimizer, loss scaler, EMA, the
+:class:`Engine` receives the run's frozen :class:`~image_classification.plan.RunConfig` and holds the model (and its DDP / compiled wrapper), optimizer, loss scaler, EMA, the
 :class:`Progress` counters and the random generators of every process. :meth:`Engine.state_dict` is the
 checkpoint, whatever wrote it (an epoch's end, ``--checkpoint-interval``, a SIGTERM): the same layout,
 defined here and nowhere else, and :meth:`Engine.load_state_dict` restores it exactly.
@@ -15,10 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-import random
-import re
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -29,124 +26,12 @@ from . import checkpoint as ckpt
 from .ema import ModelEma
 from .errors import TrainingDiverged, UserError
 from .losses import classification_loss
-from .optim import build_optimizer, load_optimizer_state, lr_at, set_lr
-from .preprocessing import Preprocessing
+from .optim import build_optimizer, load_optimizer_state, set_lr
+from .plan import RunConfig, reseed
 from .runtime import Runtime
 
 MAX_OVERFLOW_RUN = 100  # fp16 steps skipped in a row before a run is declared diverged
-DEFAULT_LOSS_SCALE = 2.0**16  # where a dynamic fp16 loss scale starts unless told (torch's GradScaler default)
 LOSS_SCALE_GROWTH_INTERVAL = 100  # clean steps before a dynamic scale doubles (NVIDIA's recipes)
-
-
-def choose_loss_scale(amp_dtype: torch.dtype | None, static_loss_scale: float | None,
-                      dynamic_loss_scale: bool) -> tuple[float, bool, str | None]:
-    """(initial scale, dynamic?, a notice or None) for ``--static-loss-scale`` / ``--dynamic-loss-scale``.
-
-    fp16 gradients underflow without a loss scale, so ``--amp`` in fp16 always scales, dynamically
-    unless the user fixes the scale: ``--static-loss-scale S`` alone keeps S; with ``--dynamic-loss-scale``
-    S is only the start.  bf16 and fp32 runs take no scale at all, and a scale flag there is ignored aloud.
-    """
-    if amp_dtype != torch.float16:
-        if static_loss_scale is None and not dynamic_loss_scale:
-            return DEFAULT_LOSS_SCALE, True, None
-        why = "without --amp" if amp_dtype is None else "under bf16 autocast, which needs no loss scaling"
-        return DEFAULT_LOSS_SCALE, True, f"=> --static-loss-scale / --dynamic-loss-scale are ignored {why}"
-    if static_loss_scale is not None and not dynamic_loss_scale:
-        return static_loss_scale, False, (
-            f"=> fp16 loss scale fixed at {static_loss_scale:g} (--static-loss-scale without "
-            "--dynamic-loss-scale); steps whose gradients overflow are skipped, and the scale never adapts")
-    return (DEFAULT_LOSS_SCALE if static_loss_scale is None else static_loss_scale), True, None
-
-
-@dataclass(frozen=True)
-class CheckpointInterval:
-    """``--checkpoint-interval``: every ``iterations`` train iterations, or every ``seconds`` of wall time."""
-
-    iterations: int | None = None
-    seconds: float | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> "CheckpointInterval":
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", str(text))
-        if not match:
-            raise ValueError(f"expected N (iterations) or Nm / Ns / Nh (minutes, seconds, hours), got {text!r}")
-        number, unit = float(match.group(1)), match.group(2)
-        if number <= 0:
-            raise ValueError(f"must be positive, got {text!r}")
-        if not unit:
-            if number != int(number):
-                raise ValueError(f"a number of iterations is a whole number, got {text!r}")
-            return cls(iterations=int(number))
-        return cls(seconds=number * {"s": 1, "m": 60, "h": 3600}[unit])
-
-    def __str__(self) -> str:
-        if self.iterations is not None:
-            return f"every {self.iterations} iterations"
-        return f"every {self.seconds / 60:g} minutes"
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """What the run does, resolved once from the arguments (and the resumed checkpoint); read-only."""
-
-    # model
-    arch: str
-    num_classes: int
-    model_options: tuple  # (name, value) pairs given to build_model
-    preprocessing: Preprocessing
-    jit: str = "no"
-    compile: bool = False
-    # optimisation
-    optimizer: str = "sgd"
-    lr: float = 0.1
-    lr_schedule: str = "step"
-    warmup: int = 0
-    end_lr: float = 0.0
-    epochs: int = 90
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    nesterov: bool = False
-    bn_weight_decay: bool = False
-    rmsprop_alpha: float = 0.9
-    rmsprop_eps: float = 1e-3
-    batch_size: int = 256
-    accumulation: int = 1
-    label_smoothing: float = 0.0
-    mixup: float = 0.0
-    ema_decay: float | None = None
-    loss_scale: float = DEFAULT_LOSS_SCALE  # fp16 only: the scale, or where a dynamic one starts
-    dynamic_loss_scale: bool = True
-    # the run
-    seed: int = 0
-    run_epochs: int = -1
-    early_stopping_patience: int = -1
-    prof: int = -1
-    print_freq: int = 10
-    topk: int = 5
-    evaluate: bool = False
-    training_only: bool = False
-    # what it writes
-    workspace: Path = Path(".")
-    checkpoint_filename: str = "checkpoint.pth.tar"
-    raport_file: str = "experiment_raport.json"
-    save_checkpoints: bool = True
-    gather_checkpoints: int = 0
-    checkpoint_interval: CheckpointInterval | None = None
-    tensorboard: str | None = None
-
-    @property
-    def val_smoothing(self) -> float:
-        """Validation loss smoothing: the training's, except with MixUp (its soft targets are smoothed apart)."""
-        return self.label_smoothing if self.mixup == 0 else 0.0
-
-    def lr_at(self, epoch: int) -> float:
-        return lr_at(epoch, base_lr=self.lr, schedule=self.lr_schedule, warmup=self.warmup, epochs=self.epochs,
-                     end_lr=self.end_lr)
-
-    def describe_model(self) -> dict:
-        """What a checkpoint records about the model, so inference can rebuild and feed it."""
-        return {"arch": self.arch, "num_classes": self.num_classes, "model_options": dict(self.model_options),
-                "preprocessing": self.preprocessing.to_dict()}
 
 
 @dataclass
@@ -161,6 +46,7 @@ class Progress:
     best_prec1: float = 0.0
     best_epoch: int = -1  # the epoch model_best holds; -1 before the first finite validation
     epochs_without_improvement: int = 0
+    stopped_early: bool = False  # early stopping ended the run: it is finished, whatever --epochs says
 
 
 @dataclass
@@ -174,20 +60,24 @@ class WindowReading:
 class Engine:
     """Model, optimizer, scaler, EMA, progress and RNG of one process; see the module docstring."""
 
-    def __init__(self, config: RunConfig, runtime: Runtime, model: nn.Module, log=print):
+    def __init__(self, config: RunConfig, runtime: Runtime, model: nn.Module, *, classes: Sequence[str] = (),
+                 raport_position: Callable[[], dict] | None = None, log=print):
+        """``classes``: the class names a checkpoint records; ``raport_position``: where the raport stands
+        (``{"file", "offset"}``), recorded so that a resume cuts the raport back to the same point."""
         self.config, self.runtime, self.log = config, runtime, log
         self.base_model = model
         self.optimizer = build_optimizer(
             model, name=config.optimizer, lr=config.lr, momentum=config.momentum,
             weight_decay=config.weight_decay, nesterov=config.nesterov, bn_weight_decay=config.bn_weight_decay,
-            rmsprop_alpha=config.rmsprop_alpha, rmsprop_eps=config.rmsprop_eps, log=log,
+            rmsprop_alpha=config.rmsprop_alpha, rmsprop_eps=config.rmsprop_eps,
+            log=(lambda *_: None) if config.evaluate else log,  # --evaluate never steps: no word about decay
         )
         self.scaler = self._make_scaler()
         self.ema = ModelEma(model, config.ema_decay) if config.ema_decay else None
         self.model = self._wrap(model)
         self.progress = Progress()
-        self.classes: list[str] = []
-        self.raport_position = None  # set by the run: () -> {"file", "offset"} of the raport
+        self.classes = list(classes)
+        self.raport_position = raport_position
         device = runtime.device
         self._loss_sum = torch.zeros((), device=device)
         self._skipped = torch.zeros((), device=device)
@@ -229,6 +119,9 @@ class Engine:
                    step_now: bool) -> None:
         """Forward and backward one micro-batch; with ``step_now``, take the optimizer step."""
         config = self.config
+        batch = targets.shape[0]
+        if batch == 1:  # what skipped unreadable images can leave: BatchNorm cannot normalise one sample
+            images, targets = torch.cat([images, images]), torch.cat([targets, targets])
         target = targets
         if config.mixup > 0:
             from .losses import mixup
@@ -249,7 +142,8 @@ class Engine:
             self._optimizer_step()
         self._loss_sum += loss.detach()
         self._window_steps += 1
-        self._window_images += targets.shape[0]
+        self._window_images += batch
+        self.progress.batch += 1
         self.progress.iterations += 1
 
     def _optimizer_step(self) -> None:
@@ -269,6 +163,22 @@ class Engine:
         self.progress.optimizer_steps += 1
         if self.ema is not None:
             self.ema.update(self.base_model, self.progress.optimizer_steps)
+
+    def end_epoch(self, val_top1: float | None) -> bool:
+        """Close the epoch being trained; True when ``val_top1`` (None: not validated, or not finite) makes
+        its weights the best so far.  The first finite validation is always the best, even at 0%."""
+        progress = self.progress
+        epoch = progress.epoch
+        progress.epoch, progress.batch = epoch + 1, 0
+        is_best = val_top1 is not None and (val_top1 > progress.best_prec1 or progress.best_epoch < 0)
+        if is_best:
+            progress.best_prec1, progress.best_epoch = val_top1, epoch
+            progress.epochs_without_improvement = 0
+        else:
+            progress.epochs_without_improvement += 1
+        patience = self.config.early_stopping_patience
+        progress.stopped_early = 0 < patience <= progress.epochs_without_improvement
+        return is_best
 
     def discard_gradients(self) -> None:
         """Drop a partial accumulation (a --prof epoch may end between optimizer steps)."""
@@ -365,6 +275,7 @@ class Engine:
                      "epochs_without_improvement"):
             setattr(progress, name, int(state.get(name, 0)))
         progress.best_prec1 = float(state.get("best_prec1", 0.0))
+        progress.stopped_early = bool(state.get("stopped_early", False))
         progress.best_epoch = int(state.get("best_epoch", 0 if progress.best_prec1 > 0 else -1))
         if state.get("optimizer") is not None:
             try:
@@ -390,7 +301,11 @@ class Engine:
             rng = [rng] if written_by == 1 else None
         same_shape = written_by == runtime.world_size and old_batch == self.config.batch_size
         if same_shape and rng and len(rng) == runtime.world_size:
-            ckpt.restore_rng_state(rng[runtime.rank])
+            try:
+                ckpt.restore_rng_state(rng[runtime.rank])
+            except (AttributeError, TypeError, ValueError, KeyError, IndexError, RuntimeError) as error:
+                raise UserError(f"the checkpoint's random generator state is malformed ({type(error).__name__}); "
+                                "it cannot be resumed exactly") from None
             return
         reseed(self.config.seed, runtime.rank, progress.epoch, progress.iterations)
         if progress.batch:
@@ -405,12 +320,3 @@ class Engine:
             self.log(f"=> the checkpoint was written by {written_by} process(es), this run has "
                      f"{runtime.world_size}: every process's random streams restart from the seed, so the run "
                      "will not repeat a run of the original size bitwise")
-
-
-def reseed(seed: int, rank: int, epoch: int = 0, iterations: int = 0) -> None:
-    """Seed python, numpy and torch (CPU and CUDA) from the run seed, the global rank and the position."""
-    process_seed = (seed + rank + 1_000_003 * epoch + 7_919 * iterations) % 2**63
-    random.seed(process_seed)
-    np.random.seed(process_seed % 2**32)
-    torch.manual_seed(process_seed)
-

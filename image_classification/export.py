@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import os
 import warnings
@@ -14,7 +15,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .arguments import UserErrorParser, positive_int
+from .cli import UserErrorParser, positive_int
 from .checkpoint import load_checkpoint, save_weights
 from .errors import UserError
 from .inference import add_model_arguments, load_model, warn
@@ -115,6 +116,17 @@ def onnx_max_difference(path: str | os.PathLike, model: nn.Module,
     return worst, scale
 
 
+def require_onnx() -> None:
+    """Fail in one line, before anything is loaded or written, where the onnx extra is not installed: torch's
+    exporter would otherwise stop half way with a traceback ("Module onnx is not installed!")."""
+    for module in ("onnx", "onnxruntime"):
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise UserError(f"model2onnx needs the onnx extra ({error}); pip install .[onnx] in the "
+                            "repository, or pip install onnx onnxscript onnxruntime") from None
+
+
 def default_onnx_path(weights: str | None, arch: str) -> Path:
     """``w.pth.tar`` / ``w.pth`` / ``w.pt`` -> ``w.onnx`` beside it; ``<arch>.onnx`` without weights."""
     if not weights:
@@ -148,6 +160,7 @@ def model2onnx_parser() -> argparse.ArgumentParser:
 
 def model2onnx_main(argv: Sequence[str] | None = None) -> int:
     args = model2onnx_parser().parse_args(argv)
+    require_onnx()
     if not args.weights and not args.pretrained:
         warn(f"warning: no --weights given: exporting {args.arch or 'resnet50'} with random weights")
     loaded = load_model(args.arch, args.weights, args.num_classes, args.model_config, args.pretrained)

@@ -22,7 +22,8 @@ from PIL import Image, UnidentifiedImageError
 from torch import nn
 from torchvision import transforms
 
-from .arguments import UserErrorParser, positive_int
+from . import machine
+from .cli import UserErrorParser, positive_int
 from .data.files import is_image_file, open_rgb
 from .data.folder import val_transform
 from .errors import UserError
@@ -278,14 +279,45 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_arch: str | Non
                        "else the architecture's, 224)")
 
 
+def default_precision(device_type: str) -> str:
+    """The faster precision on ``device_type``: AMP (fp16) on CUDA; on the CPU AMP (bf16) only where bf16 is
+    native, since emulated bf16 runs slower than FP32 (the layout, channels-last, is faster either way)."""
+    return "AMP" if device_type == "cuda" or machine.cpu_bf16_is_native() else "FP32"
+
+
+def precision_default_text() -> str:
+    """--precision's default in words, naming what this machine's CPU gets and why."""
+    capability = machine.cpu_capability()
+    if default_precision("cpu") == "AMP":
+        here = f"here AMP: this CPU ({capability}) computes bf16 natively"
+    else:
+        here = f"here FP32: this CPU ({capability}) would emulate bf16, slower than FP32"
+    return f"AMP on CUDA; on the CPU AMP only where it computes bf16 natively (AVX512-BF16, AMX), else FP32; {here}"
+
+
+def classify_runtime(device: str, precision: str | None, memory_format: str) -> Runtime:
+    """The runtime of a one-off classification: ``precision`` None picks :func:`default_precision`."""
+    if precision is None:
+        wants_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+        precision = default_precision("cuda" if wants_cuda else "cpu")
+    # no cuDNN autotuning: a one-off run would re-tune at every new batch shape (the last batch is
+    # usually smaller) for no gain
+    runtime = make_runtime(device, amp=precision == "AMP", memory_format=memory_format, log=lambda *_: None,
+                           cudnn_benchmark=False)
+    if runtime.device.type == "cpu" and runtime.amp_dtype is not None and not machine.cpu_bf16_is_native():
+        warn(f"note: this CPU ({machine.cpu_capability()}) emulates bf16: --precision AMP runs slower than FP32 here")
+    return runtime
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = UserErrorParser(prog="classify.py", description="Classify images with a trained model.")
     parser.add_argument("--image", metavar="PATH", nargs="+", action="extend", required=True,
                         help="image file, or folder whose images are all classified; may be repeated")
     add_model_arguments(parser, default_arch=None)
     run = parser.add_argument_group("inference")
-    run.add_argument("--precision", choices=("AMP", "FP32"), default="AMP",
-                     help="AMP: fp16 autocast on CUDA, bf16 on CPU; FP32: full precision (default: AMP)")
+    run.add_argument("--precision", choices=("AMP", "FP32"), default=None,
+                     help="AMP: fp16 autocast on CUDA, bf16 on CPU; FP32: full precision (default: "
+                     + precision_default_text() + ")")
     run.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                      help="where to run; auto takes CUDA when present (default: auto)")
     run.add_argument("--memory-format", choices=("nhwc", "nchw"), default="nhwc",
@@ -314,8 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     loaded = load_model(args.arch, args.weights, args.num_classes, args.model_config, args.pretrained)
     names = class_names_for(loaded.num_classes, args.labels, loaded.class_names)
     preprocessing = loaded.resolve_preprocessing(args.image_size)
-    runtime = make_runtime(args.device, amp=args.precision == "AMP", memory_format=args.memory_format,
-                           log=lambda *_: None)
+    runtime = classify_runtime(args.device, args.precision, args.memory_format)
     model = loaded.model.to(runtime.device, memory_format=runtime.memory_format)
     for path, predictions in classify_paths(model, paths, runtime, preprocessing, names, args.topk):
         if args.json:

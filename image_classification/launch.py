@@ -18,7 +18,8 @@ from typing import Sequence
 
 import yaml
 
-from .arguments import UserErrorParser, build_parser as build_main_parser, parse_args
+from .arguments import build_parser as build_main_parser, flag_tokens, parse_args
+from .cli import UserErrorParser
 from .errors import UserError
 from .runtime import distributed_env
 
@@ -26,6 +27,9 @@ from .runtime import distributed_env
 DEFAULT_CFG_FILE = (Path(__file__).parent / "configs.yml").resolve()
 DIR_PLACEHOLDER = "DIR"  # stands for the dataset folder in a --dry-run command given none
 SECTIONS = ("precision", "platform", "mode", "models")
+# More values than a presets file holds by far (configs.yml: about 2,000 once its aliases are written out),
+# far fewer than a YAML alias bomb (a few lines that expand to billions, or a value that holds itself).
+MAX_VALUES = 100_000
 
 
 # ------------------------------------------------------------------------------------------------
@@ -41,12 +45,29 @@ def load_config(cfg_file: str | Path = DEFAULT_CFG_FILE) -> dict:
         where = getattr(error, "problem_mark", None)
         line = f" (line {where.line + 1})" if where is not None else ""
         raise UserError(f"{cfg_file} is not valid YAML{line}: {getattr(error, 'problem', error)}") from None
+    if _expanded_size(config, MAX_VALUES) > MAX_VALUES:
+        raise UserError(f"{cfg_file} expands to more than {MAX_VALUES:,} values (its aliases repeat what they "
+                        "name, or a value holds itself): it is not a presets file")
     if not isinstance(config, dict):
         raise UserError(f"{cfg_file} must hold a mapping with the sections {', '.join(SECTIONS)}")
     missing = [section for section in SECTIONS if not isinstance(config.get(section), dict)]
     if missing:
         raise UserError(f"{cfg_file} lacks the section(s) {', '.join(missing)}")
     return config
+
+
+def _expanded_size(value, budget: int) -> int:
+    """How many values ``value`` holds with its shared parts counted each time they appear, as a message
+    or a walk would see them: counted no further than just past ``budget``, so a bomb costs no more."""
+    count, pending = 0, [value]
+    while pending and count <= budget:
+        item = pending.pop()
+        count += 1
+        if isinstance(item, dict):
+            pending += [*item.keys(), *item.values()]
+        elif isinstance(item, (list, tuple)):
+            pending += item
+    return count
 
 
 def _choose(table: dict, name: str, what: str) -> dict:
@@ -129,30 +150,21 @@ def main_py_argv(args: argparse.Namespace, always: Sequence[str] = ()) -> list[s
             isinstance(value, (list, tuple)) and list(value) == list(action.default))
         if is_default and action.dest not in always:
             continue
-        if not action.option_strings:
-            positional.append(str(value))
-            continue
-        flag = next((s for s in action.option_strings if s.startswith("--")), action.option_strings[0])
-        if isinstance(action, argparse.BooleanOptionalAction):
-            argv.append(flag if value else "--no-" + flag[2:])
-        elif action.nargs == 0:  # store_true / store_false
-            if value == action.const:
-                argv.append(flag)
-        elif isinstance(value, (list, tuple)):
-            argv += [flag, *map(str, value)]
+        if action.option_strings:
+            argv += flag_tokens(action, value)
         else:
-            argv.append(f"{flag}={value}")
+            positional.append(str(value))
     return argv + positional
 
 
 # ------------------------------------------------------------------------------------------------
 # Command line
 # ------------------------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "launch.py") -> argparse.ArgumentParser:
     parser = UserErrorParser(
-        prog="launch.py",
+        prog=prog,
         allow_abbrev=False,  # an abbreviated main.py flag must not be taken for one of ours
-        usage="launch.py --model M --precision P --mode X --platform H [--cfg_file FILE] [--dry-run] "
+        usage=f"{prog} --model M --precision P --mode X --platform H [--cfg_file FILE] [--dry-run] "
         "[main.py flags] [DIR]",
         description="Run main.py with a preset from configs.yml (see --list).",
         epilog="Every other argument goes to main.py (python main.py -h lists them) and overrides the "
@@ -174,6 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+IMAGENET_CLASSES = 1000
+
+
+def _typed(argv: Sequence[str], *flags: str) -> bool:
+    """Whether one of ``flags`` is on the command line (alone or as ``--flag=value``)."""
+    return any(token == flag or token.startswith(flag + "=") for token in argv for flag in flags)
+
+
 def _notify(message: str) -> None:
     """A one-line notice, from the first process of a job only."""
     rank, _, _ = distributed_env()
@@ -182,7 +202,7 @@ def _notify(message: str) -> None:
 
 
 def dry_run_report(title: str, rest: Sequence[str], preset: dict, adapted: dict,
-                   notices: Sequence[str]) -> str:
+                   notices: Sequence[str], trainer: Sequence[str] = ("python", "main.py")) -> str:
     """``--dry-run``'s text: the preset's main.py command as written, then what this machine changes.
 
     The first command depends on the presets file and the command line only, never on this machine.
@@ -193,7 +213,7 @@ def dry_run_report(title: str, rest: Sequence[str], preset: dict, adapted: dict,
 
     def command(defaults: dict) -> str:
         argv = main_py_argv(parse_args(rest, defaults=defaults, require_data=False), defaults)
-        return shlex.join(["python", "main.py", *argv, *placeholder])
+        return shlex.join([*trainer, *argv, *placeholder])
 
     where_dir = f" ({DIR_PLACEHOLDER}: the dataset folder)" if placeholder else ""
     lines = [f"# {title}, as written{where_dir}:", command(preset)]
@@ -206,9 +226,13 @@ def dry_run_report(title: str, rest: Sequence[str], preset: dict, adapted: dict,
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = None) -> int:
-    """Resolve the preset, adapt it to this machine, then train (or describe the run, with --dry-run)."""
-    launch, rest = build_parser().parse_known_args(argv)
+def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = None, prog: str = "launch.py") -> int:
+    """Resolve the preset, adapt it to this machine, then train (or describe the run, with --dry-run).
+
+    ``prog``: the command's name; installed as ``ic-launch``, the commands it prints name ``ic-train``.
+    """
+    trainer = ("python", "main.py") if prog == "launch.py" else ("ic-train",)
+    launch, rest = build_parser(prog).parse_known_args(argv)
     if launch.list:
         print(list_presets(launch.cfg_file))
         return 0
@@ -217,7 +241,7 @@ def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = Non
     if missing:
         raise UserError(f"launch.py: the following arguments are required: {', '.join(missing)}")
     preset = resolve(launch.model, launch.precision, launch.mode, launch.platform, launch.cfg_file)
-    args = parse_args(rest, defaults=preset, require_data=not launch.dry_run)
+    args = parse_args(rest, defaults=preset, require_data=not launch.dry_run, prog=prog)
     if cuda_available is None:
         import torch
 
@@ -225,10 +249,15 @@ def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = Non
     adapted, notices = adapt_to_host(preset, args.device, cuda_available)
     if launch.dry_run:
         title = f"{launch.model} {launch.precision} {launch.mode} {launch.platform} from {launch.cfg_file}"
-        print(dry_run_report(title, rest, preset, adapted, notices))
+        print(dry_run_report(title, rest, preset, adapted, notices, trainer))
         return 0
+    if adapted.get("num_classes") == IMAGENET_CLASSES and not _typed(rest, "--num-classes", "--num_classes"):
+        # ImageNet's count is the presets' default, not a choice: another dataset's folders decide theirs
+        adapted = {key: value for key, value in adapted.items() if key != "num_classes"}
     for notice in notices:
         _notify(notice)
-    from .training import main as train
+    if adapted != preset:  # this machine changed preset values: the flags typed still win over them
+        args = parse_args(rest, defaults=adapted, prog=prog)
+    from .training import train
 
-    return train(rest, adapted)
+    return train(args)

@@ -9,9 +9,9 @@ own log lines about it are held back: they say the same).  Workers that stopped 
 checkpoint (exit 75, on SIGTERM or SIGUSR1) make multiproc exit 75 as well; a SIGUSR1 sent to multiproc
 itself is passed on to the workers.
 
-This module also holds the rendezvous helpers for jobs started by SLURM's ``srun``.  It imports
-nothing but the standard library at the top: torchrun runs this very file as the small shim that
-points a worker's output at its log file before it becomes the training script.
+This module also holds the rendezvous helpers for jobs started by SLURM's ``srun``.  It imports torch
+only when it starts the workers, so ``-h`` and its errors are immediate; each worker starts as
+:mod:`image_classification.worker_shim`.
 """
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ import sysconfig
 from pathlib import Path
 from typing import Mapping, Sequence
 
-WORKER_LOG = "GPU_{}.log"
-EXIT_PREEMPTED = 75  # errors.EXIT_PREEMPTED (this file imports only the standard library at the top)
-EXIT_PEER_LOST = 5  # errors.PeerLost.exit_code
+from . import worker_shim
+from .cli import UserErrorParser
+from .errors import EXIT_PREEMPTED, PeerLost, UserError
+from .worker_shim import WORKER_LOG
+
 DEFAULT_SLURM_PORT = 29500
 # torch.distributed.elastic's log lines that multiproc's own messages replace (matched on the template)
 ELASTIC_LOGGER = "torch.distributed.elastic.multiprocessing.api"
@@ -40,15 +42,8 @@ ELASTIC_REPEATS = ("failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s
 # ------------------------------------------------------------------------------------------------
 # Command line
 # ------------------------------------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        from .errors import UserError
-
-        raise UserError(f"{self.prog}: {message}")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = UserErrorParser(
         prog="multiproc.py",
         description="Start --nproc_per_node copies of a training script on this node (torchrun's engine, "
         "static rendezvous at --master_addr:--master_port).",
@@ -66,6 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="address of the node with node_rank 0 (default: 127.0.0.1)")
     parser.add_argument("--master_port", "--master-port", metavar="PORT", type=int, default=29500,
                         help="a free port on the master node (default: 29500)")
+    parser.add_argument("--max-restarts", "--max_restarts", metavar="N", type=int, default=0,
+                        help="restart every process of this node up to N times when one fails; with "
+                        "--resume auto and --checkpoint-interval the run continues where it was (default: 0)")
+    parser.add_argument("--rdzv-backend", "--rdzv_backend", choices=("static", "c10d"), default="static",
+                        help="how nodes meet: static (node ranks fixed by --node_rank, the reference's) or "
+                        "c10d (at --rdzv-endpoint, in any order) (default: static)")
+    parser.add_argument("--rdzv-endpoint", "--rdzv_endpoint", metavar="HOST:PORT", default=None,
+                        help="c10d's meeting point (default: --master_addr:--master_port)")
+    parser.add_argument("--rdzv-id", "--rdzv_id", metavar="ID", default="image-classification",
+                        help="c10d's job id, the same on every node (default: image-classification)")
     parser.add_argument("--log_dir", "--log-dir", metavar="DIR", default=".",
                         help="folder of the GPU_k.log files of local ranks k > 0 (default: .)")
     parser.add_argument("training_script",
@@ -76,13 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check(ns: argparse.Namespace) -> None:
-    from .errors import UserError
-
     if ns.nnodes < 1 or ns.nproc_per_node < 1:
         raise UserError("--nnodes and --nproc_per_node must be at least 1")
     if not 0 <= ns.node_rank < ns.nnodes:
         raise UserError(f"--node_rank must be between 0 and --nnodes - 1 = {ns.nnodes - 1}, "
                         f"got {ns.node_rank}")
+    if ns.max_restarts < 0:
+        raise UserError(f"--max-restarts must be 0 or more, got {ns.max_restarts}")
     if not 0 < ns.master_port < 65536:
         raise UserError(f"--master_port must be a port number, got {ns.master_port}")
 
@@ -93,8 +98,6 @@ def script_path(script: str) -> str:
 
     Installed console commands (``ic-train``, ``ic-launch``) are Python scripts, so ``python -u`` runs them.
     """
-    from .errors import UserError
-
     if os.path.isfile(script):
         return script
     found = shutil.which(script) or shutil.which(script, path=sysconfig.get_path("scripts"))
@@ -104,18 +107,25 @@ def script_path(script: str) -> str:
 
 
 def torchrun_argv(ns: argparse.Namespace) -> list[str]:
-    """torchrun's arguments for a run: static rendezvous, no restarts, workers through the log shim."""
+    """torchrun's arguments for a run: the rendezvous, the restarts, the workers through the log shim.
+
+    The static rendezvous (the reference's) fixes each node's rank; c10d lets nodes meet at
+    ``--rdzv-endpoint`` in any order, which a restarted job on a scheduler needs.
+    """
     log_dir = os.path.abspath(ns.log_dir)
+    if ns.rdzv_backend == "static":
+        rendezvous = ["--node-rank", str(ns.node_rank), "--master-addr", ns.master_addr,
+                      "--master-port", str(ns.master_port), "--rdzv-backend", "static"]
+    else:
+        endpoint = ns.rdzv_endpoint or f"{ns.master_addr}:{ns.master_port}"
+        rendezvous = ["--rdzv-backend", ns.rdzv_backend, "--rdzv-endpoint", endpoint, "--rdzv-id", ns.rdzv_id]
     return [
         "--nnodes", str(ns.nnodes),
-        "--node-rank", str(ns.node_rank),
         "--nproc-per-node", str(ns.nproc_per_node),
-        "--master-addr", ns.master_addr,
-        "--master-port", str(ns.master_port),
-        "--rdzv-backend", "static",
-        "--max-restarts", "0",
+        *rendezvous,
+        "--max-restarts", str(ns.max_restarts),
         "--monitor-interval", "0.5",
-        os.path.abspath(__file__), log_dir, ns.training_script, *ns.training_script_args,
+        os.path.abspath(worker_shim.__file__), log_dir, ns.training_script, *ns.training_script_args,
     ]
 
 
@@ -175,7 +185,8 @@ def _child_pids() -> list[int]:
 
 
 def _relay_to_workers(signum: int, frame) -> None:
-    """Pass a SIGUSR1 (SLURM's warning before a preemption) on to the workers, which save and exit 75."""
+    """Pass a SIGTERM or SIGUSR1 (SLURM's time limit, its warning before a preemption) on to the workers,
+    which save and exit 75; torchrun then reports them, and multiproc exits 75 as they did."""
     for pid in _child_pids():
         try:
             os.kill(pid, signum)
@@ -196,7 +207,7 @@ def _root_cause_first(item) -> tuple:
     """Order failed processes so the cause comes first: not one that torchrun itself stopped with SIGTERM,
     nor one that stopped because a peer was gone (exit 5), then the earliest (timestamps are in seconds)."""
     rank, failure = item
-    return failure.exitcode == -signal.SIGTERM, failure.exitcode == EXIT_PEER_LOST, failure.timestamp, rank
+    return failure.exitcode == -signal.SIGTERM, failure.exitcode == PeerLost.exit_code, failure.timestamp, rank
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -218,10 +229,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in startup_lines(ns, command):
         print(line, flush=True)
     logging.getLogger(ELASTIC_LOGGER).addFilter(_not_a_repeat)  # adding it twice keeps one
-    if hasattr(signal, "SIGUSR1"):  # torchrun handles SIGTERM itself; SIGUSR1 would kill us and orphan them
-        signal.signal(signal.SIGUSR1, _relay_to_workers)
+    # torchrun would turn a SIGTERM into its own exit (143) and SIGUSR1 would kill us and orphan the
+    # workers: both go to the workers instead, which save and stop (where torchrun lets SIGTERM be ours)
+    argv = torchrun_argv(ns)
+    if any("--signals-to-handle" in action.option_strings for action in torchrun.get_args_parser()._actions):
+        argv = ["--signals-to-handle", "SIGINT,SIGHUP,SIGQUIT", *argv]
+    for name in ("SIGTERM", "SIGUSR1"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), _relay_to_workers)
     try:
-        torchrun.run(torchrun.parse_args(torchrun_argv(ns)))
+        torchrun.run(torchrun.parse_args(argv))
     except ChildFailedError as failed:
         if _stopped_early(failed.failures.values()):
             print(f"multiproc.py: the processes stopped early after saving a checkpoint (exit code "
@@ -239,25 +256,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + int(stopped.sigval)
     remove_empty_logs(ns.log_dir, ns.nproc_per_node)
     return 0
-
-
-# ------------------------------------------------------------------------------------------------
-# The worker shim (this file run by path: ``python -u multiproc.py LOG_DIR SCRIPT ARGS``)
-# ------------------------------------------------------------------------------------------------
-def exec_worker(argv: Sequence[str]) -> None:
-    """Point local rank k > 0's stdout and stderr at LOG_DIR/GPU_k.log, then become the script.
-
-    ``exec`` keeps the process id, so torchrun's monitoring and signals reach the training script.
-    """
-    log_dir, script, *args = argv
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if local_rank > 0:
-        path = os.path.join(log_dir, WORKER_LOG.format(local_rank))
-        log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
-    os.execv(sys.executable, [sys.executable, "-u", script, *args])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -314,7 +312,3 @@ def slurm_rendezvous_env(environ: Mapping[str, str] | None = None) -> dict[str, 
         "MASTER_ADDR": environ.get("MASTER_ADDR") or first_host(nodelist),
         "MASTER_PORT": environ.get("MASTER_PORT") or str(DEFAULT_SLURM_PORT),
     }
-
-
-if __name__ == "__main__":
-    exec_worker(sys.argv[1:])

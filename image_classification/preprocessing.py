@@ -22,6 +22,9 @@ IMAGENET_MEAN_255 = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD_255 = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 CROP_RATIO = 0.875  # validation crops 224 out of 256
 INTERPOLATIONS = ("bilinear", "bicubic", "triangular")
+# What a recorded preprocessing may say: a ResNet needs 32 px, and nothing trains on gigapixel crops.
+IMAGE_SIZES = range(32, 8192 + 1)
+MIN_CROP_RATIO = 0.1
 
 
 @dataclass(frozen=True)
@@ -55,12 +58,15 @@ class Preprocessing:
         except (KeyError, TypeError, ValueError):
             raise UserError(f"{source} records its preprocessing in a form this version cannot read") from None
         valid = (
-            isinstance(size, int) and not isinstance(size, bool) and size > 0 and interpolation in INTERPOLATIONS
-            and 0 < ratio <= 1 and len(mean) == 3 and len(std) == 3
-            and all(math.isfinite(v) for v in mean + std) and all(v > 0 for v in std)
+            isinstance(size, int) and not isinstance(size, bool) and size in IMAGE_SIZES
+            and interpolation in INTERPOLATIONS and MIN_CROP_RATIO <= ratio <= 1 and len(mean) == 3
+            and len(std) == 3 and all(math.isfinite(v) for v in mean + std) and all(v > 0 for v in std)
         )
         if not valid:
-            raise UserError(f"{source} records an invalid preprocessing: {dict(record)}")
+            shown = repr(dict(record))
+            raise UserError(f"{source} records an invalid preprocessing (image size {IMAGE_SIZES.start}-"
+                            f"{IMAGE_SIZES.stop - 1}, crop ratio {MIN_CROP_RATIO}-1, 3 finite means and "
+                            f"positive stds): {shown[:200]}{'...' if len(shown) > 200 else ''}")
         return cls(size, interpolation, ratio, mean, std)  # type: ignore[arg-type]
 
     def describe(self) -> str:

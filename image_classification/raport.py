@@ -126,19 +126,30 @@ def format_step(step) -> str:
 class TensorBoardMirror:
     """Writes the raport's metrics as TensorBoard scalars (``torch.utils.tensorboard``, rank 0 only).
 
-    Train windows are plotted against the run's iteration, epoch aggregates against the epoch (under
-    ``epoch/``), and the run's parameters are written once as hyperparameters with the summary.
+    Train windows and epoch aggregates (under ``epoch/``) are plotted against the run's iteration, one
+    step axis for every tag, so that a resumed run at iteration T can hide what a killed one wrote after
+    T (``purge_step``) instead of showing those steps twice. The run's parameters are written once as
+    hyperparameters with the summary.
     """
 
-    def __init__(self, log_dir: str | os.PathLike):
+    def __init__(self, log_dir: str | os.PathLike, purge_step: int | None = None):
+        from .errors import UserError
+
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as error:  # the tensorboard package is missing
-            from .errors import UserError
-
             raise UserError(f"--tensorboard needs the tensorboard package ({error}); "
                             "pip install tensorboard") from None
-        self.writer = SummaryWriter(log_dir=str(log_dir))
+        folder = Path(log_dir)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = folder / ".write-test"
+            probe.touch()
+            probe.unlink()
+        except OSError as error:
+            why = "is not a folder" if folder.exists() and not folder.is_dir() else (error.strerror or str(error))
+            raise UserError(f"--tensorboard {log_dir}: {why}") from None
+        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
         self.parameters: dict = {}
 
     def window(self, values: dict, global_step: int) -> None:
@@ -146,10 +157,10 @@ class TensorBoardMirror:
             if isinstance(value, (int, float)):
                 self.writer.add_scalar(name, value, global_step)
 
-    def epoch(self, values: dict, epoch: int) -> None:
+    def epoch(self, values: dict, global_step: int) -> None:
         for name, value in values.items():
             if isinstance(value, (int, float)):
-                self.writer.add_scalar(f"epoch/{name}", value, epoch)
+                self.writer.add_scalar(f"epoch/{name}", value, global_step)
         self.writer.flush()
 
     def end(self, summary: dict) -> None:
@@ -169,8 +180,10 @@ class Raport:
 
     def __init__(self, path: str | os.PathLike | None, enabled: bool = True, stdout: TextIO | None = None,
                  echo: Callable[[str], None] | None = None, resume_offset: int | None = None,
-                 tensorboard: str | os.PathLike | None = None):
+                 tensorboard: str | os.PathLike | None = None, tensorboard_purge_step: int | None = None,
+                 run_id: str | None = None):
         self.enabled = enabled
+        self.run_id = run_id  # the run this raport belongs to, recorded in its checkpoints
         self.path = Path(path) if path else None
         self.start = time.time()
         self.metrics: dict[str, Metric] = {}
@@ -181,7 +194,7 @@ class Raport:
         if enabled and path:
             self.file = self._open(self.path, resume_offset)
         if enabled and tensorboard:
-            self.mirror = TensorBoardMirror(tensorboard)
+            self.mirror = TensorBoardMirror(tensorboard, tensorboard_purge_step)
 
     @staticmethod
     def _open(path: Path, resume_offset: int | None) -> TextIO:
@@ -245,9 +258,9 @@ class Raport:
     def position(self) -> dict:
         """Where the raport stands (flushed): a checkpoint records it, so a resume appends from there."""
         if self.file is None:
-            return {"file": str(self.path.name) if self.path else "", "offset": -1}
+            return {"file": str(self.path.name) if self.path else "", "offset": -1, "run": self.run_id}
         self.flush()
-        return {"file": self.path.name, "offset": self.file.tell()}
+        return {"file": self.path.name, "offset": self.file.tell(), "run": self.run_id}
 
     def close(self) -> None:
         if self.file is not None:
@@ -276,8 +289,9 @@ class Raport:
         self.metrics[name].record(value, n, window=window, epoch=epoch)
 
     def _emit(self, step, values: dict[str, float | None]) -> None:
+        """Log ``values`` at ``step``; a metric with nothing recorded (None) is left out, not logged as null."""
         for level in (DEFAULT, VERBOSE):
-            data = {k: v for k, v in values.items() if self.metrics[k].verbosity == level}
+            data = {k: v for k, v in values.items() if v is not None and self.metrics[k].verbosity == level}
             if data:
                 self.log(step, data, level if len(step) > 1 else DEFAULT)
 
@@ -294,12 +308,13 @@ class Raport:
             if self.mirror is not None and global_step is not None and self.enabled:
                 self.mirror.window(values, global_step)
 
-    def end_epoch(self, epoch: int) -> dict[str, float | None]:
+    def end_epoch(self, epoch: int, global_step: int | None = None) -> dict[str, float | None]:
+        """Log the epoch's aggregates; ``global_step`` (the run's iteration) places them in TensorBoard."""
         values = {name: metric.take_epoch() for name, metric in self.metrics.items()}
         self._emit([epoch], values)
         self.flush()
         if self.mirror is not None and self.enabled:
-            self.mirror.epoch(values, epoch)
+            self.mirror.epoch(values, epoch if global_step is None else global_step)
         return values
 
     def end(self) -> dict[str, float | None]:

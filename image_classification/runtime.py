@@ -7,6 +7,7 @@ the distributed environment.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -16,6 +17,10 @@ import torch.distributed as dist
 
 from .distributed import PeerWatchdog
 from .errors import UserError
+
+# torch's C++-extension module (which torch.compile and the ONNX exporter import) warns "No CUDA runtime is
+# found" on every machine without a GPU: a fact each command already states, not something to act on.
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 _MEMORY_FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -142,6 +147,12 @@ def make_runtime(
             amp_dtype = "float16" if use_cuda else "bfloat16"
             if not use_cuda and rank == 0:
                 log("=> --amp on CPU: bf16 autocast, no loss scaling")
+        if amp_dtype == "bfloat16" and not use_cuda and rank == 0:
+            from .machine import cpu_bf16_is_native, cpu_capability
+
+            if not cpu_bf16_is_native():
+                log(f"=> this CPU ({cpu_capability()}) has no bf16 hardware: bf16 autocast is emulated and runs "
+                    "slower than FP32 here (drop --amp for speed)")
         dtype = _DTYPES[amp_dtype]
         if dtype == torch.float16 and not use_cuda:
             raise UserError("--amp-dtype float16 needs CUDA; use bfloat16 on CPU")

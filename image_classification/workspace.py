@@ -1,10 +1,12 @@
 """The workspace a run writes into: checked before the first step, locked while the run lives.
 
-* :meth:`Workspace.prepare` refuses, with one line each and before any training, a workspace that is a
-  file or cannot be written, an empty or colliding ``--checkpoint-filename`` / ``--raport-file``;
+* :meth:`Workspace.prepare` refuses, with one line each and before anything is written, a workspace that
+  is a file or cannot be written, and a ``--checkpoint-filename`` / ``--raport-file`` that is empty, too
+  long for the file system, outside the workspace, or the same file as a checkpoint, the lock or each other;
 * :meth:`Workspace.lock` holds an exclusive ``flock`` on ``.workspace.lock``: a second run on the same
-  workspace stops with the first one's pid and host; the kernel drops the lock when its process dies,
-  so a killed run never blocks the next one;
+  workspace stops with the first one's pid and host.  The lock dies with the run's process, SIGKILL
+  included: fork()ed children (DataLoader workers) close their copy of it at once, and a lock that
+  outlives its recorded holder all the same (kept by a child that inherited it otherwise) is taken over;
 * temporary files left by a killed save are removed once the lock is held;
 * :meth:`Workspace.resume_candidates` lists the checkpoints ``--resume auto`` may continue from.
 """
@@ -13,13 +15,16 @@ from __future__ import annotations
 
 import datetime
 import errno
+import json
 import os
 import re
 import socket
 import tempfile
 from pathlib import Path
+from typing import TextIO
 
-from .checkpoint import BEST_NAME, TEMP_SUFFIX, epoch_checkpoints, is_epoch_checkpoint_name
+from .checkpoint import (BEST_NAME, TEMP_SUFFIX, epoch_checkpoints, is_epoch_checkpoint_name, longest_name,
+                         temporary_name)
 from .errors import UserError
 
 LOCK_NAME = ".workspace.lock"
@@ -29,6 +34,94 @@ try:
     import fcntl
 except ImportError:  # not POSIX: no locking, every other check still applies
     fcntl = None
+
+_HELD: list[TextIO] = []  # the lock files this process holds
+
+
+def _close_in_child() -> None:
+    """A fork()ed child (a DataLoader worker) drops its copy of the run's lock.
+
+    flock belongs to the open file, which a fork shares: a worker that kept it would hold the workspace
+    for the seconds it outlives a SIGKILLed run.  Closing the child's descriptor leaves the parent's lock
+    as it is.  Close-on-exec does not help here: the workers are forked, never exec()ed.
+    """
+    for handle in _HELD:
+        handle.close()
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_in_child)
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _process_start(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, /proc/<pid>/stat's 22nd field); None when it
+    is gone or a zombie.  Raises OSError where /proc cannot tell."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        if not os.path.isdir("/proc/self"):
+            raise
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # the command name, in parentheses, may hold spaces
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def _holder_record() -> dict:
+    """Who holds the lock, as the next run needs to know it to tell a dead holder from a live one."""
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "pidns": _pid_namespace()}
+    try:
+        record["start"] = _process_start(os.getpid())
+    except OSError:
+        record["start"] = None
+    return record
+
+
+def holder_is_dead(record: dict) -> bool:
+    """Whether the process a lock file names is proven gone: on this machine and in this pid namespace,
+    with no live process of that pid that started when it did (a reused pid is another process)."""
+    if record.get("host") != socket.gethostname() or record.get("pidns") != _pid_namespace():
+        return False  # another machine or container: its processes cannot be seen from here
+    pid = record.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        start = _process_start(pid)
+    except OSError:  # no /proc: a signal 0 tells whether the pid is in use, not by whom
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False
+    return start is None or start != record.get("start")
+
+
+def _try_flock(handle: TextIO) -> bool | None:
+    """Lock ``handle``'s file: True when done, False when another process holds it, None when the file
+    system has no locks."""
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        return False if error.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK) else None
+    return True
+
+
+def _recorded_holder_is_dead(path: Path) -> bool:
+    """Whether the lock file names a holder that is proven dead (then only its children can hold it)."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8").splitlines()[1])
+    except (OSError, IndexError, ValueError):
+        return False  # written by an older version, or half written: cannot tell
+    return isinstance(record, dict) and holder_is_dead(record)
 
 
 class Workspace:
@@ -52,13 +145,33 @@ class Workspace:
 
     # -- checks -----------------------------------------------------------------------------------
     def check_names(self, saving: bool) -> None:
-        """File names that cannot work, or would overwrite one another, are refused."""
+        """File names that cannot work, leave the workspace, or would overwrite one another are refused.
+
+        Paths are compared resolved (``sub/../checkpoint.pth.tar`` is ``checkpoint.pth.tar``), and the
+        raport is checked against the checkpoints even when this run saves none: it would truncate the
+        file that ``--resume`` reads.
+        """
+        limit = longest_name(self.path)
         for flag, name in (("--raport-file", self.raport_file),) + (
                 (("--checkpoint-filename", self.checkpoint_filename),) if saving else ()):
             if not name or not name.strip() or Path(name).name in ("", ".", ".."):
                 raise UserError(f"{flag} needs a file name, got {name!r}")
             if Path(name).is_absolute():
                 raise UserError(f"{flag} is a name inside --workspace, not an absolute path: {name}")
+            if Path(os.path.normpath(name)).parts[0] == "..":
+                raise UserError(f"{flag} {name} leads out of --workspace; give a name inside it")
+            for part in Path(name).parts:
+                if len(os.fsencode(part)) > limit:
+                    raise UserError(f"{flag} is too long for the file system: {part[:40]}... has "
+                                    f"{len(os.fsencode(part))} bytes, a file name there at most {limit}")
+        folder, raport, latest = self.path.resolve(), self.raport.resolve(), self.latest.resolve()
+        taken = {latest: "--checkpoint-filename", folder / BEST_NAME: f"the best model, {BEST_NAME}",
+                 folder / LOCK_NAME: f"the workspace's lock, {LOCK_NAME}"}
+        if raport.parent == folder and is_epoch_checkpoint_name(raport.name):
+            taken[raport] = "a per-epoch checkpoint (--gather-checkpoints)"
+        if raport in taken:
+            raise UserError(f"--raport-file {self.raport_file} is the same file as {taken[raport]}: the "
+                            "raport would overwrite it; choose another name, such as experiment_raport.json")
         if not saving:
             return
         name = Path(self.checkpoint_filename).name
@@ -66,8 +179,9 @@ class Workspace:
             raise UserError(f"--checkpoint-filename {self.checkpoint_filename} would be overwritten by the "
                             f"{'best model' if name == BEST_NAME else 'per-epoch checkpoints'}; choose another "
                             "name, such as checkpoint.pth.tar")
-        if Path(self.checkpoint_filename) == Path(self.raport_file):
-            raise UserError("--checkpoint-filename and --raport-file name the same file")
+        if latest == folder / LOCK_NAME:
+            raise UserError(f"--checkpoint-filename {self.checkpoint_filename} is the workspace's lock file; "
+                            "choose another name, such as checkpoint.pth.tar")
 
     def prepare(self, saving: bool) -> None:
         """Create the workspace and prove it writable; :class:`UserError` (before any training) if not."""
@@ -88,38 +202,65 @@ class Workspace:
             os.close(fd)
             os.unlink(probe)
         except OSError as error:
+            if error.errno == errno.ENAMETOOLONG:
+                raise UserError(f"--workspace {self.path} with --checkpoint-filename / --raport-file makes a "
+                                "path too long for the file system; choose shorter names") from None
             reason = "it is read-only" if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else \
                 (error.strerror or str(error))
             raise UserError(f"--workspace {self.path} cannot be written: {reason}") from None
 
     # -- lock ---------------------------------------------------------------------------------------
     def lock(self) -> None:
-        """Take the workspace for this run, or stop with a :class:`UserError` naming the run that has it."""
+        """Take the workspace for this run, or stop with a :class:`UserError` naming the run that has it.
+
+        Starting runs take turns (a flock on the workspace folder, held for the moment this takes), so
+        that two of them never both take over the lock of a dead run.
+        """
         if fcntl is None or self._lock_handle is not None:
             return
         path = self.path / LOCK_NAME
-        handle = open(path, "a+", encoding="utf-8")
+        guard = os.open(self.path, os.O_RDONLY)
         try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            if error.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                handle.close()
+            try:
+                fcntl.flock(guard, fcntl.LOCK_EX)
+            except OSError:
                 return  # a file system without locks (some network mounts): run unlocked
+            handle = open(path, "a+", encoding="utf-8")
+            locked = _try_flock(handle)
+            if locked is False and _recorded_holder_is_dead(path):
+                handle.close()
+                path.unlink()  # the dead run's children keep the old file locked; a new file is free
+                handle = open(path, "a+", encoding="utf-8")
+                locked = _try_flock(handle)
+            if not locked:
+                handle.close()
+                if locked is None:
+                    return  # a file system without locks: run unlocked
+                raise self._in_use(path)
             handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            handle.close()
-            raise UserError(f"--workspace {self.path} is in use by another run ({holder}); wait for it to end "
-                            "or choose another --workspace") from None
-        handle.seek(0)
-        handle.truncate()
-        started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {started}\n")
-        handle.flush()
-        self._lock_handle = handle
+            handle.truncate()
+            started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+            handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {started}\n"
+                         f"{json.dumps(_holder_record())}\n")
+            handle.flush()  # nothing left in the buffer for a fork child to write again
+            _HELD.append(handle)
+            self._lock_handle = handle
+        finally:
+            os.close(guard)
+
+    def _in_use(self, path: Path) -> UserError:
+        try:
+            holder = path.read_text(encoding="utf-8", errors="replace").splitlines()[0].strip()
+        except (OSError, IndexError):
+            holder = "another process"
+        return UserError(f"--workspace {self.path} is in use by another run ({holder}); wait for it to end "
+                         "or choose another --workspace")
 
     def unlock(self) -> None:
         if self._lock_handle is not None:
             self._lock_handle.close()  # closing the file releases the flock
+            if self._lock_handle in _HELD:
+                _HELD.remove(self._lock_handle)
             self._lock_handle = None
 
     def __enter__(self) -> "Workspace":
@@ -133,16 +274,18 @@ class Workspace:
     def remove_stale_temporaries(self) -> list[Path]:
         """Delete what a killed save left behind (only checkpoint temporaries; call with the lock held)."""
         removed = []
+        latest = temporary_name(self.latest)  # cut for a long name
         for entry in self.path.iterdir():
             match = _TEMPORARY.match(entry.name)
-            if match and entry.is_file() and self._is_checkpoint_name(match.group("name")):
+            ours = match and (entry.name.startswith(latest) or self._is_checkpoint_name(match["name"]))
+            if ours and entry.is_file():
                 entry.unlink(missing_ok=True)
                 removed.append(entry)
         return removed
 
-    def _is_checkpoint_name(self, name: str) -> bool:
-        return name in (Path(self.checkpoint_filename).name, BEST_NAME) or is_epoch_checkpoint_name(name) \
-            or name.endswith(".pth.tar")
+    @staticmethod
+    def _is_checkpoint_name(name: str) -> bool:
+        return name == BEST_NAME or is_epoch_checkpoint_name(name) or name.endswith(".pth.tar")
 
     def resume_candidates(self) -> list[Path]:
         """Checkpoints ``--resume auto`` may continue from, newest first (the latest file wins a tie)."""

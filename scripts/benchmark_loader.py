@@ -28,7 +28,8 @@ import torch  # noqa: E402
 
 from image_classification.arguments import DATA_BACKENDS, parse_args  # noqa: E402
 from image_classification.cli import run  # noqa: E402
-from image_classification.data import DataConfig, get_loaders  # noqa: E402
+from image_classification.data import get_loaders  # noqa: E402
+from image_classification.plan import data_config  # noqa: E402
 from image_classification.data.common import MEAN_255, STD_255  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
 from image_classification.runtime import Runtime, make_runtime  # noqa: E402
@@ -115,7 +116,7 @@ def project_loader(opts: argparse.Namespace, runtime: Runtime):
     argv = [opts.data, "--data-backend", opts.data_backend, "-b", str(opts.batch_size), "-j", str(opts.workers),
             "--seed", "0", "--memory-format", opts.memory_format]
     args = parse_args(argv)
-    train, _, _ = get_loaders(DataConfig.from_args(args, opts.image_size), runtime, want_train=True, want_val=False)
+    train, _ = get_loaders(data_config(args, opts.image_size), runtime, want_train=True, want_val=False)
     return train
 
 

@@ -22,9 +22,11 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from image_classification.arguments import parse_args  # noqa: E402
-from image_classification.data.common import STD_255, DataConfig  # noqa: E402
+from image_classification.data.common import STD_255  # noqa: E402
+from image_classification.plan import data_config  # noqa: E402
 from image_classification.data.dali import dali_loaders  # noqa: E402
-from image_classification.data.folder import check_dataset, folder_loaders  # noqa: E402
+from image_classification.data.folder import folder_loaders  # noqa: E402
+from image_classification.data.layout import check_dataset  # noqa: E402
 from image_classification.runtime import Runtime  # noqa: E402
 
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry", "retina", "hubble_deep_field")
@@ -47,7 +49,7 @@ def differences(root: Path, image_size: int) -> torch.Tensor:
     args = parse_args([str(root), "--data-backend", "dali-cpu", "-b", "4", "-j", "1", "--seed", "1"])
     runtime = Runtime(torch.device("cpu"), None, torch.contiguous_format, rank=0, local_rank=0, world_size=1)
     classes = check_dataset(str(root), None, want_train=False, want_val=True)
-    config = DataConfig.from_args(args, image_size)
+    config = data_config(args, image_size)
     _, dali = dali_loaders(config, runtime, classes, want_train=False, want_val=True)
     _, pytorch = folder_loaders(config, runtime, classes, want_train=False, want_val=True)
     dali.set_epoch(0)

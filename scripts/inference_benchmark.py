@@ -33,7 +33,7 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 
 from image_classification import machine  # noqa: E402
-from image_classification.arguments import UserErrorParser, positive_int  # noqa: E402
+from image_classification.cli import UserErrorParser, positive_int  # noqa: E402
 from image_classification.cli import run  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
 from image_classification.models import default_image_size, list_models  # noqa: E402
@@ -162,8 +162,10 @@ def resolved_device(device: str) -> str:
 
 
 def machine_description(device: str) -> str:
-    """What the numbers were measured on, in one line."""
-    host = f"{machine.cpu_model()} ({machine.cores()} cores, {torch.get_num_threads()} torch threads)"
+    """What the numbers were measured on, in one line; the CPU's capability says whether its bf16 is native."""
+    bf16 = "native bf16" if machine.cpu_bf16_is_native() else "bf16 emulated"
+    host = (f"{machine.cpu_model()} ({machine.cores()} cores, {torch.get_num_threads()} torch threads, "
+            f"{machine.cpu_capability()}, {bf16})")
     if device == "cuda":
         return f"1x {torch.cuda.get_device_name()}, host {host}, torch {torch.__version__}"
     return f"{host}, torch {torch.__version__}"

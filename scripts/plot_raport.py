@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from image_classification.arguments import UserErrorParser  # noqa: E402
+from image_classification.cli import UserErrorParser  # noqa: E402
 from image_classification.cli import run as cli_run  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
 from image_classification.raport import read_raport  # noqa: E402
@@ -67,17 +68,36 @@ class Run:
         return epochs, [values[epoch] for epoch in epochs]
 
 
-def per_epoch_values(records: Sequence[dict]) -> dict[str, dict[int, float]]:
-    """The numbers of the LOG records whose step is ``[epoch]``; a later record of an epoch wins."""
+def per_epoch_values(records: Sequence) -> tuple[dict[str, dict[int, float]], list[str]]:
+    """The numbers of the LOG records whose step is ``[epoch]``; a later record of an epoch wins.
+
+    Also what was left out, one phrase per kind: a record that is not a JSON object, an end-of-epoch
+    record whose epoch is not a whole number or whose data is not an object, a value that is not finite
+    (``Infinity``, ``NaN``: nothing to draw, and an infinite one would break the axis).
+    """
     values: dict[str, dict[int, float]] = {}
+    not_objects = bad_epochs = not_finite = 0
     for record in records:
+        if not isinstance(record, dict):
+            not_objects += 1
+            continue
         step = record.get("step")
         if record.get("type") != "LOG" or not (isinstance(step, list) and len(step) == 1):
             continue
-        for metric, value in record.get("data", {}).items():
+        epoch, data = step[0], record.get("data")
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or not isinstance(data, dict):
+            bad_epochs += 1
+            continue
+        for metric, value in data.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                values.setdefault(metric, {})[int(step[0])] = float(value)
-    return values
+                if math.isfinite(value):
+                    values.setdefault(metric, {})[epoch] = float(value)
+                else:
+                    not_finite += 1
+    left_out = [(not_objects, "records that are not JSON objects"),
+                (bad_epochs, "end-of-epoch records that do not hold an epoch number and an object of values"),
+                (not_finite, "values that are not finite numbers")]
+    return values, [f"{kind} ({count})" for count, kind in left_out if count]
 
 
 def load(path: Path) -> list[dict]:
@@ -129,7 +149,12 @@ def draw(runs: Sequence[Run], plot: Plot, path: Path) -> dict[str, Series]:
 
 def plot_raports(paths: Sequence[Path], out_dir: Path) -> dict[str, dict[str, Series]]:
     """Write the PNGs of the raports at ``paths`` into ``out_dir``: {file name: {run label: series}}."""
-    runs = [Run(label, per_epoch_values(load(path))) for label, path in zip(run_labels(paths), paths)]
+    runs = []
+    for label, path in zip(run_labels(paths), paths):
+        values, left_out = per_epoch_values(load(path))
+        if left_out:
+            print(f"note: {path}: left out {', '.join(left_out)}", file=sys.stderr)
+        runs.append(Run(label, values))
     for run, path in zip(runs, paths):
         if not run.per_epoch:
             print(f"note: {path} has no end-of-epoch records yet; it is left out", file=sys.stderr)

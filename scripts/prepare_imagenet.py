@@ -15,6 +15,11 @@ is a class folder under ``OUT/train`` (filled in ``OUT/.partial/train/<wnid>`` a
 archive is done).  A rerun skips complete classes and files and finishes the partial ones.  One run at a
 time per OUT.  The run ends with a check of the class and image counts (1000 classes, 1,281,167 train and
 50,000 val images by default): what is missing is reported and the exit code is 1.
+
+Every folder and file name taken from the archives (a wnid of the devkit, a class archive's name, an
+image's name) must be a plain name, one path component that the file system takes: anything else is
+refused with one line, and nothing is written before the devkit and the train archive's class names have
+been checked.
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ if str(REPO) not in sys.path:
 
 from tqdm import tqdm  # noqa: E402
 
-from image_classification.arguments import UserErrorParser, positive_int  # noqa: E402
+from image_classification.checkpoint import longest_name  # noqa: E402
+from image_classification.cli import UserErrorParser, positive_int  # noqa: E402
 from image_classification.cli import run  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
 
@@ -49,6 +55,29 @@ DAMAGED = (tarfile.TarError, EOFError, zlib.error)  # what a damaged or truncate
 
 
 # ------------------------------------------------------------------------------------------------
+# Names from the archives
+# ------------------------------------------------------------------------------------------------
+def plain_name(name: str, what: str, where: str | Path, limit: int) -> str:
+    """``name`` when it is one path component that the file system takes; else a :class:`UserError`.
+
+    Names come from the archives, and a wnid like ``../../x`` would otherwise write outside OUT.
+    """
+    size = len(os.fsencode(name))
+    if name in ("", ".", "..") or "/" in name or "\\" in name or not name.isprintable():
+        problem = "is not a plain file or folder name"
+    elif size > limit:
+        problem = f"is {size} bytes long, more than the file system takes ({limit})"
+    else:
+        return name
+    raise UserError(f"{where} names {what} {_shown(name)}, which {problem}: is it the official archive?")
+
+
+def _shown(name: str) -> str:
+    """``name`` for a one-line message: quoted, control characters escaped, cut when long."""
+    return repr(name if len(name) <= 60 else name[:60] + "...")
+
+
+# ------------------------------------------------------------------------------------------------
 # The devkit: one wnid per val image
 # ------------------------------------------------------------------------------------------------
 def _devkit_member(devkit: tarfile.TarFile, suffix: str, path: Path) -> bytes:
@@ -58,8 +87,9 @@ def _devkit_member(devkit: tarfile.TarFile, suffix: str, path: Path) -> bytes:
     return devkit.extractfile(member).read()
 
 
-def val_labels(devkit_path: Path) -> list[str]:
-    """The wnid of every val image: entry i belongs to ILSVRC2012_val_{i+1:08d}.JPEG."""
+def val_labels(devkit_path: Path, limit: int) -> list[str]:
+    """The wnid of every val image: entry i belongs to ILSVRC2012_val_{i+1:08d}.JPEG; each a plain name
+    of at most ``limit`` bytes."""
     try:
         from scipy.io import loadmat
     except ImportError:
@@ -79,9 +109,12 @@ def val_labels(devkit_path: Path) -> list[str]:
                         f"({error})") from None
     try:
         ids = [int(line) for line in truth.decode().split()]
-        return [wnid_of[i] for i in ids]
+        labels = [wnid_of[i] for i in ids]
     except (ValueError, KeyError) as error:
         raise UserError(f"{GROUND_TRUTH} in {devkit_path} names an ID that meta.mat lacks: {error}") from None
+    for wnid in set(labels):
+        plain_name(wnid, "the class (WNID)", devkit_path, limit)
+    return labels
 
 
 # ------------------------------------------------------------------------------------------------
@@ -103,24 +136,38 @@ def _files(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
     return (member for member in tar if member.isfile())
 
 
+def train_class(member: tarfile.TarInfo, archive: Path, limit: int) -> str:
+    """The wnid of one class archive of the train archive, checked to be a plain name."""
+    name = Path(member.name).name
+    if not name.endswith(".tar"):
+        raise UserError(f"{archive} should hold one <wnid>.tar per class, but holds {_shown(member.name)}: "
+                        "is it ILSVRC2012_img_train.tar?")
+    return plain_name(name[:-len(".tar")], "the class", archive, limit)
+
+
+def check_train_classes(archive: Path, limit: int) -> None:
+    """Read the train archive's index (its headers only) and check every class name, before any writing."""
+    with tarfile.open(archive) as outer:
+        for member in _files(outer):
+            train_class(member, archive, limit)
+
+
 def extract_train(archive: Path, out: Path, expected_classes: int) -> None:
     staging = out / STAGING
+    limit = longest_name(out)
     (staging / "train").mkdir(parents=True, exist_ok=True)
     (out / "train").mkdir(exist_ok=True)
     with tarfile.open(archive) as outer:
         for member in tqdm(_files(outer), total=expected_classes, unit="class", desc="train"):
-            name = Path(member.name).name
-            if not name.endswith(".tar"):
-                raise UserError(f"{archive} should hold one <wnid>.tar per class, but holds {member.name}: "
-                                "is it ILSVRC2012_img_train.tar?")
-            wnid = name[:-len(".tar")]
+            wnid = train_class(member, archive, limit)
             if (out / "train" / wnid).is_dir():
                 continue  # complete: only finished classes are renamed into train/
             partial = staging / "train" / wnid
             partial.mkdir(exist_ok=True)
             with outer.extractfile(member) as inner_file, tarfile.open(fileobj=inner_file) as inner:
                 for image in _files(inner):
-                    dest = partial / Path(image.name).name
+                    name = plain_name(Path(image.name).name, "the image", f"{archive} ({wnid}.tar)", limit)
+                    dest = partial / name
                     if not dest.exists():
                         write_atomically(inner.extractfile(image), dest, staging)
             os.rename(partial, out / "train" / wnid)
@@ -135,7 +182,7 @@ def extract_val(archive: Path, out: Path, labels: Sequence[str]) -> None:
             match = VAL_NAME.fullmatch(name)
             if match is None:
                 raise UserError(f"{archive} should hold ILSVRC2012_val_NNNNNNNN.JPEG images, but holds "
-                                f"{member.name}: is it ILSVRC2012_img_val.tar?")
+                                f"{_shown(member.name)}: is it ILSVRC2012_img_val.tar?")
             index = int(match.group(1)) - 1
             if not 0 <= index < len(labels):
                 raise UserError(f"{name} has no label: the devkit's ground truth covers {len(labels)} images")
@@ -228,7 +275,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for archive in (args.train_tar, args.val_tar, args.devkit):
         if not archive.is_file():
             raise UserError(f"no such archive: {archive}")
-    labels = val_labels(args.devkit)  # first: a bad devkit should fail before hours of train extraction
+    # first, the names: a bad devkit or archive should fail before hours of extraction, and write nothing
+    limit = longest_name(args.out)
+    labels = val_labels(args.devkit, limit)
+    _extract(check_train_classes, args.train_tar, limit)
     args.out.mkdir(parents=True, exist_ok=True)
     _extract(extract_train, args.train_tar, args.out, args.expect_classes)
     _extract(extract_val, args.val_tar, args.out, labels)

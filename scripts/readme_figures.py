@@ -112,35 +112,52 @@ def train_step() -> str:
 INFERENCE_PATHS = (
     ("torchvision", "torchvision eager FP32 (baseline)"), ("eager", "eager FP32"),
     ("channels_last", "channels-last FP32"), ("bf16", "bf16 autocast, channels-last"),
-    ("compile", "`torch.compile`"), ("onnxruntime", "ONNX Runtime"),
+    ("fp16", "fp16 autocast, channels-last"), ("compile", "`torch.compile`"), ("onnxruntime", "ONNX Runtime"),
 )
 
 
 def inference() -> str:
     record, command = _benchmark("infer_throughput.py", "-a", "resnet50", "--batch-sizes", "1", "16", "--iters", "5",
                                  "--repeats", "3", "--warmup", "2", "--chart", str(REPO / "docs" / "inference.png"))
-    command = command.replace(str(REPO / "docs"), "docs")
+    return inference_block(record, command.replace(str(REPO / "docs"), "docs"))
+
+
+def inference_block(record: dict, command: str) -> str:
+    """The command, the machine with its CPU capability, and one row per path measured or skipped; the
+    row of classify.py's default path on that machine is marked."""
     sizes = [str(size) for size in record["config"]["batch_sizes"]]
     header = "| path | " + " | ".join(f"batch {b} img/s | p50 / p90 / p99 ms | vs torchvision" for b in sizes) + \
         " | max abs logit diff | top-1 agreement |"
     rows = []
     for key, title in INFERENCE_PATHS:
         path = record["paths"].get(key)
-        if path is None or "skipped" in path:
-            reason = (path or {}).get("skipped", "not measured")
-            rows.append(f"| {title} | skipped: {reason} |" + " |" * (3 * len(sizes) + 1))
+        if path is None:  # not measured on this device (fp16 on the CPU, ONNX Runtime on CUDA)
+            continue
+        if key == record["classify_default"]:
+            title += " (**`classify.py`'s default here**)"
+        if "skipped" in path:
+            rows.append(f"| {title} | skipped: {path['skipped']} |" + " |" * (3 * len(sizes) + 1))
             continue
         cells = []
         for b in sizes:
             point = path[b]
             cells.append(f"{point['images_per_s']:.2f} | {point['p50_ms']:.0f} / {point['p90_ms']:.0f} / "
                          f"{point['p99_ms']:.0f} | {point['speedup']:.2f}x")
-        agreement = "-" if key == "torchvision" else \
-            f"{path['max_abs_diff']:.1e} | {path['top1_agreement']:.0%}"
-        rows.append(f"| {title} | " + " | ".join(cells) + (" | - | - |" if key == "torchvision" else f" | {agreement} |"))
+        agreement = " - | - " if key == "torchvision" else \
+            f" {path['max_abs_diff']:.1e} | {path['top1_agreement']:.0%} "
+        rows.append(f"| {title} | " + " | ".join(cells) + f" |{agreement}|")
+    env = record["environment"]
+    if env["device"] == "cuda":
+        cpu = f"host CPU capability {env['cpu_capability']}"
+    else:
+        bf16 = "computes bf16 natively" if env["cpu_bf16_native"] else "has no native bf16: it emulates bf16"
+        cpu = f"CPU capability {env['cpu_capability']}, {bf16}"
+    load = env.get("load_average")
+    if load:
+        cpu += f"; load average at the end of the run {' / '.join(f'{v:.1f}' for v in load)} (1 / 5 / 15 min)"
     return "\n".join([
         "```bash", command, "```", "",
-        f"Measured on {_environment(record)}; {record['config']['image_size']} px, random weights.", "",
+        f"Measured on {_environment(record)}; {cpu}; {record['config']['image_size']} px, random weights.", "",
         header, "|---|" + "---|" * (3 * len(sizes) + 2), *rows,
     ]) + "\n"
 

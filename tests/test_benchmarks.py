@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import time
 
 import pytest
 import torch
+
+from image_classification import machine
+
+benchmark = importlib.import_module("benchmarks.infer_throughput")
 
 
 def test_train_throughput_writes_both_sides_and_their_ratio(tmp_path):
@@ -48,6 +53,10 @@ def test_infer_throughput_reports_every_path_and_skips_what_cannot_run(tmp_path,
             assert row["speedup"] == pytest.approx(row["images_per_s"] / paths["torchvision"][batch]["images_per_s"])
     assert paths["eager"]["max_abs_diff"] < 1e-4 and paths["eager"]["top1_agreement"] == 1.0  # same weights
     assert paths["bf16"]["max_abs_diff"] > 0  # bfloat16 rounds; it is measured, not assumed
+    assert paths["eager"]["compared_images"] == 3  # the measured batches of 1 and 2
+    assert (paths["eager"]["dtype"], paths["bf16"]["dtype"]) == ("float32", "bfloat16")
+    assert result["classify_default"] == ("bf16" if machine.cpu_bf16_is_native() else "channels_last")
+    assert {"cpu_capability", "cpu_bf16_native", "load_average"} <= result["environment"].keys()
     assert set(result["best"]) == {"1", "2"} and result["best"]["1"] in paths
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -66,3 +75,95 @@ def test_a_path_that_compiles_on_its_first_call_never_times_that_call():
     benchmark.measure_paths([path], [2], 8, torch.device("cpu"), iters=2, warmup=0, repeats=1)
     assert len(calls) == 3 and len(path.latencies[2]) == 2
     assert max(path.latencies[2]) < 0.2 <= path.warmup_seconds[2]
+
+
+@pytest.fixture(scope="module")
+def state() -> dict:
+    torch.manual_seed(0)
+    return benchmark.build_model("resnet18", num_classes=10).state_dict()
+
+
+def test_every_path_times_the_model_alone_on_a_batch_already_on_the_device(state, tmp_path, monkeypatch):
+    """The batch is uploaded once before timing and no path moves data between devices inside its timed
+    call: the meta device stands for a GPU here (tensors there have shapes, no data)."""
+    device, inside, moves, devices = torch.device("meta"), [], [], []
+    for method in ("to", "cpu", "cuda"):
+        original = getattr(torch.Tensor, method)
+
+        def recording(self, *args, _original=original, _method=method, **kwargs):
+            to_a_device = "device" in kwargs or any(isinstance(a, (torch.device, str, torch.Tensor)) for a in args)
+            if inside and (_method != "to" or to_a_device):  # .to(dtype) is a cast, not a transfer
+                moves.append(_method)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, method, recording)
+    paths = [benchmark.build_baseline("resnet18", state, device)]
+    paths += [benchmark.build_path(name, state, "resnet18", 10, device, 32, tmp_path)
+              for name in ("eager", "channels_last")]
+    for path in paths:
+        def timed(images, _forward=path.forward):
+            devices.append(images.device)
+            inside.append(True)
+            try:
+                return _forward(images)
+            finally:
+                inside.pop()
+
+        path.forward = timed
+        benchmark.measure_paths([path], [1, 2], 32, device, iters=2, warmup=1, repeats=1)
+    assert len(devices) == 3 * 2 * 3 and set(devices) == {device}
+    assert moves == []
+
+
+@pytest.mark.parametrize("name, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_a_mixed_path_runs_the_dtype_it_is_named_after_on_any_device(state, tmp_path, monkeypatch, name, dtype):
+    """The fp16 autocast of a GPU is its own path, never the "bf16" row (meta stands for the GPU)."""
+    used = []
+
+    @contextlib.contextmanager
+    def autocast(device_type, dtype=None, **kwargs):
+        used.append((device_type, dtype))
+        yield
+
+    monkeypatch.setattr(torch, "autocast", autocast)
+    path = benchmark.build_path(name, state, "resnet18", 10, torch.device("meta"), 32, tmp_path)
+    path.forward(torch.zeros(1, 3, 32, 32, device="meta"))
+    assert used == [("meta", dtype)] and path.dtype == str(dtype).removeprefix("torch.")
+    if name == "fp16":
+        cpu = benchmark.build_path(name, state, "resnet18", 10, torch.device("cpu"), 32, tmp_path)
+        assert "CUDA only" in cpu.skipped and cpu.dtype == "float16"
+
+
+def test_compile_builds_a_static_graph_for_each_batch_size(state, tmp_path, monkeypatch):
+    compiled = []
+
+    def compile_(model, **options):
+        compiled.append(options)
+        return model
+
+    monkeypatch.setattr(torch, "compile", compile_)
+    monkeypatch.setattr(benchmark.shutil, "which", lambda name: f"/usr/bin/{name}")
+    path = benchmark.build_path("compile", state, "resnet18", 10, torch.device("cpu"), 32, tmp_path)
+    benchmark.measure_paths([path], [1, 2], 32, torch.device("cpu"), iters=1, warmup=0, repeats=1)
+    assert compiled == [{"dynamic": False}, {"dynamic": False}]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_compile_without_a_compiler_is_skipped_on_every_device(state, tmp_path, monkeypatch, device):
+    """A GPU host without a C compiler records compile as skipped instead of failing in its warm-up."""
+    monkeypatch.setattr(benchmark.shutil, "which", lambda name: None)
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.delenv("CXX", raising=False)
+    path = benchmark.build_path("compile", state, "resnet18", 10, torch.device(device), 32, tmp_path)
+    assert path.skipped.startswith(f"torch.compile on {device} needs a C")
+
+
+def test_the_cuda_benchmark_turns_cudnn_autotuning_on(monkeypatch):
+    saved = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = False
+        assert benchmark.select_device("cpu").type == "cpu" and torch.backends.cudnn.benchmark is False
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        assert benchmark.select_device("auto").type == "cuda" and torch.backends.cudnn.benchmark is True
+    finally:
+        torch.backends.cudnn.benchmark = saved

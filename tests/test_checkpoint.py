@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ import torch
 from helpers import REPO, one_error_line, run_script, tiny_registered
 from image_classification import checkpoint as ckpt
 from image_classification.cli import run
-from image_classification.errors import UserError
+from image_classification.errors import StorageError, UserError
 from image_classification.integrity import content_digest, verify
 from image_classification.models import build_model, load_checkpoint_file, load_weights
 
@@ -82,6 +84,53 @@ def test_weights_file_records_its_description_and_plain_pytorch_still_loads_it(t
     fresh.load_state_dict(loaded)  # what a user of plain PyTorch does with the file
     loaded["fc.bias"] += 1  # changed after it was written
     assert verify(loaded) is False
+
+
+class FullDisk:
+    """A file that takes ``room`` bytes, then fails each write as a full disk does (ENOSPC)."""
+
+    def __init__(self, handle, room: int):
+        self.handle, self.room = handle, room
+
+    def write(self, data) -> int:
+        if self.handle.tell() + len(data) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self.handle.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.handle, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.close()
+
+
+@pytest.mark.parametrize("room", [10, 5000], ids=["at-the-start", "mid-save"])
+def test_a_full_disk_inside_torch_save_is_a_storage_error(tmp_path, monkeypatch, room):
+    """Mid-save, torch's zip writer turns the ENOSPC into "RuntimeError: [enforce fail at
+    inline_container.cc] unexpected pos": still exit 4, the previous file intact, no temporary left."""
+    path = tmp_path / "c.pth.tar"
+    ckpt.save_checkpoint(_checkpoint_payload(), path)
+    before = path.read_bytes()
+    fdopen = os.fdopen
+    monkeypatch.setattr(ckpt.os, "fdopen", lambda fd, mode: FullDisk(fdopen(fd, mode), room))
+    with pytest.raises(StorageError, match="could not write .*c.pth.tar: No space left on device") as error:
+        ckpt.save_checkpoint(_checkpoint_payload(), path)
+    monkeypatch.undo()
+    assert error.value.exit_code == 4 and "\n" not in str(error.value)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["c.pth.tar"]
+
+
+def test_another_runtime_error_while_writing_stays_a_bug(tmp_path):
+    def broken(handle):
+        handle.write(b"part")
+        raise RuntimeError("a bug in the code that writes")
+
+    with pytest.raises(RuntimeError, match="a bug in the code"):
+        ckpt.write_atomic(tmp_path / "c.pth.tar", broken)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_non_finite_weights_are_refused(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -13,8 +14,10 @@ import torch
 from PIL import Image
 
 from image_classification.arguments import parse_args
-from image_classification.data.common import MEAN_255, STD_255, DataConfig
-from image_classification.data.folder import check_dataset, folder_loaders
+from image_classification.data.common import MEAN_255, STD_255
+from image_classification.plan import data_config
+from image_classification.data.folder import folder_loaders
+from image_classification.data.layout import check_dataset
 from image_classification.errors import UserError
 from image_classification.runtime import Runtime
 
@@ -38,7 +41,7 @@ def loaders(args, runtime: Runtime, *, want_train: bool = True, want_val: bool =
     from image_classification.data.dali import dali_loaders
 
     classes = check_dataset(args.data, args.num_classes, want_train=want_train, want_val=want_val)
-    return dali_loaders(DataConfig.from_args(args, SIZE), runtime, classes, want_train=want_train, want_val=want_val)
+    return dali_loaders(data_config(args, SIZE), runtime, classes, want_train=want_train, want_val=want_val)
 
 
 def epoch(loader, number: int, **kwargs) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -85,7 +88,7 @@ def test_missing_dali_is_a_user_error_and_the_module_still_imports(image_folder,
     module = importlib.import_module("image_classification.data.dali")
     args = make_args(image_folder)
     with pytest.raises(UserError, match="pip install nvidia-dali.*--data-backend pytorch"):
-        module.dali_loaders(DataConfig.from_args(args, SIZE), cpu_runtime(), ["a"], want_train=True, want_val=True)
+        module.dali_loaders(data_config(args, SIZE), cpu_runtime(), ["a"], want_train=True, want_val=True)
 
 
 def test_dali_gpu_without_a_gpu_points_to_dali_cpu(image_folder):
@@ -93,7 +96,7 @@ def test_dali_gpu_without_a_gpu_points_to_dali_cpu(image_folder):
 
     args = make_args(image_folder, backend="dali-gpu")
     with pytest.raises(UserError, match="dali-cpu"):
-        dali_loaders(DataConfig.from_args(args, SIZE), cpu_runtime(), ["a"], want_train=True, want_val=True)
+        dali_loaders(data_config(args, SIZE), cpu_runtime(), ["a"], want_train=True, want_val=True)
 
 
 def test_autoaugment_is_refused(image_folder):
@@ -101,7 +104,7 @@ def test_autoaugment_is_refused(image_folder):
 
     args = make_args(image_folder, "--augmentation", "autoaugment")
     with pytest.raises(UserError, match="--data-backend pytorch"):
-        dali_loaders(DataConfig.from_args(args, SIZE), cpu_runtime(), ["a"], want_train=True, want_val=False)
+        dali_loaders(data_config(args, SIZE), cpu_runtime(), ["a"], want_train=True, want_val=False)
 
 
 def write_one_class(root: Path, images: list[Image.Image], suffix: str = ".jpg") -> Path:
@@ -128,6 +131,18 @@ def test_unreadable_images_are_skipped_with_one_warning(dali, tmp_path, capsys):
     assert val.builds == 2  # once, and again after the failure (both files in its read-ahead); not per pass
 
 
+def test_a_dangling_link_is_skipped_with_one_warning(dali, tmp_path, capsys):
+    """DALI's file reader fails on it: named once and left out, the pass going on without it."""
+    write_one_class(tmp_path, [Image.new("RGB", (40, 36), _colour(index)) for index in range(5)])
+    link = tmp_path / "val" / "only" / "2.jpg"
+    link.unlink()
+    link.symlink_to(tmp_path / "gone.jpg")
+    _, val = loaders(make_args(tmp_path, batch_size=2), cpu_runtime(), want_train=False)
+    assert sum(len(targets) for _, targets in epoch(val, 0)) == 4 and val.skipped == 1
+    assert capsys.readouterr().err.count("warning: skipped unreadable image") == 1
+    assert sum(len(targets) for _, targets in epoch(val, 1)) == 4 and val.builds == 2
+
+
 # -- batches -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
 def test_batches_match_the_pytorch_backend(dali, image_folder, memory_format):
@@ -135,7 +150,7 @@ def test_batches_match_the_pytorch_backend(dali, image_folder, memory_format):
     runtime = cpu_runtime(memory_format)
     classes = check_dataset(args.data, args.num_classes, want_train=True, want_val=True)
     train, val = loaders(args, runtime)
-    ref_train, ref_val = folder_loaders(DataConfig.from_args(args, SIZE), runtime, classes, want_train=True,
+    ref_train, ref_val = folder_loaders(data_config(args, SIZE), runtime, classes, want_train=True,
                                         want_val=True)
     assert (len(train), len(val), val.num_samples) == (len(ref_train), len(ref_val), ref_val.num_samples) == (6, 3, 12)
 
@@ -225,6 +240,47 @@ def test_an_epoch_is_reproducible_and_can_start_part_way(dali, flat_folder):
     resumed = epoch(again, 2, start_batch=3)
     assert seen(resumed) == seen(batches[3:])
     assert len(again) == len(batches) == 5
+
+
+# -- reading the files ---------------------------------------------------------------------------------
+class ImageOpens:
+    """An audit hook: the .jpg files Python code in this process opens (np.fromfile, open, PIL) while
+    ``recording``.  DALI's C++ threads open files without passing through it."""
+
+    def __init__(self) -> None:
+        self.recording, self.paths = False, []
+
+    def __call__(self, event: str, args: tuple) -> None:
+        if self.recording and event == "open" and isinstance(args[0], (str, bytes)):
+            if os.fsdecode(args[0]).endswith(".jpg"):
+                self.paths.append(os.fsdecode(args[0]))
+
+
+@pytest.fixture(scope="session")
+def image_opens() -> ImageOpens:
+    hook = ImageOpens()
+    sys.addaudithook(hook)  # audit hooks cannot be removed: one for the session, idle unless recording
+    return hook
+
+
+def test_the_training_thread_reads_no_image(dali, flat_folder, image_opens):
+    """The feed hands DALI paths and its thread pool reads the files: no Python code in this process,
+    the training loop's thread included, opens one, yet every image arrives in the sampler's order."""
+    from image_classification.data.common import ShardSampler
+
+    train, val = loaders(make_args(flat_folder), cpu_runtime())
+    probe = str(flat_folder / "train" / "c0" / "0.jpg")
+    image_opens.recording = True
+    try:
+        np.fromfile(probe, dtype=np.uint8)  # as the feed once read every file: the hook sees it
+        batches, val_batches = epoch(train, 1), epoch(val, 1)
+    finally:
+        image_opens.recording = False
+    assert image_opens.paths == [probe]
+    sampler = ShardSampler(21, 0, 1, shuffle=True, seed=3)
+    sampler.set_epoch(1)
+    assert seen(batches) == [index for index, _ in sampler][:20]
+    assert sorted(seen(val_batches)) == list(range(21, 36))
 
 
 # -- one pipeline per split and run --------------------------------------------------------------------

@@ -13,7 +13,8 @@ from PIL import Image
 from helpers import REPO, one_error_line, run_script, write_image_folder
 from image_classification.data.common import DataConfig
 from image_classification.data.files import open_rgb, walk_class
-from image_classification.data.folder import check_dataset, folder_loaders, list_samples
+from image_classification.data.folder import folder_loaders
+from image_classification.data.layout import check_dataset, list_samples
 from image_classification.inference import load_image
 from image_classification.runtime import make_runtime
 
@@ -143,9 +144,9 @@ def test_more_workers_than_cores_are_capped_with_one_notice(folder, tiny_arch, c
     cores = len(os.sched_getaffinity(0))
     result = run_script(
         [REPO / "main.py", "--data-backend", "pytorch", "-a", tiny_arch, "--image-size", "32", "-b", "4",
-         "--epochs", "1", "--prof", "1", "-j", str(cores + 3), "--workspace", folder / "ws", folder], capsys)
+         "--epochs", "1", "--prof", "1", "-j", str(cores + 4), "--workspace", folder / "ws", folder], capsys)
     assert result.returncode == 0, result.stderr[-2000:]
-    notice = f"-j {cores + 3} is more than the {cores} cores this process may use: {cores} loader workers"
+    notice = f"-j {cores + 4} is more than the {cores} cores this process may use: {cores} loader workers"
     assert result.stdout.count(notice) == 1
     assert "worker processes in total" not in result.stderr  # torch's DataLoader warning
 
@@ -183,3 +184,39 @@ def test_jpegs_decode_to_the_same_pixels_as_pil(tmp_path):
     ours = read_rgb_tensor(str(path)).permute(1, 2, 0).numpy().astype(int)
     pil = np.asarray(Image.open(path).convert("RGB")).astype(int)
     assert ours.shape == pil.shape and np.abs(ours - pil).mean() < 1.0  # libjpeg-turbo both: IDCT rounding only
+
+
+def _linked_dataset(tmp_path):
+    from conftest import write_image_folder
+
+    root = write_image_folder(tmp_path / "d", num_classes=2, train_per_class=3, val_per_class=2)
+    train, val = root / "train", root / "val"
+    (train / "class_00" / "x.jpg").symlink_to(train / "class_01" / "img_000.jpg")  # a file of another class
+    (train / "class_00" / "v").symlink_to(val / "class_01")  # validation images, another label
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "o.jpg").write_bytes((train / "class_00" / "img_000.jpg").read_bytes())
+    (train / "class_00" / "o").symlink_to(outside)
+    (train / "class_01" / "o").symlink_to(outside)  # the same outside folder under two classes
+    return root
+
+
+def test_links_never_relabel_an_image_or_leak_validation_into_training(tmp_path, capsys):
+    """Each image counts once, under the class folder it lives in; every link refused is said once."""
+    from image_classification.data.check import main as check_main
+    from image_classification.data.layout import list_samples
+
+    root = _linked_dataset(tmp_path)
+    samples = list_samples(root / "train", ["class_00", "class_01"])
+    real = {os.path.realpath(path): label for path, label in samples}
+    assert len(real) == len(samples) == 3 + 3 + 1  # the outside image once, under the first class
+    assert all("/val/" not in path for path in real)
+    assert all(label == int(path.split("class_0")[1][0]) for path, label in real.items() if "/d/" in path)
+    warnings = capsys.readouterr().err
+    assert warnings.count("not following") == 3
+    assert "another class folder" in warnings and "another split" in warnings and "already walked" in warnings
+    from image_classification.cli import run
+
+    run(check_main, [str(root)])
+    report = capsys.readouterr().out
+    assert "train/: 2 classes, 7 images" in report and "train/ links not followed: 3" in report

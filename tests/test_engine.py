@@ -1,39 +1,16 @@
-"""The engine: the fp16 loss scaler a run gets, and what one print window costs in collectives."""
+"""The engine: the fp16 loss scaler it builds, and what one print window costs in collectives."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from image_classification.engine import (DEFAULT_LOSS_SCALE, LOSS_SCALE_GROWTH_INTERVAL, Engine, RunConfig,
-                                         choose_loss_scale)
+from image_classification.engine import LOSS_SCALE_GROWTH_INTERVAL, Engine
+from image_classification.plan import DEFAULT_LOSS_SCALE, RunConfig
 from image_classification.preprocessing import Preprocessing
 from image_classification.runtime import Runtime
 
 FP16, BF16 = torch.float16, torch.bfloat16
-
-
-@pytest.mark.parametrize("amp_dtype, static, dynamic, expected", [
-    # --amp alone in fp16: dynamic, from torch's usual start (the reference's scaler was always dynamic too)
-    (FP16, None, False, (DEFAULT_LOSS_SCALE, True)),
-    (FP16, None, True, (DEFAULT_LOSS_SCALE, True)),
-    (FP16, 128.0, True, (128.0, True)),  # the AMP presets: dynamic from 128
-    (FP16, 256.0, False, (256.0, False)),  # asked for explicitly: fixed, and said so
-])
-def test_fp16_loss_scale_follows_the_flags(amp_dtype, static, dynamic, expected):
-    scale, is_dynamic, notice = choose_loss_scale(amp_dtype, static, dynamic)
-    assert (scale, is_dynamic) == expected
-    assert (notice is not None) == (not is_dynamic)
-    if notice:
-        assert "fixed at 256" in notice and "--dynamic-loss-scale" in notice
-
-
-@pytest.mark.parametrize("amp_dtype", [None, BF16])
-def test_scale_flags_without_fp16_are_ignored_aloud(amp_dtype):
-    assert choose_loss_scale(amp_dtype, None, False)[2] is None
-    for static, dynamic in ((128.0, False), (None, True)):
-        notice = choose_loss_scale(amp_dtype, static, dynamic)[2]
-        assert notice is not None and "ignored" in notice
 
 
 def _engine(runtime: Runtime, **settings) -> Engine:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 
 from helpers import REPO, one_error_line, run_script
 from image_classification import export
+from image_classification.cli import run
 from image_classification.models import build_model, load_weights
 
 
@@ -129,3 +131,15 @@ def test_default_onnx_path():
     assert export.default_onnx_path(ngc, "resnet50") == Path("w/nvidia_resnet50_200821.onnx")
     assert export.default_onnx_path("pth_models/model.pt", "resnet50") == Path("pth_models/model.onnx")
     assert export.default_onnx_path(None, "resnet18") == Path("resnet18.onnx")
+
+
+@pytest.mark.parametrize("missing", ["onnx", "onnxruntime"])
+def test_model2onnx_without_the_onnx_extra_is_one_line_naming_it(tmp_path, monkeypatch, capsys, missing):
+    monkeypatch.setitem(sys.modules, missing, None)  # what `import` finds when the package is not installed
+    output = tmp_path / "model.onnx"
+    code = run(export.model2onnx_main, ["-a", "resnet18", "--output", str(output), "--image-size", "32"])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: model2onnx needs the onnx extra"), err
+    assert "pip install .[onnx]" in err and missing in err and "Exporting" not in out
+    assert list(tmp_path.iterdir()) == []

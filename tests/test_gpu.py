@@ -106,7 +106,7 @@ def test_the_cuda_prefetcher_gives_the_cpu_path_s_batches_bitwise(image_folder):
     for device in ("cpu", "cuda"):
         runtime = Runtime(torch.device(device, 0) if device == "cuda" else torch.device(device), None,
                           torch.channels_last)
-        train, val, _ = get_loaders(config, runtime, want_train=True, want_val=True)
+        train, val = get_loaders(config, runtime, want_train=True, want_val=True)
         batches[device] = []
         for loader in (train, val):
             loader.set_epoch(1)
@@ -133,7 +133,8 @@ def test_a_one_process_nccl_ddp_run_with_amp_and_accumulation(monkeypatch):
 
     import torch.distributed as dist
 
-    from image_classification.engine import Engine, RunConfig
+    from image_classification.engine import Engine
+    from image_classification.plan import RunConfig
     from image_classification.models import build_model
     from image_classification.preprocessing import Preprocessing
     from image_classification.runtime import Runtime

@@ -13,11 +13,13 @@ import torch
 from PIL import Image
 
 from conftest import load_script
+from image_classification import inference, machine
 from image_classification.arguments import parse_args
 from image_classification.cli import run
 from image_classification.inference import image_transform, imagenet_class_names
 from image_classification.inference import main as classify_main
 from image_classification.models import build_model
+from image_classification.runtime import Runtime
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["class_00", "class_01", "class_02"]
@@ -139,12 +141,13 @@ def json_predictions(capsys, argv: list[str]) -> list[dict]:
     return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
 
 
-def test_default_fast_path_predicts_what_the_plain_fp32_path_does(colour_checkpoint, image_folder, capsys):
-    """The default (channels-last, bf16 autocast on the CPU) against NCHW FP32 eager: the same top-1
-    class for every image, every probability within 0.02."""
+@pytest.mark.parametrize("precision", [[], ["--precision", "AMP"]], ids=["default", "AMP"])
+def test_fast_paths_predict_what_the_plain_fp32_path_does(colour_checkpoint, image_folder, capsys, precision):
+    """The default (channels-last; bf16 autocast where the CPU has native bf16, else FP32) and channels-last
+    bf16 autocast against NCHW FP32 eager: the same top-1 class for every image, every probability within 0.02."""
     images = [str(path) for path in sorted((image_folder / "val").glob("*/*.jpg"))]
     common = ["--weights", str(colour_checkpoint), "--image", *images, "--image-size", str(SIZE), "--topk", "3"]
-    fast = json_predictions(capsys, common)
+    fast = json_predictions(capsys, common + precision)
     plain = json_predictions(capsys, common + ["--precision", "FP32", "--memory-format", "nchw"])
     assert len(fast) == len(plain) == 12
     for ours, reference in zip(fast, plain):
@@ -154,6 +157,50 @@ def test_default_fast_path_predicts_what_the_plain_fp32_path_does(colour_checkpo
         for prediction in reference["predictions"]:
             assert got[prediction["index"]] == pytest.approx(prediction["probability"], abs=0.02)
     assert {r["predictions"][0]["index"] for r in plain} == {0, 1, 2}  # a trained model, not a constant
+
+
+def classify_runtime_of(monkeypatch, photo, argv: list[str], native: bool) -> Runtime:
+    """The runtime classify.py's main classifies with, on a CPU whose bf16 is native or not."""
+    monkeypatch.setattr(machine, "cpu_bf16_is_native", lambda: native)
+    seen = []
+    monkeypatch.setattr(inference, "classify_paths", lambda model, paths, runtime, *rest: seen.append(runtime) or [])
+    assert classify_main(["-a", "resnet18", "--num-classes", "3", "--image", str(photo), "--cpu", *argv]) == 0
+    return seen[0]
+
+
+@pytest.mark.parametrize("native, dtype, words", [(True, torch.bfloat16, "here AMP: this CPU"),
+                                                  (False, None, "here FP32: this CPU")])
+def test_cpu_default_is_bf16_only_where_it_is_native(monkeypatch, photo, native, dtype, words):
+    """Emulated bf16 (an AVX2 CPU) runs slower than FP32, so the CPU default is FP32 channels-last there;
+    the help says which default this machine gets."""
+    runtime = classify_runtime_of(monkeypatch, photo, [], native)
+    assert (runtime.device.type, runtime.amp_dtype, runtime.memory_format) == ("cpu", dtype, torch.channels_last)
+    assert words in " ".join(inference.build_parser().format_help().split())
+
+
+def test_an_explicit_precision_or_layout_wins_over_the_cpu_default(monkeypatch, photo, capsys):
+    runtime = classify_runtime_of(monkeypatch, photo, ["--precision", "AMP"], native=False)
+    assert runtime.amp_dtype == torch.bfloat16
+    assert "emulates bf16" in capsys.readouterr().err
+    runtime = classify_runtime_of(monkeypatch, photo, ["--precision", "FP32", "--memory-format", "nchw"], native=True)
+    assert (runtime.amp_dtype, runtime.memory_format) == (None, torch.contiguous_format)
+
+
+def test_classify_turns_cudnn_autotuning_off(monkeypatch):
+    """A one-off run would re-tune cuDNN at every new batch shape; make_runtime turns it on for training."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    flags = [(torch.backends.cudnn, "benchmark"), (torch.backends.cudnn, "allow_tf32"),
+             (torch.backends.cuda.matmul, "allow_tf32")]
+    saved = [getattr(owner, name) for owner, name in flags]
+    try:
+        runtime = inference.classify_runtime("auto", None, "nhwc")
+        assert (runtime.device.type, runtime.amp_dtype) == ("cuda", torch.float16)
+        assert torch.backends.cudnn.benchmark is False
+    finally:
+        for (owner, name), value in zip(flags, saved):
+            setattr(owner, name, value)
 
 
 @pytest.fixture(scope="module")
@@ -247,6 +294,7 @@ def test_benchmark_writes_markdown_csv_and_png(benchmark, tmp_path):
     assert "#### FP32 Inference Latency" in report and "Mixed Precision" in report
     assert "| 2 | 1000 img/s | 2.00 ms | 2.18 ms | 2.19 ms | 2.20 ms |" in report
     assert "Intel" in report or "torch" in report
+    assert f"{machine.cpu_capability()}, " in report and "bf16" in report.splitlines()[2]
     rows = list(csv.DictReader(open(tmp_path / "inference_resnet50_cpu.csv")))
     assert [(r["precision"], r["batch_size"]) for r in rows] == [
         ("FP32", "1"), ("FP32", "2"), ("AMP", "1"), ("AMP", "2")]
@@ -275,3 +323,21 @@ def test_benchmark_runs_main_for_real(benchmark, tmp_path):
         assert float(row["throughput_img_s"]) > 0
         assert 0 < float(row["latency_avg_ms"]) <= float(row["latency_max_ms"])
     assert (tmp_path / "inference_resnet18_cpu.png").exists()
+
+
+@pytest.mark.parametrize("arch, kernels, flags, native", [
+    ("x86_64", None, {"avx2"}, False),  # a torch build without oneDNN's bf16 check
+    ("x86_64", False, {"avx2"}, False),  # the AVX2 EPYC: oneDNN has no bf16 kernels
+    ("x86_64", True, {"avx512f", "avx512bw"}, False),  # AVX512 alone: oneDNN emulates bf16
+    ("x86_64", True, {"avx512f", "avx512_bf16"}, True),
+    ("x86_64", True, {"avx512f", "amx_tile", "amx_bf16"}, True),
+    ("aarch64", True, set(), True),  # oneDNN's check is the BF16 extension itself
+])
+def test_cpu_bf16_is_native_needs_bf16_hardware(monkeypatch, arch, kernels, flags, native):
+    from types import SimpleNamespace
+
+    namespace = SimpleNamespace() if kernels is None else SimpleNamespace(_is_mkldnn_bf16_supported=lambda: kernels)
+    monkeypatch.setattr(torch.ops, "mkldnn", namespace)
+    monkeypatch.setattr(machine.platform, "machine", lambda: arch)
+    monkeypatch.setattr(machine, "_cpu_flags", lambda: flags)
+    assert machine.cpu_bf16_is_native() is native

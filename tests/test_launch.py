@@ -171,11 +171,11 @@ def test_yaml_num_classes_reaches_the_run(tmp_path, capsys, monkeypatch):
 
     seen = {}
 
-    def fake_train(rest, defaults):
-        seen["args"] = parse_args(rest, defaults=defaults)
+    def fake_train(args):
+        seen["args"] = args
         return 0
 
-    monkeypatch.setattr("image_classification.training.main", fake_train)
+    monkeypatch.setattr("image_classification.training.train", fake_train)
     assert launch.main(argv, cuda_available=False) == 0
     assert seen["args"].num_classes == 7 and seen["args"].arch == "resnet50"
 
@@ -227,6 +227,34 @@ def test_bad_presets_file_is_a_user_error(tmp_path):
         launch.load_config(partial)
 
 
+def _presets_with(value_yaml: str, width: int, levels: int) -> str:
+    """A presets file whose CPU FP32 batch_size is ``value_yaml``, after an alias bomb: ``levels``
+    anchors, each a list of ``width`` aliases of the one before (``width ** levels`` values in all)."""
+    bomb = ["bomb:", "  - &a0 [lol]"]
+    bomb += [f"  - &a{i} [{', '.join([f'*a{i - 1}'] * width)}]" for i in range(1, levels + 1)]
+    return "\n".join([*bomb, "precision: {FP32: {batch_size: " + value_yaml + "}}", "platform: {CPU: {}}",
+                      "mode: {convergence: {}}", "models: {resnet50: {CPU: {FP32: {}}}}", ""])
+
+
+@pytest.mark.parametrize("value,width,levels", [("*a9", 9, 9), ("*a6", 10, 6), ("&self [*self]", 2, 1)],
+                         ids=["billion-laughs", "a-million", "holds-itself"])
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path, value, width, levels):
+    cfg_file = tmp_path / "bomb.yml"
+    cfg_file.write_text(_presets_with(value, width, levels))
+    with pytest.raises(UserError, match="expands to more than 100,000 values") as error:
+        launch.load_config(cfg_file)
+    assert len(str(error.value)) < 300
+
+
+def test_a_large_preset_value_is_cut_short_in_its_message(tmp_path, capsys):
+    cfg_file = tmp_path / "large.yml"
+    cfg_file.write_text(_presets_with("*a4", 10, 4))  # 10,000 values: a presets file may hold that many
+    code = run(launch.main, ["--model", "resnet50", "--precision", "FP32", "--mode", "convergence",
+                             "--platform", "CPU", "--cfg_file", str(cfg_file), "/data", "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: preset value batch_size: [[[...], ") and len(err) < 300, err[:500]
+
+
 def test_list_shows_the_presets(capsys):
     assert launch.main(["--list"]) == 0
     out = capsys.readouterr().out
@@ -250,11 +278,11 @@ def test_gpu_preset_without_cuda_runs_on_the_cpu_with_notices(capsys):
 def test_a_real_run_prints_the_notices_on_stderr(capsys, monkeypatch):
     seen = {}
 
-    def fake_train(rest, defaults):
-        seen["args"] = parse_args(rest, defaults=defaults)
+    def fake_train(args):
+        seen["args"] = args
         return 0
 
-    monkeypatch.setattr("image_classification.training.main", fake_train)
+    monkeypatch.setattr("image_classification.training.train", fake_train)
     assert launch.main([*RN50_A100, "/data"], cuda_available=False) == 0
     notices = capsys.readouterr().err.strip().splitlines()
     assert len(notices) == 3 and all(line.startswith("launch.py: ") for line in notices)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import urllib.error
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -312,14 +314,41 @@ def test_a_file_that_is_not_a_checkpoint_is_a_user_error(tmp_path, content):
 
 
 def test_missing_file_and_unsafe_or_non_dict_contents_are_user_errors(tmp_path):
-    with pytest.raises(UserError, match="does not exist"):
+    with pytest.raises(UserError, match="does not exist.*NVIDIA's published weights come from the NVIDIA NGC "
+                       "catalog, https://catalog.ngc.nvidia.com"):
         weights_module.load_checkpoint_file(tmp_path / "nope.pth")
     torch.save({"args": argparse.Namespace(lr=0.1)}, tmp_path / "pickled.pth")  # refused by weights_only
-    with pytest.raises(UserError, match="could not be read"):
+    with pytest.raises(UserError, match="was refused: it would build argparse.Namespace"):
         weights_module.load_checkpoint_file(tmp_path / "pickled.pth")
     torch.save([torch.zeros(1)], tmp_path / "list.pth")
     with pytest.raises(UserError, match="holds a list"):
         weights_module.load_checkpoint_file(tmp_path / "list.pth")
+
+
+class Payload:
+    """What a malicious checkpoint holds: unpickling it would run a shell command."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize("protocol,words", [
+    (2, "was refused: it would build {system}, which is neither a tensor nor a plain container; checkpoints "
+        "are loaded as data only, never as code (a file from a source you trust can be saved again as a plain "
+        "state dict)."),
+    (4, "could not be read as a PyTorch checkpoint of tensors (Unsupported operand 149); checkpoints are "
+        "loaded as data only, never as code."),  # torch's unpickler stops at the protocol-4 frame
+], ids=["torch.save", "protocol-4"])
+def test_a_malicious_pickle_is_refused_in_one_complete_line_of_ours(tmp_path, recwarn, protocol, words):
+    path, marker = tmp_path / "evil.pth.tar", tmp_path / "ran"
+    torch.save({"state_dict": Payload(marker)}, path, pickle_protocol=protocol)
+    with pytest.raises(UserError) as error:
+        weights_module.load_checkpoint_file(path)
+    assert str(error.value) == f"'{path}' " + words.format(system=f"{os.system.__module__}.system")
+    assert not marker.exists() and not [w for w in recwarn if "pickle protocol" in str(w.message)]
 
 
 def test_torch_load_is_always_safe(tmp_path, resnet18_state, monkeypatch):

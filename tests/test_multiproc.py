@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import multiproc_cmd, run_process
-from image_classification import multiproc
+from image_classification import multiproc, worker_shim
 from image_classification.cli import run
 
 
@@ -75,7 +75,6 @@ def test_the_process_that_failed_is_named_not_the_ones_that_stopped_because_of_i
 
     from image_classification.errors import PeerLost
 
-    assert multiproc.EXIT_PEER_LOST == PeerLost.exit_code
     same_second = 1_700_000_000
     failures = {
         0: SimpleNamespace(exitcode=PeerLost.exit_code, timestamp=same_second),  # saw its peer go
@@ -135,11 +134,18 @@ def test_torchrun_arguments():
     assert pairs == {"--nnodes": "2", "--node-rank": "1", "--nproc-per-node": "8",
                      "--master-addr": "10.0.0.1", "--master-port": "1234", "--rdzv-backend": "static",
                      "--max-restarts": "0", "--monitor-interval": "0.5"}
-    assert argv[16] == multiproc.__file__ and argv[18:] == ["main.py", "--epochs", "3", "/data"]
+    assert argv[16] == worker_shim.__file__ and argv[18:] == ["main.py", "--epochs", "3", "/data"]
     from torch.distributed import run as torchrun
 
     parsed = torchrun.parse_args(argv)  # torchrun accepts them
-    assert parsed.training_script == multiproc.__file__ and parsed.node_rank == 1
+    assert parsed.training_script == worker_shim.__file__ and parsed.node_rank == 1
+
+    elastic = multiproc.torchrun_argv(multiproc.build_parser().parse_args(
+        ["--nnodes", "2", "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "head:29400",
+         "main.py", "/data"]))
+    parsed = torchrun.parse_args(elastic)
+    assert (parsed.rdzv_backend, parsed.rdzv_endpoint, parsed.max_restarts) == ("c10d", "head:29400", 3)
+    assert parsed.rdzv_id == "image-classification"
 
 
 # ------------------------------------------------------------------------------------------------

@@ -168,7 +168,8 @@ def test_ema_state_dict_round_trips_and_keeps_updating():
 @pytest.mark.parametrize("amp_dtype, use_ema", [(None, False), ("float16", True), ("bfloat16", False)])
 def test_cuda_training_steps_never_synchronise_with_the_host(amp_dtype, use_ema):
     """fp16 with GradScaler included: the fused SGD takes the scaler's inf check, the EMA stays on the device."""
-    from image_classification.engine import Engine, RunConfig
+    from image_classification.engine import Engine
+    from image_classification.plan import RunConfig
     from image_classification.preprocessing import Preprocessing
     from image_classification.runtime import make_runtime
 

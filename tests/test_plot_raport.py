@@ -98,3 +98,23 @@ def test_a_raport_without_finished_epochs_is_nothing_to_plot(plot_raport, tmp_pa
                        'DLLL {"type": "LOG", "step": [0, 10], "data": {"train.loss": 6.9}}\n')
     assert cli_run(plot_raport.main, [str(started), "-o", str(tmp_path / "out")]) == 2
     assert "nothing to plot" in capsys.readouterr().err
+
+
+def test_odd_records_and_values_that_are_not_finite_are_left_out_with_a_note(plot_raport, tmp_path, capsys):
+    odd = tmp_path / "raport.json"
+    odd.write_text('DLLL {"type": "LOG", "step": [0], "data": {"train.loss": 2.0, "val.loss": Infinity}}\n'
+                   'DLLL [1, 2]\nDLLL 5\nDLLL "text"\nDLLL null\n'
+                   'DLLL {"type": "LOG", "step": [Infinity], "data": {"train.loss": 1.0}}\n'
+                   'DLLL {"type": "LOG", "step": [NaN], "data": {"train.loss": 1.0}}\n'
+                   'DLLL {"type": "LOG", "step": [1], "data": [1.0]}\n'
+                   'DLLL {"type": "LOG", "step": [2], "data": {"train.loss": 1.5, "val.loss": -Infinity}}\n'
+                   'DLLL {"type": "LOG", "step": [3], "data": {"train.loss": NaN, "val.loss": 0.5}}\n')
+    out = tmp_path / "out"
+    assert cli_run(plot_raport.main, [str(odd), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert err == (f"note: {odd}: left out records that are not JSON objects (4), end-of-epoch records that do "
+                   "not hold an epoch number and an object of values (3), values that are not finite numbers "
+                   "(3)\n")
+    drawn = plot_raport.plot_raports([odd], tmp_path / "again")
+    assert drawn["train_loss.png"] == {"raport": ([0, 2], [2.0, 1.5])}
+    assert drawn["val_loss.png"] == {"raport": ([3], [0.5])}

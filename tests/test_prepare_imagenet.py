@@ -48,15 +48,19 @@ def _tar_bytes(files: dict[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
-def make_archives(root: Path, train_wnids: list[str] = WNIDS) -> tuple[dict[str, Path], dict[str, bytes]]:
-    """The three archives, laid out as the official ones, and the files they give: {path in OUT: bytes}."""
+def make_archives(root: Path, train_wnids: list[str] = WNIDS, devkit_wnids: list[str] = WNIDS,
+                  images: dict[str, bytes] | None = None) -> tuple[dict[str, Path], dict[str, bytes]]:
+    """The three archives, laid out as the official ones, and the files they give: {path in OUT: bytes}.
+
+    ``devkit_wnids`` are the classes that meta.mat names; ``images`` replaces the first class's images.
+    """
     root.mkdir(parents=True, exist_ok=True)
     expected: dict[str, bytes] = {}
     classes = {}
     for c, wnid in enumerate(train_wnids):
-        images = {f"{wnid}_{i}.JPEG": _jpeg(100 * c + i) for i in range(TRAIN_PER_CLASS)}
-        classes[f"{wnid}.tar"] = _tar_bytes(images)
-        expected.update({f"train/{wnid}/{name}": data for name, data in images.items()})
+        pictures = {f"{wnid}_{i}.JPEG": _jpeg(100 * c + i) for i in range(TRAIN_PER_CLASS)}
+        classes[f"{wnid}.tar"] = _tar_bytes(images if images is not None and c == 0 else pictures)
+        expected.update({f"train/{wnid}/{name}": data for name, data in pictures.items()})
     archives = {"train": root / "ILSVRC2012_img_train.tar", "val": root / "ILSVRC2012_img_val.tar",
                 "devkit": root / "ILSVRC2012_devkit_t12.tar.gz"}
     archives["train"].write_bytes(_tar_bytes(classes))
@@ -67,7 +71,7 @@ def make_archives(root: Path, train_wnids: list[str] = WNIDS) -> tuple[dict[str,
         expected[f"val/{WNIDS[ilsvrc_id - 1]}/{name}"] = data
 
     # meta.mat as the devkit has it: leaf synsets 1..N, then higher synsets (num_children > 0)
-    synsets = np.array([(i + 1, wnid, f"class {i}", 0) for i, wnid in enumerate(WNIDS)] +
+    synsets = np.array([(i + 1, wnid, f"class {i}", 0) for i, wnid in enumerate(devkit_wnids)] +
                        [(1001, "n00001740", "entity", 3)],
                        dtype=[("ILSVRC2012_ID", "O"), ("WNID", "O"), ("words", "O"), ("num_children", "O")])
     meta = io.BytesIO()
@@ -190,3 +194,43 @@ def test_wrong_archives_are_one_error_line(prepare, tmp_path, capsys, mistake, w
     err = capsys.readouterr().err
     assert _messages(err) == [err.strip().splitlines()[-1]] and words in _messages(err)[0], err
     assert _messages(err)[0].startswith("error: ")
+
+
+def _refused_before_writing(prepare, archives: dict[str, Path], tmp_path: Path, capsys, words: str) -> None:
+    """One error line saying ``words``; nothing written, in OUT (a few levels down) or anywhere else."""
+    assert run(prepare.main, _argv(archives, tmp_path / "a" / "b" / "imagenet", *EXPECT)) == 2
+    err = capsys.readouterr().err
+    assert _messages(err) == [err.strip().splitlines()[-1]] and words in _messages(err)[0], err
+    assert len(_messages(err)[0]) < 400
+    assert [p.name for p in tmp_path.iterdir()] == ["archives"]
+
+
+@pytest.mark.parametrize("wnid,words", [
+    ("../../../../x", "is not a plain file or folder name"), ("n01/../../x", "not a plain"),
+    ("ABSOLUTE", "not a plain"), ("..", "not a plain"), ("n01\nx", "not a plain"),
+    ("n" * 400, "is 400 bytes long, more than the file system takes"),
+])
+def test_a_devkit_wnid_that_is_not_a_plain_name_is_refused_before_anything_is_written(
+        prepare, tmp_path, capsys, wnid, words):
+    wnid = str(tmp_path / "x") if wnid == "ABSOLUTE" else wnid
+    archives, _ = make_archives(tmp_path / "archives", devkit_wnids=[WNIDS[0], wnid, WNIDS[2]])
+    _refused_before_writing(prepare, archives, tmp_path, capsys, words)
+
+
+@pytest.mark.parametrize("wnid,words", [("..", "not a plain"), ("n" * 400, "400 bytes long")])
+def test_a_train_class_that_is_not_a_plain_name_is_refused_before_anything_is_written(
+        prepare, tmp_path, capsys, wnid, words):
+    archives, _ = make_archives(tmp_path / "archives", train_wnids=[*WNIDS, wnid])
+    _refused_before_writing(prepare, archives, tmp_path, capsys, words)
+
+
+@pytest.mark.parametrize("image,words", [("sub/..", "not a plain"), ("i" * 400 + ".JPEG", "405 bytes long")])
+def test_an_image_name_that_is_not_plain_is_one_error_line(prepare, tmp_path, capsys, image, words):
+    archives, _ = make_archives(tmp_path / "archives", images={image: _jpeg(0)})
+    out = tmp_path / "imagenet"
+    assert run(prepare.main, _argv(archives, out, *EXPECT)) == 2
+    err = capsys.readouterr().err
+    assert _messages(err) == [err.strip().splitlines()[-1]] and words in _messages(err)[0], err
+    assert f"({WNIDS[0]}.tar)" in _messages(err)[0] and len(_messages(err)[0]) < 400
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["archives", "imagenet"]
+    assert not [p for p in out.rglob("*") if p.is_file()]

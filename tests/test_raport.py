@@ -116,9 +116,48 @@ def test_tensorboard_mirrors_windows_epochs_and_parameters(tmp_path):
     scalars = set(events.Tags()["scalars"])
     assert {"train.loss", "train.total_ips", "epoch/train.loss", "epoch/val.top1", "epoch/val.loss"} <= scalars
     assert [e.step for e in events.Scalars("train.loss")] == [1, 2, 3, 4]  # the run's iterations
-    assert [e.step for e in events.Scalars("epoch/val.top1")] == [0, 1]
+    assert [e.step for e in events.Scalars("epoch/val.top1")] == [2, 4]  # one step axis: iterations
     raport = read_raport(tmp_path / "ws" / "experiment_raport.json")
     epoch_losses = [r["data"]["train.loss"] for r in raport if r.get("step") in ([0], [1]) and "train.loss" in r["data"]]
     assert [e.value for e in events.Scalars("epoch/train.loss")] == pytest.approx(epoch_losses, rel=1e-6)
     hparams = [p for p in logs.rglob("events.out.tfevents.*")]
     assert len(hparams) >= 2  # the scalars and the hyperparameters written once at the end
+
+
+def test_tensorboard_shows_each_step_once_after_a_resume_from_an_earlier_checkpoint(tmp_path):
+    """What a killed run logged after its checkpoint is hidden (purge_step), not shown twice."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from image_classification.training import main
+
+    logs, ws = tmp_path / "tb", tmp_path / "ws"
+    run = ["-a", "resnet18", "--image-size", "32", "-b", "4", "--data-backend", "synthetic", "--prof", "2",
+           "-p", "1", "--epochs", "2", "--num-classes", "3", "--seed", "1", "--lr", "0.01", "--tensorboard",
+           str(logs), "--workspace", str(ws), "--gather-checkpoints"]
+    assert main(run) == 0  # steps 1-4; then go back to the end of epoch 0, as a kill after it would
+    assert main(run + ["--resume", str(ws / "checkpoint_0000.pth.tar")]) == 0
+    events = EventAccumulator(str(logs))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train.loss")] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("make", ["file", "read-only"])
+def test_a_tensorboard_folder_that_cannot_be_written_is_one_line(tmp_path, capsys, make):
+    import os
+
+    from image_classification.cli import run
+    from image_classification.training import main
+
+    target = tmp_path / "tb"
+    if make == "file":
+        target.write_text("not a folder")
+    else:
+        target.mkdir()
+        target.chmod(0o500)
+        if os.access(target, os.W_OK):
+            pytest.skip("running as a user who can write anywhere")
+    code = run(main, ["-a", "resnet18", "--image-size", "32", "-b", "4", "--data-backend", "synthetic",
+                      "--prof", "1", "--epochs", "1", "--tensorboard", str(target), "--workspace",
+                      str(tmp_path / "ws")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: --tensorboard"), err

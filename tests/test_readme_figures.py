@@ -41,3 +41,30 @@ def test_replace_block_changes_only_the_block():
     text = "before\n<!-- figures:demo -->\nold\n<!-- /figures:demo -->\nafter\n"
     assert figures.replace_block(text, "demo", "new\n") == \
         "before\n<!-- figures:demo -->\nnew\n<!-- /figures:demo -->\nafter\n"
+
+
+def inference_record(native: bool) -> dict:
+    point = {"images_per_s": 20.0, "p50_ms": 50.0, "p90_ms": 51.0, "p99_ms": 52.0, "speedup": 1.25}
+    paths = {name: {"dtype": "float32", "1": point, "max_abs_diff": 5e-5, "top1_agreement": 1.0}
+             for name in ("torchvision", "eager", "channels_last", "bf16")}
+    paths["compile"] = {"dtype": "float32", "skipped": "torch.compile on cpu needs a C++ compiler; none found"}
+    return {"config": {"batch_sizes": [1], "image_size": 224}, "paths": paths,
+            "classify_default": "bf16" if native else "channels_last",
+            "environment": {"device": "cpu", "cpu_model": "AMD EPYC", "cpu_cores": 2, "python": "3.11.7",
+                            "torch": "2.14.1", "torchvision": "0.29.1", "cpu_capability": "AVX2",
+                            "cpu_bf16_native": native, "load_average": [1.04, 0.5, 0.25]}}
+
+
+def test_inference_block_names_the_cpu_capability_and_classifys_default_row():
+    block = figures.inference_block(inference_record(native=False), "python benchmarks/infer_throughput.py")
+    assert "AMD EPYC (2 cores), no GPU" in block and "CPU capability AVX2, has no native bf16" in block
+    assert "load average at the end of the run 1.0 / 0.5 / 0.2 (1 / 5 / 15 min)" in block
+    rows = [line for line in block.splitlines() if line.startswith("| ") and "path" not in line]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| torchvision eager FP32 (baseline)", "| eager FP32",
+        "| channels-last FP32 (**`classify.py`'s default here**)", "| bf16 autocast, channels-last",
+        "| `torch.compile`"]  # fp16 and ONNX Runtime were not measured: no rows
+    assert rows[0].endswith("| - | - |") and rows[1].endswith("| 5.0e-05 | 100% |")
+    assert rows[-1] == "| `torch.compile` | skipped: torch.compile on cpu needs a C++ compiler; none found | | | | |"  # 5 cells
+    native = figures.inference_block(inference_record(native=True), "python benchmarks/infer_throughput.py")
+    assert "computes bf16 natively" in native and "| bf16 autocast, channels-last (**`classify.py`" in native

@@ -21,41 +21,34 @@ def dali_available() -> bool:
     return True
 
 
-def resolve_backend(requested: str | None, log=print) -> str:
+def resolve_backend(requested: str | None) -> str:
     """The backend to use: the requested one, or dali-cpu when DALI is installed, else pytorch."""
     if requested is not None:
         return requested
     return "dali-cpu" if dali_available() else "pytorch"
 
 
-def _cap_workers(config: DataConfig, runtime: Runtime) -> DataConfig:
-    """``config`` with at most this process's cores as workers (torch warns beyond them), said once."""
-    cores = machine.cores()
-    if config.workers <= cores:
-        return config
-    if runtime.is_main:
-        print(f"=> -j {config.workers} is more than the {cores} cores this process may use: {cores} loader workers",
-              flush=True)
-    return dataclasses.replace(config, workers=cores)
-
-
 def get_loaders(
-    config: DataConfig, runtime: Runtime, *, want_train: bool, want_val: bool
-) -> tuple[Loader | None, Loader | None, list[str]]:
-    """The train and val loaders ``config`` describes (None for the ones not wanted), and the class
-    folder names in label order (empty for synthetic data)."""
-    config = _cap_workers(config, runtime)
+    config: DataConfig, runtime: Runtime, classes: list[str] | None = None, *, want_train: bool, want_val: bool
+) -> tuple[Loader | None, Loader | None]:
+    """The train and val loaders ``config`` describes (None for the ones not wanted).
+
+    ``classes``: the class folder names in label order, as the run's set-up checked them; None scans
+    the dataset here (a script that has not).
+    """
+    config = dataclasses.replace(config, workers=min(config.workers, machine.cores()))  # torch warns beyond
     if config.backend == "synthetic":
         from .synthetic import synthetic_loaders
 
-        return (*synthetic_loaders(config, runtime, want_train=want_train, want_val=want_val), [])
-    from .folder import check_dataset
+        return synthetic_loaders(config, runtime, want_train=want_train, want_val=want_val)
+    if classes is None:
+        from .layout import check_dataset
 
-    classes = check_dataset(config.data, config.num_classes, want_train=want_train, want_val=want_val)
+        classes = check_dataset(config.data, config.num_classes, want_train=want_train, want_val=want_val)
     if config.backend == "pytorch":
         from .folder import folder_loaders as build
     elif config.backend in ("dali-cpu", "dali-gpu"):
         from .dali import dali_loaders as build
     else:
         raise UserError(f"unknown data backend {config.backend!r}")
-    return (*build(config, runtime, classes, want_train=want_train, want_val=want_val), classes)
+    return build(config, runtime, classes, want_train=want_train, want_val=want_val)

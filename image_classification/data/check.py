@@ -3,7 +3,7 @@
     python -m image_classification.data.check DIR [-j N]
 
 Prints, for ``DIR/train`` and ``DIR/val``, the class and image counts; then every image that cannot be
-decoded, every directory link that training would not follow (loops, links into another class), empty
+decoded, every link that training would not follow (loops, links into another class or split, images counted twice), empty
 class folders, and the classes found in only one split.  The images are listed exactly as training lists
 them and each is decoded (at reduced scale for JPEGs, which still reads the whole file).  Exit code 0
 when nothing is wrong, 1 when something is, 2 when DIR is not a dataset.
@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import machine
-from ..arguments import UserErrorParser
+from ..cli import UserErrorParser
 from ..cli import run
 from ..errors import UserError
-from .files import decode_problem, walk_class
-from .folder import class_folders
+from .files import SplitWalk, decode_problem, walk_class
+from .layout import class_folders
 
 SPLITS = ("train", "val")
 
@@ -40,8 +40,9 @@ class SplitReport:
 def check_split(split_dir: Path, workers: int) -> SplitReport:
     report = SplitReport()
     files: list[str] = []
+    shared = SplitWalk()  # the rule of every backend: an image counted once, under its own class
     for name in class_folders(split_dir):
-        walk = walk_class(split_dir / name, split_dir)
+        walk = walk_class(split_dir / name, split_dir, shared)
         report.classes[name] = len(walk.files)
         report.links += walk.skipped_links
         files += walk.files

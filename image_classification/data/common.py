@@ -3,19 +3,15 @@ normalisation constants, sizes, and the move to the device."""
 
 from __future__ import annotations
 
-import argparse
+import sys
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Protocol
 
 import torch
 from torch.utils.data import Sampler
 
+from ..preprocessing import CROP_RATIO, IMAGENET_MEAN_255 as MEAN_255, IMAGENET_STD_255 as STD_255
 from ..runtime import Runtime
-
-# ImageNet mean and std on the 0-255 scale: batches stay uint8 until they reach the device.
-MEAN_255 = (0.485 * 255, 0.456 * 255, 0.406 * 255)
-STD_255 = (0.229 * 255, 0.224 * 255, 0.225 * 255)
-CROP_RATIO = 0.875  # validation crops 224 out of 256
 
 
 @dataclass(frozen=True)
@@ -35,51 +31,57 @@ class DataConfig:
     seed: int = 0
     num_classes: int | None = None
     synthetic_length: int = 0  # batches per synthetic epoch; 0 for the default
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, image_size: int, **overrides) -> "DataConfig":
-        """The configuration main.py's flags describe; ``overrides`` replace the fields they name."""
-        fields = dict(
-            data=getattr(args, "data", None), backend=args.data_backend, image_size=image_size,
-            batch_size=args.batch_size, workers=args.workers, prefetch=args.prefetch,
-            crop_scale=tuple(args.crop_scale), hflip=args.hflip, interpolation=args.interpolation or "bilinear",
-            augmentation=args.augmentation, seed=args.seed if args.seed is not None else 0,
-            num_classes=args.num_classes, synthetic_length=max(0, args.prof),
-        )
-        fields.update(overrides)
-        return cls(**fields)
+    # how the weights' training normalised and cropped (their checkpoint's record under --evaluate)
+    crop_ratio: float = CROP_RATIO
+    mean: tuple[float, float, float] = MEAN_255  # on the 0-255 scale: batches stay uint8 until the device
+    std: tuple[float, float, float] = STD_255
 
 
-def val_resize_size(image_size: int) -> int:
+def val_resize_size(image_size: int, crop_ratio: float = CROP_RATIO) -> int:
     """Short side before the centre crop: 256 for 224, in proportion at other sizes."""
-    return round(image_size / CROP_RATIO)
-
-
-class BatchSource(Protocol):
-    """What a backend hands to :class:`DeviceLoader`: host batches of (uint8 NCHW images, int64 targets)."""
-
-    def __len__(self) -> int: ...
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
-
-    def set_epoch(self, epoch: int) -> None: ...
+    return round(image_size / crop_ratio)
 
 
 class Loader(Protocol):
     """What the training loop receives from every backend: (images, targets) ready on the device.
 
     Images are float32, normalised, in the runtime's memory format; targets are int64 class ids.
-    ``set_epoch`` is called before each epoch and picks that epoch's shuffle; ``num_samples`` is how
-    many images this process sees in one pass (validation counts every image exactly once overall).
+    ``set_epoch`` is called before each pass and picks that epoch's order; with ``start_batch`` the
+    pass begins that many batches in, without reading them (an exact mid-epoch resume).
+    ``num_samples`` is how many images this process sees in one pass (validation counts every image
+    exactly once overall); ``skipped`` how many unreadable images were left out so far.
     """
 
     num_samples: int
+
+    @property
+    def skipped(self) -> int: ...
 
     def __len__(self) -> int: ...
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
 
-    def set_epoch(self, epoch: int) -> None: ...
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None: ...
+
+
+class Unreadable:
+    """The images a backend could not read: each named once on stderr, then left out of every pass."""
+
+    def __init__(self):
+        self.paths: set[str] = set()
+
+    def add(self, path: str, reason: str = "") -> None:
+        if path in self.paths:
+            return
+        self.paths.add(path)
+        detail = f" ({reason})" if reason else ""
+        print(f"warning: skipped unreadable image {path}{detail}", file=sys.stderr, flush=True)
+
+    def __contains__(self, path: str) -> bool:
+        return path in self.paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
 
 
 class DeviceLoader:
@@ -90,33 +92,25 @@ class DeviceLoader:
     that already produce float, normalised batches.
     """
 
-    def __init__(self, source, runtime: Runtime, num_samples: int, normalized: bool = False):
+    def __init__(self, source, runtime: Runtime, num_samples: int, normalized: bool = False,
+                 mean: tuple[float, ...] = MEAN_255, std: tuple[float, ...] = STD_255):
         self.source = source
         self.runtime = runtime
         self.num_samples = num_samples
         self.normalized = normalized
         shape = (1, 3, 1, 1)
-        self.mean = torch.tensor(MEAN_255, device=runtime.device).view(shape)
-        self.std = torch.tensor(STD_255, device=runtime.device).view(shape)
+        self.mean = torch.tensor(mean, device=runtime.device).view(shape)
+        self.std = torch.tensor(std, device=runtime.device).view(shape)
 
     def __len__(self) -> int:
         return len(self.source)
 
     @property
     def skipped(self) -> int:
-        """How many unreadable images the backend has skipped so far."""
-        return len(getattr(self.source, "skipped", ()))
-
-    @property
-    def supports_start_batch(self) -> bool:
-        """Whether ``set_epoch`` can start an epoch part-way (for an exact mid-epoch resume)."""
-        return getattr(self.source, "supports_start_batch", False)
+        return self.source.skipped
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        if start_batch:
-            self.source.set_epoch(epoch, start_batch=start_batch)
-        else:
-            self.source.set_epoch(epoch)
+        self.source.set_epoch(epoch, start_batch)
 
     def _prepare(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         device = self.runtime.device

@@ -2,16 +2,18 @@
 
 This module is the only one that imports DALI, and it does so lazily, so the package works without it.
 Each split's pipeline is built once per run (its decoders' buffers are large and slow to allocate) and
-fed through an external source: every pass hands it this rank's files in that epoch's order.  The order
-and the sharding come from the shared :class:`ShardSampler`, so both backends see the same images in the
-same order for a given seed.  Training drops the last partial batch; validation keeps it, and every
-validation image is read by exactly one rank.  A file DALI cannot decode is reported once and left out,
-as the pytorch backend does (the pipeline is rebuilt then: DALI's state after an error is not reusable).
+fed through an external source: every pass hands it the paths of this rank's files in that epoch's order,
+and DALI's own threads read the files (``fn.io.file.read``), in parallel and off Python's main thread,
+which only slices the list.  The order and the sharding come from the shared :class:`ShardSampler`, so
+both backends see the same images in the same order for a given seed.  Training drops the last partial
+batch; validation keeps it, and every validation image is read by exactly one rank.  A file DALI cannot
+read (a dangling link) or decode is reported once and left out, as the pytorch backend does (the pipeline
+is rebuilt then: DALI's state after an error is not reusable).
 """
 
 from __future__ import annotations
 
-import sys
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -20,10 +22,12 @@ import torch
 
 from ..errors import UserError
 from ..runtime import Runtime
-from .common import MEAN_255, STD_255, DataConfig, ShardSampler, val_resize_size
+from .common import CROP_RATIO, MEAN_255, STD_255, DataConfig, ShardSampler, Unreadable, val_resize_size
 from .files import decode_problem
-from .folder import list_samples, train_samples
+from .layout import split_samples
 
+# Words in DALI's error when a file could not be read (a dangling link) or decoded: those are skipped.
+_FILE_ERRORS = ("io.file.read", "decoders.", "Decod")
 _INTERPOLATION = {"bilinear": "INTERP_LINEAR", "bicubic": "INTERP_CUBIC", "triangular": "INTERP_TRIANGULAR"}
 # nvJPEG scratch memory reserved up front, as in the reference recipes, so it does not regrow per batch.
 _GPU_DECODER_PADDING = {"device_memory_padding": 211_025_920, "host_memory_padding": 140_544_512}
@@ -54,13 +58,18 @@ class PipelineSpec:
     device_id: int | None  # None: no GPU at all, every operator on the CPU
     gpu_decode: bool  # dali-gpu: nvJPEG ("mixed") decode and GPU resize
     channels_last: bool
+    crop_ratio: float = CROP_RATIO  # validation: the short side is image_size / crop_ratio
+    mean: tuple[float, float, float] = MEAN_255  # on the 0-255 scale
+    std: tuple[float, float, float] = STD_255
 
 
 @dataclass
 class Feed:
-    """A pipeline's external source: the files of the pass under way, read in order, a batch per call.
+    """A pipeline's external source: the paths of the pass under way, in order, a batch per call.
 
-    Raising StopIteration at the end is what ends a pass for DALI's iterator.
+    It hands out paths, not contents: reading the files here, one per sample, would put the I/O and the
+    GIL on the training loop's thread.  Raising StopIteration at the end is what ends a pass for DALI's
+    iterator.
     """
 
     batch_size: int
@@ -81,10 +90,11 @@ class Feed:
         if self.position >= len(self.files):
             raise StopIteration
         end = self.position + self.batch_size
-        encoded = [np.fromfile(path, dtype=np.uint8) for path in self.files[self.position:end]]
+        # fn.io.file.read takes a path as its bytes; fsencode keeps names that are not UTF-8 intact.
+        paths = [np.frombuffer(os.fsencode(path), dtype=np.uint8) for path in self.files[self.position:end]]
         labels = [np.array([label], dtype=np.int32) for label in self.labels[self.position:end]]
-        self.position += len(encoded)
-        return encoded, labels
+        self.position += len(paths)
+        return paths, labels
 
 
 def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
@@ -101,9 +111,15 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
         batch_size=spec.batch_size, num_threads=spec.num_threads, device_id=spec.device_id, seed=seed
     )
     def pipeline():
-        encoded, labels_ = fn.external_source(
+        paths, labels_ = fn.external_source(
             source=feed, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT32]
         )
+        # Read by the pipeline's thread pool, a file per task.  A plain read rather than DALI's default
+        # mmap: faster for files this small, and a file truncated while mapped would be a SIGBUS, not
+        # an error to skip.  A per-sample parallel external source would read in worker processes
+        # instead, but it wants a stateless callback (each pass's order is state) and its own processes,
+        # spawned (never forked after CUDA is up) and copying every file through shared memory.
+        encoded = fn.io.file.read(paths, dont_use_mmap=True)
         if spec.train:
             # Decoding only the random crop window is what makes CPU decoding fast.
             images = fn.decoders.image_random_crop(
@@ -119,7 +135,7 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
             # truncated (not rounded) to keep the aspect, and antialiased when it shrinks.
             shape = fn.peek_image_shape(encoded)
             height, width = fn.cast(shape[0], dtype=types.INT64), fn.cast(shape[1], dtype=types.INT64)
-            short = val_resize_size(size)
+            short = val_resize_size(size, spec.crop_ratio)
             portrait = fn.cast(height > width, dtype=types.INT64)
             out_h = portrait * (short * height // width) + (1 - portrait) * short
             out_w = (1 - portrait) * (short * width // height) + portrait * short
@@ -134,7 +150,7 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
         mirror = fn.random.coin_flip(probability=spec.hflip) if spec.train and spec.hflip > 0 else 0
         crop_pos = {} if spec.train else {"crop_pos_x": _centre(out_w, size), "crop_pos_y": _centre(out_h, size)}
         images = fn.crop_mirror_normalize(
-            images, dtype=types.FLOAT, crop=(size, size), mean=list(MEAN_255), std=list(STD_255),
+            images, dtype=types.FLOAT, crop=(size, size), mean=list(spec.mean), std=list(spec.std),
             mirror=mirror, output_layout="HWC" if spec.channels_last else "CHW", **crop_pos,
         )
         return images, labels_
@@ -168,15 +184,13 @@ class DaliLoader:
     mid-epoch resume sees exactly the images it had left, though with fresh crops.
     """
 
-    supports_start_batch = True
-
     def __init__(self, samples: list[tuple[str, int]], spec: PipelineSpec, runtime: Runtime, seed: int):
         self.samples, self.spec, self.runtime, self.seed = samples, spec, runtime, seed
         self.sampler = ShardSampler(len(samples), runtime.rank, runtime.world_size, shuffle=spec.train, seed=seed)
         share = len(self.sampler)
         self.num_samples = share - share % spec.batch_size if spec.train else share
         self.epoch = 0
-        self.unreadable: set[str] = set()  # files DALI could not decode, left out of every later pass
+        self.unreadable = Unreadable()  # files DALI could not read or decode, left out of every later pass
         self.feed = Feed(spec.batch_size)
         self.builds = 0  # pipelines built so far: one per run, plus one after each unreadable file
         self._batches = None  # the DALI iterator over the pipeline, once built
@@ -202,8 +216,8 @@ class DaliLoader:
         return [self.samples[i][0] for i in order], [self.samples[i][1] for i in order]
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The pass's batches.  A file DALI cannot decode is found, reported once and left out, and the
-        pass goes on from the batch it stopped at, as the pytorch backend skips what PIL cannot read."""
+        """The pass's batches.  A file DALI cannot read or decode is found, reported once and left out, and
+        the pass goes on from the batch it stopped at, as the pytorch backend skips what PIL cannot read."""
         files, labels = self._pass_files()
         done = 0  # files already delivered in batches
         while done < len(files):
@@ -215,7 +229,7 @@ class DaliLoader:
             except RuntimeError as error:
                 self._batches = None  # DALI's state after an error is not reusable: build it again
                 self._in_pass = False
-                if "decoders." not in str(error) and "Decod" not in str(error):
+                if not any(sign in str(error) for sign in _FILE_ERRORS):
                     raise
                 # The error surfaces up to a prefetch queue later than the batch that failed.
                 window = files[done:done + 4 * self.spec.batch_size]
@@ -223,8 +237,7 @@ class DaliLoader:
                 if not broken:
                     raise UserError(_undecodable_message(window)) from None
                 for path in broken:
-                    self.unreadable.add(path)
-                    print(f"warning: skipped unreadable image {path}", file=sys.stderr, flush=True)
+                    self.unreadable.add(path, decode_problem(path) or "")
                 kept = [(f, l) for f, l in zip(files[done:], labels[done:]) if f not in self.unreadable]
                 files = files[:done] + [f for f, _ in kept]
                 labels = labels[:done] + [l for _, l in kept]
@@ -285,12 +298,14 @@ def dali_loaders(
         image_size=config.image_size, interpolation=config.interpolation, crop_scale=tuple(config.crop_scale),
         hflip=config.hflip, batch_size=config.batch_size, num_threads=max(1, config.workers), device_id=device_id,
         gpu_decode=backend == "dali-gpu", channels_last=runtime.memory_format == torch.channels_last,
+        crop_ratio=config.crop_ratio, mean=tuple(config.mean), std=tuple(config.std),
     )
     root = Path(config.data)
     train = val = None
     if want_train:
-        samples = train_samples(root, classes, config.batch_size, runtime.world_size)
+        samples = split_samples(root, "train", classes, batch_size=config.batch_size, world_size=runtime.world_size)
         train = DaliLoader(samples, PipelineSpec(train=True, **spec), runtime, config.seed)
     if want_val:
-        val = DaliLoader(list_samples(root / "val", classes), PipelineSpec(train=False, **spec), runtime, config.seed)
+        samples = split_samples(root, "val", classes)
+        val = DaliLoader(samples, PipelineSpec(train=False, **spec), runtime, config.seed)
     return train, val

@@ -19,6 +19,8 @@ import torch
 from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
+SPLITS = ("train", "val")  # a dataset's split folders, beside each other
+
 # PIL modes of 16-bit greyscale images (a PNG may open as "I" in older Pillow releases)
 _SIXTEEN_BIT_MODES = {"I;16", "I;16L", "I;16B", "I;16N", "I"}
 
@@ -35,29 +37,49 @@ class ClassWalk:
     skipped_links: list[str] = field(default_factory=list)  # "path: why" for each link not followed
 
 
-def walk_class(class_dir: Path, split_dir: Path | None = None) -> ClassWalk:
-    """Image files under ``class_dir`` (depth first, names sorted), following safe directory links.
+@dataclass
+class SplitWalk:
+    """What the walks of one split's class folders share: every folder walked and image counted so far."""
 
-    ``split_dir`` (the folder holding every class folder) lets a link into a sibling class be refused.
+    folders: set[tuple[int, int]] = field(default_factory=set)
+    images: set[tuple[int, int]] = field(default_factory=set)
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder + os.sep)
+
+
+def walk_class(class_dir: Path, split_dir: Path | None = None, shared: SplitWalk | None = None) -> ClassWalk:
+    """Image files under ``class_dir`` (depth first, names sorted), each counted once, where it really lives.
+
+    A link, to a folder or to a file, is followed unless its target lies in another class folder or in
+    another split of the dataset (``split_dir``'s siblings), or was already counted: walked by this split
+    (``shared``, across its classes) or by this class.  Each link not followed is reported, so no image
+    is counted twice or under a label that is not its own, and validation never leaks into training.
     """
     walk = ClassWalk()
     root = os.path.realpath(class_dir)
     split_root = os.path.realpath(split_dir) if split_dir is not None else None
-    seen: set[tuple[int, int]] = set()
+    other_splits = [] if split_root is None else [
+        os.path.realpath(os.path.join(os.path.dirname(split_root), name)) for name in SPLITS
+        if os.path.realpath(os.path.join(os.path.dirname(split_root), name)) != split_root]
+    shared = shared if shared is not None else SplitWalk()
 
     def refuse(real: str) -> str | None:
-        if root == real or root.startswith(real + os.sep):
+        if _inside(root, real) and root != real:
             return f"links back to {real}, which holds the class folder (a loop)"
-        if split_root is not None and real.startswith(split_root + os.sep) and not real.startswith(root + os.sep):
+        if split_root is not None and _inside(real, split_root) and not _inside(real, root):
             return f"links into another class folder ({real})"
+        if any(_inside(real, other) for other in other_splits):
+            return f"links into another split of the dataset ({real})"
         return None
 
     def visit(directory: str) -> None:
         info = os.stat(directory)
-        if (info.st_dev, info.st_ino) in seen:
-            walk.skipped_links.append(f"{directory}: a directory already walked (a loop)")
+        if (info.st_dev, info.st_ino) in shared.folders:
+            walk.skipped_links.append(f"{directory}: a directory already walked (a loop, or linked twice)")
             return
-        seen.add((info.st_dev, info.st_ino))
+        shared.folders.add((info.st_dev, info.st_ino))
         try:
             entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
         except OSError as error:
@@ -77,6 +99,20 @@ def walk_class(class_dir: Path, split_dir: Path | None = None) -> ClassWalk:
                         continue
                 subdirectories.append(entry.path)
             elif is_image_file(entry.name):
+                if entry.is_symlink():
+                    why = refuse(os.path.realpath(entry.path))
+                    if why is not None:
+                        walk.skipped_links.append(f"{entry.path}: {why}")
+                        continue
+                try:
+                    target = entry.stat(follow_symlinks=True)
+                except OSError:  # a dangling link: listed, so that reading it is reported as unreadable
+                    walk.files.append(entry.path)
+                    continue
+                if (target.st_dev, target.st_ino) in shared.images:
+                    walk.skipped_links.append(f"{entry.path}: an image already counted under another name")
+                    continue
+                shared.images.add((target.st_dev, target.st_ino))
                 walk.files.append(entry.path)
         for subdirectory in subdirectories:
             visit(subdirectory)

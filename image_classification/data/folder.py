@@ -7,9 +7,7 @@ same whatever the number of workers, and an epoch can be replayed exactly after 
 from __future__ import annotations
 
 import functools
-import os
 import random
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +17,11 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 from torchvision import transforms
 from torchvision.transforms import v2
 
-from ..errors import UserError
 from ..runtime import Runtime
-from .common import MEAN_255, STD_255, DataConfig, DeviceLoader, ShardSampler, val_resize_size
-from .files import is_image_file, open_rgb, read_rgb_tensor, walk_class
+from ..signals import ignore_in_worker
+from .common import CROP_RATIO, DataConfig, DeviceLoader, ShardSampler, Unreadable, val_resize_size
+from .files import open_rgb, read_rgb_tensor
+from .layout import split_samples
 
 _INTERPOLATION = {
     "bilinear": transforms.InterpolationMode.BILINEAR,
@@ -30,91 +29,6 @@ _INTERPOLATION = {
     # PIL's bilinear filter is a triangle filter, which is what DALI calls INTERP_TRIANGULAR.
     "triangular": transforms.InterpolationMode.BILINEAR,
 }
-
-
-def class_folders(split_dir: Path) -> list[str]:
-    """The class folder names of a split, sorted: their order is the label order."""
-    return sorted(entry.name for entry in os.scandir(split_dir) if entry.is_dir())
-
-
-_reported_links: set[str] = set()
-
-
-def _report_links(problems: list[str]) -> None:
-    """One warning per link not followed, however often the folder is listed."""
-    for problem in problems:
-        if problem not in _reported_links:
-            _reported_links.add(problem)
-            print(f"warning: not following {problem}", file=sys.stderr, flush=True)
-
-
-def list_samples(split_dir: Path, classes: list[str]) -> list[tuple[str, int]]:
-    """(path, label) for every image under ``split_dir/<class>/``, in a stable order (see :func:`walk_class`)."""
-    samples = []
-    for label, name in enumerate(classes):
-        class_dir = split_dir / name
-        if not class_dir.is_dir():
-            continue
-        walk = walk_class(class_dir, split_dir)
-        _report_links(walk.skipped_links)
-        samples.extend((path, label) for path in walk.files)
-    return samples
-
-
-def train_samples(root: Path, classes: list[str], batch_size: int, world_size: int) -> list[tuple[str, int]]:
-    """The train/ samples, refusing a set too small for one batch per process."""
-    samples = list_samples(root / "train", classes)
-    if len(samples) // world_size < batch_size:
-        raise UserError(
-            f"train/ holds {len(samples)} images, fewer than one batch of {batch_size} per process; "
-            "lower -b/--batch-size"
-        )
-    return samples
-
-
-def check_dataset(data_dir: str, num_classes: int | None, *, want_train: bool, want_val: bool) -> list[str]:
-    """Validate the dataset layout before the first step; return the sorted class names."""
-    root = Path(data_dir)
-    if not root.is_dir():
-        raise UserError(f"dataset directory {data_dir} does not exist")
-    splits = [s for s, wanted in (("train", want_train), ("val", want_val)) if wanted]
-    found: dict[str, list[str]] = {}
-    for split in splits:
-        split_dir = root / split
-        if not split_dir.is_dir():
-            raise UserError(f"{data_dir} has no {split}/ folder; expected {split}/<class>/<image> files")
-        classes = class_folders(split_dir)
-        if not classes:
-            raise UserError(f"{split_dir} has no class folders; expected {split}/<class>/<image> files")
-        for name in classes:
-            if not _has_images(split_dir / name, split_dir):
-                raise UserError(f"class folder {split_dir / name} holds no images")
-        found[split] = classes
-    if len(found) == 2 and found["train"] != found["val"]:
-        only_train = sorted(set(found["train"]) - set(found["val"]))
-        only_val = sorted(set(found["val"]) - set(found["train"]))
-        detail = "; ".join(
-            part for part in (
-                f"only in train/: {', '.join(only_train[:5])}" if only_train else "",
-                f"only in val/: {', '.join(only_val[:5])}" if only_val else "",
-            ) if part
-        )
-        raise UserError(f"train/ and val/ class folders differ ({detail})")
-    classes = next(iter(found.values()))
-    if num_classes is not None and len(classes) > num_classes:
-        raise UserError(
-            f"the dataset has {len(classes)} classes but --num-classes is {num_classes}; "
-            f"pass --num-classes {len(classes)}"
-        )
-    return classes
-
-
-def _has_images(class_dir: Path, split_dir: Path) -> bool:
-    """Whether the class folder holds an image; the usual flat folder is answered from its first entries."""
-    with os.scandir(class_dir) as entries:
-        if any(is_image_file(entry.name) and entry.is_file() for entry in entries):
-            return True
-    return bool(walk_class(class_dir, split_dir).files)
 
 
 class ImageFiles(Dataset):
@@ -138,7 +52,7 @@ class ImageFiles(Dataset):
         try:
             image = self.read(path)
         except (OSError, ValueError, Image.DecompressionBombError) as error:
-            return None, label, f"{path} ({error.__class__.__name__}: {error})"
+            return None, label, (path, f"{error.__class__.__name__}: {error}")
         if get_worker_info() is not None:  # a worker process: its generators are its own
             return self._augment(image, seed), label, None
         # -j 0: the training process itself; its generators (MixUp, dropout) must not see the reseeding
@@ -159,18 +73,20 @@ class ImageFiles(Dataset):
         return torch.from_numpy(np.array(out, dtype=np.uint8))  # a writable copy: PIL's buffer is read-only
 
 
-def collate_uint8(batch, normalize: bool = False):
+def collate_uint8(batch, normalize: tuple[torch.Tensor, torch.Tensor] | None = None):
     """Stack HWC uint8 images into an NCHW tensor (channels-last in memory); broken samples are dropped
     and reported.
 
-    With ``normalize`` (CPU training) the workers also normalise, so the main process does not.
+    With ``normalize`` = (1 / std, mean / std) (CPU training) the workers also normalise, so the main
+    process does not.
     """
     good = [(image, label) for image, label, _ in batch if image is not None]
     broken = [problem for _, _, problem in batch if problem is not None]
     if good:
         images = torch.stack([image for image, _ in good]).permute(0, 3, 1, 2)
-        if normalize:  # (x - mean) / std as one contiguous multiply-add: several times faster on a CPU
-            images = images.contiguous().float().mul_(_INV_STD).sub_(_MEAN_OVER_STD)
+        if normalize is not None:  # (x - mean) / std as one contiguous multiply-add: several times faster
+            inv_std, mean_over_std = normalize
+            images = images.contiguous().float().mul_(inv_std).sub_(mean_over_std)
         labels = torch.tensor([label for _, label in good], dtype=torch.int64)
     else:
         images = torch.empty(0, dtype=torch.uint8)
@@ -179,14 +95,16 @@ def collate_uint8(batch, normalize: bool = False):
 
 
 class FolderBatches:
-    """Host batches from a DataLoader; warns once per broken image and counts them in ``skipped``."""
-
-    supports_start_batch = True
+    """Host batches from a DataLoader; the broken images its workers report are warned about once."""
 
     def __init__(self, loader: DataLoader, sampler: ShardSampler):
         self.loader = loader
         self.sampler = sampler
-        self.skipped: set[str] = set()
+        self.unreadable = Unreadable()
+
+    @property
+    def skipped(self) -> int:
+        return len(self.unreadable)
 
     def __len__(self) -> int:
         return len(self.sampler) // self.loader.batch_size if self.loader.drop_last else len(self.loader)
@@ -196,10 +114,8 @@ class FolderBatches:
 
     def __iter__(self):
         for images, labels, broken in self.loader:
-            for problem in broken:
-                if problem not in self.skipped:
-                    self.skipped.add(problem)
-                    print(f"warning: skipped unreadable image {problem}", file=sys.stderr, flush=True)
+            for path, reason in broken:
+                self.unreadable.add(path, reason)
             if len(labels):
                 yield images, labels
 
@@ -219,21 +135,18 @@ def train_transform(config: DataConfig):
     return v2.Compose(steps)
 
 
-def val_transform(image_size: int, interpolation: str = "bilinear"):
+def val_transform(image_size: int, interpolation: str = "bilinear", crop_ratio: float = CROP_RATIO):
     """Resize the short side to ``val_resize_size`` and take the centre crop (PIL in, PIL out)."""
     return transforms.Compose([
-        transforms.Resize(val_resize_size(image_size), interpolation=_INTERPOLATION[interpolation]),
+        transforms.Resize(val_resize_size(image_size, crop_ratio), interpolation=_INTERPOLATION[interpolation]),
         transforms.CenterCrop(image_size),
     ])
-
-
-_INV_STD = 1.0 / torch.tensor(STD_255).view(1, 3, 1, 1)
-_MEAN_OVER_STD = torch.tensor(MEAN_255).view(1, 3, 1, 1) * _INV_STD
 
 
 def _worker_init(_worker_id: int) -> None:
     # Each sample reseeds torch and random itself; numpy is seeded for any user transform.
     np.random.seed(torch.initial_seed() % 2**32)
+    ignore_in_worker()
 
 
 def _loader(samples, transform, config: DataConfig, runtime: Runtime, train: bool) -> DeviceLoader:
@@ -241,12 +154,14 @@ def _loader(samples, transform, config: DataConfig, runtime: Runtime, train: boo
     sampler = ShardSampler(len(samples), runtime.rank, runtime.world_size, shuffle=train, seed=config.seed)
     workers = config.workers
     normalize_in_workers = not runtime.is_cuda and workers > 0
+    inv_std = 1.0 / torch.tensor(config.std).view(1, 3, 1, 1)
+    scale = (inv_std, torch.tensor(config.mean).view(1, 3, 1, 1) * inv_std) if normalize_in_workers else None
     loader = DataLoader(
         dataset,
         batch_size=config.batch_size,
         sampler=sampler,
         num_workers=workers,
-        collate_fn=functools.partial(collate_uint8, normalize=normalize_in_workers),
+        collate_fn=functools.partial(collate_uint8, normalize=scale),
         pin_memory=runtime.is_cuda,
         drop_last=train,
         persistent_workers=workers > 0,
@@ -255,7 +170,7 @@ def _loader(samples, transform, config: DataConfig, runtime: Runtime, train: boo
         generator=torch.Generator().manual_seed(config.seed),  # leaves the global RNG untouched
     )
     return DeviceLoader(FolderBatches(loader, sampler), runtime, num_samples=len(sampler),
-                        normalized=normalize_in_workers)
+                        normalized=normalize_in_workers, mean=config.mean, std=config.std)
 
 
 def folder_loaders(
@@ -264,9 +179,10 @@ def folder_loaders(
     root = Path(config.data)
     train = val = None
     if want_train:
-        samples = train_samples(root, classes, config.batch_size, runtime.world_size)
+        samples = split_samples(root, "train", classes, batch_size=config.batch_size, world_size=runtime.world_size)
         train = _loader(samples, train_transform(config), config, runtime, train=True)
     if want_val:
-        val = _loader(list_samples(root / "val", classes), val_transform(config.image_size, config.interpolation),
-                      config, runtime, False)
+        samples = split_samples(root, "val", classes)
+        transform = val_transform(config.image_size, config.interpolation, config.crop_ratio)
+        val = _loader(samples, transform, config, runtime, False)
     return train, val

@@ -27,16 +27,17 @@ class SyntheticLoader:
         self.targets = torch.randint(0, num_classes, (batch_size,), generator=generator, device=runtime.device)
         self.length = length
         self.num_samples = batch_size * length
-        self.skipped = 0
+        self.skipped = 0  # made on the device: nothing is ever unreadable
+        self._start = 0
 
     def __len__(self) -> int:
         return self.length
 
-    def set_epoch(self, epoch: int) -> None:
-        pass
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        self._start = start_batch
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for _ in range(self.length):
+        for _ in range(self._start, self.length):
             yield self.images, self.targets
 
 

@@ -8,8 +8,10 @@ Anything that does not fit the model exactly is an error, never a silent partial
 
 from __future__ import annotations
 
+import pickle
 import re
 import urllib.error
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Union
@@ -38,17 +40,20 @@ def load_checkpoint_file(path: Union[str, Path]) -> dict:
     """``torch.load`` a checkpoint safely (tensors and plain containers only) onto the CPU."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"Checkpoint file '{path}' does not exist or is not a file.")
+        raise UserError(f"Checkpoint file '{path}' does not exist or is not a file; NVIDIA's published "
+                        "weights come from the NVIDIA NGC catalog, https://catalog.ngc.nvidia.com "
+                        "(classify.py --pretrained downloads them).")
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises many types for foreign or truncated files
-        text = str(e)
-        if "WeightsUnpickler error:" in text:  # torch's advice to pass weights_only=False does not apply here
-            detail = text.split("WeightsUnpickler error:", 1)[1].strip().splitlines()
-            reason = detail[0] if detail else "it holds more than tensors and plain containers"
-        else:
-            reason = (text.strip().splitlines() or [type(e).__name__])[0]
-        raise UserError(f"'{path}' could not be read as a PyTorch checkpoint of tensors ({reason[:160]}); "
+        with warnings.catch_warnings():  # a protocol-4 pickle warns before it is refused: one line only
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for foreign, truncated or malicious files
+        refused = _refused_global(e)
+        if refused is not None:
+            raise UserError(f"'{path}' was refused: it would build {refused}, which is neither a tensor nor "
+                            "a plain container; checkpoints are loaded as data only, never as code (a file "
+                            "from a source you trust can be saved again as a plain state dict).") from None
+        raise UserError(f"'{path}' could not be read as a PyTorch checkpoint of tensors ({_reason(e)}); "
                         "checkpoints are loaded as data only, never as code.") from e
     if not isinstance(obj, dict):
         raise UserError(f"'{path}' holds a {type(obj).__name__}, not a state dict or checkpoint dict.")
@@ -56,6 +61,25 @@ def load_checkpoint_file(path: Union[str, Path]) -> dict:
         raise UserError(f"'{path}' is damaged: its content does not match the hash recorded when it was "
                         "written; use another copy or an older checkpoint.")
     return obj
+
+
+def _refused_global(error: Exception) -> str | None:
+    """The function or class that a file asked torch's data-only unpickler to build (``posix.system`` in
+    a malicious file), when that is what it refused."""
+    found = re.search(r"GLOBAL ([\w.]+\w)", str(error)) if isinstance(error, pickle.UnpicklingError) else None
+    return found.group(1)[:80] if found else None
+
+
+def _reason(error: Exception) -> str:
+    """What went wrong, in one short line.  torch's data-only refusals open with paragraphs of advice
+    (among them to pass weights_only=False, exactly what must not be done with such a file): the
+    unpickler's own words are in the exception they replaced, or after "WeightsUnpickler error:"."""
+    if isinstance(error, pickle.UnpicklingError) and isinstance(error.__context__, pickle.UnpicklingError):
+        error = error.__context__
+    text = str(error)
+    found = re.search(r"WeightsUnpickler error:\s*(.+)", text)
+    line = found.group(1) if found else (text.strip().splitlines() or [type(error).__name__])[0]
+    return line.strip()[:160]
 
 
 def extract_state_dict(checkpoint: Mapping) -> dict[str, torch.Tensor]:

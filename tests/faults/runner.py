@@ -7,7 +7,9 @@ kilobytes, so a test can save and kill many times in seconds.  The environment p
 
 * ``FAULTS_KILL_AT=K``: the process sends itself SIGKILL right after train iteration K of the run
   (counted over the whole run, as ``Progress.iterations``);
-* ``FAULTS_SIGNAL_AT=K:NAME``: it sends itself the signal NAME (SIGTERM, SIGUSR1) after iteration K;
+* ``FAULTS_SIGNAL_AT=K:NAME``: it sends itself the signal NAME (SIGTERM, SIGUSR1) after iteration K; with
+  ``FAULTS_SIGNAL_GROUP=1`` it leads its own process group and signals the whole group, its loader
+  workers included, as SLURM does;
 * ``FAULTS_HANG_AT=K``: after iteration K the process hangs (alive, never answering its peers) until a
   SIGTERM or SIGKILL ends it;
 * ``FAULTS_KILL_IN_SAVE=N``: the N-th ``torch.save`` of the process writes half of its bytes, syncs
@@ -60,7 +62,10 @@ def _after_iteration(iterations: int) -> None:
     if os.environ.get("FAULTS_SIGNAL_AT"):
         at, name = os.environ["FAULTS_SIGNAL_AT"].split(":")
         if iterations == int(at):
-            os.kill(os.getpid(), getattr(signal, name))
+            if os.environ.get("FAULTS_SIGNAL_GROUP"):
+                os.killpg(os.getpgid(0), getattr(signal, name))
+            else:
+                os.kill(os.getpid(), getattr(signal, name))
 
 
 def _install_iteration_hook() -> None:
@@ -117,6 +122,8 @@ def _install_mixup_record(path: str) -> None:
 def main(argv: list[str]) -> None:
     """Install what the environment asks for, then run ``main.py ARGV`` as ``python main.py`` would (it
     ends with ``SystemExit``).  For a process of its own: the faults stay installed."""
+    if os.environ.get("FAULTS_SIGNAL_GROUP"):
+        os.setpgrp()  # a group of its own: the signal must not reach the test runner
     ARCHS["tiny"] = tiny_arch_row()
     _install_iteration_hook()
     if os.environ.get("FAULTS_KILL_IN_SAVE"):

@@ -50,8 +50,9 @@ def test_ranks_stopped_by_a_signal_make_multiproc_exit_75(data, tmp_path):
 
 
 @needs_linux
-def test_sigusr1_to_multiproc_reaches_the_workers_which_save_and_exit_75(data, tmp_path):
-    """SLURM's --signal warns the launched task, multiproc.py, not its workers."""
+@pytest.mark.parametrize("name", ["SIGUSR1", "SIGTERM"])
+def test_a_stop_signal_to_multiproc_reaches_the_workers_which_save_and_exit_75(data, tmp_path, name):
+    """SLURM's --signal warns the launched task, multiproc.py, not its workers; scancel sends it SIGTERM."""
     command = [sys.executable, str(REPO / "multiproc.py"), "--nproc_per_node", "2", "--master_port",
                str(free_port()), "--log_dir", str(tmp_path), str(RUNNER), *COMMON, "--workspace",
                str(tmp_path / "ws"), "--epochs", "100", "-j", "0", str(data)]
@@ -60,7 +61,7 @@ def test_sigusr1_to_multiproc_reaches_the_workers_which_save_and_exit_75(data, t
         while "Epoch: 0 Iteration: 2 " not in (tmp_path / "out.txt").read_text():
             assert job.poll() is None, (tmp_path / "out.txt").read_text()
             time.sleep(0.1)
-        job.send_signal(signal.SIGUSR1)
+        job.send_signal(getattr(signal, name))
         code = job.wait(timeout=120)
     finally:
         if job.poll() is None:
@@ -68,7 +69,7 @@ def test_sigusr1_to_multiproc_reaches_the_workers_which_save_and_exit_75(data, t
             job.wait()
     output = (tmp_path / "out.txt").read_text()
     assert code == EXIT_PREEMPTED, output[-3000:]
-    assert "Stopped by SIGUSR1" in output and "Traceback" not in output
+    assert f"Stopped by {name}" in output and "Traceback" not in output
     saved = load(tmp_path / "ws" / "checkpoint.pth.tar")
     assert saved["world_size"] == 2 and saved["iterations"] >= 2
     TALLY["stops"] += 1

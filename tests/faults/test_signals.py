@@ -31,6 +31,15 @@ def test_a_stop_signal_saves_exits_75_and_resumes_exactly(data, tmp_path, straig
     assert count_lost_records(tmp_path / "ws" / "experiment_raport.json", epochs=2) == 0
 
 
+def test_sigterm_to_the_process_group_with_loader_workers_saves_and_exits_75(data, tmp_path):
+    """SLURM signals every process of the job step: the workers must leave the stop to the main process."""
+    stopped = train(data, tmp_path / "ws", *RUN, "-j", "2", signal_at="3:SIGTERM", signal_group=1)
+    assert stopped.returncode == EXIT_PREEMPTED, explain(stopped)
+    assert "Stopped by SIGTERM" in stopped.stdout and "Traceback" not in stopped.stderr, explain(stopped)
+    assert load(tmp_path / "ws" / "checkpoint.pth.tar")["iterations"] == 3
+    TALLY["stops"] += 1
+
+
 def test_resume_auto_of_a_finished_run_exits_0_without_training(data, tmp_path, straight, capsys):
     """A blindly re-queued job whose run already finished does nothing and succeeds."""
     shutil.copytree(straight, tmp_path / "ws")

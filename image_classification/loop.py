@@ -1,0 +1,420 @@
+"""The training loop: epochs of steps, validation, checkpoints, and when to stop.
+
+The loop keeps the host ahead of the device: losses and counters stay on the device and are read once
+per ``--print-freq`` window (:meth:`Engine.read_window`), stop and save requests riding on the same
+read; validation synchronises per batch, to time its latency.  Every iteration is timed wall clock to
+wall clock, so a window's throughput includes the wait for the device at the window's read, the
+logging and any checkpoint written in it.
+
+What may stop a run, and what it then leaves behind:
+
+* the end of ``--epochs`` / ``--run-epochs`` / early stopping: exit 0, checkpoints as asked;
+* SIGTERM or SIGUSR1 (what SLURM sends before preemption): at the next optimizer step, a checkpoint of
+  exactly that point is written and the run exits :data:`EXIT_PREEMPTED` (75) so a script can requeue it;
+* a non-finite loss, weights or validation outputs: :class:`TrainingDiverged` (exit 3) within one print
+  window, and no checkpoint or best model is written from such weights.
+
+:class:`Loop` changes no state of its own: the run's position and everything a checkpoint restores
+live in the :class:`Engine`, which it drives.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import checkpoint as ckpt
+from .data import Loader
+from .engine import Engine
+from .errors import EXIT_PREEMPTED, TrainingDiverged
+from .losses import classification_loss, correct_counts
+from .plan import CheckpointInterval
+from .raport import ACC_META, LOSS_META, LR_META, PERF_META, TIME_META, VERBOSE, Raport
+from .runtime import Runtime
+from .signals import StopSignal
+from .workspace import Workspace
+
+LATENCY_PERCENTILES = (90, 95, 99, 100)
+
+
+class RunControl:
+    """Decides when to stop (a signal) and when an interval checkpoint is due, the same on every rank.
+
+    Time and signals are local to a process, so in distributed runs ranks agree on them at print windows
+    (one small all-reduce there); the decision is carried out at the next optimizer step.
+    """
+
+    def __init__(self, runtime: Runtime, signals: StopSignal, interval: CheckpointInterval | None, iterations: int):
+        self.runtime, self.signals, self.interval = runtime, signals, interval
+        self.stop_pending = False
+        self.save_pending = False
+        self._saved_at = (time.monotonic(), iterations)
+
+    def _time_due(self) -> bool:
+        return bool(self.interval and self.interval.seconds
+                    and time.monotonic() - self._saved_at[0] >= self.interval.seconds)
+
+    def local_flags(self) -> tuple[bool, bool]:
+        """(a stop signal arrived, the interval's time is up), as this process sees them."""
+        return self.signals.received is not None, self._time_due()
+
+    def agree(self, flags: tuple[bool, ...]) -> None:
+        """Take the flags every rank sees (:meth:`local_flags` reduced over ranks with "any")."""
+        self.stop_pending |= flags[0]
+        self.save_pending |= flags[1]
+
+    def at_window(self) -> None:
+        """Collect signals and the clock outside a print window (a collective call in distributed runs).
+
+        Inside the loop the flags ride on the window's own all-reduce (:meth:`Engine.read_window`).
+        """
+        flags = self.local_flags()
+        if self.runtime.distributed:
+            device = self.runtime.device
+            tensor = torch.stack([torch.full((), float(flag), device=device) for flag in flags])
+            with self.runtime.waiting_for_peers("agreeing whether to stop"):
+                dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+                flags = tuple(value > 0 for value in tensor.tolist())
+        self.agree(flags)
+
+    def at_step(self) -> None:
+        """Between windows a single process can act on a signal or the clock at once."""
+        if not self.runtime.distributed:
+            self.stop_pending |= self.signals.received is not None
+            self.save_pending |= self._time_due()
+
+    def save_due(self, iterations: int) -> bool:
+        if self.interval is None:
+            return False
+        if self.interval.iterations is not None:
+            return iterations - self._saved_at[1] >= self.interval.iterations
+        return self.save_pending
+
+    def saved(self, iterations: int) -> None:
+        self._saved_at = (time.monotonic(), iterations)
+        self.save_pending = False
+
+
+def register_metrics(raport: Raport, prefixes: list[str], topk: int, training: bool) -> None:
+    if training:
+        raport.register("train.loss", "loss", LOSS_META)
+        raport.register("train.total_ips", "perf", PERF_META)
+        raport.register("train.compute_ips", "perf", PERF_META)
+        raport.register("train.data_time", "perf", TIME_META, VERBOSE)
+        raport.register("train.compute_time", "perf", TIME_META, VERBOSE)
+        raport.register("train.lr", "lr", LR_META)
+        raport.register("train.grad_scale", "perf", LOSS_META)
+    for prefix in prefixes:
+        raport.register(f"{prefix}.top1", "acc", ACC_META)
+        raport.register(f"{prefix}.top{topk}", "acc", ACC_META)
+        raport.register(f"{prefix}.loss", "loss", LOSS_META)
+        raport.register(f"{prefix}.total_ips", "perf", PERF_META)
+        raport.register(f"{prefix}.compute_ips", "perf", PERF_META)
+        raport.register(f"{prefix}.data_time", "perf", TIME_META, VERBOSE)
+        raport.register(f"{prefix}.compute_time", "perf", TIME_META, VERBOSE)
+        raport.register(f"{prefix}.compute_latency", "perf", TIME_META)
+        for q in LATENCY_PERCENTILES:
+            raport.register(f"{prefix}.compute_latency_at{q}", f"q{q}", TIME_META, VERBOSE)
+
+
+@dataclass
+class ValResult:
+    top1: float
+    loss: float
+    count: int
+    not_finite: int  # images whose outputs held NaN or inf (counted as wrong)
+
+    @property
+    def finite_top1(self) -> float | None:
+        """top1 when the validation counts (images seen, a finite loss); else None."""
+        return self.top1 if self.count and math.isfinite(self.loss) else None
+
+
+class Loop:
+    """Epochs over the loaders: :meth:`fit` trains and validates, :meth:`evaluate` validates once.
+
+    ``prefixes`` are the validations each epoch runs (``val``, and ``val_ema`` with an EMA; none with
+    ``--training-only``); ``show_progress`` draws progress bars under the log lines.
+    """
+
+    def __init__(self, engine: Engine, raport: Raport, workspace: Workspace, control: RunControl, *,
+                 prefixes: list[str], show_progress: bool = False, log=print):
+        self.engine, self.raport, self.workspace, self.control = engine, raport, workspace, control
+        self.prefixes, self.show_progress, self.log = prefixes, show_progress, log
+        self.config, self.runtime = engine.config, engine.runtime
+        self._noted_short_epoch = False
+
+    def _models(self) -> dict[str, nn.Module]:
+        engine = self.engine
+        return {"val": engine.model, "val_ema": engine.ema.module if engine.ema else None}
+
+    def fit(self, train_loader, val_loader) -> int:
+        """Train from the engine's position to the last epoch of this run; the exit code."""
+        engine, config, raport, log, control = self.engine, self.config, self.raport, self.log, self.control
+        progress = engine.progress
+        start_epoch = progress.epoch
+        end_epoch = config.epochs if config.run_epochs < 0 else min(start_epoch + config.run_epochs, config.epochs)
+        where = f", batch {progress.batch}" if progress.batch else ""
+        control.at_window()
+        if control.stop_pending:  # a signal during start-up: nothing trained, nothing to save
+            log(f"Stopped by {control.signals.received or 'another process'} before the first step; --resume "
+                f"continues from {'the checkpoint' if progress.iterations else 'the start'} (exit code "
+                f"{EXIT_PREEMPTED})")
+            return EXIT_PREEMPTED
+        log(f"RUNNING EPOCHS FROM {start_epoch}{where} TO {end_epoch}")
+        if config.checkpoint_interval is not None and config.save_checkpoints:
+            log(f"=> mid-epoch checkpoints {config.checkpoint_interval}")
+        for epoch in range(start_epoch, end_epoch):
+            bar = progress_bar(len(train_loader), f"epoch {epoch}", self.show_progress)
+            completed = self.train_epoch(train_loader, epoch, bar)
+            bar.close()
+            if not completed:
+                raport.end_epoch(epoch, progress.iterations)
+                log(f"Stopped by {control.signals.received or 'another process'} after {progress.batch} batches "
+                    f"of epoch {epoch}; --resume continues from there (exit code {EXIT_PREEMPTED})")
+                return EXIT_PREEMPTED
+            results = self._validate_all(val_loader, epoch, f"after epoch {epoch}")
+            val = results.get("val")
+            is_best = engine.end_epoch(val.finite_top1 if val is not None else None)
+            raport.end_epoch(epoch, progress.iterations)
+            self.save(finished_epoch=True, reason="epoch", is_best=is_best)
+            if progress.stopped_early:
+                log(f"Early stopping: no better top1 for {progress.epochs_without_improvement} epochs")
+                break
+            control.at_window()
+            if control.stop_pending and epoch + 1 < end_epoch:
+                log(f"Stopped by {control.signals.received or 'another process'} at the end of epoch {epoch}; "
+                    f"--resume continues from there (exit code {EXIT_PREEMPTED})")
+                return EXIT_PREEMPTED
+        return 0
+
+    def evaluate(self, val_loader) -> int:
+        """Validate the engine's model (and EMA) once, as ``--evaluate`` does; the exit code."""
+        epoch = self.engine.progress.epoch
+        self._validate_all(val_loader, epoch, "evaluation")
+        self.raport.end_epoch(epoch, self.engine.progress.iterations)
+        return 0
+
+    def _validate_all(self, val_loader, epoch: int, where: str) -> dict[str, ValResult]:
+        results, models = {}, self._models()
+        for prefix in self.prefixes:
+            bar = progress_bar(len(val_loader), f"{prefix} {epoch}", self.show_progress)
+            results[prefix] = self.validate(models[prefix], val_loader, prefix, epoch, bar)
+            bar.close()
+            _check_validation(results[prefix], prefix, where)
+        return results
+
+    # -- training -------------------------------------------------------------------------------
+    def epoch_plan(self, loader) -> tuple[int, int]:
+        """(batches in a train epoch, micro-batches per optimizer step).
+
+        ``--prof`` caps the epoch; an epoch ends on an optimizer step, so trailing micro-batches that
+        cannot make one are left out; an epoch shorter than one accumulation steps once at its end.
+        """
+        config = self.config
+        length = len(loader) if config.prof <= 0 else min(config.prof, len(loader))
+        accumulation = config.accumulation
+        if 0 < length < accumulation:
+            if not self._noted_short_epoch:
+                batches = f"{length} batch{'es' if length > 1 else ''}"
+                self.log(f"=> an epoch of {batches} is shorter than one gradient accumulation of {accumulation}: "
+                         f"the optimizer steps every {batches}")
+                self._noted_short_epoch = True
+            accumulation = length
+        return length - length % accumulation, accumulation
+
+    def train_epoch(self, loader, epoch: int, progress_bar) -> bool:
+        """Train one epoch from ``progress.batch``; False when a stop signal ended it early."""
+        engine, runtime, raport, control = self.engine, self.runtime, self.raport, self.control
+        progress = engine.progress
+        engine.base_model.train()
+        engine.model.train()
+        lr = engine.set_epoch_lr(epoch)
+        length, accumulation = self.epoch_plan(loader)
+        batches = iter_from(loader, epoch, progress.batch)
+        print_freq = self.config.print_freq
+        end = time.perf_counter()
+        while progress.batch < length:
+            try:
+                images, targets = next(batches)
+            except StopIteration:
+                break
+            data_time = time.perf_counter() - end
+            step_now = (progress.batch + 1) % accumulation == 0
+            engine.train_step(images, targets, accumulation=accumulation, step_now=step_now)
+            window_ends = progress.batch % print_freq == 0 or progress.batch == length
+            if window_ends:
+                reading = engine.read_window(f"epoch {epoch}, iteration {progress.batch}", control.local_flags())
+                control.agree(reading.flags)
+            now = time.perf_counter()
+            iteration_time, world_batch = now - end, targets.shape[0] * runtime.world_size
+            compute_time = max(iteration_time - data_time, 1e-9)
+            raport.record("train.data_time", data_time)
+            raport.record("train.compute_time", compute_time)
+            raport.record("train.total_ips", world_batch / max(iteration_time, 1e-9), max(iteration_time, 1e-9))
+            raport.record("train.compute_ips", world_batch / compute_time, compute_time)
+            end = now  # wall clock to wall clock: logging and saving below count in the next iteration
+            if window_ends:
+                raport.record("train.lr", lr)
+                raport.record("train.loss", reading.loss, reading.images)
+                raport.record("train.grad_scale", engine.grad_scale)
+                raport.log_window("train", [epoch, progress.batch], global_step=progress.iterations)
+            progress_bar.update(1)
+            if not step_now:
+                continue
+            control.at_step()
+            if progress.batch < length and control.stop_pending:
+                self.save(finished_epoch=False, reason="stop")
+                return False
+            if progress.batch < length and control.save_due(progress.iterations):
+                self.save(finished_epoch=False, reason="interval")
+        leftover = engine.read_window(f"epoch {epoch}, iteration {progress.batch}")  # a loader that ended early
+        if leftover is not None:
+            raport.record("train.loss", leftover.loss, leftover.images)
+            raport.log_window("train", [epoch, progress.batch], global_step=progress.iterations)
+        engine.discard_gradients()
+        return True
+
+    # -- validation -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def validate(self, model: nn.Module, loader, prefix: str, epoch: int, progress_bar) -> ValResult:
+        """Validate over this rank's share; counts are summed over ranks, so every image counts once.
+
+        Records carry the step ``[epoch, training iteration, validation iteration]``: the training
+        iteration is how far the epoch trained (its length after a whole epoch, 0 under ``--evaluate``).
+        """
+        config, runtime, raport = self.config, self.runtime, self.raport
+        train_iteration = self.engine.progress.batch
+        model.eval()
+        ks = (1, config.topk)
+        totals = torch.zeros(5, dtype=torch.float64, device=runtime.device)  # loss, top1, topk, count, bad
+        length = len(loader) if config.prof <= 0 else min(config.prof, len(loader))
+        batches = iter_from(loader, epoch, 0)
+        end = time.perf_counter()
+        for index in range(length):
+            try:
+                images, targets = next(batches)
+            except StopIteration:
+                break
+            data_time = time.perf_counter() - end
+            compute_time, logits = self._timed_forward(model, images)
+            loss = classification_loss(logits, targets, 0.0)  # plain cross-entropy, whatever training used
+            batch = targets.shape[0]
+            counts = correct_counts(logits, targets, ks).double()
+            not_finite = (~torch.isfinite(logits).all(dim=1)).sum().double()
+            batch_totals = torch.stack([loss.double() * batch, counts[0], counts[1],
+                                        torch.tensor(float(batch), dtype=torch.float64, device=loss.device),
+                                        not_finite])
+            totals += batch_totals
+            local = batch_totals.tolist()
+            now = time.perf_counter()
+            iteration_time, world_batch = max(now - end, 1e-9), batch * runtime.world_size
+            end = now
+            raport.record(f"{prefix}.top1", 100.0 * local[1] / batch, batch, epoch=False)
+            raport.record(f"{prefix}.top{config.topk}", 100.0 * local[2] / batch, batch, epoch=False)
+            raport.record(f"{prefix}.loss", local[0] / batch, batch, epoch=False)
+            raport.record(f"{prefix}.data_time", data_time)
+            raport.record(f"{prefix}.compute_time", compute_time)
+            raport.record(f"{prefix}.compute_latency", compute_time)
+            for q in LATENCY_PERCENTILES:
+                raport.record(f"{prefix}.compute_latency_at{q}", compute_time)
+            raport.record(f"{prefix}.total_ips", world_batch / iteration_time, iteration_time)
+            raport.record(f"{prefix}.compute_ips", world_batch / max(compute_time, 1e-9), max(compute_time, 1e-9))
+            if (index + 1) % config.print_freq == 0:
+                raport.log_window(prefix, [epoch, train_iteration, index + 1])
+            progress_bar.update(1)
+        with runtime.waiting_for_peers(f"summing {prefix} over the processes"):
+            if runtime.distributed:
+                dist.all_reduce(totals)
+            loss_sum, top1, topk, count, bad = totals.tolist()
+        if count == 0:
+            return ValResult(0.0, math.nan, 0, 0)
+        raport.log_window(prefix, [epoch, train_iteration, length])
+        for name, value in (("top1", top1), (f"top{config.topk}", topk)):
+            raport.record(f"{prefix}.{name}", 100.0 * value / count, count, window=False)
+        raport.record(f"{prefix}.loss", loss_sum / count, count, window=False)
+        return ValResult(100.0 * top1 / count, loss_sum / count, int(count), int(bad))
+
+    def _timed_forward(self, model, images) -> tuple[float, torch.Tensor]:
+        runtime = self.runtime
+        if runtime.is_cuda:
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            with runtime.autocast():
+                logits = model(images)
+            stop.record()
+            stop.synchronize()
+            return start.elapsed_time(stop) / 1000.0, logits
+        begin = time.perf_counter()
+        with runtime.autocast():
+            logits = model(images)
+        return time.perf_counter() - begin, logits
+
+    # -- checkpoints --------------------------------------------------------------------------------
+    def save(self, *, finished_epoch: bool, reason: str, is_best: bool = False) -> None:
+        """Write the engine's checkpoint (every rank takes part; rank 0 writes). Never non-finite weights."""
+        config, engine = self.config, self.engine
+        if not config.save_checkpoints:
+            return
+        progress = engine.progress
+        if not engine.weights_finite():
+            raise TrainingDiverged(f"training diverged in epoch {progress.epoch}: the weights hold NaN or inf "
+                                   "values; no checkpoint was written from them")
+        state = engine.state_dict()
+        self.control.saved(progress.iterations)
+        if not self.runtime.is_main:
+            return
+        latest = self.workspace.latest
+        where = f"epoch {progress.epoch}" if finished_epoch else \
+            f"epoch {progress.epoch}, batch {progress.batch} ({reason})"
+        self.log(f"SAVING {latest} ({where})")
+        # One commit per save: the derived files first, the latest checkpoint last.  Until the latest is
+        # renamed into place a resume starts from the previous one and writes them all again, so a kill or
+        # a full disk in between never leaves a run without its best model or a per-epoch file.
+        targets = []
+        if finished_epoch and config.gather_checkpoints != 0:
+            targets.append(self.workspace.path / ckpt.epoch_checkpoint_name(progress.epoch - 1))
+        if is_best:
+            targets.append(self.workspace.best)
+        targets.append(latest)
+        ckpt.save_checkpoint(state, targets[0])
+        for target in targets[1:]:
+            ckpt.copy_atomic(targets[0], target)
+        if finished_epoch and config.gather_checkpoints != 0:
+            ckpt.prune_epoch_checkpoints(self.workspace.path, config.gather_checkpoints)
+
+
+def _check_validation(result: ValResult, prefix: str, where: str) -> None:
+    if result.not_finite or (result.count and not math.isfinite(result.loss)):
+        raise TrainingDiverged(f"{where}: the model's outputs are NaN or inf for {result.not_finite} of "
+                               f"{result.count} {prefix} images (loss {result.loss}); its accuracy means nothing")
+
+
+def iter_from(loader: Loader, epoch: int, start_batch: int):
+    """Iterator over ``loader``'s epoch, positioned after ``start_batch`` batches."""
+    loader.set_epoch(epoch, start_batch)
+    return iter(loader)
+
+
+class _NoProgress:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(total: int, description: str, enabled: bool):
+    if not enabled or total <= 0:
+        return _NoProgress()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=description, leave=False, dynamic_ncols=True, file=sys.stdout)
+
+

@@ -1,0 +1,458 @@
+"""Set-up: everything a run decides before its first step, from the arguments and what it resumes.
+
+:func:`resolve_run` is the only reader of the parsed arguments after :mod:`arguments`: it finds the
+checkpoint to resume, checks it against the flags, settles the seed, the class count, the preprocessing,
+the loss scale and gradient accumulation, builds the model with its weights, and returns a :class:`Plan`
+whose :class:`RunConfig` is frozen.  Nothing after it reads ``args``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import uuid
+import os
+import random
+import re
+import sys
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import checkpoint as ckpt
+from . import machine
+from .arguments import DEFAULT_WORKERS
+from .data import DataConfig, resolve_backend
+from .errors import UserError
+from .models import build_model, default_image_size, load_weights
+from .optim import lr_at
+from .preprocessing import Preprocessing
+from .runtime import Runtime
+from .workspace import Workspace
+
+DEFAULT_LOSS_SCALE = 2.0**16  # where a dynamic fp16 loss scale starts unless told (torch's GradScaler default)
+
+
+def choose_loss_scale(amp_dtype: torch.dtype | None, static_loss_scale: float | None,
+                      dynamic_loss_scale: bool) -> tuple[float, bool, str | None]:
+    """(initial scale, dynamic?, a notice or None) for ``--static-loss-scale`` / ``--dynamic-loss-scale``.
+
+    fp16 gradients underflow without a loss scale, so ``--amp`` in fp16 always scales, dynamically
+    unless the user fixes the scale: ``--static-loss-scale S`` alone keeps S; with ``--dynamic-loss-scale``
+    S is only the start.  bf16 and fp32 runs take no scale at all, and a scale flag there is ignored aloud.
+    """
+    if amp_dtype != torch.float16:
+        if static_loss_scale is None and not dynamic_loss_scale:
+            return DEFAULT_LOSS_SCALE, True, None
+        why = "without --amp" if amp_dtype is None else "under bf16 autocast, which needs no loss scaling"
+        return DEFAULT_LOSS_SCALE, True, f"=> --static-loss-scale / --dynamic-loss-scale are ignored {why}"
+    if static_loss_scale is not None and not dynamic_loss_scale:
+        return static_loss_scale, False, (
+            f"=> fp16 loss scale fixed at {static_loss_scale:g} (--static-loss-scale without "
+            "--dynamic-loss-scale); steps whose gradients overflow are skipped, and the scale never adapts")
+    return (DEFAULT_LOSS_SCALE if static_loss_scale is None else static_loss_scale), True, None
+
+
+@dataclass(frozen=True)
+class CheckpointInterval:
+    """``--checkpoint-interval``: every ``iterations`` train iterations, or every ``seconds`` of wall time."""
+
+    iterations: int | None = None
+    seconds: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "CheckpointInterval":
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", str(text))
+        if not match:
+            raise ValueError(f"expected N (iterations) or Nm / Ns / Nh (minutes, seconds, hours), got {text!r}")
+        number, unit = float(match.group(1)), match.group(2)
+        if number <= 0:
+            raise ValueError(f"must be positive, got {text!r}")
+        if not unit:
+            if number != int(number):
+                raise ValueError(f"a number of iterations is a whole number, got {text!r}")
+            return cls(iterations=int(number))
+        return cls(seconds=number * {"s": 1, "m": 60, "h": 3600}[unit])
+
+    def __str__(self) -> str:
+        if self.iterations is not None:
+            return f"every {self.iterations} iterations"
+        return f"every {self.seconds / 60:g} minutes"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What the run does, resolved once from the arguments (and the resumed checkpoint); read-only."""
+
+    # model
+    arch: str
+    num_classes: int
+    model_options: tuple  # (name, value) pairs given to build_model
+    preprocessing: Preprocessing
+    jit: str = "no"
+    compile: bool = False
+    # optimisation
+    optimizer: str = "sgd"
+    lr: float = 0.1
+    lr_schedule: str = "step"
+    warmup: int = 0
+    end_lr: float = 0.0
+    epochs: int = 90
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    nesterov: bool = False
+    bn_weight_decay: bool = False
+    rmsprop_alpha: float = 0.9
+    rmsprop_eps: float = 1e-3
+    batch_size: int = 256
+    accumulation: int = 1
+    label_smoothing: float = 0.0
+    mixup: float = 0.0
+    ema_decay: float | None = None
+    loss_scale: float = DEFAULT_LOSS_SCALE  # fp16 only: the scale, or where a dynamic one starts
+    dynamic_loss_scale: bool = True
+    # the run
+    seed: int = 0
+    run_epochs: int = -1
+    early_stopping_patience: int = -1
+    prof: int = -1
+    print_freq: int = 10
+    topk: int = 5
+    evaluate: bool = False
+    # what it writes
+    run_id: str = ""  # names the run in its raport and checkpoints; kept across resumes
+    resumed_from: str | None = None  # the checkpoint this run continues
+    raport_file: str = "experiment_raport.json"
+    save_checkpoints: bool = True
+    gather_checkpoints: int = 0
+    checkpoint_interval: CheckpointInterval | None = None
+    tensorboard: str | None = None
+
+    def lr_at(self, epoch: int) -> float:
+        return lr_at(epoch, base_lr=self.lr, schedule=self.lr_schedule, warmup=self.warmup, epochs=self.epochs,
+                     end_lr=self.end_lr)
+
+    def describe_model(self) -> dict:
+        """What a checkpoint records about the model, so inference can rebuild and feed it."""
+        return {"arch": self.arch, "num_classes": self.num_classes, "model_options": dict(self.model_options),
+                "preprocessing": self.preprocessing.to_dict()}
+
+
+@dataclass
+class Plan:
+    """What :func:`resolve_run` settled: the frozen configuration and what the run starts from."""
+
+    config: RunConfig
+    data: DataConfig
+    model: nn.Module  # on its device, with the resumed or pretrained weights
+    classes: list[str]  # the dataset's class folders, in label order (empty for synthetic data)
+    resumed: dict | None = None  # the checkpoint the run continues
+    parameters: dict = field(default_factory=dict)  # what the raport's PARAMETER record says
+
+
+def resolve_seed(seed: int | None, runtime: Runtime) -> int:
+    """The run's base seed: the user's, or a fresh one shared by every rank (recorded in checkpoints)."""
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**31)
+        if runtime.distributed:
+            shared = torch.tensor([seed], dtype=torch.int64, device=runtime.device)
+            with runtime.waiting_for_peers("sharing the seed"):
+                dist.broadcast(shared, src=0)
+                seed = int(shared.item())
+    return seed
+
+
+def grad_accumulation_steps(optimizer_batch_size: int, batch_size: int, world_size: int) -> int:
+    """Micro-batches per optimizer step (the reference's BSM); the global batch must divide evenly."""
+    if optimizer_batch_size < 0:
+        return 1
+    per_step = batch_size * world_size
+    if optimizer_batch_size < per_step or optimizer_batch_size % per_step:
+        raise UserError(
+            f"--optimizer-batch-size {optimizer_batch_size} must be a multiple of world size x batch size "
+            f"= {world_size} x {batch_size} = {per_step}"
+        )
+    return optimizer_batch_size // per_step
+
+
+def model_options(args: argparse.Namespace) -> dict:
+    options = {"model_config": args.model_config, "last_bn_0_init": bool(args.last_bn_0_init)}
+    if args.conv_init is not None:
+        options["conv_init"] = args.conv_init
+    return options
+
+
+def _broadcast_choice(value, runtime: Runtime):
+    """Rank 0's ``value`` on every rank (a collective in distributed runs)."""
+    if not runtime.distributed:
+        return value
+    box = [value]
+    with runtime.waiting_for_peers("waiting for rank 0's choice of checkpoint"):
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def find_resume_checkpoint(args: argparse.Namespace, workspace: Workspace, runtime: Runtime, log
+                           ) -> tuple[str | None, dict | None]:
+    """(path, checkpoint) that --resume names; ``auto``: the newest valid one in the workspace, or none."""
+    if not args.resume:
+        return None, None
+    if args.resume != "auto":
+        if not os.path.isfile(args.resume):
+            raise UserError(f"--resume {args.resume}: no such checkpoint file")
+        log(f"=> loading checkpoint '{args.resume}'")
+        return args.resume, ckpt.load_checkpoint(args.resume)
+    chosen = None
+    if runtime.is_main:
+        for candidate in workspace.resume_candidates():
+            try:
+                ckpt.load_checkpoint(candidate)
+            except UserError as error:
+                log(f"=> cannot resume from {candidate}: {error}; trying an older checkpoint")
+                continue
+            chosen = str(candidate)
+            break
+    chosen = _broadcast_choice(chosen, runtime)
+    if chosen is None:
+        log(f"=> --resume auto: no checkpoint in {workspace.path}; starting from scratch")
+        return None, None
+    log(f"=> --resume auto: loading checkpoint '{chosen}'")
+    return chosen, ckpt.load_checkpoint(chosen)
+
+
+def _recorded(resumed: dict | None, pretrained: dict | None, evaluate: bool) -> tuple[dict, str]:
+    """What the weights we start from record about the model, and how to call them in messages."""
+    from .integrity import recorded_description
+
+    if resumed is not None:
+        return recorded_description(resumed), "the checkpoint"
+    if pretrained is not None and evaluate:
+        return recorded_description(pretrained), "the weights"
+    return {}, ""
+
+
+def _head_classes(weights: dict | None) -> int | None:
+    from .models.weights import extract_state_dict
+
+    if weights is None:
+        return None
+    try:
+        head = extract_state_dict(weights).get("fc.bias")
+    except UserError:
+        return None
+    return int(head.shape[0]) if head is not None and head.dim() == 1 else None
+
+
+def _dataset_classes(args: argparse.Namespace, backend: str) -> list[str]:
+    """The class folders, checked once before anything is built; none for synthetic data."""
+    if backend == "synthetic":
+        return []
+    from .data.layout import check_dataset
+
+    return check_dataset(args.data, sys.maxsize, want_train=not args.evaluate, want_val=not args.training_only)
+
+
+def data_config(args: argparse.Namespace, image_size: int, **overrides) -> DataConfig:
+    """The data backends' configuration that main.py's flags describe; ``overrides`` replace fields."""
+    fields = dict(
+        data=getattr(args, "data", None), backend=args.data_backend, image_size=image_size,
+        batch_size=args.batch_size, workers=args.workers, prefetch=args.prefetch,
+        crop_scale=tuple(args.crop_scale), hflip=args.hflip, interpolation=args.interpolation or "bilinear",
+        augmentation=args.augmentation, seed=args.seed if args.seed is not None else 0,
+        num_classes=args.num_classes, synthetic_length=max(0, args.prof),
+    )
+    fields.update(overrides)
+    return DataConfig(**fields)
+
+
+def resolve_num_classes(args, recorded: dict, weights: dict | None, classes: list[str], log) -> int:
+    """--num-classes, else the checkpoint's (or evaluated weights'), else the dataset's folders, else 1000."""
+    known = recorded.get("num_classes") or (recorded.get("model_options") or {}).get("num_classes")
+    if known is None and weights is not None:
+        known = _head_classes(weights)
+    if args.num_classes is not None:
+        number = args.num_classes
+    elif known is not None:
+        number = int(known)
+    elif classes:
+        number = len(classes)
+        log(f"=> {number} classes: the dataset's class folders")
+    else:
+        number = 1000
+    if classes and len(classes) > number:
+        raise UserError(f"the dataset has {len(classes)} classes but the model has {number}; pass --num-classes "
+                        f"{len(classes)}")
+    if classes and len(classes) < number:
+        whose = "--num-classes" if args.num_classes is not None else "the weights"
+        log(f"=> {whose}: a {number}-class head for the dataset's {len(classes)} class folders; outputs beyond "
+            f"them are never right{'' if args.evaluate else ' and take part in the loss'}")
+    return number
+
+
+def resolve_preprocessing(args, recorded: dict, source: str, log) -> Preprocessing:
+    """Image size and interpolation: the flags, else what the checkpoint was trained with, else the arch's."""
+    before = None
+    if isinstance(recorded.get("preprocessing"), dict):
+        before = Preprocessing.from_dict(recorded["preprocessing"], source)
+    size = args.image_size or (before.image_size if before else default_image_size(args.arch))
+    interpolation = args.interpolation or (before.interpolation if before else "bilinear")
+    chosen = Preprocessing(size, interpolation) if before is None else \
+        Preprocessing(size, interpolation, before.crop_ratio, before.mean, before.std)
+    if before is not None:
+        for flag, ours, theirs in (("--image-size", size, before.image_size),
+                                   ("--interpolation", interpolation, before.interpolation)):
+            if ours != theirs:
+                log(f"=> {flag} {ours} overrides the {theirs} that {source} was trained with")
+    return chosen
+
+
+def resolve_topk(args, num_classes: int) -> int:
+    if args.topk is None:
+        return min(5, num_classes)
+    if args.topk > num_classes:
+        raise UserError(f"--topk {args.topk} exceeds the number of classes, {num_classes}")
+    return args.topk
+
+
+def build_config(args: argparse.Namespace, *, seed: int, num_classes: int, preprocessing: Preprocessing,
+                 topk: int, accumulation: int, loss_scale: tuple[float, bool, str | None]) -> RunConfig:
+    interval = CheckpointInterval.parse(args.checkpoint_interval) if args.checkpoint_interval else None
+    return RunConfig(
+        arch=args.arch, num_classes=num_classes, model_options=tuple(model_options(args).items()),
+        preprocessing=preprocessing, jit=args.jit, compile=args.compile,
+        optimizer=args.optimizer, lr=args.lr, lr_schedule=args.lr_schedule, warmup=args.warmup, end_lr=args.end_lr,
+        epochs=args.epochs, momentum=args.momentum, weight_decay=args.weight_decay, nesterov=args.nesterov,
+        bn_weight_decay=args.bn_weight_decay, rmsprop_alpha=args.rmsprop_alpha, rmsprop_eps=args.rmsprop_eps,
+        batch_size=args.batch_size, accumulation=accumulation, label_smoothing=args.label_smoothing,
+        mixup=args.mixup, ema_decay=args.use_ema, loss_scale=loss_scale[0], dynamic_loss_scale=loss_scale[1],
+        seed=seed, run_epochs=args.run_epochs,
+        early_stopping_patience=args.early_stopping_patience, prof=args.prof, print_freq=args.print_freq,
+        topk=topk, evaluate=args.evaluate, raport_file=args.raport_file,
+        save_checkpoints=args.save_checkpoints and not args.evaluate, gather_checkpoints=args.gather_checkpoints,
+        checkpoint_interval=interval, tensorboard=args.tensorboard,
+    )
+
+
+def build_model_for(config: RunConfig, runtime: Runtime, resumed: dict | None, resume_path: str | None, pretrained,
+                    args, log) -> nn.Module:
+    """The model on the device, with the resumed or pretrained weights when asked."""
+    model = build_model(config.arch, num_classes=config.num_classes, **dict(config.model_options))
+    if resumed is not None:
+        load_weights(model, resumed["state_dict"], log=log, label=resume_path)
+        log(f"=> loaded checkpoint (epoch {resumed['epoch']}, batch {resumed.get('batch', 0)})")
+    elif pretrained is not None:
+        # Fine-tuning may replace the head; evaluating a freshly initialised head would be meaningless.
+        load_weights(model, pretrained, allow_head_mismatch=not config.evaluate, log=log,
+                     label=args.pretrained_weights)
+        log(f"=> loaded pretrained weights '{args.pretrained_weights}'")
+    return model.to(runtime.device, memory_format=runtime.memory_format)
+
+
+
+
+def reseed(seed: int, rank: int, epoch: int = 0, iterations: int = 0) -> None:
+    """Seed python, numpy and torch (CPU and CUDA) from the run seed, the global rank and the position."""
+    process_seed = (seed + rank + 1_000_003 * epoch + 7_919 * iterations) % 2**63
+    random.seed(process_seed)
+    np.random.seed(process_seed % 2**32)
+    torch.manual_seed(process_seed)
+
+
+PROGRESS_COUNTS = ("epoch", "batch", "optimizer_steps", "skipped_steps", "iterations", "epochs_without_improvement")
+
+
+def check_progress(state: dict, path: str) -> None:
+    """A checkpoint's position and seed, held to the flags' rules: a crafted or damaged value whose hash
+    still matches is one line, not a traceback later."""
+    def whole(value, low: int, high: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and low <= value < high
+
+    for name in PROGRESS_COUNTS:
+        if not whole(state.get(name, 0), 0, 2**62):
+            raise UserError(f"{path} records {name} = {str(state.get(name))[:40]}, not a count; it cannot be resumed")
+    for name, low in (("seed", 0), ("world_size", 1), ("batch_size", 1)):
+        if state.get(name) is not None and not whole(state[name], low, 2**63):
+            raise UserError(f"{path} records {name} = {str(state[name])[:40]}, out of range; it cannot be resumed")
+    best = state.get("best_prec1", 0.0)
+    if not (isinstance(best, (int, float)) and math.isfinite(best)):
+        raise UserError(f"{path} records best_prec1 = {str(best)[:40]}, not a number; it cannot be resumed")
+
+
+def _check_fresh_start(args: argparse.Namespace, workspace: Workspace, log) -> None:
+    """A new run must not silently replace the run whose checkpoints the workspace already holds."""
+    if args.resume or args.evaluate or not args.save_checkpoints:
+        return
+    existing = [path for path in (workspace.latest, workspace.best) if path.exists()]
+    if not existing:
+        return
+    if args.overwrite:
+        log(f"=> --overwrite: this run replaces the one in {workspace.path} ({existing[0].name})")
+        return
+    raise UserError(f"{workspace.path} already holds another run ({existing[0].name}); pass --resume auto to "
+                    "continue it, a new --workspace for a new run, or --overwrite to replace it")
+
+
+def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, log) -> Plan | None:
+    """Everything the run decides before its first step (see the module docstring); None when a
+    ``--resume auto`` run finds its work already done."""
+    loss_scale = choose_loss_scale(runtime.amp_dtype, args.static_loss_scale, args.dynamic_loss_scale)
+    if loss_scale[2]:
+        log(loss_scale[2])
+    backend = resolve_backend(args.data_backend)
+    _check_fresh_start(args, workspace, log)
+    resume_path, resumed = find_resume_checkpoint(args, workspace, runtime, log)
+    if resumed is not None:
+        check_progress(resumed, resume_path)
+    if resumed is not None and resumed.get("arch", args.arch) != args.arch:
+        raise UserError(f"{resume_path} holds a {resumed['arch']} checkpoint, not {args.arch}; pass --arch "
+                        f"{resumed['arch']}")
+    if resumed is not None and not args.evaluate and resumed.get("stopped_early"):
+        if args.resume == "auto":
+            log(f"=> {resume_path} is a run that early stopping ended: nothing to do")
+            return None
+        log(f"=> {resume_path} is a run that early stopping ended; training on from it, as asked")
+    elif resumed is not None and not args.evaluate and int(resumed["epoch"]) >= args.epochs:
+        if args.resume == "auto":
+            log(f"=> {resume_path} already finished all {args.epochs} epochs: nothing to do")
+            return None
+        raise UserError(f"the checkpoint already ran {resumed['epoch']} of --epochs {args.epochs}; raise --epochs "
+                        "to train further, or add --evaluate to validate it")
+    pretrained = None
+    if resumed is None and args.pretrained_weights:
+        from .models import load_checkpoint_file
+
+        pretrained = load_checkpoint_file(args.pretrained_weights)
+
+    seed = resolve_seed(resumed.get("seed", args.seed) if resumed is not None else args.seed, runtime)
+    log(f"Using seed = {seed}")
+    reseed(seed, runtime.rank)
+    classes = _dataset_classes(args, backend)
+    recorded, source = _recorded(resumed, pretrained, args.evaluate)
+    described = resumed if resumed is not None else (pretrained if args.evaluate else None)
+    num_classes = resolve_num_classes(args, recorded, described, classes, log)
+    preprocessing = resolve_preprocessing(args, recorded, source, log)
+    if not args.evaluate and args.batch_size == 1 and preprocessing.image_size <= 32:
+        raise UserError(f"-b 1 cannot train at {preprocessing.image_size} px: the last feature map is one pixel, and "
+                        "BatchNorm cannot normalise a single value; use -b 2 or more, or a larger --image-size")
+    accumulation = grad_accumulation_steps(args.optimizer_batch_size, args.batch_size, runtime.world_size)
+    if accumulation > 1:
+        log(f"=> gradient accumulation: {accumulation} micro-batches of {args.batch_size} per optimizer step")
+    config = build_config(args, seed=seed, num_classes=num_classes, preprocessing=preprocessing,
+                          topk=resolve_topk(args, num_classes), accumulation=accumulation, loss_scale=loss_scale)
+    recorded_run = (resumed.get("raport") or {}).get("run") if resumed is not None else None
+    config = replace(config, run_id=recorded_run or uuid.uuid4().hex[:16], resumed_from=resume_path)
+    model = build_model_for(config, runtime, resumed, resume_path, pretrained, args, log)
+    workers = min(args.workers, machine.cores())
+    if workers < args.workers and args.workers != DEFAULT_WORKERS:  # the reference's default says nothing
+        log(f"=> -j {args.workers} is more than the {workers} cores this process may use: {workers} loader workers")
+    data = data_config(args, preprocessing.image_size, backend=backend, seed=seed, num_classes=num_classes,
+                       interpolation=preprocessing.interpolation, workers=workers,
+                       crop_ratio=preprocessing.crop_ratio, mean=preprocessing.mean, std=preprocessing.std)
+    parameters = {**vars(args), "data_backend": backend, "seed": seed, "num_classes": num_classes,
+                  "topk": config.topk, "world_size": runtime.world_size, "device": str(runtime.device),
+                  "amp_dtype": str(runtime.amp_dtype), "image_size": preprocessing.image_size,
+                  "interpolation": preprocessing.interpolation, "run_id": config.run_id}
+    return Plan(config, data, model, classes, resumed, parameters)

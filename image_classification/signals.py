@@ -1,0 +1,64 @@
+"""SIGTERM and SIGUSR1 (what SLURM sends at a time limit or before a preemption): remembered, never fatal.
+
+Standard library only, so that the entry scripts can catch them before torch is imported: a signal during
+the imports, the dataset scan or the checkpoint load then stops the run cleanly (exit 75) before its first
+step, instead of killing it with no word.  Once the loop runs, it saves where it is and stops.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1")
+
+_received: list[str] = []  # the signals caught since the handlers went in (a list: no `global`)
+_previous: dict[int, object] = {}  # the handlers ours replaced, restored when the run ends
+
+
+def _handle(signum, frame) -> None:
+    name = signal.Signals(signum).name
+    _received.append(name)
+    print(f"Received {name}", file=sys.stderr, flush=True)
+
+
+def catch_early() -> None:
+    """Install the handlers now (an entry script's first line); :class:`StopSignal` keeps what they caught."""
+    for name in STOP_SIGNALS:
+        number = getattr(signal, name, None)
+        if number is None or number in _previous:
+            continue
+        try:
+            _previous[number] = signal.signal(number, _handle)
+        except ValueError:  # not the main thread: leave the signals alone
+            return
+
+
+class StopSignal:
+    """A run's stop signals: ``received`` names the first one, caught since the handlers were installed."""
+
+    def __enter__(self) -> "StopSignal":
+        catch_early()
+        return self
+
+    @property
+    def received(self) -> str | None:
+        return _received[0] if _received else None
+
+    def __exit__(self, *exc) -> None:
+        for number, previous in _previous.items():
+            signal.signal(number, previous)
+        _previous.clear()
+        _received.clear()
+
+
+def ignore_in_worker() -> None:
+    """For a loader's worker process: the stop signals are the main process's to act on.
+
+    SLURM signals the whole process group; a worker killed by it would end the run with a DataLoader
+    traceback instead of the main process's checkpoint and exit 75.
+    """
+    for name in STOP_SIGNALS:
+        number = getattr(signal, name, None)
+        if number is not None:
+            signal.signal(number, signal.SIG_IGN)

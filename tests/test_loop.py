@@ -1,0 +1,168 @@
+"""The loop: what its records say and where the run stands after each part of an epoch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from image_classification.raport import read_raport
+from image_classification.training import main
+
+
+def test_validation_records_carry_the_training_iteration(tmp_path):
+    """[epoch, train iteration, val iteration], as NVIDIA's logger writes it: not [epoch, 0, i]."""
+    assert main(["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "32", "-b", "2", "--prof", "3",
+                 "-p", "1", "--epochs", "1", "--num-classes", "4", "--no-checkpoints",
+                 "--workspace", str(tmp_path)]) == 0
+    steps = [record["step"] for record in read_raport(tmp_path / "experiment_raport.json")
+             if record.get("type") == "LOG" and any(key.startswith("val.") for key in record["data"])
+             and len(record["step"]) == 3]
+    assert steps and all(step[:2] == [0, 3] for step in steps), steps
+
+
+SYNTHETIC = ["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "32", "-b", "4", "--num-classes", "4",
+             "--seed", "1", "--lr", "0.01"]
+
+
+def test_an_early_stopped_run_is_finished_for_a_requeue(tmp_path, capsys):
+    """`--resume auto` after early stopping does nothing, however often a requeue loop runs it."""
+    from image_classification import loop
+
+    run = SYNTHETIC + ["--prof", "2", "--epochs", "10", "--early-stopping-patience", "1", "--resume", "auto",
+                       "--workspace", str(tmp_path)]
+    with pytest.MonkeyPatch.context() as patch:
+        scores = iter([50.0, 10.0])  # the second epoch does not improve: early stopping after it
+        real = loop.Loop.validate
+
+        def scored(self, *args, **kwargs):
+            result = real(self, *args, **kwargs)
+            result.top1 = next(scores)
+            return result
+
+        patch.setattr(loop.Loop, "validate", scored)
+        assert main(run) == 0
+    state = torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)
+    assert state["epoch"] == 2 and state["stopped_early"]
+    capsys.readouterr()
+    assert main(run) == 0
+    assert "early stopping ended: nothing to do" in capsys.readouterr().out
+    assert torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)["epoch"] == 2
+
+
+def test_a_training_batch_of_one_is_trained_not_a_batchnorm_traceback():
+    """Skipped unreadable images can leave one image in a batch; BatchNorm cannot normalise it alone."""
+    from image_classification.engine import Engine
+    from image_classification.models import build_model
+    from image_classification.plan import RunConfig
+    from image_classification.preprocessing import Preprocessing
+    from image_classification.runtime import Runtime
+
+    model = build_model("resnet18", num_classes=4)
+    config = RunConfig(arch="resnet18", num_classes=4, model_options=(), preprocessing=Preprocessing(32))
+    engine = Engine(config, Runtime(torch.device("cpu"), None, torch.contiguous_format), model, log=print)
+    before = model.fc.weight.detach().clone()
+    engine.train_step(torch.randn(1, 3, 32, 32), torch.tensor([2]), accumulation=1, step_now=True)
+    reading = engine.read_window("here")
+    assert reading.images == 1 and reading.loss > 0
+    assert not torch.equal(model.fc.weight, before) and engine.progress.batch == 1
+
+
+def test_val_loss_is_the_same_plain_cross_entropy_in_training_and_evaluation(tmp_path):
+    """Label smoothing changes the training loss only: one checkpoint, one val.loss."""
+    base = SYNTHETIC + ["--prof", "2", "--label-smoothing", "0.3"]
+    assert main(base + ["--epochs", "1", "--workspace", str(tmp_path / "train")]) == 0
+    assert main(base + ["--evaluate", "--resume", str(tmp_path / "train" / "checkpoint.pth.tar"),
+                        "--label-smoothing", "0", "--workspace", str(tmp_path / "eval")]) == 0
+    losses = [[r["data"]["val.loss"] for r in read_raport(tmp_path / run / "experiment_raport.json")
+               if r.get("type") == "LOG" and r["step"] == [] and "val.loss" in r["data"]] for run in ("train", "eval")]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+def test_quiet_runs_say_nothing_about_what_did_not_happen(tmp_path, capsys):
+    """--evaluate says nothing about weight decay; no null metrics; no -j notice for the default -j."""
+    assert main(SYNTHETIC + ["--prof", "1", "--epochs", "1", "--workspace", str(tmp_path)]) == 0
+    assert main(SYNTHETIC + ["--prof", "1", "--evaluate", "--resume", str(tmp_path / "checkpoint.pth.tar"),
+                             "--workspace", str(tmp_path / "eval")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("weight decay") == 1  # the training run's line only
+    assert "None" not in out and "loader workers" not in out
+
+
+def test_a_stop_signal_during_start_up_stops_before_the_first_step_with_75(tmp_path, monkeypatch, capsys):
+    """SIGTERM while the dataset is scanned or a checkpoint loads: no traceback, no step, exit 75."""
+    import os
+    import signal
+
+    from image_classification import training
+
+    real = training.resolve_run
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(training, "resolve_run", signalled)
+    assert main(SYNTHETIC + ["--prof", "2", "--epochs", "1", "--workspace", str(tmp_path)]) == 75
+    out = capsys.readouterr().out
+    assert "Stopped by SIGTERM before the first step" in out and "RUNNING EPOCHS" not in out
+    assert not (tmp_path / "checkpoint.pth.tar").exists()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the run gives the handlers back
+
+
+def test_a_failed_save_of_the_best_model_is_written_again_by_the_resumed_run(tmp_path, monkeypatch, capsys):
+    """The best model and the latest checkpoint are one commit: the latest is written last, so a save that
+    failed on model_best leaves the previous latest, and the resumed run redoes the epoch and its files."""
+    from image_classification import checkpoint as ckpt
+    from image_classification import loop
+    from image_classification.cli import run
+
+    scores = iter([50.0, 50.0, 10.0])  # epoch 0 (tried twice) is the best; epoch 1 is not
+    real_validate, real_save = loop.Loop.validate, ckpt.save_checkpoint
+
+    def scored(self, *args, **kwargs):
+        result = real_validate(self, *args, **kwargs)
+        result.top1 = next(scores)
+        return result
+
+    def full_disk_on_best(state, path):
+        if path.name == ckpt.BEST_NAME:
+            from image_classification.errors import StorageError
+            raise StorageError(f"could not write {path}: No space left on device")
+        return real_save(state, path)
+
+    monkeypatch.setattr(loop.Loop, "validate", scored)
+    monkeypatch.setattr(ckpt, "save_checkpoint", full_disk_on_best)
+    run_args = SYNTHETIC + ["--prof", "1", "--epochs", "2", "--resume", "auto", "--workspace", str(tmp_path)]
+    assert run(main, run_args) == 4
+    assert not (tmp_path / "checkpoint.pth.tar").exists()  # nothing committed: the epoch is redone
+    monkeypatch.setattr(ckpt, "save_checkpoint", real_save)
+    assert run(main, run_args) == 0
+    best = torch.load(tmp_path / ckpt.BEST_NAME, weights_only=True)
+    assert best["epoch"] == 1 and best["best_epoch"] == 0
+    assert torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)["epoch"] == 2
+
+
+def test_resuming_another_run_s_checkpoint_never_cuts_this_workspace_s_raport(tmp_path):
+    """The raport is cut back only when the checkpoint's run wrote it (its run id); else appended to."""
+    run = SYNTHETIC + ["--prof", "2", "-p", "1", "--epochs", "1"]
+    assert main(run + ["--epochs", "2", "--workspace", str(tmp_path / "a")]) == 0  # a longer raport than
+    assert main(run + ["--workspace", str(tmp_path / "b")]) == 0  # the offset b's checkpoint records
+    raport = tmp_path / "a" / "experiment_raport.json"
+    before = raport.read_text()
+    other = tmp_path / "b" / "checkpoint_other.pth.tar"
+    (tmp_path / "b" / "checkpoint.pth.tar").rename(other)
+    assert main(run + ["--epochs", "3", "--resume", str(other), "--workspace", str(tmp_path / "a")]) == 0
+    after = raport.read_text()
+    assert after.startswith(before)  # nothing of this workspace's run was cut
+    records = read_raport(raport)
+    assert any("resumed_from" in r.get("data", {}) for r in records if r.get("step") == "PARAMETER")
+
+
+def test_a_resumed_run_cuts_its_own_raport_back_to_its_checkpoint(tmp_path):
+    run = SYNTHETIC + ["--prof", "2", "-p", "1", "--workspace", str(tmp_path), "--gather-checkpoints"]
+    assert main(run + ["--epochs", "2"]) == 0
+    assert main(run + ["--epochs", "2", "--resume", str(tmp_path / "checkpoint_0000.pth.tar")]) == 0
+    steps = [tuple(r["step"]) for r in read_raport(tmp_path / "experiment_raport.json")
+             if r.get("type") == "LOG" and isinstance(r.get("step"), list) and len(r["step"]) == 2
+             and "train.loss" in r["data"]]
+    assert steps == [(0, 1), (0, 2), (1, 1), (1, 2)]  # epoch 1 logged once, by the resumed run

@@ -1,0 +1,179 @@
+"""Set-up: what a run decides from its flags before the first step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from image_classification.plan import DEFAULT_LOSS_SCALE, choose_loss_scale
+
+FP16, BF16 = torch.float16, torch.bfloat16
+
+
+@pytest.mark.parametrize("amp_dtype, static, dynamic, expected", [
+    # --amp alone in fp16: dynamic, from torch's usual start (the reference's scaler was always dynamic too)
+    (FP16, None, False, (DEFAULT_LOSS_SCALE, True)),
+    (FP16, None, True, (DEFAULT_LOSS_SCALE, True)),
+    (FP16, 128.0, True, (128.0, True)),  # the AMP presets: dynamic from 128
+    (FP16, 256.0, False, (256.0, False)),  # asked for explicitly: fixed, and said so
+])
+def test_fp16_loss_scale_follows_the_flags(amp_dtype, static, dynamic, expected):
+    scale, is_dynamic, notice = choose_loss_scale(amp_dtype, static, dynamic)
+    assert (scale, is_dynamic) == expected
+    assert (notice is not None) == (not is_dynamic)
+    if notice:
+        assert "fixed at 256" in notice and "--dynamic-loss-scale" in notice
+
+
+@pytest.mark.parametrize("amp_dtype", [None, BF16])
+def test_scale_flags_without_fp16_are_ignored_aloud(amp_dtype):
+    assert choose_loss_scale(amp_dtype, None, False)[2] is None
+    for static, dynamic in ((128.0, False), (None, True)):
+        notice = choose_loss_scale(amp_dtype, static, dynamic)[2]
+        assert notice is not None and "ignored" in notice
+
+
+def test_a_new_run_never_silently_replaces_the_run_in_its_workspace(tmp_path, capsys):
+    """The second model's run in the same workspace stops with one line; --overwrite or --resume auto go on."""
+    from image_classification.cli import run
+    from image_classification.training import main
+
+    def train(*extra):
+        return run(main, ["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "32", "-b", "4",
+                          "--prof", "1", "--epochs", "1", "--num-classes", "4", "--seed", "1", "--lr", "0.01",
+                          "--workspace", str(tmp_path), *extra])
+
+    assert train() == 0
+    before = (tmp_path / "checkpoint.pth.tar").read_bytes()
+    capsys.readouterr()
+    assert train("--epochs", "2") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "already holds another run" in err[0] and "--resume auto" in err[0]
+    assert (tmp_path / "checkpoint.pth.tar").read_bytes() == before
+    assert train("--epochs", "2", "--resume", "auto") == 0
+    assert train("--overwrite") == 0 and "replaces the one in" in capsys.readouterr().out
+
+
+def test_a_preset_s_imagenet_class_count_gives_way_to_the_dataset_s(image_folder, monkeypatch):
+    """launch.py's presets carry num_classes 1000, ImageNet's; on a 3-class dataset the folders decide."""
+    from image_classification import launch
+
+    seen = {}
+    monkeypatch.setattr("image_classification.training.train", lambda args: seen.setdefault("args", args) and 0)
+    preset = ["--model", "resnet50", "--precision", "FP32", "--mode", "convergence", "--platform", "CPU"]
+    assert launch.main([*preset, str(image_folder)], cuda_available=False) == 0
+    assert seen.pop("args").num_classes is None  # plan.py then takes the dataset's 3, and says so
+    assert launch.main([*preset, "--num-classes", "1000", str(image_folder)], cuda_available=False) == 0
+    assert seen["args"].num_classes == 1000  # typed: kept
+
+
+def test_a_head_larger_than_the_dataset_is_said(image_folder, capsys):
+    import argparse
+
+    from image_classification.plan import resolve_num_classes
+
+    args = argparse.Namespace(num_classes=1000, evaluate=True)
+    assert resolve_num_classes(args, {}, None, ["a", "b", "c"], print) == 1000
+    assert "a 1000-class head for the dataset's 3 class folders" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A checkpoint of one short synthetic run."""
+    from image_classification.training import main
+
+    workspace = tmp_path_factory.mktemp("trained")
+    assert main(["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "32", "-b", "4", "--prof", "1",
+                 "--epochs", "1", "--num-classes", "4", "--seed", "1", "--lr", "0.01",
+                 "--workspace", str(workspace)]) == 0
+    return workspace / "checkpoint.pth.tar"
+
+
+def _crafted(trained, tmp_path, change) -> str:
+    """The trained checkpoint with ``change`` applied and sealed again: its hash matches."""
+    from image_classification import checkpoint as ckpt
+
+    state = ckpt.load_checkpoint(trained)
+    state.pop("sha256")
+    change(state)
+    path = tmp_path / "crafted.pth.tar"
+    ckpt.save_checkpoint(state, path)
+    return str(path)
+
+
+@pytest.mark.parametrize("name, change", [
+    ("image size", lambda s: s["preprocessing"].update(image_size=10**9)),
+    ("crop ratio", lambda s: s["preprocessing"].update(crop_ratio=1e-9)),
+    ("epoch", lambda s: s.update(epoch=-5)),
+    ("seed", lambda s: s.update(seed=2**80)),
+    ("random state", lambda s: s["rng"][0].update(numpy="garbage")),
+])
+def test_a_crafted_checkpoint_with_a_valid_hash_is_one_line(trained, tmp_path, capsys, name, change):
+    from image_classification.cli import run
+    from image_classification.training import main
+
+    path = _crafted(trained, tmp_path, change)
+    code = run(main, ["--data-backend", "synthetic", "-a", "resnet18", "-b", "4", "--prof", "1", "--epochs", "3",
+                      "--resume", path, "--workspace", str(tmp_path / "ws")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: "), err
+
+
+def test_evaluate_normalises_and_crops_as_the_weights_recorded(trained, tmp_path):
+    """--evaluate takes the checkpoint's mean, std and crop ratio, as classify.py does."""
+    from image_classification.arguments import parse_args
+    from image_classification.plan import resolve_run
+    from image_classification.runtime import make_runtime
+    from image_classification.workspace import Workspace
+
+    recorded = {"mean": [1.0, 2.0, 3.0], "std": [4.0, 5.0, 6.0], "crop_ratio": 0.5}
+    path = _crafted(trained, tmp_path, lambda s: s["preprocessing"].update(recorded))
+    args = parse_args(["--data-backend", "synthetic", "-a", "resnet18", "-b", "4", "--evaluate", "--resume", path,
+                       "--workspace", str(tmp_path / "ws")])
+    plan = resolve_run(args, make_runtime("cpu"), Workspace(args.workspace, args.checkpoint_filename,
+                                                               args.raport_file), log=lambda *_: None)
+    assert (plan.data.mean, plan.data.std, plan.data.crop_ratio) == ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0), 0.5)
+
+
+def test_a_mixup_alpha_too_small_to_draw_is_refused_as_a_flag():
+    from image_classification.arguments import parse_args
+    from image_classification.errors import UserError
+
+    with pytest.raises(UserError, match="--mixup must be 0"):
+        parse_args(["--mixup", "1e-320", "/data"])
+    assert parse_args(["--mixup", "0", "/data"]).mixup == 0 and parse_args(["--mixup", "0.2", "/data"]).mixup == 0.2
+
+
+def test_installed_commands_name_themselves(capsys):
+    """`ic-train -h` says ic-train, and `ic-launch --dry-run` prints a command that runs where it is installed."""
+    from image_classification import launch
+    from image_classification.cli import run
+    from image_classification.training import main
+
+    with pytest.raises(SystemExit):
+        main(["-h"], prog="ic-train")
+    assert capsys.readouterr().out.startswith("usage: ic-train ")
+    assert run(launch.main, ["--model", "resnet50", "--precision", "FP32", "--mode", "convergence", "--platform",
+                             "CPU", "--dry-run"], prog="ic-launch", cuda_available=False) == 0
+    commands = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
+    assert commands and all(line.startswith("ic-train ") for line in commands)
+
+
+def test_torch_s_no_cuda_runtime_warning_is_not_printed():
+    import logging
+
+    import image_classification.runtime  # noqa: F401
+
+    assert logging.getLogger("torch.utils.cpp_extension").getEffectiveLevel() >= logging.ERROR
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_amp_on_a_cpu_without_bf16_hardware_says_it_is_slower_once(monkeypatch, native):
+    from image_classification import machine
+    from image_classification.runtime import make_runtime
+
+    monkeypatch.setattr(machine, "cpu_bf16_is_native", lambda: native)
+    lines = []
+    runtime = make_runtime("cpu", amp=True, log=lines.append)
+    assert runtime.amp_dtype == torch.bfloat16
+    assert sum("emulated" in line for line in lines) == (0 if native else 1)
