@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import random
 
@@ -220,3 +222,12 @@ def test_links_never_relabel_an_image_or_leak_validation_into_training(tmp_path,
     run(check_main, [str(root)])
     report = capsys.readouterr().out
     assert "train/: 2 classes, 7 images" in report and "train/ links not followed: 3" in report
+
+
+def test_data_check_writes_to_the_stdout_of_the_moment_it_runs(folder):
+    """A redirect made after import (a caller's, pytest's capture) gets the report."""
+    from image_classification.data.check import check
+
+    with contextlib.redirect_stdout(io.StringIO()) as report:
+        assert check(folder, workers=0) == 0
+    assert "ok: nothing to fix" in report.getvalue()
