@@ -54,6 +54,22 @@ def tiny_registered():
             ARCHS["tiny"] = previous
 
 
+def score_validations(monkeypatch, *top1: float) -> None:
+    """Each validation of the training loop reports the next of ``top1`` as its score (its other figures
+    stay real): the way to make an epoch the best, or not, at will.  Monkeypatched until the test ends,
+    or the ``monkeypatch`` context (a ``pytest.MonkeyPatch``) closes."""
+    from image_classification import loop
+
+    scores, real_validate = iter(top1), loop.Loop.validate
+
+    def scored(self, *args, **kwargs):
+        result = real_validate(self, *args, **kwargs)
+        result.top1 = next(scores)
+        return result
+
+    monkeypatch.setattr(loop.Loop, "validate", scored)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
