@@ -30,6 +30,9 @@ SECTIONS = ("precision", "platform", "mode", "models")
 # More values than a presets file holds by far (configs.yml: about 2,000 once its aliases are written out),
 # far fewer than a YAML alias bomb (a few lines that expand to billions, or a value that holds itself).
 MAX_VALUES = 100_000
+# libyaml's parser when PyYAML was built with it (several times faster), the pure-Python one otherwise;
+# both are the safe loader: plain values only, no tags that build Python objects.
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -38,7 +41,7 @@ MAX_VALUES = 100_000
 def load_config(cfg_file: str | Path = DEFAULT_CFG_FILE) -> dict:
     """Read and sanity-check a presets file; raises :class:`UserError` for a bad file."""
     try:
-        config = yaml.safe_load(Path(cfg_file).read_text())
+        config = yaml.load(Path(cfg_file).read_text(), Loader=YAML_LOADER)
     except OSError as error:
         raise UserError(f"cannot read the presets file {cfg_file}: {error.strerror}") from None
     except yaml.YAMLError as error:

@@ -17,6 +17,7 @@ import runpy
 import signal
 import socket
 import sys
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,22 @@ def tiny_registered():
             ARCHS.pop("tiny", None)
         else:
             ARCHS["tiny"] = previous
+
+
+def score_validations(monkeypatch, *top1: float) -> None:
+    """Each validation of the training loop reports the next of ``top1`` as its score (its other figures
+    stay real): the way to make an epoch the best, or not, at will.  Monkeypatched until the test ends,
+    or the ``monkeypatch`` context (a ``pytest.MonkeyPatch``) closes."""
+    from image_classification import loop
+
+    scores, real_validate = iter(top1), loop.Loop.validate
+
+    def scored(self, *args, **kwargs):
+        result = real_validate(self, *args, **kwargs)
+        result.top1 = next(scores)
+        return result
+
+    monkeypatch.setattr(loop.Loop, "validate", scored)
 
 
 def free_port() -> int:
@@ -197,12 +214,7 @@ def run_script(argv: list, capsys=None, cwd: Path | None = None, env: dict[str, 
     out, err = io.StringIO(), io.StringIO()
     capture = contextlib.nullcontext() if capsys is not None else _redirected(out, err)
     with capture, warnings.catch_warnings(record=True) as caught:
-        warnings.resetwarnings()  # python's own defaults, not pytest's
-        for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
-            warnings.simplefilter("ignore", category)
-        warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
-        # runpy re-executes a module that is imported already, as `python -m` does: that is the point
-        warnings.filterwarnings("ignore", message=".*found in sys.modules", category=RuntimeWarning)
+        _fresh_warning_filters()
         try:
             with process_state(cwd, script_argv, env, threads):
                 if module:
@@ -223,7 +235,173 @@ def run_script(argv: list, capsys=None, cwd: Path | None = None, env: dict[str, 
     return Result(argv, code, printed, complained)
 
 
+def _fresh_warning_filters() -> None:
+    """The warning filters of a fresh interpreter (python's defaults, not pytest's)."""
+    warnings.resetwarnings()
+    for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+        warnings.simplefilter("ignore", category)
+    warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+    # runpy re-executes a module that is imported already, as `python -m` does: that is the point
+    warnings.filterwarnings("ignore", message=".*found in sys.modules", category=RuntimeWarning)
+
+
+def _fresh_interpreter_output() -> None:
+    """In a forked child: warnings and log records go to stderr as in a fresh interpreter, not to the
+    test's capture (pytest records warnings and holds handlers on the root logger)."""
+    import logging
+
+    _fresh_warning_filters()
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    warnings.showwarning = show
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        root.removeHandler(handler)
+    root.setLevel(logging.WARNING)
+
+
 @contextlib.contextmanager
 def _redirected(out: io.StringIO, err: io.StringIO):
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         yield
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Processes of their own, forked from the test's: real processes (a SIGKILL kills them, signals reach them,
+# their locks are theirs, the workers they start are fresh interpreters) that skip a fresh interpreter's
+# seconds of importing torch.
+# ---------------------------------------------------------------------------------------------------------
+def forkable() -> bool:
+    """This process may fork a run: POSIX, and no CUDA started here (a forked child could not use it)."""
+    if not hasattr(os, "fork"):
+        return False
+    torch = sys.modules.get("torch")
+    return torch is None or not torch.cuda.is_initialized()
+
+
+class Forked:
+    """``target()`` in a child process forked from this one, set up as a fresh ``python -u`` would be: its
+    own environment, working folder and default stop-signal handlers, stdout and stderr written to files,
+    exit status from ``SystemExit``.  ``pid``, ``poll``, ``wait``, ``kill`` and ``send_signal`` as a
+    ``subprocess.Popen`` has them; ``args`` is the command line it stands for."""
+
+    def __init__(self, target, args: list, stdout: Path, stderr: Path | None = None,
+                 env: dict[str, str] | None = None, cwd: Path | None = None):
+        self.args = [str(arg) for arg in args]
+        self.returncode: int | None = None
+        stdout.touch()
+        if stderr is not None:
+            stderr.touch()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:
+            _forked_child(target, stdout, stderr, env, cwd)  # never returns
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = 600) -> int:
+        import subprocess
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _forked_child(target, stdout: Path, stderr: Path | None, env: dict | None, cwd: Path | None) -> None:
+    code = 1
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        os.dup2(os.open(stdout, flags), 1)
+        os.dup2(os.open(stderr, flags) if stderr is not None else 1, 2)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (-u: line by line)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        if cwd is not None:
+            os.chdir(cwd)
+        for sig in _STOP_SIGNALS:
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+        _fresh_interpreter_output()
+        if "torch" in sys.modules and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+            sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        target()
+        code = 0
+    except SystemExit as error:
+        code = exit_code(error)
+    except BaseException:  # noqa: BLE001 (as the interpreter does: a traceback and exit 1)
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _script_target(argv: list[str]):
+    """What ``python ARGV`` runs (a script or ``-m MODULE``), for a forked child."""
+    def target() -> None:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            sys.path.insert(0, str(Path(argv[0]).resolve().parent))
+            runpy.run_path(argv[0], run_name="__main__")
+    return target
+
+
+def start_process(argv: list, stdout: Path, stderr: Path | None = None, cwd: Path | None = None,
+                  env: dict[str, str] | None = None):
+    """Start ``python SCRIPT ARGS`` (or ``python -m MODULE ARGS``) as a process of its own, forked from this
+    one when it can be (else a fresh interpreter); stdout in ``stdout``, stderr in ``stderr`` or with it."""
+    import subprocess
+
+    argv = [str(token) for token in argv]
+    if argv[0] not in ("python", sys.executable):
+        raise ValueError(f"not a Python command line: {argv}")
+    if forkable():
+        return Forked(_script_target(argv[1:]), argv, stdout, stderr, env=dict(env or os.environ), cwd=cwd)
+    with stdout.open("w") as out, (stderr or stdout).open("a") as err:
+        return subprocess.Popen([sys.executable, "-u", *argv[1:]], stdout=out,
+                                stderr=subprocess.STDOUT if stderr is None else err, text=True, cwd=cwd,
+                                env=env)
+
+
+def run_process(argv: list, cwd: Path | None = None, env: dict[str, str] | None = None,
+                timeout: float = 600) -> Result:
+    """:func:`start_process` and wait for it: its exit code and output, as ``subprocess.run`` gives them."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        out, err = Path(folder, "stdout"), Path(folder, "stderr")
+        process = start_process(argv, out, err, cwd=cwd, env=env)
+        try:
+            process.wait(timeout=timeout)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        return Result([str(token) for token in argv], process.returncode, out.read_text(), err.read_text())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import random
 
@@ -366,3 +368,12 @@ def test_classify_refuses_an_image_past_the_size_rule_in_one_line(oversized):
     for decode in (False, True):
         with pytest.raises(UserError, match="more than 89,478,485 pixels"):
             load_image(path, decode=decode)
+
+
+def test_data_check_writes_to_the_stdout_of_the_moment_it_runs(folder):
+    """A redirect made after import (a caller's, pytest's capture) gets the report."""
+    from image_classification.data.check import check
+
+    with contextlib.redirect_stdout(io.StringIO()) as report:
+        assert check(folder, workers=0) == 0
+    assert "ok: nothing to fix" in report.getvalue()

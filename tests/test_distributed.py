@@ -1,15 +1,15 @@
 """Distributed training: two real gloo processes on the CPU through multiproc.py, resumed on one, a killed
 worker, and the watchdog of a wait for peers.
 
-The two-process runs are real processes (that is the point); the one-process runs they are compared with
-run main.py in the test's process, on one thread like each of multiproc's workers.
+The two-process runs are real processes (that is the point: multiproc.py forked from the test's process,
+its workers fresh interpreters); the one-process runs they are compared with run main.py in the test's
+process, on one thread like each of multiproc's workers.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO, explain, multiproc_cmd, run_script
+from helpers import REPO, explain, multiproc_cmd, run_process, run_script, start_process
 from image_classification.raport import read_raport
 
 needs_proc = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds worker pids in /proc")
@@ -49,9 +49,9 @@ def two_processes(image_folder, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("two_processes")
     torch.manual_seed(0)
     torch.save(build_model("resnet18", num_classes=3).state_dict(), root / "init.pth")
-    result = subprocess.run(multiproc_cmd(2, *_main_py(image_folder, *COMMON, "--prof", "3",
-                                                       "--workspace", root / "two"), log_dir=root),
-                            capture_output=True, text=True, cwd=root, timeout=300)
+    result = run_process(multiproc_cmd(2, *_main_py(image_folder, *COMMON, "--prof", "3",
+                                                    "--workspace", root / "two"), log_dir=root),
+                         cwd=root, timeout=300)
     _check(result)
     return root
 
@@ -125,13 +125,11 @@ def _pid_of_local_rank(marker: str, local_rank: int) -> int | None:
 @needs_proc
 def test_a_killed_worker_stops_the_job_within_seconds(image_folder, tmp_path):
     marker = uuid.uuid4().hex
-    out = (tmp_path / "out.txt").open("w")
-    job = subprocess.Popen(
+    job = start_process(
         multiproc_cmd(2, *_main_py(image_folder, *TINY, "--image-size", "32", "-b", "4", "--epochs", "1000",
                                    "--no-checkpoints", "--training-only", "--workspace", tmp_path / "ws"),
                       log_dir=tmp_path),
-        stdout=out, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-        env={**os.environ, "TEST_MARKER": marker})
+        tmp_path / "out.txt", cwd=tmp_path, env={**os.environ, "TEST_MARKER": marker})
     try:
         deadline = time.monotonic() + 240
         while "RUNNING EPOCHS" not in (tmp_path / "out.txt").read_text():
@@ -147,7 +145,7 @@ def test_a_killed_worker_stops_the_job_within_seconds(image_folder, tmp_path):
     finally:
         if job.poll() is None:
             job.kill()
-        out.close()
+            job.wait()
     log = (tmp_path / "out.txt").read_text()
     assert code == 1 and "rank 1 (local rank 1" in log and "SIGKILL" in log
     assert elapsed < 20, elapsed

@@ -227,6 +227,17 @@ def test_bad_presets_file_is_a_user_error(tmp_path):
         launch.load_config(partial)
 
 
+@pytest.mark.parametrize("value", ["!!python/object/apply:os.system ['touch pwned']",
+                                   "!!python/object/new:subprocess.Popen [[touch, pwned]]"])
+def test_a_presets_file_cannot_build_python_objects(tmp_path, monkeypatch, value):
+    monkeypatch.chdir(tmp_path)
+    cfg_file = tmp_path / "tags.yml"
+    cfg_file.write_text(_presets_with(value, 1, 0))
+    with pytest.raises(UserError, match=r"not valid YAML \(line 3\): could not determine a constructor"):
+        launch.load_config(cfg_file)
+    assert not (tmp_path / "pwned").exists()
+
+
 def _presets_with(value_yaml: str, width: int, levels: int) -> str:
     """A presets file whose CPU FP32 batch_size is ``value_yaml``, after an alias bomb: ``levels``
     anchors, each a list of ``width`` aliases of the one before (``width ** levels`` values in all)."""

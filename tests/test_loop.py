@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers import score_validations
 from image_classification.raport import read_raport
 from image_classification.training import main
 
@@ -26,20 +27,10 @@ SYNTHETIC = ["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "3
 
 def test_an_early_stopped_run_is_finished_for_a_requeue(tmp_path, capsys):
     """`--resume auto` after early stopping does nothing, however often a requeue loop runs it."""
-    from image_classification import loop
-
     run = SYNTHETIC + ["--prof", "2", "--epochs", "10", "--early-stopping-patience", "1", "--resume", "auto",
                        "--workspace", str(tmp_path)]
     with pytest.MonkeyPatch.context() as patch:
-        scores = iter([50.0, 10.0])  # the second epoch does not improve: early stopping after it
-        real = loop.Loop.validate
-
-        def scored(self, *args, **kwargs):
-            result = real(self, *args, **kwargs)
-            result.top1 = next(scores)
-            return result
-
-        patch.setattr(loop.Loop, "validate", scored)
+        score_validations(patch, 50.0, 10.0)  # the second epoch does not improve: early stopping after it
         assert main(run) == 0
     state = torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)
     assert state["epoch"] == 2 and state["stopped_early"]
@@ -113,16 +104,10 @@ def test_a_failed_save_of_the_best_model_is_written_again_by_the_resumed_run(tmp
     """The best model and the latest checkpoint are one commit: the latest is written last, so a save that
     failed on model_best leaves the previous latest, and the resumed run redoes the epoch and its files."""
     from image_classification import checkpoint as ckpt
-    from image_classification import loop
     from image_classification.cli import run
 
-    scores = iter([50.0, 50.0, 10.0])  # epoch 0 (tried twice) is the best; epoch 1 is not
-    real_validate, real_save = loop.Loop.validate, ckpt.save_checkpoint
-
-    def scored(self, *args, **kwargs):
-        result = real_validate(self, *args, **kwargs)
-        result.top1 = next(scores)
-        return result
+    score_validations(monkeypatch, 50.0, 50.0, 10.0)  # epoch 0 (tried twice) is the best; epoch 1 is not
+    real_save = ckpt.save_checkpoint
 
     def full_disk_on_best(state, path):
         if path.name == ckpt.BEST_NAME:
@@ -130,7 +115,6 @@ def test_a_failed_save_of_the_best_model_is_written_again_by_the_resumed_run(tmp
             raise StorageError(f"could not write {path}: No space left on device")
         return real_save(state, path)
 
-    monkeypatch.setattr(loop.Loop, "validate", scored)
     monkeypatch.setattr(ckpt, "save_checkpoint", full_disk_on_best)
     run_args = SYNTHETIC + ["--prof", "1", "--epochs", "2", "--resume", "auto", "--workspace", str(tmp_path)]
     assert run(main, run_args) == 4

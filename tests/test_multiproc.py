@@ -2,20 +2,20 @@
 rendezvous.
 
 The workers here are a tiny script without torch: multiproc.py and torchrun start real processes, which
-is what these tests are about, and the workers themselves start in a fraction of a second.
+is what these tests are about, and the workers themselves start in a fraction of a second.  multiproc.py
+itself is a process forked from the test's (helpers.run_process).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers import multiproc_cmd
+from helpers import multiproc_cmd, run_process
 from image_classification import multiproc, worker_shim
 from image_classification.cli import run
 
@@ -44,8 +44,8 @@ def worker_script(tmp_path) -> Path:
 
 def test_multiproc_sets_the_environment_and_logs_ranks_above_0(worker_script, tmp_path):
     logs = tmp_path / "logs"
-    result = subprocess.run(multiproc_cmd(4, worker_script, "a", "--b", log_dir=logs), capture_output=True,
-                            text=True, cwd=tmp_path, timeout=120, env={**os.environ, "QUIET_RANK": "3"})
+    result = run_process(multiproc_cmd(4, worker_script, "a", "--b", log_dir=logs), cwd=tmp_path, timeout=120,
+                         env={**os.environ, "QUIET_RANK": "3"})
     assert result.returncode == 0, result.stderr
     port = result.stdout.split("(master 127.0.0.1:")[1].split(")")[0]
     assert f"0 0 4 127.0.0.1 {port} a --b" in result.stdout
@@ -59,8 +59,7 @@ def test_multiproc_sets_the_environment_and_logs_ranks_above_0(worker_script, tm
 
 def test_a_failing_worker_stops_the_others(worker_script, tmp_path):
     start = time.monotonic()
-    result = subprocess.run(multiproc_cmd(2, worker_script, "fail"), capture_output=True, text=True,
-                            cwd=tmp_path, timeout=120)
+    result = run_process(multiproc_cmd(2, worker_script, "fail"), cwd=tmp_path, timeout=120)
     elapsed = time.monotonic() - start
     assert result.returncode == 1
     assert elapsed < 30  # rank 0 would sleep for 120 s

@@ -3,19 +3,20 @@
 The commands run in a scratch folder that holds what the README assumes: the digits dataset and the
 checkpoint ``make demo`` leaves (a one-epoch demo run, cut to a few steps), NGC-named weight files
 (freshly initialised, in the layout NGC publishes), a photograph, two raports, and for the per-model
-READMEs a two-step training run of each model in the workspace its README names.  ImageNet paths point at the digits; batch sizes,
-epochs, image sizes and process counts are cut down so that each command takes seconds.  A command
-that cannot run on one CPU machine is listed in ``NOT_RUN`` with the reason and where it is covered
-instead; any other command, including one added later, is run.  The commands run in README order in
-one folder per README, as a user would type them (model2onnx.py converts the weights that
-checkpoint2model.py wrote).  The main README's commands run in the default suite; the per-model
+READMEs a two-step training run of each model in the workspace its README names.  ImageNet paths point
+at the digits; batch sizes, epochs, image sizes and process counts are cut down so that each command
+takes seconds.  A command that cannot run on one CPU machine is listed in ``NOT_RUN`` with the reason
+and where it is covered instead; any other command, including one added later, is run.  The commands run
+in README order in one folder per README, as a user would type them (model2onnx.py converts the weights
+that checkpoint2model.py wrote).  The main README's commands run in the default suite; the per-model
 READMEs' (ResNeXt-101 and SE-ResNeXt-101 take seconds per step on a CPU) are marked slow, and the
 default suite checks that every flag they use is one their scripts accept.
 
 A command runs in the test's process (the script or module executed as ``__main__``, as ``python``
 does: see helpers.run_script), which spares an interpreter and a torch import per command; those in
-``REAL_PROCESS`` run as real processes: the ones that start worker processes, and one smoke run that
-checks a README command as typed into a shell.
+``REAL_PROCESS`` run as real processes: the ones that start worker processes (the launcher forked from
+the test's process, its workers fresh interpreters: see helpers.run_process), and one smoke run, a fresh
+interpreter, that checks a README command as typed into a shell.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from helpers import REPO, explain, run_script
+from helpers import REPO, explain, run_process, run_script
 
 README = REPO / "README.md"
 # per-model README -> (architecture, the workspace its commands use, weights file it converts to)
@@ -56,10 +57,11 @@ NOT_RUN = {
     r"prepare_imagenet\.py": "needs the ImageNet archives: tests/test_prepare_imagenet.py runs it on archives it builds",
 }
 
+SMOKE = r"^python main\.py --evaluate --resume workspace/digits/"
 # pattern (searched in the command) -> why it runs in a process of its own rather than in the test's
 REAL_PROCESS = {
     r"multiproc\.py|torch\.distributed\.run": "starts worker processes: the launcher and its workers are the point",
-    r"^python main\.py --evaluate --resume workspace/digits/": "the smoke run: a command as typed into a shell",
+    SMOKE: "the smoke run: a command as typed into a shell, in a fresh interpreter",
 }
 
 # Flags appended to the training commands: argparse keeps the last value, so these win.  A learning
@@ -108,8 +110,11 @@ def not_run_reason(command: str) -> str | None:
     return next((why for pattern, why in NOT_RUN.items() if re.search(pattern, command)), None)
 
 
-def needs_a_process(command: str) -> bool:
-    return any(re.search(pattern, command) for pattern in REAL_PROCESS)
+def needs_a_process(command: str) -> str | None:
+    """None (run it here), "fresh" (the smoke run) or "forked" (a launcher of worker processes)."""
+    if re.search(SMOKE, command):
+        return "fresh"
+    return "forked" if any(re.search(pattern, command) for pattern in REAL_PROCESS) else None
 
 
 COMMANDS = readme_commands(README.read_text())
@@ -147,11 +152,13 @@ def tiny(command: str) -> list[str]:
 ENV = {"MPLBACKEND": "Agg"}
 
 
-def _run(argv: list[str], cwd: Path, capsys=None, process: bool = False):
-    """Run a command in ``cwd``: in a process of its own if ``process``, else in this one."""
-    if not process:
+def _run(argv: list[str], cwd: Path, capsys=None, process: str | None = None):
+    """Run a command in ``cwd``: in this process, or in a process of its own ("fresh" or "forked")."""
+    if process is None:
         return run_script(argv, capsys, cwd=cwd, env=ENV)
     env = {**os.environ, "PYTHONPATH": str(REPO), **ENV}
+    if process == "forked":
+        return run_process(argv, cwd=cwd, env=env)
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import REPO, write_image_folder
+from helpers import score_validations
 from image_classification import checkpoint as ckpt
 from image_classification.cli import run as cli_run
 from image_classification.errors import TrainingDiverged
@@ -479,17 +480,7 @@ def test_throughput_counts_the_time_spent_logging(tmp_path, monkeypatch):
 def test_the_first_validated_epoch_gives_a_best_model_even_at_zero_top1(image_folder, tmp_path, monkeypatch):
     """The reference writes model_best only for top1 > 0; a run whose first epoch scores 0% left none,
     and the README's `--resume model_best.pth.tar` had nothing to load."""
-    import image_classification.loop as loop
-
-    scores = iter([0.0, 0.0])
-    real_validate = loop.Loop.validate
-
-    def zero_top1(self, *args, **kwargs):
-        result = real_validate(self, *args, **kwargs)
-        result.top1 = next(scores)
-        return result
-
-    monkeypatch.setattr(loop.Loop, "validate", zero_top1)
+    score_validations(monkeypatch, 0.0, 0.0)
     assert train(image_folder, tmp_path, "--data-backend", "pytorch", "-j", "0", "--epochs", "2") == 0
     best = torch.load(tmp_path / "model_best.pth.tar", map_location="cpu", weights_only=True)
     latest = torch.load(tmp_path / "checkpoint.pth.tar", map_location="cpu", weights_only=True)

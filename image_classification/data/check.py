@@ -16,6 +16,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from .. import machine
 from ..cli import UserErrorParser
@@ -68,8 +69,10 @@ class _InProcess:
         return map(function, items)
 
 
-def check(root: Path, workers: int, out=sys.stdout) -> int:
-    """Print the report of the dataset at ``root``; the number of problems found."""
+def check(root: Path, workers: int, out: TextIO | None = None) -> int:
+    """Print the report of the dataset at ``root`` to ``out`` (sys.stdout as it is at the call, so a
+    redirect or capture made after import sees it); the number of problems found."""
+    out = sys.stdout if out is None else out
     if not root.is_dir():
         raise UserError(f"dataset directory {root} does not exist")
     splits = {split: root / split for split in SPLITS if (root / split).is_dir()}

@@ -14,18 +14,16 @@ end of the session.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from collections import Counter
 from pathlib import Path
 
 import torch
 
-from helpers import REPO, Result, exit_code, explain, run_script, tiny_registered  # noqa: F401 (explain)
+from helpers import REPO, Forked, Result, explain, forkable, run_script, tiny_registered  # noqa: F401
 from image_classification import checkpoint as ckpt
 from image_classification.raport import read_raport
 
@@ -63,98 +61,32 @@ def environment(**faults) -> dict:
     return env
 
 
-class Forked:
-    """One run of :mod:`tests.faults.runner` in a child process forked from this one, its stdout and
-    stderr in files; ``pid``, ``poll``, ``wait`` and ``kill`` as a ``subprocess.Popen`` has them."""
-
-    def __init__(self, data: Path, workspace: Path, args, faults: dict, stdout: Path, stderr: Path):
-        self.args = command(data, workspace, *args)
-        self.returncode: int | None = None
-        stdout.touch()
-        stderr.touch()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self.pid = os.fork()
-        if self.pid == 0:
-            _child(self.args[3:], environment(**faults), stdout, stderr)  # never returns
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout: float = 600) -> int:
-        deadline = time.monotonic() + timeout
-        while self.poll() is None:
-            if time.monotonic() > deadline:
-                self.kill()
-                self.wait()
-                raise subprocess.TimeoutExpired(self.args, timeout)
-            time.sleep(0.02)
-        return self.returncode
-
-    def kill(self) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, signal.SIGKILL)
-
-
-def _child(argv: list[str], env: dict, stdout: Path, stderr: Path) -> None:
-    """The forked process: what a fresh ``python -u runner.py ARGV`` would do, then ``os._exit``."""
-    code = 1
-    try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-        os.dup2(os.open(stdout, flags), 1)
-        os.dup2(os.open(stderr, flags) if stderr != stdout else 1, 2)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (-u: line by line)
-        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-        os.environ.clear()
-        os.environ.update(env)
-        for stop in (signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(stop, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        torch.set_num_threads(1)  # OMP_NUM_THREADS=1
-        os.chdir(REPO)
-        runner.main(argv)
-        code = 0
-    except SystemExit as error:
-        code = exit_code(error)
-    except BaseException:  # noqa: BLE001 (as the interpreter does: a traceback and exit 1)
-        traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
-
-
-def _forkable() -> bool:
-    """Forking this process is safe: it has not started CUDA (a forked child cannot use it)."""
-    return hasattr(os, "fork") and not torch.cuda.is_initialized()
+def _runner(argv: list[str]):
+    return lambda: runner.main(argv)
 
 
 def start(data: Path, workspace: Path, *args, log: Path, **faults):
     """Start the training in a process of its own, stdout and stderr together in ``log``."""
-    if _forkable():
-        return Forked(data, workspace, args, faults, log, log)
+    argv = command(data, workspace, *args)
+    if forkable():
+        return Forked(_runner(argv[3:]), argv, log, env=environment(**faults), cwd=REPO)
     with log.open("w") as out:
-        return subprocess.Popen(command(data, workspace, *args), stdout=out, stderr=subprocess.STDOUT,
-                                text=True, cwd=REPO, env=environment(**faults))
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                                env=environment(**faults))
 
 
 def train(data: Path, workspace: Path, *args, **faults):
     """Run the training to its end in a process of its own (``faults``: see :mod:`tests.faults.runner`);
     its exit code and output, as ``subprocess.run`` gives them."""
-    if not _forkable():
-        return subprocess.run(command(data, workspace, *args), capture_output=True, text=True, cwd=REPO,
-                              env=environment(**faults), timeout=600)
+    argv = command(data, workspace, *args)
+    if not forkable():
+        return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=environment(**faults),
+                              timeout=600)
     with tempfile.TemporaryDirectory() as folder:
         out, err = Path(folder, "stdout"), Path(folder, "stderr")
-        run = Forked(data, workspace, args, faults, out, err)
+        run = Forked(_runner(argv[3:]), argv, out, err, env=environment(**faults), cwd=REPO)
         run.wait()
-        return Result(run.args, run.returncode, out.read_text(), err.read_text())
+        return Result(argv, run.returncode, out.read_text(), err.read_text())
 
 
 def wait_unlocked(workspace: Path, timeout: float = 60) -> None:

@@ -31,12 +31,12 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+TESTS = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(TESTS.parent), str(TESTS)]  # the repository (image_classification) and tests/ (helpers)
 
 import torch  # noqa: E402
 
-from helpers import tiny_arch_row  # noqa: E402
+from helpers import REPO, tiny_arch_row  # noqa: E402
 from image_classification import engine, losses  # noqa: E402
 from image_classification.models.resnet import ARCHS  # noqa: E402
 

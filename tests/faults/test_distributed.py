@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -11,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers import free_port
+from helpers import free_port, run_process, start_process
 from image_classification.errors import EXIT_PREEMPTED
 from image_classification.multiproc import _stopped_early
 from image_classification.distributed import lost_peer_reason as _lost_peer_reason
@@ -22,13 +21,13 @@ needs_linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="g
 RUN = ["--epochs", "2", "--mixup", "0.4", "-j", "0", "--resume", "auto"]  # 3 iterations per epoch and rank
 
 
-def two_processes(data: Path, workspace: Path, *args, **faults) -> subprocess.CompletedProcess:
-    """The training on 2 gloo processes through multiproc.py (rank 1's output in workspace/../GPU_1.log)."""
+def two_processes(data: Path, workspace: Path, *args, **faults):
+    """The training on 2 gloo processes through multiproc.py (rank 1's output in workspace/../GPU_1.log);
+    multiproc.py is a process forked from this one, its workers fresh interpreters (helpers.run_process)."""
     command = [sys.executable, str(REPO / "multiproc.py"), "--nproc_per_node", "2", "--master_port",
                str(free_port()), "--log_dir", str(workspace.parent), str(RUNNER), *COMMON,
                "--workspace", str(workspace), *map(str, args), str(data)]
-    return subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=environment(**faults),
-                          timeout=600)
+    return run_process(command, cwd=REPO, env=environment(**faults))
 
 
 def mixup_draws(record: Path) -> dict[int, list[float]]:
@@ -57,17 +56,17 @@ def test_a_stop_signal_to_multiproc_reaches_the_workers_which_save_and_exit_75(d
     command = [sys.executable, str(REPO / "multiproc.py"), "--nproc_per_node", "2", "--master_port",
                str(free_port()), "--log_dir", str(tmp_path), str(RUNNER), *COMMON, "--workspace",
                str(tmp_path / "ws"), "--epochs", "100", "-j", "0", str(data)]
-    with (tmp_path / "out.txt").open("w") as out:
-        job = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=environment())
-        try:
-            while "Epoch: 0 Iteration: 2 " not in (tmp_path / "out.txt").read_text():
-                assert job.poll() is None, (tmp_path / "out.txt").read_text()
-                time.sleep(0.1)
-            job.send_signal(getattr(signal, name))
-            code = job.wait(timeout=120)
-        finally:
-            if job.poll() is None:
-                job.kill()
+    job = start_process(command, tmp_path / "out.txt", cwd=REPO, env=environment())
+    try:
+        while "Epoch: 0 Iteration: 2 " not in (tmp_path / "out.txt").read_text():
+            assert job.poll() is None, (tmp_path / "out.txt").read_text()
+            time.sleep(0.1)
+        job.send_signal(getattr(signal, name))
+        code = job.wait(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
     output = (tmp_path / "out.txt").read_text()
     assert code == EXIT_PREEMPTED, output[-3000:]
     assert f"Stopped by {name}" in output and "Traceback" not in output
