@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-all clean
+.PHONY: demo test test-all coverage clean
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,9 @@ test: $(VENV)/.installed-dev  ## the fast suite (slow and GPU tests excluded)
 
 test-all: $(VENV)/.installed-dev  ## everything that can run here, slow tests included
 	$(PY) -m pytest -q -m "not gpu"
+
+coverage: $(VENV)/.installed-dev  ## the fast suite with line coverage of image_classification/ (slower than `make test`)
+	$(PY) -m pytest -q --cov=image_classification --cov-report=term
 
 clean:
 	rm -rf $(VENV) data/digits workspace

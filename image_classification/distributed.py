@@ -18,11 +18,28 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Callable, Iterator
 
 import torch.distributed as dist
 
 from .errors import PeerLost
+
+
+def attempt_store(timeout: timedelta) -> dist.Store | None:
+    """The store for the process group of this attempt of a torchrun run; None outside torchrun (env://).
+
+    torchrun's agent serves one store for the whole run and keeps it across ``--max-restarts`` restarts
+    (static and c10d rendezvous alike), and torch >= 2.5 no longer keeps the attempts apart in it: the
+    restarted ranks would read the addresses their killed predecessors published (gloo: "connectFullMesh
+    ... Connection refused") or the previous attempt's barrier counts.  Each attempt gets its own keys, as
+    torch 2.4 did (``/worker/attempt_N``).
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                                timeout=timeout)
+    return dist.PrefixStore(f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent_store)
 
 
 

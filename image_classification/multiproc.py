@@ -37,6 +37,8 @@ DEFAULT_SLURM_PORT = 29500
 ELASTIC_LOGGER = "torch.distributed.elastic.multiprocessing.api"
 ELASTIC_REPEATS = ("failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s",
                    "Sending process %s closing signal %s")
+# torch elastic's agent says at INFO level (not shown) that it restarts the workers: multiproc says it
+AGENT_LOGGER = "torch.distributed.elastic.agent.server.api"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -154,6 +156,18 @@ def _not_a_repeat(record: logging.LogRecord) -> bool:
     return record.msg not in ELASTIC_REPEATS
 
 
+def _restart_notice(record: logging.LogRecord) -> bool:
+    """A logging filter for the agent's records: the restart of the workers said in one line of our own,
+    the agent's other records shown from WARNING up as they were."""
+    if "attempts left" in str(record.msg) and isinstance(record.args, tuple) and len(record.args) == 4:
+        left, most = record.args[2:]
+        print(f"multiproc.py: a process failed; restarting the processes of this node (restart "
+              f"{most - left + 1} of --max-restarts {most}); --resume auto continues from the last "
+              "checkpoint", file=sys.stderr, flush=True)
+        return False
+    return record.levelno >= logging.WARNING
+
+
 def remove_empty_logs(log_dir: str, nproc_per_node: int) -> None:
     """Delete the GPU_k.log files that stayed empty; the others hold what those ranks printed."""
     for local_rank in range(1, nproc_per_node):
@@ -229,6 +243,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in startup_lines(ns, command):
         print(line, flush=True)
     logging.getLogger(ELASTIC_LOGGER).addFilter(_not_a_repeat)  # adding it twice keeps one
+    if ns.max_restarts > 0:
+        agent_logger = logging.getLogger(AGENT_LOGGER)
+        agent_logger.addFilter(_restart_notice)
+        agent_logger.setLevel(min(agent_logger.getEffectiveLevel(), logging.INFO))  # the filter sees INFO
     # torchrun would turn a SIGTERM into its own exit (143) and SIGUSR1 would kill us and orphan the
     # workers: both go to the workers instead, which save and stop (where torchrun lets SIGTERM be ours)
     argv = torchrun_argv(ns)

@@ -15,7 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .distributed import PeerWatchdog
+from .distributed import PeerWatchdog, attempt_store
 from .errors import UserError
 
 # torch's C++-extension module (which torch.compile and the ONNX exporter import) warns "No CUDA runtime is
@@ -181,5 +181,10 @@ def _join_process_group(use_cuda: bool, device: torch.device, rank: int, local_r
             os.environ.setdefault(key, value)
     backend = "nccl" if use_cuda else "gloo"
     init_kwargs = {"device_id": device} if use_cuda else {}
-    dist.init_process_group(backend, init_method="env://",
-                            timeout=timedelta(seconds=timeout_s + BACKEND_TIMEOUT_MARGIN_S), **init_kwargs)
+    timeout = timedelta(seconds=timeout_s + BACKEND_TIMEOUT_MARGIN_S)
+    store = attempt_store(timeout)  # under torchrun: this attempt's keys, not a killed attempt's
+    if store is None:
+        dist.init_process_group(backend, init_method="env://", timeout=timeout, **init_kwargs)
+    else:
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
+                                **init_kwargs)

@@ -18,7 +18,9 @@ def exec_worker(argv: list[str]) -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if local_rank > 0:
         path = os.path.join(log_dir, WORKER_LOG.format(local_rank))
-        log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        # a restarted process (multiproc.py --max-restarts) adds to its predecessor's log, whose end says why
+        restarted = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
+        log = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if restarted else os.O_TRUNC), 0o644)
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)

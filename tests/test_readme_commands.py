@@ -48,7 +48,7 @@ NOT_RUN = {
     r"^make ": "make builds .venv and runs the suite; CI runs `make test` itself",
     r"^\. \.venv/bin/activate$|^source \.venv/bin/activate$": "shell set-up",
     r"^python -m venv ": "environment set-up: `make` does the same and the suite runs in its environment",
-    r"^export ": "shell set-up of the SLURM example",
+    r"^export |^head=\$\(scontrol ": "shell set-up of the SLURM examples",
     r"^srun ": "needs a SLURM cluster",
     r"--nnodes 2": "needs two machines",
     r"^bash \S+\.sh": "the recipes: tests/test_recipes.py runs every one of them",

@@ -17,6 +17,8 @@ kilobytes, so a test can save and kill many times in seconds.  The environment p
 * ``FAULTS_FULL_IN_SAVE=N``: the N-th ``torch.save`` writes half of its bytes and then fails as a full
   disk does (``OSError`` ENOSPC);
 * ``FAULTS_RANK=R``: the faults above apply to global rank R only (all ranks when unset);
+* ``FAULTS_ONCE=PATH``: they apply while PATH does not exist, and the first that strikes creates it (a
+  run restarted by torchrun, which resumes before the iteration of the fault, goes past it);
 * ``FAULTS_RECORD=PATH``: every MixUp draw is appended to PATH as ``rank iteration lambda``.
 """
 
@@ -46,14 +48,21 @@ def _rank() -> int:
 
 
 def _applies() -> bool:
-    wanted = os.environ.get("FAULTS_RANK")
-    return wanted is None or int(wanted) == _rank()
+    wanted, once = os.environ.get("FAULTS_RANK"), os.environ.get("FAULTS_ONCE")
+    return (wanted is None or int(wanted) == _rank()) and not (once and os.path.exists(once))
+
+
+def _struck() -> None:
+    """Remember that a fault struck, for ``FAULTS_ONCE``."""
+    if os.environ.get("FAULTS_ONCE"):
+        Path(os.environ["FAULTS_ONCE"]).touch()
 
 
 def _after_iteration(iterations: int) -> None:
     if not _applies():
         return
     if os.environ.get("FAULTS_KILL_AT") and iterations == int(os.environ["FAULTS_KILL_AT"]):
+        _struck()
         os.kill(os.getpid(), signal.SIGKILL)
     if os.environ.get("FAULTS_HANG_AT") and iterations == int(os.environ["FAULTS_HANG_AT"]):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the launcher's SIGTERM ends the hang at once

@@ -21,13 +21,23 @@ needs_linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="g
 RUN = ["--epochs", "2", "--mixup", "0.4", "-j", "0", "--resume", "auto"]  # 3 iterations per epoch and rank
 
 
-def two_processes(data: Path, workspace: Path, *args, **faults):
+def two_processes(data: Path, workspace: Path, *args, max_restarts: int = 0, **faults):
     """The training on 2 gloo processes through multiproc.py (rank 1's output in workspace/../GPU_1.log);
     multiproc.py is a process forked from this one, its workers fresh interpreters (helpers.run_process)."""
     command = [sys.executable, str(REPO / "multiproc.py"), "--nproc_per_node", "2", "--master_port",
-               str(free_port()), "--log_dir", str(workspace.parent), str(RUNNER), *COMMON,
+               str(free_port()), "--max-restarts", str(max_restarts), "--log_dir", str(workspace.parent), str(RUNNER), *COMMON,
                "--workspace", str(workspace), *map(str, args), str(data)]
     return run_process(command, cwd=REPO, env=environment(**faults))
+
+
+@pytest.fixture(scope="module")
+def straight_two(data, tmp_path_factory) -> Path:
+    """The folder of an uninterrupted 2-process run of ``RUN`` (workspace ``straight/``, its MixUp draws in
+    ``straight.txt``) that interrupted 2-process runs must equal.  Read-only for the tests."""
+    folder = tmp_path_factory.mktemp("two_straight")
+    result = two_processes(data, folder / "straight", *RUN, record=folder / "straight.txt")
+    assert result.returncode == 0, explain(result)
+    return folder
 
 
 def mixup_draws(record: Path) -> dict[int, list[float]]:
@@ -126,9 +136,7 @@ def test_a_hung_worker_ends_the_survivor_s_wait_in_one_line_after_the_timeout(da
 
 @needs_linux
 @pytest.mark.slow
-def test_two_processes_resume_mid_epoch_exactly_with_every_rank_s_random_stream(data, tmp_path):
-    straight = two_processes(data, tmp_path / "straight", *RUN, record=tmp_path / "straight.txt")
-    assert straight.returncode == 0, explain(straight)
+def test_two_processes_resume_mid_epoch_exactly_with_every_rank_s_random_stream(data, straight_two, tmp_path):
     killed = two_processes(data, tmp_path / "ws", *RUN, "--checkpoint-interval", "2", kill_at=3, rank=0)
     assert killed.returncode == 1, explain(killed)
     saved = load(tmp_path / "ws" / "checkpoint.pth.tar")
@@ -138,9 +146,26 @@ def test_two_processes_resume_mid_epoch_exactly_with_every_rank_s_random_stream(
 
     resumed = two_processes(data, tmp_path / "ws", *RUN, record=tmp_path / "resumed.txt")
     assert resumed.returncode == 0, explain(resumed)
-    assert_same_state(load(tmp_path / "straight" / "checkpoint.pth.tar"),
+    assert_same_state(load(straight_two / "straight" / "checkpoint.pth.tar"),
                       load(tmp_path / "ws" / "checkpoint.pth.tar"))
-    before, after = mixup_draws(tmp_path / "straight.txt"), mixup_draws(tmp_path / "resumed.txt")
+    before, after = mixup_draws(straight_two / "straight.txt"), mixup_draws(tmp_path / "resumed.txt")
     for rank in (0, 1):
         assert len(before[rank]) == 6 and after[rank] == before[rank][2:]  # the same draws, from batch 3 on
     assert after[0] != after[1]  # each rank has its own stream
+
+
+@needs_linux
+def test_a_worker_killed_mid_epoch_is_restarted_and_the_run_ends_as_if_never_stopped(data, straight_two, tmp_path):
+    """multiproc.py --max-restarts: torchrun starts both processes again, which resume from the interval
+    checkpoint; the final weights are those of the uninterrupted run, bit for bit."""
+    result = two_processes(data, tmp_path / "ws", *RUN, "--checkpoint-interval", "2", max_restarts=2,
+                           kill_at=3, rank=1, once=tmp_path / "killed")
+    assert result.returncode == 0 and (tmp_path / "killed").exists(), explain(result)
+    restarts = [line for line in result.stderr.splitlines() if "restarting the processes" in line]
+    assert len(restarts) == 1 and "restart 1 of --max-restarts 2" in restarts[0], explain(result)
+    assert "loaded checkpoint (epoch 0, batch 2)" in result.stdout, explain(result)
+    assert "Traceback" not in result.stdout + result.stderr, explain(result)
+    assert_same_state(load(straight_two / "straight" / "checkpoint.pth.tar"),
+                      load(tmp_path / "ws" / "checkpoint.pth.tar"))
+    TALLY["kills"] += 1
+    TALLY["redone"] += 1
