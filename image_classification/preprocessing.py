@@ -99,17 +99,24 @@ def choose_preprocessing(recorded: Preprocessing | None, default_size: int, sour
     """
     size = val_crop_size or image_size or (recorded.image_size if recorded else default_size)
     train_size = train_crop_size or image_size or (recorded.train_size if recorded else size)
-    interpolation = interpolation or (recorded.interpolation if recorded else "bilinear")
+    resampling = interpolation or (recorded.interpolation if recorded else "bilinear")
+    for flag, value in (("--val-crop-size" if val_crop_size else "--image-size", size),
+                        ("--train-crop-size" if train_crop_size else "--image-size", train_size)):
+        if value not in IMAGE_SIZES:  # what a checkpoint may record, so that it can be read back
+            raise UserError(f"{flag} {value} is outside {IMAGE_SIZES.start}-{IMAGE_SIZES.stop - 1}")
     if val_resize_size is not None:
         if val_resize_size < size:
             raise UserError(f"--val-resize-size {val_resize_size} is smaller than the validation crop, {size}: "
                             "the centre crop must fit in the resized image")
+        if size / val_resize_size < MIN_CROP_RATIO:
+            raise UserError(f"--val-resize-size {val_resize_size} is more than {1 / MIN_CROP_RATIO:g} times the "
+                            f"validation crop, {size}")
         ratio = size / val_resize_size
     else:
         ratio = recorded.crop_ratio if recorded else CROP_RATIO
     if recorded is None:
-        return Preprocessing(size, interpolation, ratio, train_crop_size=train_size)
-    chosen = Preprocessing(size, interpolation, ratio, recorded.mean, recorded.std, train_size)
+        return Preprocessing(size, resampling, ratio, train_crop_size=train_size)
+    chosen = Preprocessing(size, resampling, ratio, recorded.mean, recorded.std, train_size)
     given = (("--image-size", image_size, recorded.image_size),
              ("--val-crop-size", val_crop_size, recorded.image_size),
              ("--train-crop-size", train_crop_size, recorded.train_size),

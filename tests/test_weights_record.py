@@ -59,3 +59,16 @@ def test_flags_beat_the_record_which_beats_the_default_and_each_override_is_said
                      "--interpolation bilinear overrides the bicubic recorded in w"]
     with pytest.raises(UserError, match="--val-resize-size 60 is smaller than the validation crop, 64"):
         choose_preprocessing(None, 64, "w", lines.append, val_resize_size=60)
+
+
+@pytest.mark.parametrize("sizes, message", [
+    ({"image_size": 9000}, "--image-size 9000 is outside 32-8192"),
+    ({"train_crop_size": 9000}, "--train-crop-size 9000 is outside 32-8192"),
+    ({"val_crop_size": 32, "val_resize_size": 400}, "--val-resize-size 400 is more than 10 times the validation crop"),
+])
+def test_sizes_a_checkpoint_could_not_record_are_refused(sizes, message):
+    """Every preprocessing chosen reads back from the checkpoint it is recorded in."""
+    with pytest.raises(UserError, match=message):
+        choose_preprocessing(None, 224, "w", print, **sizes)
+    fine = choose_preprocessing(None, 224, "w", print, val_crop_size=32, val_resize_size=320)
+    assert Preprocessing.from_dict(fine.to_dict()) == fine
