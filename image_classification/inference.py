@@ -309,6 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.runtime == "onnxruntime" and (args.device == "cuda" or args.precision == "AMP"):
+        raise UserError("--runtime onnxruntime runs FP32 on the CPU; leave out --device cuda and --precision AMP")
     paths = expand_image_paths(args.image)
     if args.labels and not Path(args.labels).is_file():
         raise UserError(f"labels file {args.labels} does not exist")
@@ -319,8 +321,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = class_names_for(loaded.num_classes, args.labels, loaded.class_names)
     preprocessing = loaded.resolve_preprocessing(args.image_size)
     if args.runtime == "onnxruntime":
-        if args.device == "cuda" or args.precision == "AMP":
-            raise UserError("--runtime onnxruntime runs FP32 on the CPU; leave out --device cuda and --precision AMP")
         runtime = classify_runtime("cpu", "FP32", "nchw")
         model = OnnxModel(loaded.model, preprocessing.image_size, log=warn)
     else:

@@ -42,11 +42,11 @@ class DataConfig:
     mean: tuple[float, float, float] = MEAN_255  # on the 0-255 scale: batches stay uint8 until the device
     std: tuple[float, float, float] = STD_255
 
-
     @property
     def train_size(self) -> int:
         """The side of the training crops."""
         return self.train_crop_size or self.image_size
+
 
 def val_resize_size(image_size: int, crop_ratio: float = CROP_RATIO) -> int:
     """Short side before the centre crop: 256 for 224, in proportion at other sizes."""
