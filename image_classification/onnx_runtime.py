@@ -5,7 +5,8 @@ The cache key covers everything the exported graph depends on: every tensor of t
 dtypes, shapes and bytes), the model's class and the crop size, the exporter's opset and the versions of
 torch and onnx. A changed weights file therefore exports again; an unchanged one is read back. A file is
 written under a temporary name and renamed into place, so two processes exporting the same weights at
-once both end with a complete file, and an interrupted export leaves no half file behind. The cache holds
+once both end with a complete file, and an interrupted export leaves no half file behind; a cached file
+damaged later (a disk error, another program) fails to load and is exported again. The cache holds
 ONNX graphs, which ONNX Runtime interprets as data: nothing in them is executed as Python.
 """
 
@@ -105,7 +106,13 @@ class OnnxModel:
 
     def __init__(self, model: nn.Module, image_size: int, log: Callable[[str], None]):
         require_onnxruntime("--runtime onnxruntime")
-        self._session = session(cached_export(model, image_size, log))
+        path = cached_export(model, image_size, log)
+        try:
+            self._session = session(path)
+        except Exception as error:  # onnxruntime's own error types: a cached file damaged since it was written
+            log(f"note: the cached {path} does not load ({str(error)[:80]}); exporting it again")
+            path.unlink(missing_ok=True)
+            self._session = session(cached_export(model, image_size, log))
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         batch = images.detach().cpu().float().contiguous().numpy()

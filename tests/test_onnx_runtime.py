@@ -102,3 +102,16 @@ def test_the_cache_key_follows_every_tensor_and_the_crop_size():
     with torch.no_grad():
         model.bn1.running_mean[0] += 1e-3  # a buffer, not a parameter
     assert key != onnx_runtime.weights_key(model, 64)
+
+
+def test_a_damaged_cache_file_is_exported_again(weights, images, cache, capsys):
+    common = ["--arch", "resnet18", "--weights", str(weights), "--image", images[0], "--image-size", "64",
+              "--runtime", "onnxruntime"]
+    first = predictions(capsys, common)
+    (cached,) = cache.glob("*.onnx")
+    cached.write_bytes(cached.read_bytes()[:1000])  # truncated after it was written
+    assert run(classify_main, common + ["--json"]) == 0
+    out, err = capsys.readouterr()
+    assert "does not load" in err and "exporting it again" in err
+    assert [json.loads(line) for line in out.splitlines()] == first
+    assert cached.stat().st_size > 1000
