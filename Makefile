@@ -2,6 +2,9 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# the suite runs on one pytest-xdist worker per CPU core, at most 4 (each worker imports torch), a test
+# module on one worker in its own order (tests/conftest.py hands out the longest modules first)
+PYTEST := $(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadscope
 
 .PHONY: demo test test-all coverage clean
 
@@ -19,13 +22,13 @@ demo: $(VENV)/.installed  ## train ResNet-18 on the bundled handwritten digits (
 	$(PY) -m image_classification.demo
 
 test: $(VENV)/.installed-dev  ## the fast suite (slow and GPU tests excluded)
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 test-all: $(VENV)/.installed-dev  ## everything that can run here, slow tests included
-	$(PY) -m pytest -q -m "not gpu"
+	$(PYTEST) -m "not gpu"
 
 coverage: $(VENV)/.installed-dev  ## the fast suite with line coverage of image_classification/ (slower than `make test`)
-	$(PY) -m pytest -q --cov=image_classification --cov-report=term
+	$(PYTEST) --cov=image_classification --cov-report=term
 
 clean:
 	rm -rf $(VENV) data/digits workspace

@@ -19,7 +19,7 @@ from .checkpoint import load_checkpoint, save_weights
 from .errors import UserError
 from .inference import add_model_arguments, load_model, warn
 from .integrity import recorded_description
-from .models.weights import extract_state_dict
+from .models.weights import checked_arch, extract_state_dict, recorded_num_classes
 from .onnx_runtime import require_onnxruntime
 
 # Largest FP32 logit difference between onnxruntime and PyTorch we accept, relative to the largest logit
@@ -68,8 +68,10 @@ def checkpoint2model_main(argv: Sequence[str] | None = None) -> int:
     weights = checkpoint_weights(checkpoint, args.ema, str(source))
     best = checkpoint.get("best_prec1")
     best_text = f"{best:.2f}%" if isinstance(best, (int, float)) else "not recorded"
-    arch = checkpoint.get("arch", "unrecorded architecture")
-    print(f"Loaded checkpoint {source}: {arch}, epoch {checkpoint['epoch']}, best top1 {best_text}")
+    arch = checked_arch(checkpoint, None, str(source)) or "unrecorded architecture"
+    classes = recorded_num_classes(checkpoint)
+    print(f"Loaded checkpoint {source}: {arch}, {classes} classes, epoch {checkpoint['epoch']}, "
+          f"best top1 {best_text}")
     save_weights(weights, recorded_description(checkpoint), target)
     kind = "EMA weights" if args.ema else "model weights"
     print(f"Saved the {kind} ({len(weights)} tensors) to {target}")

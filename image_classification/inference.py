@@ -30,7 +30,7 @@ from .errors import UserError
 from .integrity import recorded_description
 from .models import (MODEL_CONFIGS, build_model, default_image_size, list_models, load_checkpoint_file,
                      load_weights)
-from .models.weights import checked_arch, fetch_pretrained, recorded_num_classes
+from .models.weights import checked_arch, checked_num_classes, fetch_pretrained, recorded_class_names
 from .onnx_runtime import OnnxModel
 from .preprocessing import Preprocessing, choose_preprocessing
 from .runtime import Runtime, make_runtime
@@ -129,12 +129,7 @@ def load_model(arch: str | None, weights: str | None = None, num_classes: int | 
     if weights:
         checkpoint = load_checkpoint_file(weights)
         arch = checked_arch(checkpoint, arch, weights)
-        recorded_classes = recorded_num_classes(checkpoint)
-        if num_classes is not None and recorded_classes is not None and recorded_classes != num_classes:
-            raise UserError(f"{weights} has {recorded_classes} classes, but --num-classes is {num_classes}; "
-                            f"pass --num-classes {recorded_classes}")
-        if num_classes is None:
-            num_classes = recorded_classes
+        num_classes = checked_num_classes(checkpoint, num_classes, weights)
     arch = arch or "resnet50"
     num_classes = num_classes or 1000
     model = build_model(arch, num_classes=num_classes, model_config=model_config)
@@ -146,10 +141,8 @@ def load_model(arch: str | None, weights: str | None = None, num_classes: int | 
         except UserError as error:
             message = str(error).replace("the given state dict", f"'{weights}'").rstrip(".")
             raise UserError(f"{message}; are they weights of --arch {arch}?") from None
+    names = recorded_class_names(checkpoint, num_classes)
     description = recorded_description(checkpoint)
-    names = description.get("classes")
-    if not (isinstance(names, list) and len(names) == num_classes and all(isinstance(n, str) for n in names)):
-        names = None
     preprocessing = None
     if isinstance(description.get("preprocessing"), dict):
         preprocessing = Preprocessing.from_dict(description["preprocessing"], f"'{weights}'")

@@ -42,3 +42,43 @@ def tiny_arch(monkeypatch) -> str:
 
     monkeypatch.setitem(ARCHS, "tiny", tiny_arch_row())
     return "tiny"
+
+
+# Modules that take longest, run first: pytest-xdist (`make test`, --dist loadscope) hands whole modules to
+# its workers in collection order, so a long module collected last would leave one worker running it alone.
+LONGEST_FIRST = ("test_readme_commands.py", "test_training.py", "faults/test_distributed.py",
+                 "test_inference.py", "test_models.py", "test_distributed.py", "test_dali.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        path = item.path.as_posix()
+        ranks = (i for i, name in enumerate(LONGEST_FIRST) if path.endswith("/tests/" + name))
+        return next(ranks, len(LONGEST_FIRST))
+
+    items.sort(key=rank)  # stable: each module keeps its own order
+
+
+# The fault tests' one-line count at the end of the session.  Under pytest-xdist (``make test`` runs two
+# workers) each worker counts its own share and hands it to the controller, which adds them up and prints.
+
+def pytest_sessionfinish(session):
+    handed_back = getattr(session.config, "workeroutput", None)  # set on an xdist worker only
+    if handed_back is not None:
+        from faults.tally import TALLY
+
+        handed_back["fault_tally"] = dict(TALLY)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    from faults.tally import TALLY
+
+    TALLY.update(getattr(node, "workeroutput", {}).get("fault_tally", {}))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    from faults.tally import TALLY, summary_line
+
+    if sum(TALLY.values()):
+        terminalreporter.write_line(summary_line())

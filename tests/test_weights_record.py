@@ -11,7 +11,8 @@ from image_classification.cli import run
 from image_classification.errors import UserError
 from image_classification.inference import main as classify_main
 from image_classification.models import build_model
-from image_classification.models.weights import checked_arch, recorded_num_classes
+from image_classification.models.weights import (checked_arch, checked_num_classes, recorded_class_names,
+                                                 recorded_num_classes)
 from image_classification.preprocessing import Preprocessing, choose_preprocessing
 from image_classification.training import main as train_main
 
@@ -23,6 +24,19 @@ def test_the_class_count_is_the_record_else_the_head_rows():
     assert recorded_num_classes({"arch": "resnet18", "num_classes": 5, "state_dict": state}) == 5  # the record
     assert recorded_num_classes({"arch": "resnet18", "model_options": {"num_classes": 4}}) == 4
     assert recorded_num_classes(None) is None and recorded_num_classes({"optimizer": {}}) is None
+
+
+def test_the_class_count_check_and_the_class_names():
+    state = build_model("resnet18", num_classes=3).state_dict()
+    assert checked_num_classes(state, None, "w") == 3 and checked_num_classes(state, 3, "w") == 3
+    assert checked_num_classes({}, 8, "w") == 8 and checked_num_classes({}, None, "w") is None
+    with pytest.raises(UserError, match="^w has 3 classes, but --num-classes is 10; pass --num-classes 3$"):
+        checked_num_classes(state, 10, "w")
+    record = {"arch": "resnet18", "num_classes": 3, "classes": ["cat", "dog", "owl"], "state_dict": state}
+    assert recorded_class_names(record, 3) == ["cat", "dog", "owl"]
+    assert recorded_class_names(record, 4) is None  # names for another head are no names
+    assert recorded_class_names({**record, "classes": ["cat", 2, "owl"]}, 3) is None
+    assert recorded_class_names(state, 3) is None
 
 
 def test_the_architecture_check_is_one_message_everywhere(tmp_path, image_folder, capsys):

@@ -109,6 +109,29 @@ def recorded_num_classes(weights: Mapping | None) -> int | None:
     return int(head.shape[0]) if isinstance(head, torch.Tensor) and head.dim() == 2 else None
 
 
+def checked_num_classes(weights: Mapping, num_classes: int | None, source: str) -> int | None:
+    """The class count ``weights`` hold (:func:`recorded_num_classes`), else ``num_classes``; a count that
+    contradicts ``num_classes`` (the --num-classes given; None when it was not) is a :class:`UserError`
+    naming the flag that fits.  For using weights as they are; training that replaces the head reads
+    :func:`recorded_num_classes` and decides itself."""
+    recorded = recorded_num_classes(weights)
+    if recorded is None:
+        return num_classes
+    if num_classes is not None and recorded != num_classes:
+        raise UserError(f"{source} has {recorded} classes, but --num-classes is {num_classes}; "
+                        f"pass --num-classes {recorded}")
+    return recorded
+
+
+def recorded_class_names(weights: Mapping, num_classes: int) -> list[str] | None:
+    """The class names a training checkpoint records (training writes its class folders' names), when
+    they are ``num_classes`` strings; None otherwise."""
+    names = recorded_description(weights).get("classes")
+    if isinstance(names, list) and len(names) == num_classes and all(isinstance(n, str) for n in names):
+        return list(names)
+    return None
+
+
 def extract_state_dict(checkpoint: Mapping) -> dict[str, torch.Tensor]:
     """The model weights of a checkpoint, with wrapper prefixes and later NVIDIA stage names undone."""
     for key in ("state_dict", "model"):

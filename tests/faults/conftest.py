@@ -1,4 +1,4 @@
-"""Fixtures of the fault tests, and the one-line count of what they did, printed at the end of the session."""
+"""Fixtures of the fault tests (the count of what they did is in ``tally.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from helpers import write_image_folder
 
-from .harness import RUN, TALLY, explain, train_here
+from .harness import RUN, explain, train_here
 
 
 @pytest.fixture(scope="session")
@@ -27,19 +27,3 @@ def straight(data, tmp_path_factory) -> Path:
     result = train_here(data, workspace, *RUN, "-j", "0")
     assert result.returncode == 0, explain(result)
     return workspace
-
-
-def summary_line() -> str:
-    t = TALLY
-    return (f"faults: {t['kills']} SIGKILLs survived ({t['save_kills']} in the middle of a save), "
-            f"{t['stops']} SIGTERM/SIGUSR1 stops saved (exit 75), "
-            f"{t['bad_inputs']} bad inputs refused with one line, "
-            f"{t['storage_faults']} full disks ended the run with one line and exit 4; lost: "
-            f"{t['damaged']} checkpoints, {t['records_lost']} raport records, "
-            f"{t['redone']} iterations redone "
-            f"(at most one --checkpoint-interval per kill)")
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if sum(TALLY.values()):
-        terminalreporter.write_line(summary_line())

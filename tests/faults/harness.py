@@ -7,8 +7,8 @@ process (torch and the package already imported: a fraction of a second instead 
 seconds), ``multiproc.py`` starts it as a script (:func:`command`).  Every other run (the runs that resume
 after a fault, refused inputs, failing storage) is ``main.py`` run in the test's process
 (:func:`train_here`).  All of them run the same tiny ResNet on one thread, so they compute the same weights
-bit for bit.  :data:`TALLY` counts what the suite did and what was lost; ``conftest.py`` prints it at the
-end of the session.
+bit for bit.  :data:`TALLY` counts what the suite did and what was lost; ``tests/conftest.py`` prints it at
+the end of the session.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from image_classification import checkpoint as ckpt
 from image_classification.raport import read_raport
 
 from . import runner
+from .tally import TALLY  # noqa: F401  (the tests import it from here)
 
 RUNNER = Path(__file__).with_name("runner.py")
 ITERATIONS_PER_EPOCH = 6  # 24 training images, -b 4
@@ -41,11 +42,6 @@ INTERVAL = 2
 RUN = ["--epochs", "2", "--checkpoint-interval", str(INTERVAL), "--gather-checkpoints", "--mixup", "0.2",
        "--use-ema", "0.9", "--lr-schedule", "cosine", "--resume", "auto"]
 
-# kills: SIGKILLs the training survived (resumed and finished); save_kills: of them, kills in the middle of a
-# save; stops: SIGTERM / SIGUSR1 stops; bad_inputs: refused inputs (one line, exit 2); storage_faults: failed
-# saves (exit 4); redone: iterations trained again after kills; damaged: checkpoints that did not load after a
-# fault; records_lost: raport records missing or repeated after a resume.  The last two must stay 0.
-TALLY: Counter = Counter()
 
 
 def command(data: Path, workspace: Path, *args) -> list[str]:
