@@ -18,7 +18,9 @@ turn (the order rotates from round to round), each batch timed on its own with t
 around it. The JSON holds per path and batch size the latency percentiles (p50, p90, p99, in ms), images/s
 (batch size over the mean latency), the speed-up over the baseline's images/s, per path its compute dtype,
 the largest absolute logit difference and top-1 agreement against the baseline's FP32 outputs on the
-measured batches, and the path ``classify.py`` takes by default on this machine. Example::
+measured batches, and the path ``classify.py`` takes by default on this machine.  On the CPU it also holds
+the FP32 ceiling: the model's FLOPs per image at the rate of a dense FP32 matrix product on the same
+threads, the images/s that no FP32 path can much exceed there. Example::
 
     python benchmarks/infer_throughput.py -a resnet50 --batch-sizes 1 16 -o infer_resnet50.json \\
         --chart docs/inference.png
@@ -391,6 +393,35 @@ def draw_chart(result: dict, path: str) -> None:
     plt.close(figure)
 
 
+def model_gflop(arch: str, image_size: int) -> float:
+    """Floating-point operations of one image's forward pass, in GFLOP: the convolutions and the fc layer,
+    two per multiply-add, counted by ``torch.utils.flop_counter`` on the meta device (no weights, no data)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        model = build_model(arch, num_classes=1000).eval()
+        images = torch.empty(1, 3, image_size, image_size)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(images)
+    return counter.get_total_flops() / 1e9
+
+
+def gemm_gflops(size: int = 2048, trials: int = 5) -> float:
+    """The FP32 rate of this process's threads on the CPU, in GFLOP/s: the best of ``trials`` timings of a
+    ``size`` x ``size`` matrix product, the densest work a CPU does and close to its peak."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b  # the first call pays for the library's set-up
+    best = min(_timed(lambda: a @ b, torch.device("cpu")) for _ in range(trials))
+    return 2 * size ** 3 / best / 1e9
+
+
+def fp32_ceiling(arch: str, image_size: int) -> dict:
+    """The images/s no FP32 path can much exceed on this CPU: the model's GFLOP per image at the rate of a
+    dense FP32 matrix product.  A path near it is limited by the arithmetic, not by its implementation."""
+    gflop, rate = model_gflop(arch, image_size), gemm_gflops()
+    return {"gflop_per_image": gflop, "gemm_gflops": rate, "images_per_s": rate / gflop}
+
+
 def measure(args: argparse.Namespace) -> dict:
     device = select_device(args.device)
     torch.manual_seed(0)
@@ -411,6 +442,8 @@ def measure(args: argparse.Namespace) -> dict:
         "best": best_paths(table, args.batch_sizes),
         "classify_default": classify_default(device),
     }
+    if device.type == "cpu":
+        result["fp32_ceiling"] = fp32_ceiling(args.arch, args.image_size)
     if device.type == "cuda":
         result["transfer"] = {str(b): transfer_times(b, args.image_size, 1000, device, args.iters)
                               for b in args.batch_sizes}
@@ -443,6 +476,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             check = f"  max|diff| {entry['max_abs_diff']:.2g} top1 {entry['top1_agreement']:.2f}"
         print(f"  {label:>15}: " + "   ".join(cells) + f"  [{entry['dtype']}]" + check)
     print(f"  * classify.py's default path here: {default}")
+    ceiling = result.get("fp32_ceiling")
+    if ceiling:
+        print(f"  FP32 ceiling here: {ceiling['gflop_per_image']:.2f} GFLOP per image at the "
+              f"{ceiling['gemm_gflops']:.0f} GFLOP/s of an FP32 matrix product: about "
+              f"{ceiling['images_per_s']:.1f} images/s")
     for batch_size, times in result.get("transfer", {}).items():
         print(f"  transfer, not in the figures above: b{batch_size} upload {times['upload_ms']:.2f} ms, "
               f"logits back {times['download_ms']:.2f} ms (pinned, non-blocking)")

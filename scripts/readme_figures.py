@@ -181,8 +181,25 @@ def inference_block(record: dict, command: str) -> str:
     return "\n".join([
         "```bash", command, "```", "",
         f"Measured on {_environment(record)}; {cpu}; {record['config']['image_size']} px, random weights.", "",
-        header, "|---|" + "---|" * (3 * len(sizes) + 2), *rows,
+        header, "|---|" + "---|" * (3 * len(sizes) + 2), *rows, *_ceiling_note(record, sizes),
     ]) + "\n"
+
+
+def _ceiling_note(record: dict, sizes: list[str]) -> list[str]:
+    """On the CPU: the FP32 ceiling, and how near the fastest FP32 row comes to it."""
+    ceiling = record.get("fp32_ceiling")
+    if not ceiling:
+        return []
+    best = {b: max((path[b]["images_per_s"], key) for key, path in record["paths"].items()
+                   if "skipped" not in path and path.get("dtype") == "float32") for b in sizes}
+    reached = "; ".join(f"at batch {b} the fastest FP32 row ({dict(INFERENCE_PATHS)[key].split(' (')[0]}) "
+                        f"reaches {rate / ceiling['images_per_s']:.0%} of it" for b, (rate, key) in best.items())
+    return ["", textwrap.fill(
+        f"The FP32 ceiling of this CPU: {record['config']['arch']} needs {ceiling['gflop_per_image']:.2f} GFLOP "
+        f"per image (convolutions and fc, counted by `torch.utils.flop_counter`) and an FP32 matrix product "
+        f"runs at {ceiling['gemm_gflops']:.0f} GFLOP/s on the same threads, so no FP32 path can much exceed "
+        f"{ceiling['images_per_s']:.1f} images/s; {reached}. Beyond it lie fewer bits per operation (bf16 "
+        f"where the CPU computes it natively, int8), not a faster FP32 path.", width=105)]
 
 
 LOADER_SUMMARY = re.compile(r"torchvision: ([\d.]+) images/s, ([\d.]+) CPU ms/image; (\S+): ([\d.]+) images/s, "

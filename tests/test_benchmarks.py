@@ -91,6 +91,17 @@ def test_infer_throughput_reports_every_path_and_skips_what_cannot_run(tmp_path,
     assert {"cpu_capability", "cpu_bf16_native", "load_average"} <= result["environment"].keys()
     assert set(result["best"]) == {"1", "2"} and result["best"]["1"] in paths
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    ceiling = result["fp32_ceiling"]  # on the CPU: the model's FLOPs at the rate of a dense FP32 product
+    assert ceiling["gflop_per_image"] == pytest.approx(benchmark.model_gflop("resnet18", 32))
+    assert ceiling["gemm_gflops"] > 0
+    assert ceiling["images_per_s"] == pytest.approx(ceiling["gemm_gflops"] / ceiling["gflop_per_image"])
+
+
+def test_the_fp32_ceiling_counts_the_published_flops():
+    """At 224 px: ResNet-50 4.09 and ResNet-18 1.81 G multiply-adds (two FLOPs each), as torchvision lists them."""
+    benchmark = importlib.import_module("benchmarks.infer_throughput")
+    assert benchmark.model_gflop("resnet50", 224) == pytest.approx(8.18, abs=0.01)
+    assert benchmark.model_gflop("resnet18", 224) == pytest.approx(3.63, abs=0.01)
 
 
 def test_a_path_that_compiles_on_its_first_call_never_times_that_call():

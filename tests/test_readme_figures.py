@@ -48,7 +48,7 @@ def inference_record(native: bool) -> dict:
     paths = {name: {"dtype": "float32", "1": point, "max_abs_diff": 5e-5, "top1_agreement": 1.0}
              for name in ("torchvision", "eager", "channels_last", "bf16")}
     paths["compile"] = {"dtype": "float32", "skipped": "torch.compile on cpu needs a C++ compiler; none found"}
-    return {"config": {"batch_sizes": [1], "image_size": 224}, "paths": paths,
+    return {"config": {"batch_sizes": [1], "image_size": 224, "arch": "resnet50"}, "paths": paths,
             "classify_default": "bf16" if native else "channels_last",
             "environment": {"device": "cpu", "cpu_model": "AMD EPYC", "cpu_cores": 2, "python": "3.11.7",
                             "torch": "2.14.1", "torchvision": "0.29.1", "cpu_capability": "AVX2",
@@ -68,6 +68,19 @@ def test_inference_block_names_the_cpu_capability_and_classifys_default_row():
     assert rows[-1] == "| `torch.compile` | skipped: torch.compile on cpu needs a C++ compiler; none found | | | | |"  # 5 cells
     native = figures.inference_block(inference_record(native=True), "python benchmarks/infer_throughput.py")
     assert "computes bf16 natively" in native and "| bf16 autocast, channels-last (**`classify.py`" in native
+
+
+def test_inference_block_states_the_fp32_ceiling_and_how_near_the_fastest_fp32_row_comes():
+    record = inference_record(native=False)
+    assert "ceiling" not in figures.inference_block(record, "python benchmarks/infer_throughput.py")  # CUDA
+    record["paths"]["channels_last"]["1"] = {**record["paths"]["channels_last"]["1"], "images_per_s": 30.0}
+    record["paths"]["bf16"]["dtype"] = "bfloat16"  # faster rows in fewer bits do not count
+    record["paths"]["bf16"]["1"] = {**record["paths"]["bf16"]["1"], "images_per_s": 90.0}
+    record["fp32_ceiling"] = {"gflop_per_image": 8.18, "gemm_gflops": 327.2, "images_per_s": 40.0}
+    block = " ".join(figures.inference_block(record, "python benchmarks/infer_throughput.py").split())
+    assert "resnet50 needs 8.18 GFLOP per image" in block and "runs at 327 GFLOP/s" in block
+    assert "no FP32 path can much exceed 40.0 images/s; at batch 1 the fastest FP32 row (channels-last FP32) " \
+           "reaches 75% of it." in block
 
 
 def test_train_step_row_shows_each_path_and_withholds_a_verdict_inside_the_noise():
