@@ -11,7 +11,8 @@ compilation included, is reported); then ``--repeats`` rounds each time ``--iter
 side, interleaved (the order rotates from round to round), each synchronised with the device only at its
 end. The JSON holds every round's images/s per side, their median and spread, each path's ratio of
 medians over ``plain`` with its verdict (none when the rounds' spread is larger than the difference), the
-device and the software versions. Example::
+device and the software versions; on the CPU also a profile of the plain loop: the share of its operator
+time spent in convolutions, and so the most any path that runs the same convolutions could gain. Example::
 
     python benchmarks/train_throughput.py -a resnet50 --image-size 128 -b 16 -o /tmp/train_resnet50_128.json
 """
@@ -139,6 +140,27 @@ def timed(step: Step, finish: Step, iterations: int, runtime: Runtime) -> float:
     return time.perf_counter() - start
 
 
+def convolution_shares(step: Step, finish: Step, iterations: int = 2) -> dict[str, float]:
+    """Where the plain loop's CPU operator time goes (``torch.profiler``, self time of each operator over
+    ``iterations`` steps): the share of the convolutions forward and backward, the work that no layout or
+    fusion removes, and ``bound``, the largest speed-up a path could reach by removing everything else."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        for _ in range(iterations):
+            step()
+        finish()
+    forward = backward = total = 0.0
+    for event in profiler.key_averages():
+        total += event.self_cpu_time_total
+        if "conv" in event.key and "backward" in event.key:
+            backward += event.self_cpu_time_total
+        elif "conv" in event.key:
+            forward += event.self_cpu_time_total
+    forward, backward = forward / total, backward / total
+    return {"conv_forward": forward, "conv_backward": backward, "bound": 1 / (forward + backward)}
+
+
 def path_runtime(runtime: Runtime, path: str) -> Runtime:
     """The runtime a path trains with: channels-last for ``channels_last``, main.py's default NCHW else."""
     layout = torch.channels_last if path == "channels_last" else torch.contiguous_format
@@ -176,6 +198,8 @@ def measure(args: argparse.Namespace) -> dict:
         order = order[1:] + order[:1]  # no side always runs first
 
     plain = summarise(rates["plain"])
+    if runtime.device.type == "cpu":  # on CUDA the host's operator time says little about the device's
+        plain["profile"] = convolution_shares(*sides["plain"])
     paths = {}
     for path in args.paths:
         stats = summarise(rates[path])
@@ -212,6 +236,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name != "plain":
             line += f", vs plain {ratio_text(stats['ratio'], stats['ratio_spread'])}"
         print(line)
+    profile = plain.get("profile")
+    if profile:
+        print(f"  convolutions take {profile['conv_forward'] + profile['conv_backward']:.0%} of the plain loop's "
+              f"operator time (forward {profile['conv_forward']:.0%}, backward {profile['conv_backward']:.0%}): "
+              f"removing everything else would make it at most {profile['bound']:.2f}x faster")
     write_json(result, args.output)
     return 0
 

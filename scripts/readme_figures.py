@@ -93,11 +93,12 @@ TRAIN_STEP_PATHS = (("eager", "eager NCHW"), ("channels_last", "channels-last"),
 
 
 def train_step() -> str:
-    rows, record = [], None
+    rows, record, profiles = [], None, []
     for arch, size, iters, repeats in TRAIN_STEP_RUNS:
         record, command = _benchmark("train_throughput.py", "-a", arch, "--image-size", size, "-b", "16",
                                      "--iters", iters, "--repeats", repeats)
         rows.append(train_step_row(record, command))
+        profiles.append(profile_text(record))
     return "\n".join([
         f"Measured on {_environment(record)}; {_cpu_note(record['environment'])}. Batch 16, FP32, 1000 classes;",
         "median images/s of the rounds (spread of the rounds, max - min over median, in brackets). A ratio over",
@@ -107,7 +108,22 @@ def train_step() -> str:
         "| command | plain loop | " + " | ".join(title for _, title in TRAIN_STEP_PATHS) + " |",
         "|---|---|" + "---|" * len(TRAIN_STEP_PATHS),
         *rows,
+        *(["", textwrap.fill("Where the plain loop's time goes (`torch.profiler`, operator self time): "
+                             + "; ".join(filter(None, profiles)) + ". The paths above change the layout the "
+                             "convolutions run in and fuse the other work; the shares bound what the fusion can give.", width=105)]
+          if any(profiles) else []),
     ]) + "\n"
+
+
+def profile_text(record: dict) -> str:
+    """The convolutions' share of one command's plain loop, and the speed-up it leaves to the other work."""
+    profile, config = record["plain"].get("profile"), record["config"]
+    if not profile:
+        return ""
+    return (f"{config['arch']} at {config['image_size']} px spends "
+            f"{profile['conv_forward'] + profile['conv_backward']:.0%} in convolutions (forward "
+            f"{profile['conv_forward']:.0%}, backward {profile['conv_backward']:.0%}), so removing all else would "
+            f"gain at most {profile['bound']:.2f}x")
 
 
 def train_step_row(record: dict, command: str) -> str:

@@ -37,6 +37,10 @@ def test_train_throughput_times_every_path_against_the_plain_loop(tmp_path):
         rounds = [a / b for a, b in zip(stats["values"], result["plain"]["values"])]
         assert stats["ratio_spread"] == pytest.approx((max(rounds) - min(rounds)) / (sum(rounds) / 2))
         assert stats["verdict"] == (abs(stats["ratio"] - 1) > stats["ratio_spread"])
+    profile = result["plain"]["profile"]  # on the CPU: where the plain loop's operator time goes
+    convolutions = profile["conv_forward"] + profile["conv_backward"]
+    assert 0 < profile["conv_forward"] < 1 and 0 < profile["conv_backward"] < 1 and convolutions < 1
+    assert profile["bound"] == pytest.approx(1 / convolutions)
 
 
 def test_train_throughput_refuses_compile_without_a_compiler(monkeypatch, capsys):

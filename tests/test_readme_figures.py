@@ -83,6 +83,14 @@ def test_inference_block_states_the_fp32_ceiling_and_how_near_the_fastest_fp32_r
            "reaches 75% of it." in block
 
 
+def test_profile_text_says_what_the_convolutions_leave():
+    record = {"config": {"arch": "resnet50", "image_size": 128},
+              "plain": {"profile": {"conv_forward": 0.25, "conv_backward": 0.55, "bound": 1.25}}}
+    assert figures.profile_text(record) == ("resnet50 at 128 px spends 80% in convolutions (forward 25%, "
+                                            "backward 55%), so removing all else would gain at most 1.25x")
+    assert figures.profile_text({"config": {}, "plain": {}}) == ""  # on CUDA: no host profile
+
+
 def test_train_step_row_shows_each_path_and_withholds_a_verdict_inside_the_noise():
     def stats(median, spread, ratio=None, ratio_spread=None):
         return {"median": median, "relative_spread": spread, "ratio": ratio, "ratio_spread": ratio_spread}
