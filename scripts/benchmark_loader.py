@@ -8,6 +8,9 @@ torchvision ImageFolder loader with the same batch size and workers, alternating
 measured one, and prints the speed-up: the median of the epoch-by-epoch ratios, with their spread; where
 the spread is as large as the difference, it says so and gives no verdict.  CPU time per image counts
 the loader's threads and worker processes; it is the steadier figure on a machine shared with other jobs.
+``--dali-stages`` profiles the CPU DALI pipeline instead: the same operators as ``--data-backend dali-cpu``
+(read, decode of the random crop window, resize, mirror and normalise), each stage timed on its own by
+cutting the pipeline after it, in CPU milliseconds per image.
 ``--make-dataset`` first writes a small JPEG dataset into DIR (photos from scikit-image, cropped and
 resized to 500x375); ``--photos`` uses DIR as the photo set, writing it first where it is not there yet.
 """
@@ -57,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="where batches end up (default: auto, CUDA when available)")
     parser.add_argument("--baseline", action="store_true", help="also time the plain torchvision loader")
+    parser.add_argument("--dali-stages", action="store_true",
+                        help="profile the CPU DALI pipeline stage by stage instead (CPU ms per image)")
     parser.add_argument("--make-dataset", metavar="N", type=int, nargs="?", const=200, default=0,
                         help="first write 2 classes x N (default 200) JPEGs of 500x375 into DIR/train "
                         "(needs scikit-image)")
@@ -192,12 +197,71 @@ class Timing:
         return statistics.median(values[1:] if len(values) > 1 else values)
 
 
+DALI_STAGES = ("read", "decode", "resize", "normalise")
+
+
+def dali_stage_pipeline(files: list[str], stage: str, opts: argparse.Namespace):
+    """The CPU training pipeline of the dali-cpu backend up to ``stage`` (its operators and settings at the
+    defaults: crop area 0.08-1, linear interpolation, a flip half of the time), its output the stage's."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    size = opts.image_size
+
+    @pipeline_def(batch_size=opts.batch_size, num_threads=opts.workers, device_id=None, seed=0)
+    def pipeline():
+        encoded, labels = fn.readers.file(files=files, labels=[0] * len(files), random_shuffle=True,
+                                          dont_use_mmap=True)
+        if stage == "read":
+            return encoded
+        images = fn.decoders.image_random_crop(encoded, output_type=types.RGB, random_area=[0.08, 1.0],
+                                               random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=100)
+        if stage == "decode":
+            return images
+        images = fn.resize(images, size=[size, size], interp_type=types.INTERP_LINEAR, antialias=False)
+        if stage == "resize":
+            return images
+        return fn.crop_mirror_normalize(images, dtype=types.FLOAT, crop=(size, size), mean=list(MEAN_255),
+                                        std=list(STD_255), mirror=fn.random.coin_flip(), output_layout="CHW")
+
+    return pipeline()
+
+
+def profile_dali_stages(opts: argparse.Namespace) -> dict[str, float]:
+    """CPU ms per image of each stage of the CPU DALI pipeline (each stage's pipeline minus the one before),
+    over two passes of train/ after one untimed pass."""
+    files = sorted(str(path) for path in Path(opts.data, "train").glob("*/*") if path.is_file())
+    if not files:
+        raise UserError(f"no training images under {opts.data}/train")
+    batches = -(-len(files) // opts.batch_size)
+    cumulative = {}
+    for stage in DALI_STAGES:
+        pipeline = dali_stage_pipeline(files, stage, opts)
+        pipeline.build()
+        for _ in range(batches):
+            pipeline.run()
+        start = cpu_seconds()
+        for _ in range(2 * batches):
+            pipeline.run()
+        cumulative[stage] = 1000 * (cpu_seconds() - start) / (2 * batches * opts.batch_size)
+        del pipeline
+    before, shares = 0.0, {}
+    for stage in DALI_STAGES:
+        shares[stage], before = max(cumulative[stage] - before, 0.0), cumulative[stage]
+    return shares
+
+
 def main(argv: list[str] | None = None) -> int:
     opts = build_parser().parse_args(argv)
     if opts.make_dataset:
         make_dataset(Path(opts.data), per_class=opts.make_dataset)
     if opts.photos:
         make_photo_set(Path(opts.data), per_class=opts.photos)
+    if opts.dali_stages:
+        shares = profile_dali_stages(opts)
+        print(f"CPU DALI pipeline, batch {opts.batch_size}, {opts.workers} threads, {opts.image_size} px crops: "
+              + ", ".join(f"{stage} {ms:.2f}" for stage, ms in shares.items())
+              + f" CPU ms per image; {sum(shares.values()):.2f} in all", flush=True)
+        return 0
     runtime = make_runtime(opts.device, memory_format=opts.memory_format)
     print(f"device: {runtime.device}, batch {opts.batch_size}, workers {opts.workers}, "
           f"{opts.image_size} px crops, torch {torch.__version__}", flush=True)

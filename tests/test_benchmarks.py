@@ -216,6 +216,20 @@ def test_the_cuda_benchmark_turns_cudnn_autotuning_on(monkeypatch):
         torch.backends.cudnn.benchmark = saved
 
 
+def test_the_loader_benchmark_profiles_the_cpu_dali_pipeline_stage_by_stage(tmp_path, capsys):
+    pytest.importorskip("nvidia.dali")
+    from helpers import load_script
+
+    loader = load_script("benchmark_loader")
+    argv = ["--photos", "2", "--dali-stages", "-b", "4", "-j", "1", "--image-size", "32", str(tmp_path / "photos")]
+    assert loader.main(argv) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("CPU DALI pipeline, batch 4, 1 threads, 32 px crops: read ")
+    shares = loader.profile_dali_stages(loader.build_parser().parse_args(argv))
+    assert list(shares) == ["read", "decode", "resize", "normalise"] and all(ms >= 0 for ms in shares.values())
+    assert shares["decode"] > shares["read"]  # decoding a JPEG costs more than reading its bytes
+
+
 def test_the_loader_benchmark_builds_the_photo_set_and_states_a_ratio_only_beyond_its_spread(tmp_path, capsys):
     """--photos writes a class per photograph; the summary gives the median of the epochs' ratios with their
     spread, and the verdict line (which the README's table takes) follows the spread rule."""
