@@ -39,7 +39,7 @@ sys.path[:0] = [str(TESTS.parent), str(TESTS)]  # the repository (image_classifi
 import torch  # noqa: E402
 
 from helpers import REPO, tiny_arch_row  # noqa: E402
-from image_classification import engine, losses  # noqa: E402
+from image_classification import batch_augment, engine  # noqa: E402
 from image_classification.models.resnet import ARCHS  # noqa: E402
 
 
@@ -116,7 +116,8 @@ def disk_full() -> None:
 
 
 def _install_mixup_record(path: str) -> None:
-    original = losses.mixup
+    """Record each MixUp draw where the training step makes it (``batch_augment`` calls ``mixup``)."""
+    original = batch_augment.mixup
     state = {"n": 0}
 
     def mixup(images, targets, num_classes, lam, permutation):
@@ -125,7 +126,7 @@ def _install_mixup_record(path: str) -> None:
             record.write(f"{_rank()} {state['n']} {lam!r}\n")
         return original(images, targets, num_classes, lam, permutation)
 
-    losses.mixup = mixup
+    batch_augment.mixup = mixup
 
 
 def main(argv: list[str]) -> None:
