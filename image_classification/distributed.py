@@ -42,7 +42,6 @@ def attempt_store(timeout: timedelta) -> dist.Store | None:
     return dist.PrefixStore(f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent_store)
 
 
-
 class PeerWatchdog:
     """A daemon thread that ends this process when a guarded wait lasts longer than ``timeout_s``.
 

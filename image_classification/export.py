@@ -70,7 +70,8 @@ def checkpoint2model_main(argv: Sequence[str] | None = None) -> int:
     best_text = f"{best:.2f}%" if isinstance(best, (int, float)) else "not recorded"
     arch = checked_arch(checkpoint, None, str(source)) or "unrecorded architecture"
     classes = recorded_num_classes(checkpoint)
-    print(f"Loaded checkpoint {source}: {arch}, {classes} classes, epoch {checkpoint['epoch']}, "
+    classes_text = "class count not recorded" if classes is None else f"{classes} classes"
+    print(f"Loaded checkpoint {source}: {arch}, {classes_text}, epoch {checkpoint['epoch']}, "
           f"best top1 {best_text}")
     save_weights(weights, recorded_description(checkpoint), target)
     kind = "EMA weights" if args.ema else "model weights"

@@ -8,9 +8,10 @@ torchvision ImageFolder loader with the same batch size and workers, alternating
 measured one, and prints the speed-up: the median of the epoch-by-epoch ratios, with their spread; where
 the spread is as large as the difference, it says so and gives no verdict.  CPU time per image counts
 the loader's threads and worker processes; it is the steadier figure on a machine shared with other jobs.
-``--dali-stages`` profiles the CPU DALI pipeline instead: the same operators as ``--data-backend dali-cpu``
-(read, decode of the random crop window, resize, mirror and normalise), each stage timed on its own by
-cutting the pipeline after it, in CPU milliseconds per image.
+``--dali-stages`` profiles the CPU DALI pipeline instead: the decode of the random crop window, resize, mirror
+and normalise operators of ``--data-backend dali-cpu`` after DALI's file reader (the backend reads the files
+its sampler orders with ``fn.io.file.read``), each stage timed on its own by cutting the pipeline after
+it, in CPU milliseconds per image.
 ``--make-dataset`` first writes a small JPEG dataset into DIR (photos from scikit-image, cropped and
 resized to 500x375); ``--photos`` uses DIR as the photo set, writing it first where it is not there yet.
 """
@@ -201,8 +202,9 @@ DALI_STAGES = ("read", "decode", "resize", "normalise")
 
 
 def dali_stage_pipeline(files: list[str], stage: str, opts: argparse.Namespace):
-    """The CPU training pipeline of the dali-cpu backend up to ``stage`` (its operators and settings at the
-    defaults: crop area 0.08-1, linear interpolation, a flip half of the time), its output the stage's."""
+    """The CPU training pipeline of the dali-cpu backend up to ``stage`` (its decode, resize and normalise
+    operators at the defaults: crop area 0.08-1, linear interpolation, a flip half of the time; the files
+    read by DALI's file reader), its output the stage's."""
     from nvidia.dali import fn, pipeline_def, types
 
     size = opts.image_size

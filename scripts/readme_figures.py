@@ -110,8 +110,8 @@ def train_step() -> str:
         *rows,
         *(["", textwrap.fill("Where the plain loop's time goes (`torch.profiler`, operator self time): "
                              + "; ".join(filter(None, profiles)) + ". The paths above change the layout the "
-                             "convolutions run in and fuse the other work; the shares bound what the fusion can give.", width=105)]
-          if any(profiles) else []),
+                             "convolutions run in and fuse the other work; the shares bound what the fusion "
+                             "can give.", width=105)] if any(profiles) else []),
     ]) + "\n"
 
 

@@ -59,8 +59,9 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=rank)  # stable: each module keeps its own order
 
 
-# The fault tests' one-line count at the end of the session.  Under pytest-xdist (``make test`` runs two
-# workers) each worker counts its own share and hands it to the controller, which adds them up and prints.
+# The fault tests' one-line count at the end of the session.  Under pytest-xdist (``make test``: a worker per
+# core) each worker counts its own share and hands it to the controller, which adds them up and prints.
+
 
 def pytest_sessionfinish(session):
     handed_back = getattr(session.config, "workeroutput", None)  # set on an xdist worker only

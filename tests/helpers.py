@@ -390,6 +390,17 @@ def start_process(argv: list, stdout: Path, stderr: Path | None = None, cwd: Pat
                                 env=env)
 
 
+def wait_or_kill(process, timeout: float = 600) -> int:
+    """Wait for a :class:`Forked` or ``subprocess.Popen`` process; one still running when the wait ends
+    (a timeout, an interrupted test) is killed and reaped, never left behind."""
+    try:
+        return process.wait(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def run_process(argv: list, cwd: Path | None = None, env: dict[str, str] | None = None,
                 timeout: float = 600) -> Result:
     """:func:`start_process` and wait for it: its exit code and output, as ``subprocess.run`` gives them."""
@@ -398,10 +409,5 @@ def run_process(argv: list, cwd: Path | None = None, env: dict[str, str] | None 
     with tempfile.TemporaryDirectory() as folder:
         out, err = Path(folder, "stdout"), Path(folder, "stderr")
         process = start_process(argv, out, err, cwd=cwd, env=env)
-        try:
-            process.wait(timeout=timeout)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+        wait_or_kill(process, timeout)
         return Result([str(token) for token in argv], process.returncode, out.read_text(), err.read_text())

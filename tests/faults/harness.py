@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from helpers import REPO, Forked, Result, explain, forkable, run_script, tiny_registered  # noqa: F401
+from helpers import (REPO, Forked, Result, explain, forkable, run_script, tiny_registered,  # noqa: F401
+                     wait_or_kill)
 from image_classification import checkpoint as ckpt
 from image_classification.raport import read_raport
 
@@ -41,7 +42,6 @@ INTERVAL = 2
 # schedule.
 RUN = ["--epochs", "2", "--checkpoint-interval", str(INTERVAL), "--gather-checkpoints", "--mixup", "0.2",
        "--use-ema", "0.9", "--lr-schedule", "cosine", "--resume", "auto"]
-
 
 
 def command(data: Path, workspace: Path, *args) -> list[str]:
@@ -81,7 +81,7 @@ def train(data: Path, workspace: Path, *args, **faults):
     with tempfile.TemporaryDirectory() as folder:
         out, err = Path(folder, "stdout"), Path(folder, "stderr")
         run = Forked(_runner(argv[3:]), argv, out, err, env=environment(**faults), cwd=REPO)
-        run.wait()
+        wait_or_kill(run)
         return Result(argv, run.returncode, out.read_text(), err.read_text())
 
 
