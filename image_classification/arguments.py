@@ -13,6 +13,8 @@ import reprlib
 import sys
 from typing import Sequence
 
+import torch
+
 from .cli import UserErrorParser, positive_float, positive_int
 from .errors import UserError
 from .gpu_affinity import MODES as GPU_AFFINITY_MODES
@@ -348,6 +350,9 @@ def _bare_gather_flag(argv: list[str]) -> list[str]:
 
 
 MIN_IMAGE_SIZE = 32  # a ResNet reduces its input 32-fold
+# Every float flag ends up in float32 tensors (the optimizers' steps, the loss scale): a larger value overflows
+# there, in some optimizers as a crash, in others as weights that go non-finite, so it is a flag error.
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 MIN_MIXUP = 1e-3
 
 
@@ -358,8 +363,9 @@ def check_values(args: argparse.Namespace) -> None:
               "model_ema_decay")
     for name in floats:
         value = getattr(args, name)
-        if value is not None and not math.isfinite(value):
-            raise UserError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+        if value is not None and not (math.isfinite(value) and abs(value) <= FLOAT32_MAX):
+            raise UserError(f"--{name.replace('_', '-')} must be a finite number that float32 can hold (at most "
+                            f"{FLOAT32_MAX:.4g} in size), got {value}")
     low, high = args.crop_scale
     if not (math.isfinite(low) and math.isfinite(high) and 0.0 < low <= high <= 1.0):
         raise UserError(f"--crop-scale needs 0 < MIN <= MAX <= 1, got {low} {high}")

@@ -5,8 +5,12 @@ import math
 import pytest
 import torch
 
+from helpers import refused
+from image_classification.arguments import parse_args
+from image_classification.cli import run as cli_run
 from image_classification.models import build_model
 from image_classification.optim import build_optimizer, lr_at, split_weight_decay
+from image_classification.training import main as train_main
 
 
 @pytest.mark.parametrize("epoch, expected", [(0, 0.1), (29, 0.1), (30, 0.01), (59, 0.01), (60, 0.001), (80, 1e-4)])
@@ -431,6 +435,22 @@ def assert_same_tensors(a, b, where: str = "") -> None:
             assert_same_tensors(x, y, f"{where}[{index}]")
     else:
         assert a == b, where
+
+
+@pytest.mark.parametrize("optimizer, flag", [
+    *(("lamb", flag) for flag in ("--lr", "--weight-decay", "--norm-weight-decay", "--bias-weight-decay")),
+    ("lars", "--lr"), ("lars", "--bias-weight-decay"), ("rmsprop", "--lr"), ("rmsprop", "--weight-decay"),
+    ("rmsprop", "--rmsprop-eps"), ("sgd", "--lr"), ("adamw", "--lr"), ("sgd", "--end-lr"),
+])
+def test_a_value_beyond_float32_is_a_flag_error_for_every_optimizer(optimizer, flag, tmp_path, capsys, tiny_arch):
+    """float32 holds at most 3.4e38: a larger value crashed LAMB, LARS and RMSprop at their first step and
+    made SGD's and AdamW's weights non-finite (exit 3); it is refused before anything runs, naming the flag."""
+    argv = ["-a", tiny_arch, "--image-size", "32", "-b", "2", "--device", "cpu", "--data-backend", "synthetic",
+            "--prof", "1", "--epochs", "1", "--optimizer", optimizer, "--workspace", str(tmp_path / "run")]
+    line = refused(cli_run(train_main, [*argv, flag, "1e39"]), capsys)
+    assert line.startswith(f"error: {flag} must be a finite number that float32 can hold") and "1e+39" in line
+    assert not (tmp_path / "run").exists()
+    assert parse_args([*argv, flag, "3.4e38"]).optimizer == optimizer  # float32's largest values still parse
 
 
 @pytest.mark.parametrize("optimizer, extra", [
