@@ -223,6 +223,65 @@ def test_an_ra_epoch_without_a_whole_batch_is_refused():
                                              ra_reps=3), runtime)) == 128
 
 
+def _listed_share(order: list[int], repeats: int, rank: int, world: int) -> list[int]:
+    """torchvision's RASampler as a list: every index ``repeats`` times, padded from the start, dealt out."""
+    repeated = [index for index in order for _ in range(repeats)]
+    total = -(-len(repeated) // world) * world
+    repeated += repeated[:total - len(repeated)]
+    return repeated[rank:total:world]
+
+
+@pytest.mark.parametrize("size, world", [(1, 1), (1, 8), (2, 7), (5, 3), (23, 2), (300, 8), (600, 4)])
+def test_the_repeated_share_is_computed_position_by_position_as_the_list_would_hold_it(size, world):
+    """Every rank, repeat count, seed and epoch (padding shorter than a world, and longer than the list,
+    included): the share computed from the permutation alone equals the list torchvision builds."""
+    for repeats in (2, 3, 5, 9):
+        for seed, epoch in ((0, 0), (7, 3)):
+            for rank in range(world):
+                sampler = ShardSampler(size, rank, world, shuffle=True, seed=seed, repeats=repeats)
+                sampler.set_epoch(epoch)
+                order = sampler._permutation()
+                listed = _listed_share(order, repeats, rank, world)
+                share = sampler._repeated(order)
+                assert list(share) == listed and share[-1:] == listed[-1:], (repeats, seed, epoch, rank)
+                assert [index for index, _ in sampler] == listed[:len(sampler)], (repeats, seed, epoch, rank)
+
+
+def test_the_repeated_sampler_s_memory_does_not_grow_with_the_repeat_count():
+    """An epoch of 20,000 repeats of 1,000 images held a 20-million-item list (160 MB); now only the
+    permutation is held, the same as at 2 repeats."""
+    import tracemalloc
+
+    peaks = {}
+    for repeats in (2, 20_000):
+        sampler = ShardSampler(1000, 1, 4, shuffle=True, seed=3, repeats=repeats)
+        tracemalloc.start()
+        try:
+            pairs = list(sampler)
+            peaks[repeats] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert len(pairs) == 192 and {index for index, _ in pairs} <= set(range(1000))
+    assert peaks[20_000] < 2 * peaks[2] + 100_000, peaks
+
+
+def test_more_repeats_than_an_epoch_shows_images_are_refused_in_one_line(image_folder, tmp_path, tiny_arch, capsys):
+    """--ra-reps 1000000000 built a list of a billion copies of the dataset (MemoryError); an epoch of 24
+    images (3 classes x 8) with 24 or more repeats in a row would be one image throughout."""
+    from image_classification.data.common import train_sampler
+    from image_classification.runtime import Runtime
+
+    runtime = Runtime(torch.device("cpu"), None, torch.contiguous_format, rank=0, local_rank=0, world_size=1)
+    config = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=4, ra_reps=23)
+    assert len({index for index, _ in train_sampler(24, config, runtime)}) == 2  # 23 in a row, then another
+    argv = ["-a", tiny_arch, "--image-size", "32", "-b", "4", "--device", "cpu", "--data-backend", "pytorch",
+            "-j", "0", "--epochs", "1", "--workspace", str(tmp_path / "run"), str(image_folder)]
+    for repeats in ("24", "1000000000"):
+        line = refused(cli_run(main, [*argv, "--ra-reps", repeats]), capsys)
+        assert line == (f"error: --ra-reps {repeats}: each image that many times in a row fills an epoch's 24 "
+                        "images (over 1 process(es)) with one image; give fewer than 24")
+
+
 # -- the flags: refused values, one line ------------------------------------------------------------------
 @pytest.mark.parametrize("argv, message", [
     (["--cutmix", "1e-320"], "--cutmix must be 0"),

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Protocol
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Protocol
 
 import torch
 from torch.utils.data import Sampler
@@ -162,6 +163,39 @@ def sample_seed(seed: int, epoch: int, position: int) -> int:
 RA_ROUND = 256  # torchvision's RASampler rounds an epoch down to whole multiples of 256 images
 
 
+class RepeatedShare(Sequence):
+    """One rank's positions of ``order`` with each index ``repeats`` times in a row, padded from its start
+    to a multiple of ``world_size`` and dealt out round-robin (torchvision's ``RASampler``), computed
+    position by position: it holds ``order`` alone, however large ``repeats`` is.
+
+    The full list would be ``[i for i in order for _ in range(repeats)]``, ``length = len(order) * repeats``
+    long, plus its first ``(-length) % world_size`` items again (no more than it holds); this rank's
+    ``p``-th position is that list's item ``p * world_size + rank``.  ``limit`` cuts the share shorter.
+    """
+
+    def __init__(self, order: list[int], repeats: int, rank: int, world_size: int, limit: int | None = None):
+        self.order, self.repeats, self.rank, self.world_size = order, repeats, rank, world_size
+        self.length = len(order) * repeats
+        padded = self.length + min(-self.length % world_size, self.length)
+        share = len(range(rank, padded, world_size))
+        self.count = share if limit is None else min(share, limit)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, position: int | slice) -> int | list[int]:
+        if isinstance(position, slice):
+            return [self[p] for p in range(*position.indices(self.count))]
+        if position < 0:
+            position += self.count
+        if not 0 <= position < self.count:
+            raise IndexError(position)
+        item = position * self.world_size + self.rank
+        if item >= self.length:  # the padding repeats the list's start
+            item -= self.length
+        return self.order[item // self.repeats]
+
+
 class ShardSampler(Sampler):
     """Yields (index, sample seed) pairs of this rank's share of an epoch.
 
@@ -190,21 +224,18 @@ class ShardSampler(Sampler):
         generator = torch.Generator().manual_seed(mix_seed(self.epoch, self.seed))
         return torch.randperm(self.size, generator=generator).tolist()
 
-    def _indices(self) -> list[int]:
+    def _indices(self) -> Sequence[int]:
         if not self.shuffle:
-            return list(range(self.rank, self.size, self.world_size))
+            return range(self.rank, self.size, self.world_size)
         order = self._permutation()
         if self.repeats > 1:
-            return self._repeated(order)[:len(self)]
+            return self._repeated(order, len(self))
         usable = len(order) - len(order) % self.world_size
         return order[self.rank:usable:self.world_size]
 
-    def _repeated(self, order: list[int]) -> list[int]:
-        """This rank's share of ``order`` repeated and padded, before it is cut to an epoch's length."""
-        repeated = [index for index in order for _ in range(self.repeats)]
-        total = -(-len(repeated) // self.world_size) * self.world_size
-        repeated += repeated[:total - len(repeated)]
-        return repeated[self.rank:total:self.world_size]
+    def _repeated(self, order: list[int], limit: int | None = None) -> RepeatedShare:
+        """This rank's share of ``order`` repeated and padded, its first ``limit`` positions (all without)."""
+        return RepeatedShare(order, self.repeats, self.rank, self.world_size, limit)
 
     def __iter__(self):
         indices = self._indices()
@@ -222,10 +253,16 @@ class ShardSampler(Sampler):
 
 
 def train_sampler(size: int, config: DataConfig, runtime: Runtime) -> ShardSampler:
-    """The training sampler of a backend, refusing an epoch without a whole batch: repeated augmentation
-    rounds an epoch down to multiples of 256 images, which can leave a process less than one batch."""
+    """The training sampler of a backend, refusing an epoch without a whole batch (repeated augmentation
+    rounds an epoch down to multiples of 256 images, which can leave a process less than one batch) or of
+    a single image (more repeats than the epoch has positions)."""
     sampler = ShardSampler(size, runtime.rank, runtime.world_size, shuffle=True, seed=config.seed,
                            repeats=config.ra_reps)
+    shown = len(sampler) * runtime.world_size
+    if config.ra_reps > 1 and config.ra_reps >= shown:
+        raise UserError(f"--ra-reps {config.ra_reps}: each image that many times in a row fills an epoch's "
+                        f"{shown} images (over {runtime.world_size} process(es)) with one image; give fewer than "
+                        f"{shown}")
     if config.ra_reps > 1 and len(sampler) < config.batch_size:  # without repeats split_samples checked it
         raise UserError(f"--ra-reps {config.ra_reps}: an epoch gives each of the {runtime.world_size} process(es) "
                         f"{len(sampler)} of the {size} training images (whole multiples of 256 in all), fewer than "
