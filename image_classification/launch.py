@@ -33,6 +33,10 @@ MAX_VALUES = 100_000
 # libyaml's parser when PyYAML was built with it (several times faster), the pure-Python one otherwise;
 # both are the safe loader: plain values only, no tags that build Python objects.
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# Far deeper than a presets file nests (configs.yml: 6, models > model > platform > precision > key > list),
+# far shallower than the depth at which the loaders' recursive composers run out of stack: the C one dies
+# with a segfault there, which no exception handler can turn into a message.
+MAX_NESTING = 32
 
 
 # ------------------------------------------------------------------------------------------------
@@ -41,9 +45,14 @@ YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 def load_config(cfg_file: str | Path = DEFAULT_CFG_FILE) -> dict:
     """Read and sanity-check a presets file; raises :class:`UserError` for a bad file."""
     try:
-        config = yaml.load(Path(cfg_file).read_text(), Loader=YAML_LOADER)
+        text = Path(cfg_file).read_bytes().decode("utf-8")
+        _check_nesting(text, cfg_file)
+        config = yaml.load(text, Loader=YAML_LOADER)
     except OSError as error:
         raise UserError(f"cannot read the presets file {cfg_file}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise UserError(f"{cfg_file} is not UTF-8 text (byte {error.start + 1} is not): it is not a presets "
+                        "file") from None
     except yaml.YAMLError as error:
         where = getattr(error, "problem_mark", None)
         line = f" (line {where.line + 1})" if where is not None else ""
@@ -53,10 +62,66 @@ def load_config(cfg_file: str | Path = DEFAULT_CFG_FILE) -> dict:
                         "name, or a value holds itself): it is not a presets file")
     if not isinstance(config, dict):
         raise UserError(f"{cfg_file} must hold a mapping with the sections {', '.join(SECTIONS)}")
+    _refuse_nul_bytes(config, cfg_file)
     missing = [section for section in SECTIONS if not isinstance(config.get(section), dict)]
     if missing:
         raise UserError(f"{cfg_file} lacks the section(s) {', '.join(missing)}")
     return config
+
+
+def _check_nesting(text: str, cfg_file: str | Path) -> None:
+    """Refuse ``text`` if its collections nest more than :data:`MAX_NESTING` deep, found from the parser's
+    events (the parser keeps its own stack; only the composer that builds the values recurses), before
+    anything is composed, and no further into the text than that depth."""
+    depth = 0
+    for event in yaml.parse(text, Loader=YAML_LOADER):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_NESTING:
+                raise UserError(f"{cfg_file} nests its values more than {MAX_NESTING} levels deep (line "
+                                f"{event.start_mark.line + 1}): it is not a presets file")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
+def _refuse_nul_bytes(config: dict, cfg_file: str | Path) -> None:
+    """A NUL byte in a key or a string value is no flag value or file name (the OS refuses it in a path):
+    one message naming where it is.  ``config`` has passed the size check, so the walk is short; each place
+    is a (parent, key) link, as aliases may nest the values far deeper than the text does."""
+    pending: list[tuple[tuple | None, object]] = [(None, config)]
+    while pending:
+        where, item = pending.pop()
+        if isinstance(item, dict):
+            for key, value in item.items():
+                if isinstance(key, str) and "\0" in key:
+                    raise UserError(f"{cfg_file}: the key {_path((where, key))} holds a NUL byte, {NUL_REASON}")
+                pending.append(((where, key), value))
+        elif isinstance(item, list):
+            pending += [((where, [index]), value) for index, value in enumerate(item)]  # [i]: a position
+        elif isinstance(item, str) and "\0" in item:
+            raise UserError(f"{cfg_file}: the value of {_path(where)} holds a NUL byte, {NUL_REASON}")
+
+
+NUL_REASON = "which no flag value or file name can hold"
+
+
+def _path(where: tuple | None) -> str:
+    """A place as ``models.resnet50.CPU.FP32.crop_scale[0]``: keys escaped where they are not printable
+    (a NUL byte as \\x00), the whole cut short."""
+    parts = []
+    while where is not None:
+        where, part = where
+        parts.append(part)
+    text = ""
+    for part in reversed(parts):
+        if isinstance(part, list):
+            text += f"[{part[0]}]"
+        else:
+            name = str(part)[:100]
+            text += ("." if text else "") + (name if name.isprintable() else ascii(name))
+        if len(text) > 200:
+            return text[:197] + "..."
+    return text
 
 
 def _expanded_size(value, budget: int) -> int:

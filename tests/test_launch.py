@@ -257,6 +257,60 @@ def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path, value, width, levels):
     assert len(str(error.value)) < 300
 
 
+LAUNCH_CPU = ["--model", "resnet50", "--precision", "FP32", "--mode", "convergence", "--platform", "CPU"]
+
+
+def _refused_presets(cfg_file, capsys) -> str:
+    """The one line ``launch.py`` prints for the presets file ``cfg_file`` (exit 2)."""
+    return refused(run(launch.main, [*LAUNCH_CPU, "--cfg_file", str(cfg_file), "/data", "--dry-run"]), capsys)
+
+
+def test_a_presets_file_that_is_not_utf8_is_one_line_naming_it(tmp_path, capsys):
+    cfg_file = tmp_path / "latin1.yml"
+    cfg_file.write_bytes(_presets_with("256", 1, 0).replace("bomb:", "# caf\u00e9\nbomb:").encode("latin-1"))
+    assert _refused_presets(cfg_file, capsys) == f"error: {cfg_file} is not UTF-8 text (byte 6 is not): it is not " \
+                                                 "a presets file"
+
+
+@pytest.mark.parametrize("nested, line", [("[" * 30_000 + "]" * 30_000, 1), ("{a: " * 30_000 + "1" + "}" * 30_000, 1),
+                                          ("\n  " + "- " * 30_000 + "1", 2)], ids=["lists", "mappings", "block-lists"])
+def test_a_presets_file_nested_30000_deep_is_refused_before_it_is_parsed(nested, line, tmp_path, capsys):
+    """libyaml's composer recurses once per level: 30,000 levels (60 KB) crashed the process (SIGSEGV, no
+    message); the nesting is counted from the parser's events first, in this process."""
+    cfg_file = tmp_path / "deep.yml"
+    cfg_file.write_text(_presets_with("256", 1, 0).replace("bomb:", "deep: " + nested + "\nbomb:"))
+    assert _refused_presets(cfg_file, capsys) == f"error: {cfg_file} nests its values more than 32 levels deep " \
+                                                 f"(line {line}): it is not a presets file"
+
+
+def test_a_presets_file_may_nest_32_levels(tmp_path):
+    """The file's mapping and 31 lists in it are read; one list more is refused."""
+    cfg_file = tmp_path / "nested.yml"
+    for lists in (31, 32):
+        cfg_file.write_text(_presets_with("256", 1, 0).replace("bomb:", f"deep: {'[' * lists}{']' * lists}\nbomb:"))
+        if lists == 31:
+            value = launch.load_config(cfg_file)["deep"]
+            for _ in range(30):
+                (value,) = value
+            assert value == []
+        else:
+            with pytest.raises(UserError, match="nests its values more than 32 levels deep"):
+                launch.load_config(cfg_file)
+
+
+@pytest.mark.parametrize("entry, where", [
+    ('workspace: "a\\0b"', "the value of precision.FP32.workspace"),
+    ('crop_scale: [0.2, "1\\0"]', "the value of precision.FP32.crop_scale[1]"),
+    ('"work\\0space": 1', "the key precision.FP32.'work\\x00space'"),
+])
+def test_a_nul_byte_in_a_presets_file_is_one_line_naming_the_key(entry, where, tmp_path, capsys):
+    """A NUL byte reached the file system as a --workspace (ValueError: embedded null byte)."""
+    cfg_file = tmp_path / "nul.yml"
+    cfg_file.write_text(_presets_with("256", 1, 0).replace("{batch_size: 256}", "{" + entry + "}"))
+    assert _refused_presets(cfg_file, capsys) == f"error: {cfg_file}: {where} holds a NUL byte, which no flag " \
+                                                 "value or file name can hold"
+
+
 def test_a_large_preset_value_is_cut_short_in_its_message(tmp_path, capsys):
     cfg_file = tmp_path / "large.yml"
     cfg_file.write_text(_presets_with("*a4", 10, 4))  # 10,000 values: a presets file may hold that many
