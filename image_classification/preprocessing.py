@@ -10,6 +10,9 @@ Validation and inference: resize the short side to ``round(image_size / crop_rat
 ``std`` (both on the 0-255 scale, per RGB channel). Training crops ``train_crop_size`` squares, the
 validation crop unless it is set (FixRes: torchvision's recipe trains at 176 and validates at 224 of 232);
 a record without it (every checkpoint before the flag existed) trained at ``image_size``.
+
+Whatever sets the sizes, a flag or a record, the resized image of a square photo may hold no more pixels
+than a decoded image may (``data.files.MAX_IMAGE_PIXELS``): :func:`choose_preprocessing` refuses the rest.
 """
 
 from __future__ import annotations
@@ -114,9 +117,12 @@ def choose_preprocessing(recorded: Preprocessing | None, default_size: int, sour
         ratio = size / val_resize_size
     else:
         ratio = recorded.crop_ratio if recorded else CROP_RATIO
+    mean, std = (recorded.mean, recorded.std) if recorded else (IMAGENET_MEAN_255, IMAGENET_STD_255)
+    chosen = Preprocessing(size, resampling, ratio, mean, std, train_size)
+    size_flag = ("--val-crop-size" if val_crop_size else "--image-size") if val_crop_size or image_size else None
+    _check_resize_fits(chosen, recorded, source, size_flag, val_resize_size is not None)
     if recorded is None:
-        return Preprocessing(size, resampling, ratio, train_crop_size=train_size)
-    chosen = Preprocessing(size, resampling, ratio, recorded.mean, recorded.std, train_size)
+        return chosen
     given = (("--image-size", image_size, recorded.image_size),
              ("--val-crop-size", val_crop_size, recorded.image_size),
              ("--train-crop-size", train_crop_size, recorded.train_size),
@@ -128,3 +134,30 @@ def choose_preprocessing(recorded: Preprocessing | None, default_size: int, sour
                 if flag == "--image-size" and recorded.train_crop_size and not train_crop_size else ""
             log(f"{flag} {ours} overrides the {theirs} recorded in {source}{extra}")
     return chosen
+
+
+def _check_resize_fits(chosen: Preprocessing, recorded: Preprocessing | None, source: str, size_flag: str | None,
+                       resize_flag: bool) -> None:
+    """Refuse a validation resize whose image cannot be held, naming what set it (a flag or the record).
+
+    A square image resized to a short side of ``resize_size`` has that many pixels squared; it may have no
+    more than a decoded image may (``data.files.MAX_IMAGE_PIXELS``): the largest crop, 8192, fits at the
+    default crop ratio, while a recorded ratio of 0.1 would resize it to 81,920 px (6.7 gigapixels).
+    """
+    from .data.files import MAX_IMAGE_PIXELS  # here: the data package imports this module
+
+    side, size = chosen.resize_size, chosen.image_size
+    if side * side <= MAX_IMAGE_PIXELS:
+        return
+    if resize_flag:
+        origin, remedy = f"--val-resize-size {side} for {size} px crops", ""
+    elif recorded is not None and size_flag is None:
+        origin = f"{source} records {size} px crops with crop ratio {chosen.crop_ratio:g}"
+        remedy = "; pass a smaller --image-size"
+    else:
+        flag = size_flag or "--image-size"
+        where = f" recorded in {source}" if recorded is not None else ""
+        origin, remedy = f"{flag} {size} with the crop ratio {chosen.crop_ratio:g}{where}", f"; pass a smaller {flag}"
+    raise UserError(f"{origin}: a {side} px short side, {side * side:,} pixels for a square image, more than the "
+                    f"{MAX_IMAGE_PIXELS:,} an input image may have (the short side can be at most "
+                    f"{math.isqrt(MAX_IMAGE_PIXELS)} px){remedy}")

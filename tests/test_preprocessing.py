@@ -10,6 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
+from helpers import refused
 from image_classification import inference
 from image_classification.cli import run
 from image_classification.export import checkpoint2model_main, model2onnx_main
@@ -113,3 +114,34 @@ def test_a_head_mismatch_names_the_class_count_and_the_flag(trained, tmp_path, c
     assert run(inference.main, ["-a", "resnet18", "--weights", str(weights), "--num-classes", "10",
                                 "--image", image]) == 2
     assert "pass --num-classes 3" in capsys.readouterr().err
+
+
+GIGAPIXEL_RECORD = {"image_size": 8192, "crop_ratio": 0.1}  # within the record rules: an 81,920 px resize
+
+
+def test_a_checkpoint_whose_resize_cannot_be_held_is_refused_in_one_line(trained, image_folder, tmp_path, capsys):
+    """A sealed checkpoint recording 8192 px crops at ratio 0.1 passed validation, then --evaluate and
+    classify.py resized each image to an 81,920 px short side (MemoryError); now they and model2onnx.py
+    refuse it before any image is read, naming the record, and --image-size still rescues the weights."""
+    from image_classification.checkpoint import save_checkpoint, save_weights
+
+    state = torch.load(trained, weights_only=True)
+    state["preprocessing"] = {**state["preprocessing"], **GIGAPIXEL_RECORD}
+    checkpoint, weights = tmp_path / "gigapixel.pth.tar", tmp_path / "gigapixel.pth"
+    save_checkpoint(state, checkpoint)
+    save_weights(state["state_dict"], {"arch": "resnet18", "num_classes": 3, "preprocessing": state["preprocessing"]},
+                 weights)
+    tail = ("a 81920 px short side, 6,710,886,400 pixels for a square image, more than the 89,478,485 an input image "
+            "may have (the short side can be at most 9459 px); pass a smaller --image-size")
+    line = refused(run(train_main, ["--evaluate", "--resume", str(checkpoint), "-a", "resnet18", "--device", "cpu",
+                                    "-b", "8", "--data-backend", "pytorch", "-j", "0", "--workspace",
+                                    str(tmp_path / "eval"), str(image_folder)]), capsys)
+    assert line == f"error: the checkpoint records 8192 px crops with crop ratio 0.1: {tail}"
+    image = str(next((image_folder / "val" / "class_01").iterdir()))
+    line = refused(run(inference.main, ["--weights", str(weights), "--image", image]), capsys)
+    assert line == f"error: '{weights}' records 8192 px crops with crop ratio 0.1: {tail}"
+    assert refused(run(model2onnx_main, ["--weights", str(weights), "--output", str(tmp_path / "w.onnx")]),
+                   capsys).endswith(tail)
+    assert not (tmp_path / "w.onnx").exists()
+    assert run(inference.main, ["--weights", str(weights), "--image", image, "--image-size", "64"]) == 0
+    assert "--image-size 64 overrides the 8192 recorded" in capsys.readouterr().err

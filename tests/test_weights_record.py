@@ -86,3 +86,20 @@ def test_sizes_a_checkpoint_could_not_record_are_refused(sizes, message):
         choose_preprocessing(None, 224, "w", print, **sizes)
     fine = choose_preprocessing(None, 224, "w", print, val_crop_size=32, val_resize_size=320)
     assert Preprocessing.from_dict(fine.to_dict()) == fine
+
+
+@pytest.mark.parametrize("recorded, flags, origin", [
+    (None, {"image_size": 8192, "val_resize_size": 9460}, "--val-resize-size 9460 for 8192 px crops"),
+    (Preprocessing(64, crop_ratio=0.1), {"val_crop_size": 1024}, "--val-crop-size 1024 with the crop ratio 0.1 "
+                                                                   "recorded in w"),
+    (Preprocessing(8192, crop_ratio=0.5), {}, "w records 8192 px crops with crop ratio 0.5"),
+])
+def test_a_validation_resize_larger_than_an_image_may_be_is_refused_naming_what_set_it(recorded, flags, origin):
+    """The resize of a square image may hold no more pixels than a decoded image may (89,478,485, a
+    9,459 px side): each size passes its own rule, their combination is refused for training, --evaluate,
+    classify.py and export alike, as they all choose here."""
+    with pytest.raises(UserError, match=f"^{origin}: a [0-9]+ px short side, .* more than the 89,478,485 an "
+                                        "input image may have"):
+        choose_preprocessing(recorded, 224, "w", print, **flags)
+    fits = choose_preprocessing(None, 224, "w", print, image_size=8192, val_resize_size=9459)
+    assert fits.resize_size == 9459 and choose_preprocessing(None, 224, "w", print, image_size=8192).resize_size == 9362
