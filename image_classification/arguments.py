@@ -13,8 +13,6 @@ import reprlib
 import sys
 from typing import Sequence
 
-import torch
-
 from .cli import UserErrorParser, positive_float, positive_int
 from .errors import UserError
 from .gpu_affinity import MODES as GPU_AFFINITY_MODES
@@ -352,7 +350,7 @@ def _bare_gather_flag(argv: list[str]) -> list[str]:
 MIN_IMAGE_SIZE = 32  # a ResNet reduces its input 32-fold
 # Every float flag ends up in float32 tensors (the optimizers' steps, the loss scale): a larger value overflows
 # there, in some optimizers as a crash, in others as weights that go non-finite, so it is a flag error.
-FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, written out: the parser imports no torch
 MIN_MIXUP = 1e-3
 
 
