@@ -20,13 +20,8 @@ from .errors import UserError
 from .inference import add_model_arguments, load_model, warn
 from .integrity import recorded_description
 from .models.weights import checked_arch, extract_state_dict, recorded_num_classes
-from .onnx_runtime import require_onnxruntime
+from .onnx_runtime import ONNX_TOLERANCE, logit_limit, require_onnxruntime
 from .signals import stop_raises
-
-# Largest FP32 logit difference between onnxruntime and PyTorch we accept, relative to the largest logit
-# when that exceeds 1: a model whose logits reach 1e5 (a briefly trained or diverging one) cannot agree
-# to 1e-3 in absolute terms in float32, and is no less correctly exported for it.
-ONNX_TOLERANCE = 1e-3
 
 
 # ------------------------------------------------------------------------------------------------
@@ -177,7 +172,7 @@ def model2onnx_main(argv: Sequence[str] | None = None) -> int:
                   f"{'dynamic' if args.dynamic_batch else args.batch_size}, opset {args.opset}", flush=True)
             export_onnx(model, example, tmp, dynamic_batch=args.dynamic_batch, opset=args.opset)
             difference, scale = onnx_max_difference(tmp, model, checks)
-            limit = ONNX_TOLERANCE * max(1.0, scale)
+            limit = logit_limit(ONNX_TOLERANCE, scale)
             print(f"onnxruntime vs PyTorch, max abs difference of the logits: {difference:.3g} "
                   f"(limit {limit:.3g}; largest logit {scale:.3g})", flush=True)
             if not difference < limit:
