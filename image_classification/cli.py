@@ -13,7 +13,8 @@ import os
 import sys
 from typing import Callable
 
-from .errors import UserError
+from .errors import EXIT_PREEMPTED, UserError
+from .signals import Stopped
 
 
 class UserErrorParser(argparse.ArgumentParser):
@@ -39,11 +40,15 @@ def positive_float(value: str) -> float:
 
 def run(entry: Callable[..., int | None], *args, **kwargs) -> int:
     """Call ``entry`` and turn a :class:`UserError` into ``error: ...`` on stderr and its exit code (2 for
-    bad input; see :mod:`image_classification.errors` for the others)."""
+    bad input; see :mod:`image_classification.errors` for the others), and a stop signal that interrupted
+    its work (:class:`image_classification.signals.Stopped`) into that line and exit 75."""
     try:
         code = entry(*args, **kwargs)
     except UserError as error:
         return report(error)
+    except Stopped as stop:  # SIGTERM / SIGUSR1 inside signals.stop_raises: its partial files are gone
+        print(stop, file=sys.stderr, flush=True)
+        return EXIT_PREEMPTED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         return 130

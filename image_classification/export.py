@@ -20,12 +20,8 @@ from .errors import UserError
 from .inference import add_model_arguments, load_model, warn
 from .integrity import recorded_description
 from .models.weights import checked_arch, extract_state_dict, recorded_num_classes
-from .onnx_runtime import require_onnxruntime
-
-# Largest FP32 logit difference between onnxruntime and PyTorch we accept, relative to the largest logit
-# when that exceeds 1: a model whose logits reach 1e5 (a briefly trained or diverging one) cannot agree
-# to 1e-3 in absolute terms in float32, and is no less correctly exported for it.
-ONNX_TOLERANCE = 1e-3
+from .onnx_runtime import ONNX_TOLERANCE, logit_limit, require_onnxruntime
+from .signals import stop_raises
 
 
 # ------------------------------------------------------------------------------------------------
@@ -170,20 +166,21 @@ def model2onnx_main(argv: Sequence[str] | None = None) -> int:
         checks.append(torch.randn(args.batch_size + 1, 3, size, size, generator=generator))
 
     tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")  # renamed into place once it passed the check
-    try:
-        print(f"Exporting {loaded.arch} ({loaded.num_classes} classes) at {size}x{size}, batch "
-              f"{'dynamic' if args.dynamic_batch else args.batch_size}, opset {args.opset}", flush=True)
-        export_onnx(model, example, tmp, dynamic_batch=args.dynamic_batch, opset=args.opset)
-        difference, scale = onnx_max_difference(tmp, model, checks)
-        limit = ONNX_TOLERANCE * max(1.0, scale)
-        print(f"onnxruntime vs PyTorch, max abs difference of the logits: {difference:.3g} "
-              f"(limit {limit:.3g}; largest logit {scale:.3g})", flush=True)
-        if not difference < limit:
-            warn(f"error: the ONNX model's outputs differ from PyTorch's by {difference:.3g} (limit {limit:.3g}, "
-                 f"1e-3 of the largest logit {scale:.3g} or 1e-3 below 1); {output} was not written")
-            return 1
-        os.replace(tmp, output)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with stop_raises("exporting the model to ONNX", f"{output} was not written"):  # exit 75, tmp removed
+        try:
+            print(f"Exporting {loaded.arch} ({loaded.num_classes} classes) at {size}x{size}, batch "
+                  f"{'dynamic' if args.dynamic_batch else args.batch_size}, opset {args.opset}", flush=True)
+            export_onnx(model, example, tmp, dynamic_batch=args.dynamic_batch, opset=args.opset)
+            difference, scale = onnx_max_difference(tmp, model, checks)
+            limit = logit_limit(ONNX_TOLERANCE, scale)
+            print(f"onnxruntime vs PyTorch, max abs difference of the logits: {difference:.3g} "
+                  f"(limit {limit:.3g}; largest logit {scale:.3g})", flush=True)
+            if not difference < limit:
+                warn(f"error: the ONNX model's outputs differ from PyTorch's by {difference:.3g} (limit "
+                     f"{limit:.3g}, 1e-3 of the largest logit {scale:.3g} or 1e-3 below 1); {output} was not written")
+                return 1
+            os.replace(tmp, output)
+        finally:
+            tmp.unlink(missing_ok=True)
     print(f"Saved {output}")
     return 0

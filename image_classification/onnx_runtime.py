@@ -2,30 +2,79 @@
 and run by ONNX Runtime on the CPU.
 
 The cache key covers everything the exported graph depends on: every tensor of the state dict (names,
-dtypes, shapes and bytes), the model's class and the crop size, the exporter's opset and the versions of
-torch and onnx. A changed weights file therefore exports again; an unchanged one is read back. A file is
-written under a temporary name and renamed into place, so two processes exporting the same weights at
-once both end with a complete file, and an interrupted export leaves no half file behind; a cached file
-damaged later (a disk error, another program) fails to load and is exported again. The cache holds
-ONNX graphs, which ONNX Runtime interprets as data: nothing in them is executed as Python.
+dtypes, shapes and bytes) and :func:`export_description` (the model's class, the crop size, the kind of
+model, the exporter's opset, the versions of torch and onnx). A changed weights file therefore exports
+again; an unchanged one is read back.
+
+A cached model proves it is the export of these weights before it is used. Beside ``<key>.onnx`` lies
+``<key>.json``, its record: the description, the SHA-256 and size of the file, and the logits ONNX Runtime
+gave for a fixed probe image when it was written. A run reads the file's bytes once and runs those bytes
+only when their hash is the recorded one and their logits for the probe agree with PyTorch's and with the
+recorded ones, within the tolerance of the model's kind (:class:`ModelKind`). Anything else (another model
+copied over it, a link, a flipped bit, a record of another export, no record) is said in one line and
+exported again. The bytes checked are the bytes run, so a file another process replaces meanwhile cannot
+slip in, and a link is never followed into somebody else's file: it is replaced.
+
+Files are written under temporary names that name their writer (pid, process start, machine) and renamed
+into place, the model before its record, so that two processes exporting at once both end with a complete
+pair, and a model caught between the two renames fails its check and is exported again. A SIGTERM or
+SIGUSR1 during an export stops the script (exit 75) with its temporaries removed; those of a writer killed
+outright are removed by the next run that finds their writer dead. A cache that cannot be written
+(read-only) and holds a file that fails its check: this run exports to a temporary folder instead. The
+cache holds ONNX graphs, which ONNX Runtime interprets as data: nothing in them is executed as Python.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
+import json
 import os
+import re
+import secrets
+import stat
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 from torch import nn
 
 from . import machine
 from .errors import UserError
+from .signals import stop_raises
+from .workspace import stamp_is_dead, writer_stamp
 
 OPSET = 17
 CACHE_ENV = "IMAGE_CLASSIFICATION_CACHE"
+RECORD_FORMAT = 1
+
+# Largest FP32 logit difference between onnxruntime and PyTorch we accept, relative to the largest logit
+# when that exceeds 1: a model whose logits reach 1e5 (a briefly trained or diverging one) cannot agree
+# to 1e-3 in absolute terms in float32, and is no less correctly exported for it.
+ONNX_TOLERANCE = 1e-3
+
+_TEMPORARY = re.compile(r"^\.[0-9a-f]{32}\.(?P<stamp>\d+-(?:\d+|x)-[0-9a-f]{12})\.[0-9a-f]{8}\.(?:onnx|json)\.tmp$")
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """What a cached model is, and how closely its logits on the probe image must follow PyTorch's FP32 ones
+    (``tolerance``, relative to the largest logit where that exceeds 1): an export agrees to rounding; a
+    quantised model only roughly, so its kind names a looser tolerance."""
+
+    name: str
+    tolerance: float
+
+
+FP32 = ModelKind("fp32", ONNX_TOLERANCE)
+
+
+class _Mismatch(Exception):
+    """Why a cached model is not the export of these weights, in the words the notice puts in parentheses."""
 
 
 def require_onnxruntime(what: str) -> None:
@@ -47,13 +96,22 @@ def cache_dir() -> Path:
     return Path(base) / "image_classification" / "onnx"
 
 
-def weights_key(model: nn.Module, image_size: int) -> str:
-    """A hex digest of what the exported graph depends on (see the module docstring)."""
+def logit_limit(tolerance: float, scale: float) -> float:
+    """The largest logit difference accepted: ``tolerance``, times the largest logit ``scale`` above 1."""
+    return tolerance * max(1.0, scale)
+
+
+def export_description(model: nn.Module, image_size: int, kind: ModelKind = FP32) -> dict:
+    """What an exported graph depends on besides the weights; the cache key and the record hold it."""
     import onnx
 
-    digest = hashlib.sha256()
-    digest.update(f"{type(model).__module__}.{type(model).__qualname__}|{image_size}|opset {OPSET}|"
-                  f"torch {torch.__version__}|onnx {onnx.__version__}".encode())
+    return {"model": f"{type(model).__module__}.{type(model).__qualname__}", "image_size": image_size,
+            "kind": kind.name, "opset": OPSET, "torch": torch.__version__, "onnx": onnx.__version__}
+
+
+def weights_key(model: nn.Module, image_size: int, kind: ModelKind = FP32) -> str:
+    """A hex digest of what the exported graph depends on (see the module docstring)."""
+    digest = hashlib.sha256(json.dumps(export_description(model, image_size, kind), sort_keys=True).encode())
     for name, tensor in model.state_dict().items():
         tensor = tensor.detach().cpu().contiguous().reshape(-1)
         digest.update(f"|{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
@@ -61,44 +119,198 @@ def weights_key(model: nn.Module, image_size: int) -> str:
     return digest.hexdigest()[:32]
 
 
-def cached_export(model: nn.Module, image_size: int, log: Callable[[str], None]) -> Path:
-    """The ONNX file of ``model`` (FP32, NCHW, any batch size) from the cache, exported first if missing."""
-    from .export import export_onnx
-
-    folder = cache_dir()
-    path = folder / f"{weights_key(model, image_size)}.onnx"
-    if path.is_file():
-        return path
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".onnx.tmp", dir=folder)
-        os.close(handle)
-    except OSError as error:
-        raise UserError(f"cannot write the ONNX cache in {folder} ({error.strerror or error}); set "
-                        f"{CACHE_ENV} to a writable folder") from None
-    log(f"note: exporting the model to ONNX once, cached as {path}")
-    try:
-        example = torch.zeros(1, 3, image_size, image_size)
-        export_onnx(model.float().eval(), example, temporary, dynamic_batch=True, opset=OPSET)
-        os.replace(temporary, path)
-    except OSError as error:
-        raise UserError(f"cannot write the ONNX cache in {folder} ({error.strerror or error}); set "
-                        f"{CACHE_ENV} to a writable folder") from None
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-    return path
+def probe_image(image_size: int) -> torch.Tensor:
+    """The fixed input a cached model is checked on: standard normal pixels, as normalised images have."""
+    return torch.randn(1, 3, image_size, image_size, generator=torch.Generator().manual_seed(0))
 
 
-def session(path: str | os.PathLike, threads: int | None = None):
-    """An ONNX Runtime CPU session with every graph optimisation, on ``threads`` (default: this machine's
-    cores) intra-op threads."""
+def session(model: str | os.PathLike | bytes, threads: int | None = None):
+    """An ONNX Runtime CPU session of a file or of its bytes, with every graph optimisation, on ``threads``
+    (default: this machine's cores) intra-op threads."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = threads or machine.cores()
-    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    source = model if isinstance(model, bytes) else str(model)
+    return onnxruntime.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def _run(runner, probe: torch.Tensor) -> np.ndarray:
+    return runner.run(["output"], {"input": probe.numpy()})[0]
+
+
+def _disagreement(got: np.ndarray, expected: np.ndarray, whose: str, tolerance: float) -> str | None:
+    """How logits ``got`` for the probe image differ from ``expected`` (``whose``) beyond ``tolerance``;
+    None where they agree."""
+    if got.shape != expected.shape:
+        return f"its logits on the probe image have the shape {tuple(got.shape)}, {whose} {tuple(expected.shape)}"
+    difference = float(np.abs(got.astype(np.float64) - expected).max())
+    limit = logit_limit(tolerance, float(np.abs(expected).max()))
+    if difference <= limit:
+        return None
+    return f"its logits on the probe image differ from {whose} by {difference:.3g} (limit {limit:.3g})"
+
+
+# ------------------------------------------------------------------------------------------------
+# The cache
+# ------------------------------------------------------------------------------------------------
+def _read_file(path: Path, what: str) -> bytes:
+    """The bytes of ``path`` where it is a plain file itself: a link is not followed (it may lead into
+    somebody else's file) and a pipe is not waited on."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        descriptor = os.open(path, flags)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise _Mismatch(f"{what} is a link") from None
+        if error.errno == errno.ENOENT:
+            raise _Mismatch(f"{what} is missing") from None
+        raise _Mismatch(f"{what} cannot be read: {error.strerror or error}") from None
+    with os.fdopen(descriptor, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise _Mismatch(f"{what} is not a file")
+        return handle.read()
+
+
+def _record_of(content: bytes, key: str, description: dict, logits: np.ndarray) -> dict:
+    return {"format": RECORD_FORMAT, "key": key, "exported": description,
+            "sha256": hashlib.sha256(content).hexdigest(), "bytes": len(content),
+            "probe_logits": logits.astype(np.float64).tolist()}
+
+
+def _proven_session(path: Path, record_path: Path, key: str, description: dict, kind: ModelKind,
+                    probe: torch.Tensor, expected: np.ndarray):
+    """A session of the cached file when it proves to be this export (module docstring), else _Mismatch."""
+    try:
+        record = json.loads(_read_file(record_path, "its record"))
+        recorded = np.asarray(record["probe_logits"], dtype=np.float64)
+        identity = (record["format"], record["key"], record["exported"], record["sha256"], record["bytes"])
+    except (ValueError, TypeError, KeyError):
+        raise _Mismatch("its record is damaged") from None
+    if identity[:3] != (RECORD_FORMAT, key, description):
+        raise _Mismatch("its record is of another export")
+    content = _read_file(path, "it")
+    if (hashlib.sha256(content).hexdigest(), len(content)) != identity[3:]:
+        raise _Mismatch("its content is not what was written: the SHA-256 differs from its record's")
+    try:
+        runner = session(content)
+        got = _run(runner, probe)
+    except Exception as error:  # noqa: BLE001 (onnxruntime's own error types)
+        raise _Mismatch(f"it does not run: {str(error)[:80]}") from None
+    for reference, whose in ((expected, "PyTorch's"), (recorded, "those recorded at its export")):
+        wrong = _disagreement(got, reference, whose, kind.tolerance)
+        if wrong:
+            raise _Mismatch(wrong)
+    return runner
+
+
+def _create(folder: Path, key: str, suffix: str) -> Path:
+    """A new empty temporary file beside the cached ones, named after this process (module docstring)."""
+    path = folder / f".{key}.{writer_stamp()}.{secrets.token_hex(4)}{suffix}"
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    return path
+
+
+def remove_stale_temporaries(folder: Path) -> list[Path]:
+    """Delete the temporaries of exports whose writer is proven dead (a SIGKILL, a crash); those of live
+    writers, and of other machines sharing the folder, stay.  Nothing is said where it cannot be done."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in folder.iterdir():
+            match = _TEMPORARY.match(entry.name)
+            if match and stamp_is_dead(match["stamp"]):
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+                    removed.append(entry)
+    return removed
+
+
+def _exported(model: nn.Module, probe: torch.Tensor, target: Path, kind: ModelKind, expected: np.ndarray):
+    """Export ``model`` to ``target``: its bytes, a session of them, and its logits for the probe, checked
+    against PyTorch's."""
+    from .export import export_onnx
+
+    export_onnx(model, torch.zeros_like(probe), target, dynamic_batch=True, opset=OPSET)
+    content = target.read_bytes()
+    runner = session(content)
+    got = _run(runner, probe)
+    wrong = _disagreement(got, expected, "PyTorch's", kind.tolerance)
+    if wrong:
+        raise UserError(f"the ONNX export of this model does not compute what PyTorch does ({wrong}); nothing "
+                        "was cached; use --runtime torch")
+    return content, runner, got
+
+
+def _cache_error(folder: Path, error: OSError) -> UserError:
+    return UserError(f"cannot write the ONNX cache in {folder} ({error.strerror or error}); set {CACHE_ENV} to "
+                     "a writable folder")
+
+
+def cached_session(model: nn.Module, image_size: int, log: Callable[[str], None], kind: ModelKind = FP32):
+    """An ONNX Runtime session of ``model`` (FP32, NCHW, any batch size) from the cache, where the cached
+    file proves to be its export; else exported first (and cached where the cache can be written)."""
+    model = model.float().eval()
+    folder = cache_dir()
+    key = weights_key(model, image_size, kind)
+    description = export_description(model, image_size, kind)
+    path, record_path = folder / f"{key}.onnx", folder / f"{key}.json"
+    probe = probe_image(image_size)
+    with torch.no_grad():
+        expected = model(probe).double().numpy()
+    if not np.isfinite(expected).all():
+        raise UserError("the model's outputs are NaN or inf on a probe image; its predictions would mean nothing")
+    remove_stale_temporaries(folder)
+
+    reason = None
+    if os.path.lexists(path):
+        try:
+            return _proven_session(path, record_path, key, description, kind, probe, expected)
+        except _Mismatch as mismatch:
+            reason = str(mismatch)
+    notice = (f"cached ONNX model {path} does not match these weights ({reason}); exporting again" if reason
+              else f"exporting the model to ONNX once, cached as {path}")
+    with stop_raises("exporting the model to ONNX", "nothing was cached"):  # exit 75, temporaries removed
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            temporary = _create(folder, key, ".onnx.tmp")
+        except OSError as error:
+            if reason is None:
+                raise _cache_error(folder, error) from None
+            log(f"note: {notice}, to a temporary folder for this run: the cache cannot be written "
+                f"({error.strerror or error})")
+            return _export_for_this_run(model, probe, kind, expected)
+        log(f"note: {notice}")
+        record_temporary = None
+        try:
+            try:
+                content, runner, got = _exported(model, probe, temporary, kind, expected)
+            except OSError as error:  # a full disk
+                raise _cache_error(folder, error) from None
+            try:
+                record_temporary = _create(folder, key, ".json.tmp")
+                record_temporary.write_text(json.dumps(_record_of(content, key, description, got)), encoding="utf-8")
+                os.replace(temporary, path)  # the model first: a model without its record is exported again
+                os.replace(record_temporary, record_path)
+            except OSError as error:
+                log(f"note: the export could not be stored in the cache ({error.strerror or error}); it serves "
+                    "this run only")
+        finally:
+            for leftover in (temporary, record_temporary):
+                if leftover is not None:
+                    with contextlib.suppress(OSError):
+                        leftover.unlink()
+    return runner
+
+
+def _export_for_this_run(model: nn.Module, probe: torch.Tensor, kind: ModelKind, expected: np.ndarray):
+    """A session of ``model`` exported to a temporary folder, removed again: for a cache that cannot be written."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="image_classification-onnx-") as scratch:
+            return _exported(model, probe, Path(scratch) / "model.onnx", kind, expected)[1]
+    except OSError as error:
+        raise UserError(f"cannot export the ONNX model to a temporary folder ({error.strerror or error}); set "
+                        "TMPDIR to a writable folder") from None
 
 
 class OnnxModel:
@@ -106,13 +318,7 @@ class OnnxModel:
 
     def __init__(self, model: nn.Module, image_size: int, log: Callable[[str], None]):
         require_onnxruntime("--runtime onnxruntime")
-        path = cached_export(model, image_size, log)
-        try:
-            self._session = session(path)
-        except Exception as error:  # onnxruntime's own error types: a cached file damaged since it was written
-            log(f"note: the cached {path} does not load ({str(error)[:80]}); exporting it again")
-            path.unlink(missing_ok=True)
-            self._session = session(cached_export(model, image_size, log))
+        self._session = cached_session(model, image_size, log)
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         batch = images.detach().cpu().float().contiguous().numpy()

@@ -3,12 +3,20 @@
 Standard library only, so that the entry scripts can catch them before torch is imported: a signal during
 the imports, the dataset scan or the checkpoint load then stops the run cleanly (exit 75) before its first
 step, instead of killing it with no word.  Once the loop runs, it saves where it is and stops.
+
+Work with nothing worth saving (an ONNX export) stops at once instead, inside :func:`stop_raises`: the
+signal raises :class:`Stopped`, whose ``finally`` blocks remove the partial file on the way out, and
+:func:`image_classification.cli.run` ends the script with its one line and exit 75.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
+from typing import Iterator
+
+from .errors import EXIT_PREEMPTED
 
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1")
 
@@ -62,3 +70,38 @@ def ignore_in_worker() -> None:
         number = getattr(signal, name, None)
         if number is not None:
             signal.signal(number, signal.SIG_IGN)
+
+
+class Stopped(BaseException):
+    """A stop signal received inside :func:`stop_raises`; its text is the line the script ends with.
+
+    A BaseException, as KeyboardInterrupt is: code that catches Exception (the ONNX exporter's) lets it by.
+    """
+
+
+@contextlib.contextmanager
+def stop_raises(doing: str, outcome: str) -> Iterator[None]:
+    """Within the block, SIGTERM and SIGUSR1 raise :class:`Stopped` ("Stopped by SIGTERM while ``doing``;
+    ``outcome`` (exit code 75)"); a second signal while that unwinds is ignored, so that the clean-up runs.
+    Outside the main thread, where handlers cannot be set, the signals keep their handlers."""
+    raised: list[str] = []
+
+    def handle(signum, frame) -> None:
+        if raised:
+            return
+        raised.append(signal.Signals(signum).name)
+        raise Stopped(f"Stopped by {raised[0]} while {doing}; {outcome} (exit code {EXIT_PREEMPTED})")
+
+    previous = {}
+    try:
+        for name in STOP_SIGNALS:
+            number = getattr(signal, name, None)
+            if number is not None:
+                previous[number] = signal.signal(number, handle)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)

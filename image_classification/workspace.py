@@ -8,6 +8,8 @@
   included: fork()ed children (DataLoader workers) close their copy of it at once, and a lock that
   outlives its recorded holder all the same (kept by a child that inherited it otherwise) is taken over;
 * temporary files left by a killed save are removed once the lock is held;
+* :func:`writer_stamp` names a process in a temporary file's name, so that files written without a lock
+  (the ONNX cache's) can be told apart: left by a writer that died, or still being written;
 * :meth:`Workspace.resume_candidates` lists the checkpoints ``--resume auto`` may continue from.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import errno
+import hashlib
 import json
 import os
 import re
@@ -103,6 +106,30 @@ def holder_is_dead(record: dict) -> bool:
             return False
         return False
     return start is None or start != record.get("start")
+
+
+def _machine(record: dict) -> str:
+    """A short tag of a record's host and pid namespace: where its pid means that process."""
+    return hashlib.sha256(f"{record.get('host')}|{record.get('pidns')}".encode()).hexdigest()[:12]
+
+
+def writer_stamp() -> str:
+    """This process as ``pid-start-machine``, for the name of a temporary file it writes: another process
+    can then tell (:func:`stamp_is_dead`) a file left by a writer that died from one still being written."""
+    record = _holder_record()
+    start = "x" if record["start"] is None else record["start"]
+    return f"{record['pid']}-{start}-{_machine(record)}"
+
+
+def stamp_is_dead(stamp: str) -> bool:
+    """Whether the writer a :func:`writer_stamp` names is proven gone (as :func:`holder_is_dead` tells);
+    False for a stamp of another machine or container, or one that is not a stamp."""
+    match = re.fullmatch(r"(\d+)-(\d+|x)-([0-9a-f]{12})", stamp)
+    here = {"host": socket.gethostname(), "pidns": _pid_namespace()}
+    if match is None or match[3] != _machine(here):
+        return False
+    start = None if match[2] == "x" else int(match[2])
+    return holder_is_dead({**here, "pid": int(match[1]), "start": start})
 
 
 def _try_flock(handle: TextIO) -> bool | None:

@@ -157,6 +157,39 @@ def exit_code(error: SystemExit) -> int:
     return 1
 
 
+@contextlib.contextmanager
+def sigterm_noted():
+    """A SIGTERM sent to this process that nothing else catches is noted in the list yielded instead of
+    ending the tests (a test of a script's own handler fails, not the test session, where it has none)."""
+    unhandled: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: unhandled.append(signum))
+    try:
+        yield unhandled
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def sigterm_during_the_export(monkeypatch) -> None:
+    """``export.export_onnx`` writes part of its file, then gets a SIGTERM while it traces the model (sent by
+    this process to itself: signal handlers run in the main thread, so the test runs here)."""
+    import torch
+
+    from image_classification import export
+
+    exporter = export.export_onnx
+
+    def export_onnx(model, example, path, **kwargs):
+        Path(path).write_bytes(b"partial")
+        hook = model.register_forward_pre_hook(
+            lambda *_: torch.jit.is_tracing() and os.kill(os.getpid(), signal.SIGTERM))
+        try:
+            exporter(model, example, path, **kwargs)
+        finally:
+            hook.remove()
+
+    monkeypatch.setattr(export, "export_onnx", export_onnx)
+
+
 _STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1", "SIGINT")
                       if hasattr(signal, name))
 

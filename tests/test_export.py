@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import REPO, one_error_line, run_script
+from helpers import REPO, one_error_line, run_script, sigterm_during_the_export, sigterm_noted
 from image_classification import export
 from image_classification.cli import run
 from image_classification.models import build_model, load_weights
@@ -124,6 +124,19 @@ def test_onnx_mismatch_fails_and_writes_nothing(tmp_path, monkeypatch, capsys):
     assert code == 1
     assert "differ" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_sigterm_during_model2onnx_stops_with_exit_75_and_writes_nothing(tmp_path, tiny_arch, monkeypatch, capsys):
+    sigterm_during_the_export(monkeypatch)
+    output = tmp_path / "out" / "tiny.onnx"
+    with sigterm_noted() as unhandled:
+        code = run(export.model2onnx_main, ["-a", tiny_arch, "--num-classes", "4", "--output", str(output), "-b", "1",
+                                            "--image-size", "32"])
+    err = capsys.readouterr().err
+    assert code == 75 and unhandled == [] and "Traceback" not in err
+    assert err.endswith(f"\nStopped by SIGTERM while exporting the model to ONNX; {output} was not written "
+                        "(exit code 75)\n")
+    assert list(output.parent.iterdir()) == []  # neither the file nor its temporary
 
 
 def test_default_onnx_path():

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from PIL import Image
 
-from image_classification import onnx_runtime
+from helpers import refused, sigterm_during_the_export, sigterm_noted, tiny_registered
+from image_classification import export, onnx_runtime
 from image_classification.cli import run
 from image_classification.inference import main as classify_main
 from image_classification.models import build_model
+from image_classification.workspace import writer_stamp
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -49,23 +56,27 @@ def predictions(capsys, argv: list[str]) -> list[dict]:
     return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
 
 
-def test_onnxruntime_predicts_what_torch_fp32_does_and_exports_once(weights, images, cache, capsys, monkeypatch):
-    common = ["--arch", "resnet18", "--weights", str(weights), "--image", *images, "--image-size", "64",
-              "--topk", "4", "--cpu"]
-    plain = predictions(capsys, common + ["--precision", "FP32", "--memory-format", "nchw"])
-    onnx = predictions(capsys, common + ["--runtime", "onnxruntime"])
+def assert_same_predictions(onnx: list[dict], plain: list[dict]) -> None:
+    """ONNX Runtime's predictions are PyTorch FP32's: the same classes, probabilities within 1e-4."""
     assert [p["path"] for p in onnx] == [p["path"] for p in plain]
     for ours, theirs in zip(onnx, plain):
         assert ours["predictions"][0]["index"] == theirs["predictions"][0]["index"]
         for a, b in zip(sorted(ours["predictions"], key=lambda p: p["index"]),
                         sorted(theirs["predictions"], key=lambda p: p["index"])):
             assert a["probability"] == pytest.approx(b["probability"], abs=1e-4)
+
+
+def no_export(*args, **kwargs):
+    raise AssertionError("exported again")
+
+
+def test_onnxruntime_predicts_what_torch_fp32_does_and_exports_once(weights, images, cache, capsys, monkeypatch):
+    common = ["--arch", "resnet18", "--weights", str(weights), "--image", *images, "--image-size", "64",
+              "--topk", "4", "--cpu"]
+    plain = predictions(capsys, common + ["--precision", "FP32", "--memory-format", "nchw"])
+    onnx = predictions(capsys, common + ["--runtime", "onnxruntime"])
+    assert_same_predictions(onnx, plain)
     assert len(list(cache.glob("*.onnx"))) == 1 and not list(cache.glob(".*"))  # no temporary left
-
-    from image_classification import export
-
-    def no_export(*args, **kwargs):
-        raise AssertionError("exported again")
 
     exporter = export.export_onnx
     monkeypatch.setattr(export, "export_onnx", no_export)
@@ -112,6 +123,222 @@ def test_a_damaged_cache_file_is_exported_again(weights, images, cache, capsys):
     cached.write_bytes(cached.read_bytes()[:1000])  # truncated after it was written
     assert run(classify_main, common + ["--json"]) == 0
     out, err = capsys.readouterr()
-    assert "does not load" in err and "exporting it again" in err
+    assert "does not match these weights" in err and "exporting again" in err
     assert [json.loads(line) for line in out.splitlines()] == first
     assert cached.stat().st_size > 1000
+
+
+# -- a cached model proves it is the export of these weights ------------------------------------------------
+TINY_SIZE = 32
+
+
+@dataclasses.dataclass
+class TinyCache:
+    weights: Path  # a tiny model's weights
+    folder: Path  # a cache holding their export, <key>.onnx and its record <key>.json, and another model's
+    key: str
+    other_key: str  # the other model's: the same architecture, other weights
+
+    def file(self, key: str, suffix: str = ".onnx") -> Path:
+        return self.folder / f"{key}{suffix}"
+
+
+@pytest.fixture(scope="module")
+def tiny_cache(tmp_path_factory) -> TinyCache:
+    """Exported once for the module; each test gets a copy (the ``tiny`` fixture)."""
+    root = tmp_path_factory.mktemp("tiny-cache")
+    keys = []
+    with tiny_registered(), pytest.MonkeyPatch.context() as patch:
+        patch.setenv(onnx_runtime.CACHE_ENV, str(root / "cache"))
+        for seed, name in ((0, "tiny.pth"), (1, "other.pth")):
+            torch.manual_seed(seed)
+            model = build_model("tiny", num_classes=4).eval()
+            torch.save(model.state_dict(), root / name)
+            onnx_runtime.OnnxModel(model, TINY_SIZE, log=lambda line: None)
+            keys.append(onnx_runtime.weights_key(model, TINY_SIZE))
+    return TinyCache(root / "tiny.pth", root / "cache" / "onnx", *keys)
+
+
+@pytest.fixture
+def tiny(tiny_cache, tiny_arch, tmp_path, monkeypatch) -> TinyCache:
+    """A copy of the module's cache, the one classify.py uses in this test."""
+    folder = tmp_path / "cache" / "onnx"
+    shutil.copytree(tiny_cache.folder, folder)
+    monkeypatch.setenv(onnx_runtime.CACHE_ENV, str(folder.parent))
+    return dataclasses.replace(tiny_cache, folder=folder)
+
+
+def tiny_argv(tiny: TinyCache, images: list[str]) -> list[str]:
+    return ["--arch", "tiny", "--weights", str(tiny.weights), "--image", *images, "--image-size", str(TINY_SIZE),
+            "--topk", "4", "--cpu"]
+
+
+def torch_predictions(capsys, argv: list[str]) -> list[dict]:
+    return predictions(capsys, argv + ["--precision", "FP32", "--memory-format", "nchw"])
+
+
+def flip_exponent_bit(path: Path) -> None:
+    """Flip the highest exponent bit of one weight inside the file: still a valid graph, other numbers."""
+    import onnx
+
+    data = bytearray(path.read_bytes())
+    weight = max(onnx.load(str(path)).graph.initializer, key=lambda tensor: len(tensor.raw_data)).raw_data
+    offset = data.find(weight)
+    assert offset > 0 and data.count(weight) == 1
+    data[offset + 3] ^= 0x40  # a little-endian float32's last byte holds bit 30, the exponent's highest
+    path.write_bytes(bytes(data))
+
+
+def other_model_copied(tiny: TinyCache) -> None:
+    shutil.copyfile(tiny.file(tiny.other_key), tiny.file(tiny.key))
+
+
+def other_export_copied_with_its_record(tiny: TinyCache) -> None:
+    for suffix in (".onnx", ".json"):
+        shutil.copyfile(tiny.file(tiny.other_key, suffix), tiny.file(tiny.key, suffix))
+
+
+def other_export_with_a_record_forged_for_ours(tiny: TinyCache) -> None:
+    """Only the probe image tells this one: its record names our key and description, and its hash is right."""
+    other_export_copied_with_its_record(tiny)
+    ours = json.loads(tiny.file(tiny.key, ".json").read_text())
+    record = json.loads(tiny.file(tiny.other_key, ".json").read_text())
+    record.update(key=ours["key"], exported=ours["exported"], probe_logits=ours["probe_logits"])
+    tiny.file(tiny.key, ".json").write_text(json.dumps(record))
+
+
+def link_to_another_model(tiny: TinyCache) -> None:
+    elsewhere = tiny.folder.parent.parent / "elsewhere.onnx"
+    shutil.copyfile(tiny.file(tiny.other_key), elsewhere)
+    tiny.file(tiny.key).unlink()
+    tiny.file(tiny.key).symlink_to(elsewhere)
+
+
+def bit_flipped(tiny: TinyCache) -> None:
+    flip_exponent_bit(tiny.file(tiny.key))
+
+
+def record_lost(tiny: TinyCache) -> None:
+    tiny.file(tiny.key, ".json").unlink()
+
+
+@pytest.mark.parametrize("damage", [other_model_copied, link_to_another_model, bit_flipped,
+                                    other_export_copied_with_its_record, other_export_with_a_record_forged_for_ours,
+                                    record_lost], ids=lambda damage: damage.__name__)
+def test_a_cached_model_that_is_not_the_export_of_these_weights_is_said_once_and_exported_again(
+        tiny, images, capsys, monkeypatch, damage):
+    argv = tiny_argv(tiny, images)
+    plain = torch_predictions(capsys, argv)
+    damage(tiny)
+    elsewhere = tiny.folder.parent.parent / "elsewhere.onnx"
+    linked = elsewhere.read_bytes() if elsewhere.exists() else None
+    assert run(classify_main, argv + ["--runtime", "onnxruntime", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err.startswith(f"note: cached ONNX model {tiny.file(tiny.key)} does not match these weights (")
+    assert err.endswith("); exporting again\n") and err.count("\n") == 1, err
+    assert_same_predictions([json.loads(line) for line in out.splitlines()], plain)
+    assert not tiny.file(tiny.key).is_symlink() and not list(tiny.folder.glob(".*"))
+    if linked is not None:
+        assert elsewhere.read_bytes() == linked  # the link was replaced, not written through
+
+    monkeypatch.setattr(export, "export_onnx", no_export)
+    assert predictions(capsys, argv + ["--runtime", "onnxruntime"]) != []  # now proven: used as it is
+    assert capsys.readouterr().err == ""
+
+
+@pytest.fixture
+def read_only_folder(tmp_path, monkeypatch):
+    """A folder, and a function that makes it read-only: a tmpfs remounted read-only where the tests may
+    mount (root writes into a 0555 folder), else creating, replacing and removing files in it fail with
+    EROFS as they would there."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    mounted = succeeds("mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(folder))
+
+    def seal() -> None:
+        if mounted and succeeds("mount", "-o", "remount,ro", str(folder)):
+            return
+
+        def refuse(real, writes=lambda *args: True):
+            def call(path, *args, **kwargs):
+                if Path(path).absolute().is_relative_to(folder) and writes(*args):
+                    raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+                return real(path, *args, **kwargs)
+            return call
+
+        monkeypatch.setattr(os, "open", refuse(os.open, lambda flags, *_: flags & (os.O_CREAT | os.O_WRONLY)))
+        monkeypatch.setattr(os, "replace", refuse(os.replace))
+        monkeypatch.setattr(os, "unlink", refuse(os.unlink))
+
+    yield folder, seal
+    if mounted:
+        succeeds("umount", "-l", str(folder))
+
+
+def succeeds(*command: str) -> bool:
+    try:
+        return subprocess.run(command, capture_output=True).returncode == 0
+    except OSError:  # no such program
+        return False
+
+
+def test_a_read_only_cache_holding_a_damaged_model_runs_from_a_temporary_export(
+        tiny, images, capsys, monkeypatch, read_only_folder):
+    argv = tiny_argv(tiny, images)
+    plain = torch_predictions(capsys, argv)
+    folder, seal = read_only_folder
+    shutil.copytree(tiny.folder, folder / "onnx")
+    cached = folder / "onnx" / f"{tiny.key}.onnx"
+    cached.write_bytes(cached.read_bytes()[:1000])  # truncated
+    monkeypatch.setenv(onnx_runtime.CACHE_ENV, str(folder))
+    seal()
+    assert run(classify_main, argv + ["--runtime", "onnxruntime", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err.startswith(f"note: cached ONNX model {cached} does not match these weights (") and err.count("\n") == 1
+    assert "to a temporary folder for this run: the cache cannot be written (Read-only file system)" in err, err
+    assert_same_predictions([json.loads(line) for line in out.splitlines()], plain)
+    assert cached.stat().st_size == 1000  # nothing was removed or replaced
+
+
+def test_temporaries_of_dead_writers_are_removed_and_those_of_live_writers_kept(tiny, images, capsys):
+    pid, start, machine = writer_stamp().split("-")
+    stamps = {f"{pid}-{int(start) + 1}-{machine}": False,  # this pid, reused by a writer that died
+              writer_stamp(): True,  # a live writer: this process
+              f"{pid}-{int(start) + 1}-{'0' * 12}": True}  # another machine's: cannot tell
+    files = {tiny.folder / f".{tiny.key}.{stamp}.{index:08x}{suffix}": kept
+             for index, (stamp, kept) in enumerate(stamps.items()) for suffix in (".onnx.tmp", ".json.tmp")}
+    for path in files:
+        path.write_bytes(b"partial")
+    predictions(capsys, tiny_argv(tiny, images) + ["--runtime", "onnxruntime"])
+    assert {path: path.exists() for path in files} == files
+
+
+def test_sigterm_during_the_export_stops_with_exit_75_and_leaves_no_temporary(
+        tiny, images, capsys, monkeypatch):
+    shutil.rmtree(tiny.folder)
+    sigterm_during_the_export(monkeypatch)
+    with sigterm_noted() as unhandled:
+        assert run(classify_main, tiny_argv(tiny, images) + ["--runtime", "onnxruntime"]) == 75
+    out, err = capsys.readouterr()
+    assert err.endswith("\nStopped by SIGTERM while exporting the model to ONNX; nothing was cached (exit code 75)\n")
+    assert out == "" and "Traceback" not in err and list(tiny.folder.iterdir()) == [] and unhandled == []
+
+
+def test_an_export_that_disagrees_with_pytorch_is_refused_and_not_cached(tiny, images, capsys, monkeypatch):
+    other = tiny.file(tiny.other_key).read_bytes()
+    shutil.rmtree(tiny.folder)
+    monkeypatch.setattr(export, "export_onnx", lambda model, example, path, **_: Path(path).write_bytes(other))
+    assert run(classify_main, tiny_argv(tiny, images) + ["--runtime", "onnxruntime"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith("error: the ONNX export of this model does not compute what PyTorch does (its logits")
+    assert list(tiny.folder.iterdir()) == []
+
+
+def test_weights_whose_logits_overflow_are_refused_before_any_export(tiny, images, capsys, monkeypatch, tmp_path):
+    state = torch.load(tiny.weights)
+    state["fc.weight"].fill_(3e38)  # finite weights (loading refuses NaN), logits beyond float32
+    torch.save(state, tmp_path / "huge.pth")
+    argv = tiny_argv(dataclasses.replace(tiny, weights=tmp_path / "huge.pth"), images)
+    monkeypatch.setattr(export, "export_onnx", no_export)
+    line = refused(run(classify_main, argv + ["--runtime", "onnxruntime"]), capsys)
+    assert line == "error: the model's outputs are NaN or inf on a probe image; its predictions would mean nothing"

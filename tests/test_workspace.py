@@ -157,3 +157,18 @@ def test_a_holder_is_dead_only_when_proven(workspace):
                           text=True).stdout
     assert holder_is_dead({**record, "pid": int(dead)})
     assert Path(workspace.path / LOCK_NAME).read_text().count("\n") == 2
+
+
+def test_a_writer_stamp_is_dead_only_when_proven():
+    """The name of a temporary file tells a dead writer's leftovers from a live writer's file."""
+    stamp = workspace_module.writer_stamp()
+    pid, start, machine = stamp.split("-")
+    assert int(pid) == os.getpid() and not workspace_module.stamp_is_dead(stamp)
+    assert workspace_module.stamp_is_dead(f"{pid}-{int(start) + 1}-{machine}")  # the pid reused since
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    assert workspace_module.stamp_is_dead(f"{dead}-{start}-{machine}")
+    other = "0" * 12 if machine != "0" * 12 else "1" * 12
+    assert not workspace_module.stamp_is_dead(f"{dead}-{start}-{other}")  # another machine: cannot tell
+    for garbage in ("", "12", f"{dead}--{machine}", f"-1-{start}-{machine}", f"{dead}-{start}-{machine}-x"):
+        assert not workspace_module.stamp_is_dead(garbage)
