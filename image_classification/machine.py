@@ -1,4 +1,4 @@
-"""What a measurement ran on, named the way the README names it: CPU model, cores, GPU, software, and
+"""What a measurement ran on, named the way the docs name it: CPU model, cores, GPU, software, and
 what the CPU computes natively (which decides the fastest CPU precision)."""
 
 from __future__ import annotations

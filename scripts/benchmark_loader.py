@@ -252,12 +252,17 @@ def profile_dali_stages(opts: argparse.Namespace) -> dict[str, float]:
     return shares
 
 
-def main(argv: list[str] | None = None) -> int:
-    opts = build_parser().parse_args(argv)
+def write_data(opts: argparse.Namespace) -> None:
+    """The data set ``--make-dataset`` or ``--photos`` asks for, written into DIR before anything is timed."""
     if opts.make_dataset:
         make_dataset(Path(opts.data), per_class=opts.make_dataset)
     if opts.photos:
         make_photo_set(Path(opts.data), per_class=opts.photos)
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = build_parser().parse_args(argv)
+    write_data(opts)
     if opts.dali_stages:
         shares = profile_dali_stages(opts)
         print(f"CPU DALI pipeline, batch {opts.batch_size}, {opts.workers} threads, {opts.image_size} px crops: "

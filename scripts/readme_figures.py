@@ -1,13 +1,13 @@
-"""Measure the README's figures again and write them into README.md.
+"""Measure the documentation's figures again and write them into the page that shows them.
 
     python scripts/readme_figures.py            # every section, on this machine
     python scripts/readme_figures.py demo       # only the named sections
     python scripts/readme_figures.py --check    # every marked block has a generator, and back (no runs)
-    python scripts/readme_figures.py demo --print   # print the new block instead of writing README.md
+    python scripts/readme_figures.py demo --print   # print the new block instead of writing the page
 
-A figure that comes from a run lives in README.md between ``<!-- figures:NAME -->`` and
-``<!-- /figures:NAME -->``; the generator ``NAME`` below makes the run and returns the block's new text,
-naming the machine it ran on.  Everything outside the markers is left as it is.
+A figure that comes from a run lives in one of the pages (README.md or docs/*.md) between
+``<!-- figures:NAME -->`` and ``<!-- /figures:NAME -->``; the generator ``NAME`` below makes the run and
+returns the block's new text, naming the machine it ran on.  Everything outside the markers is left as it is.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ if str(REPO) not in sys.path:
 from benchmarks.common import ratio_text  # noqa: E402
 from image_classification import machine  # noqa: E402
 
-README = REPO / "README.md"
+DOCS = REPO / "docs"  # the charts lie here, beside the page that shows them (docs/performance.md)
 SUMMARY_FIELDS = ("train.loss", "train.total_ips", "val.top1", "val.top5")
 
 
@@ -69,7 +69,7 @@ def demo() -> str:
 
 
 def _benchmark(script: str, *argv: str) -> tuple[dict, str]:
-    """Run ``benchmarks/<script>`` with a JSON output; its record and the command as the README shows it."""
+    """Run ``benchmarks/<script>`` with a JSON output; its record and the command as the page shows it."""
     with tempfile.TemporaryDirectory() as folder:
         output = Path(folder) / "result.json"
         _python(str(REPO / "benchmarks" / script), *argv, "-o", str(output), cwd=REPO)
@@ -162,9 +162,9 @@ def _cpu_note(env: dict) -> str:
 
 def inference() -> str:
     record, command = _benchmark("infer_throughput.py", "-a", "resnet50", "--batch-sizes", "1", "16", "--iters", "5",
-                                 "--repeats", "3", "--warmup", "2", "--chart", str(REPO / "docs" / "inference.png"))
+                                 "--repeats", "3", "--warmup", "2", "--chart", str(DOCS / "inference.png"))
     # only this script writes the tracked chart: the command a reader copies writes to a scratch path
-    return inference_block(record, command.replace(str(REPO / "docs"), "/tmp"))
+    return inference_block(record, command.replace(str(DOCS), "/tmp"))
 
 
 def inference_block(record: dict, command: str) -> str:
@@ -258,7 +258,7 @@ def loader() -> str:
             bars.append((f"{name}\n{images}\nbatch {batch}", float(ips), float(base_ips),
                          f"{ratio}x" if stated else f"{ratio}x\n(in spread)"))
         load = " / ".join(f"{value:.1f}" for value in os.getloadavg())
-    draw_loader_chart(bars, REPO / "docs" / "loader.png")
+    draw_loader_chart(bars, DOCS / "loader.png")
     return "\n".join([
         "```bash", *commands, "```", "",
         f"Measured on {machine.description()}; DALI {_dali_version()}; load average at the end {load} "
@@ -266,7 +266,7 @@ def loader() -> str:
         "| loader | training JPEGs | batch | images/s | CPU ms per image (torchvision's) | plain torchvision in the same run, "
         "images/s | vs torchvision: median of the epochs' ratios (their spread) |",
         "|---|---|---|---|---|---|---|", *rows, "",
-        "![data loaders against plain torchvision](docs/loader.png)",
+        "![data loaders against plain torchvision](loader.png)",
     ]) + "\n"
 
 
@@ -324,9 +324,19 @@ GENERATORS: dict[str, Callable[[], str]] = {"demo": demo, "loader": loader, "tra
                                              "reliability": reliability}
 
 
+def pages(root: Path = REPO) -> dict[Path, str]:
+    """The pages that may hold figure blocks, README.md and docs/*.md, with their text."""
+    return {page: page.read_text() for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]}
+
+
 def marked_blocks(text: str) -> list[str]:
     """The names of the figure blocks marked in ``text``, in order."""
     return re.findall(r"^<!-- figures:([\w-]+) -->$", text, flags=re.M)
+
+
+def page_holding(name: str, texts: dict[Path, str]) -> Path:
+    """The page whose text marks the block ``name``."""
+    return next(page for page, text in texts.items() if name in marked_blocks(text))
 
 
 def replace_block(text: str, name: str, block: str) -> str:
@@ -337,12 +347,17 @@ def replace_block(text: str, name: str, block: str) -> str:
     return pattern.sub(lambda match: match.group(1) + block.rstrip("\n") + "\n" + match.group(2), text, count=1)
 
 
-def check(text: str) -> list[str]:
-    """Problems with the markers: blocks without a generator, generators without a block, unclosed blocks."""
-    names = marked_blocks(text)
-    problems = [f"README block {name!r} has no generator" for name in names if name not in GENERATORS]
-    problems += [f"generator {name!r} has no block in README.md" for name in GENERATORS if name not in names]
-    problems += [f"README block {name!r} is not closed" for name in names
+def check(texts: dict[Path, str]) -> list[str]:
+    """Problems with the markers: blocks without a generator, generators without a block, a block marked
+    twice, unclosed blocks."""
+    names = [name for text in texts.values() for name in marked_blocks(text)]
+    problems = [f"figure block {name!r} has no generator" for name in names if name not in GENERATORS]
+    problems += [f"generator {name!r} has no block in README.md or docs/" for name in GENERATORS
+                 if name not in names]
+    problems += [f"figure block {name!r} is marked {names.count(name)} times" for name in dict.fromkeys(names)
+                 if names.count(name) > 1]
+    problems += [f"figure block {name!r} is not closed in {page.name}" for page, text in texts.items()
+                 for name in marked_blocks(text)
                  if not re.search(rf"^<!-- /figures:{name} -->$", text, flags=re.M)]
     return problems
 
@@ -351,12 +366,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sections", nargs="*", help=f"sections to measure (default: all of {', '.join(GENERATORS)})")
     parser.add_argument("--check", action="store_true", help="only check the markers against the generators")
-    parser.add_argument("--print", action="store_true", help="print the new blocks instead of writing README.md")
+    parser.add_argument("--print", action="store_true", help="print the new blocks, writing no page")
     args = parser.parse_args(argv)
-    text = README.read_text()
-    problems = check(text)
+    texts = pages()
+    problems = check(texts)
     if args.check or problems:
-        print("\n".join(problems) or "README figure blocks: all have generators", file=sys.stderr if problems else sys.stdout)
+        print("\n".join(problems) or "figure blocks: all have generators",
+              file=sys.stderr if problems else sys.stdout)
         return 1 if problems else 0
     unknown = [name for name in args.sections if name not in GENERATORS]
     if unknown:
@@ -367,8 +383,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.print:
             print(block)
         else:
-            text = replace_block(text, name, block)
-            README.write_text(text)
+            page = page_holding(name, texts)
+            texts[page] = replace_block(texts[page], name, block)
+            page.write_text(texts[page])
     return 0
 
 

@@ -4,7 +4,7 @@ and running a script of ours in the test's own process.
 Most tests run the scripts in-process (:func:`run_script`): starting a Python that imports torch costs
 seconds on a small machine, and the scripts are thin (``sys.exit(run(main))``).  A fresh process is kept
 where the process is the point: SIGKILL, signals, a lock held by another process, multiproc.py/torchrun,
-an installed package, and one README command as a user types it.
+an installed package, and one documented command as a user types it.
 """
 
 from __future__ import annotations

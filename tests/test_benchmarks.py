@@ -232,7 +232,7 @@ def test_the_loader_benchmark_profiles_the_cpu_dali_pipeline_stage_by_stage(tmp_
 
 def test_the_loader_benchmark_builds_the_photo_set_and_states_a_ratio_only_beyond_its_spread(tmp_path, capsys):
     """--photos writes a class per photograph; the summary gives the median of the epochs' ratios with their
-    spread, and the verdict line (which the README's table takes) follows the spread rule."""
+    spread, and the verdict line (which the performance page's table takes) follows the spread rule."""
     import re
 
     from benchmarks.common import verdict

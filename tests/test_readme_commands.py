@@ -1,22 +1,28 @@
-"""Every command of the READMEs' ``bash`` blocks runs as written, with tiny sizes substituted.
+"""Every command of the documentation's ``bash`` blocks runs as written, with tiny sizes substituted.
 
-The commands run in a scratch folder that holds what the README assumes: the digits dataset and the
-checkpoint ``make demo`` leaves (a one-epoch demo run, cut to a few steps), NGC-named weight files
-(freshly initialised, in the layout NGC publishes), a photograph, two raports, and for the per-model
-READMEs a two-step training run of each model in the workspace its README names.  ImageNet paths point
-at the digits; batch sizes, epochs, image sizes and process counts are cut down so that each command
-takes seconds.  A command that cannot run on one CPU machine is listed in ``NOT_RUN`` with the reason
-and where it is covered instead; any other command, including one added later, is run.  The commands run
-in README order in one folder per README, as a user would type them (model2onnx.py converts the weights
-that checkpoint2model.py wrote).  The main README's commands run in the default suite; the per-model
-READMEs' (ResNeXt-101 and SE-ResNeXt-101 take seconds per step on a CPU) are marked slow, and the
-default suite checks that every flag they use is one their scripts accept.
+The pages are README.md and docs/*.md, and the per-model READMEs.  The commands run in a scratch folder
+that holds what the pages assume: the digits dataset and the checkpoint ``make demo`` leaves (a one-epoch
+demo run, cut to a few steps), NGC-named weight files (freshly initialised, in the layout NGC publishes),
+a photograph, two raports, and for the per-model READMEs a two-step training run of each model in the
+workspace its README names.  ImageNet paths point at the digits; batch sizes, epochs, image sizes and
+process counts are cut down so that each command takes seconds.  A command that cannot run on one CPU
+machine is listed in ``NOT_RUN`` with the reason and where it is covered instead; any other command,
+including one added later or on a new page, is run.  The commands run in page order, as a user would type
+them (model2onnx.py converts the weights that checkpoint2model.py wrote): README.md and then the pages of
+docs/ in one folder, a command that a page repeats from an earlier one (the README's tour) once, where it
+first appears; each per-model README in a folder of its own.  README.md's and docs/' commands run in the
+default suite; the per-model READMEs' (ResNeXt-101 and SE-ResNeXt-101 take seconds per step on a CPU) are
+marked slow, and the default suite checks that every flag they use is one their scripts accept.  A
+``/tmp/`` path of a command is a folder of the scratch folder, so nothing is written outside it.  A
+command that reads with DALI (``--data-backend dali-*``, ``--dali-stages``) is skipped, with that reason,
+where ``nvidia.dali`` does not import; the data set it would have made is still written, for the commands
+after it.
 
 A command runs in the test's process (the script or module executed as ``__main__``, as ``python``
 does: see helpers.run_script), which spares an interpreter and a torch import per command; those in
 ``REAL_PROCESS`` run as real processes: the ones that start worker processes (the launcher forked from
 the test's process, its workers fresh interpreters: see helpers.run_process), and one smoke run, a fresh
-interpreter, that checks a README command as typed into a shell.
+interpreter, that checks a documented command as typed into a shell.
 """
 
 from __future__ import annotations
@@ -33,9 +39,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from helpers import REPO, explain, run_process, run_script
+from helpers import REPO, explain, load_script, run_process, run_script
 
 README = REPO / "README.md"
+# the pages whose commands run in one folder, in this order: the README's set-up and tour, then docs/
+PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
 # per-model README -> (architecture, the workspace its commands use, weights file it converts to)
 MODEL_READMES = {
     REPO / "resnet50v1.5/README.md": ("resnet50", "rn50"),
@@ -80,9 +88,8 @@ SUBSTITUTIONS = [
     (r"^torchrun ", "python -m torch.distributed.run "),
     (r" \[--[\w-]+\]", ""),  # an optional flag shown in brackets: the demo's checkpoint has no EMA
     (r"--make-dataset \d+", "--make-dataset 12"),
-    (r"/tmp/bench1000", "bench"),
+    (r"(?<![\w./-])/tmp/", "tmp-"),  # the scratch folder stands for /tmp: /tmp/photos is tmp-photos there
     (r"--photos(?! \d)", "--photos 3"),
-    (r"/tmp/photos", "photoset"),  # photos/ holds the classify examples
     (r"--batch-sizes( \d+)+", "--batch-sizes 1"),
     (r"--iterations \d+", "--iterations 2"),
 ]
@@ -110,6 +117,28 @@ def not_run_reason(command: str) -> str | None:
     return next((why for pattern, why in NOT_RUN.items() if re.search(pattern, command)), None)
 
 
+DALI_COMMAND = r"--data-backend dali-|--dali-stages"
+
+
+def missing_dali(command: str) -> str | None:
+    """Why a command that reads with DALI cannot run here (DALI does not import), else None."""
+    from image_classification.data import dali_available
+
+    if re.search(DALI_COMMAND, command) and not dali_available():
+        return "needs NVIDIA DALI, which cannot be imported here"
+    return None
+
+
+def write_what_later_commands_read(argv: list[str], folder: Path) -> None:
+    """For a command skipped for want of DALI: the data set it would have made (``benchmark_loader.py
+    --make-dataset``), which the commands after it read."""
+    if Path(argv[1]).name == "benchmark_loader.py":
+        loader = load_script("benchmark_loader")
+        opts = loader.build_parser().parse_args(argv[2:])
+        opts.data = str(folder / opts.data)
+        loader.write_data(opts)
+
+
 def needs_a_process(command: str) -> str | None:
     """None (run it here), "fresh" (the smoke run) or "forked" (a launcher of worker processes)."""
     if re.search(SMOKE, command):
@@ -117,7 +146,18 @@ def needs_a_process(command: str) -> str | None:
     return "forked" if any(re.search(pattern, command) for pattern in REAL_PROCESS) else None
 
 
-COMMANDS = readme_commands(README.read_text())
+def page_commands(pages: list[Path]) -> list[tuple[Path, str]]:
+    """Each command of ``pages`` once, with the page where it first appears: a training command run a second
+    time in the same folder would find its workspace taken by the first."""
+    first: dict[str, Path] = {}
+    for page in pages:
+        for command in readme_commands(page.read_text()):
+            first.setdefault(command, page)
+    return [(page, command) for command, page in first.items()]
+
+
+PAGE_COMMANDS = page_commands(PAGES)
+COMMANDS = [command for _, command in PAGE_COMMANDS]
 MODEL_COMMANDS = [(path, command) for path in MODEL_READMES for command in readme_commands(path.read_text())]
 
 
@@ -132,7 +172,7 @@ def tiny(command: str) -> list[str]:
     for pattern, replacement in SUBSTITUTIONS:
         command = re.sub(pattern, replacement, command)
     argv = shlex.split(command)
-    assert argv[0] == "python", f"the README runs its commands with `python`: {command}"
+    assert argv[0] == "python", f"the docs run their commands with `python`: {command}"
     argv[0] = sys.executable
     scripts = []
     for index, token in enumerate(argv):
@@ -156,7 +196,8 @@ def _run(argv: list[str], cwd: Path, capsys=None, process: str | None = None):
     """Run a command in ``cwd``: in this process, or in a process of its own ("fresh" or "forked")."""
     if process is None:
         return run_script(argv, capsys, cwd=cwd, env=ENV)
-    env = {**os.environ, "PYTHONPATH": str(REPO), **ENV}
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))  # keeps the caller's
+    env = {**os.environ, "PYTHONPATH": path, **ENV}
     if process == "forked":
         return run_process(argv, cwd=cwd, env=env)
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
@@ -192,8 +233,8 @@ def _digits_folder(tmp_path_factory, name: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def readme_folder(tmp_path_factory) -> Path:
-    """A folder laid out as the README assumes after `make demo`."""
+def docs_folder(tmp_path_factory) -> Path:
+    """A folder laid out as README.md and docs/ assume after `make demo`."""
     folder = _digits_folder(tmp_path_factory, "readme")
     for arch in ("resnet50", "se-resnext101-32x4d"):
         _ngc_weights(folder, arch)
@@ -216,8 +257,8 @@ def model_folders(tmp_path_factory) -> dict[Path, Path]:
     return folders
 
 
-def test_readme_has_commands_and_every_skip_is_used():
-    assert len(COMMANDS) > 10
+def test_the_pages_have_commands_and_every_skip_is_used():
+    assert len(COMMANDS) > 10 and {page.name for page, _ in PAGE_COMMANDS} > {"README.md", "training.md"}
     everywhere = COMMANDS + [command for _, command in MODEL_COMMANDS]
     for pattern in NOT_RUN:
         assert any(re.search(pattern, command) for command in everywhere), f"stale NOT_RUN entry {pattern!r}"
@@ -226,19 +267,50 @@ def test_readme_has_commands_and_every_skip_is_used():
         assert any(re.search(pattern, command) for command in run), f"stale REAL_PROCESS entry {pattern!r}"
 
 
+def test_commands_write_only_under_their_scratch_folder():
+    """No command as run names an absolute path but the repository's scripts: what it writes stays in the
+    test's temporary folder (a /tmp of the docs is a folder there)."""
+    for command in [c for c in COMMANDS + [c for _, c in MODEL_COMMANDS] if not not_run_reason(c)]:
+        argv = tiny(command)
+        outside = [token for token in argv[1:]
+                   if re.search(r"(^|=)/", token) and not token.startswith(f"{REPO}/")]
+        assert not outside, f"{command}: {outside}"
+
+
+def test_a_command_that_reads_with_dali_is_skipped_where_dali_does_not_import(monkeypatch, tmp_path):
+    dali = [command for command in COMMANDS if re.search(DALI_COMMAND, command)]
+    others = [command for command in COMMANDS if "dali" not in command]
+    monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # `import nvidia.dali` raises ImportError
+    assert dali and all(missing_dali(command) for command in dali)
+    assert not any(missing_dali(command) for command in others)
+    maker = next(command for command in dali if "--make-dataset" in command)
+    write_what_later_commands_read(tiny(maker), tmp_path)  # the commands after it read its data set
+    assert len(list(tmp_path.glob("tmp-*/train/*/*.jpg"))) == 2 * 12
+
+
 def _short(command: str) -> str:
     return " ".join(command.split()[:3])[:40]
 
 
-@pytest.mark.parametrize("command", [c for c in COMMANDS if not not_run_reason(c)], ids=_short)
-def test_readme_command_runs(command, readme_folder, capsys):
-    _check(_run(tiny(command), readme_folder, capsys, process=needs_a_process(command)))
+def _id(value) -> str:
+    return str(value.relative_to(REPO)) if isinstance(value, Path) else _short(value)
+
+
+@pytest.mark.parametrize("page, command", [(p, c) for p, c in PAGE_COMMANDS if not not_run_reason(c)],
+                         ids=_id)
+def test_docs_command_runs(page, command, docs_folder, capsys):
+    if reason := missing_dali(command):
+        write_what_later_commands_read(tiny(command), docs_folder)
+        pytest.skip(reason)
+    _check(_run(tiny(command), docs_folder, capsys, process=needs_a_process(command)))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("readme, command", [(r, c) for r, c in MODEL_COMMANDS if not not_run_reason(c)],
-                         ids=lambda value: value.parent.name if isinstance(value, Path) else _short(value))
+                         ids=_id)
 def test_model_readme_command_runs(readme, command, model_folders, capsys):
+    if reason := missing_dali(command):
+        pytest.skip(reason)
     _check(_run(tiny(command), model_folders[readme], capsys, process=needs_a_process(command)))
 
 
@@ -250,9 +322,10 @@ def _accepted_flags(script: str) -> frozenset[str]:
     return frozenset(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", result.stdout))
 
 
-@pytest.mark.parametrize("readme", [README, *MODEL_READMES], ids=lambda path: path.parent.name or "README")
+@pytest.mark.parametrize("readme", [*PAGES, *MODEL_READMES], ids=_id)
 def test_readme_flags_are_accepted(readme):
-    """Every flag a README command gives to a script of ours is one that script (or main.py behind it) knows."""
+    """Every flag a documented command gives to a script of ours is one that script (or main.py behind it)
+    knows."""
     texts = readme_commands(readme.read_text())
     commands = [tiny(c) if c.startswith("python ") else shlex.split(c) for c in texts]
     main_flags = _accepted_flags(str(REPO / "main.py"))

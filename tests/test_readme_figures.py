@@ -1,6 +1,9 @@
-"""scripts/readme_figures.py: every figure block of the README has the run that regenerates it."""
+"""scripts/readme_figures.py: every figure block of the docs has the run that regenerates it, in whichever
+page holds it."""
 
-from helpers import REPO, load_script
+from pathlib import Path
+
+from helpers import load_script
 
 figures = load_script("readme_figures")
 
@@ -16,16 +19,34 @@ Experiment ended
 
 
 def test_every_marked_block_has_a_generator_and_back():
-    assert figures.check((REPO / "README.md").read_text()) == []
+    assert figures.check(figures.pages()) == []
     assert figures.main(["--check"]) == 0
 
 
 def test_check_names_what_is_missing():
-    problems = figures.check("see `<!-- figures:NAME -->` below\n<!-- figures:nope -->\nold\n")
+    problems = figures.check({Path("README.md"): "see `<!-- figures:NAME -->`\n<!-- figures:nope -->\nold\n",
+                              Path("docs/a.md"): "<!-- figures:loader -->\n<!-- /figures:loader -->\n",
+                              Path("docs/b.md"): "<!-- figures:loader -->\n<!-- /figures:loader -->\n"})
     assert not any("NAME" in problem for problem in problems)  # a marker quoted inside a line is text
-    assert "README block 'nope' has no generator" in problems
-    assert "README block 'nope' is not closed" in problems
+    assert "figure block 'nope' has no generator" in problems
+    assert "figure block 'nope' is not closed in README.md" in problems
+    assert "figure block 'loader' is marked 2 times" in problems
     assert any("generator 'demo' has no block" in problem for problem in problems)
+
+
+def test_a_block_is_found_and_rewritten_in_the_docs_page_that_holds_it(tmp_path, monkeypatch):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("# Title\n")
+    page = tmp_path / "docs" / "performance.md"
+    page.write_text("before\n<!-- figures:loader -->\nold\n<!-- /figures:loader -->\nafter\n")
+    texts = figures.pages(tmp_path)
+    assert list(texts) == [tmp_path / "README.md", page] and figures.page_holding("loader", texts) == page
+    monkeypatch.setattr(figures, "pages", lambda: texts)
+    monkeypatch.setattr(figures, "check", lambda texts: [])  # the other generators have no block here
+    monkeypatch.setitem(figures.GENERATORS, "loader", lambda: "new\n")
+    assert figures.main(["loader"]) == 0
+    assert page.read_text() == "before\n<!-- figures:loader -->\nnew\n<!-- /figures:loader -->\nafter\n"
+    assert (tmp_path / "README.md").read_text() == "# Title\n"
 
 
 def test_demo_block_keeps_the_summary_fields_and_the_result_lines():
