@@ -1,10 +1,10 @@
 """The one way this package derives a random seed from the run's seed and a position in the run.
 
-Every stream (the process generators, the sampler's shuffle, each sample's augmentation, DALI's
-pipelines, synthetic data) takes its seed from :func:`mix_seed`, and a resumed run recomputes each one
-from the counters its checkpoint records. The weights are distinct primes; the sums are the ones every
-earlier version used, so checkpoints written before this module existed resume with the same random
-streams.
+Every stream (the process generators, the sampler's shuffle, each sample's augmentation on every
+backend, DALI's included, synthetic data) takes its seed from :func:`mix_seed`, and a resumed run
+recomputes each one from the counters its checkpoint records. The weights are distinct primes; the
+sums are the ones every earlier version used, so checkpoints written before this module existed resume
+with the same random streams.
 """
 
 from __future__ import annotations

@@ -113,6 +113,34 @@ def write_image_folder(
     return root
 
 
+
+class Crash(Exception):
+    """A run that dies without saving (as a SIGKILL would leave it)."""
+
+
+def train_until_crash(argv: list[str], step: int) -> None:
+    """``training.main(argv)`` in this process, dying without saving at its ``step``-th training step
+    (counting from 1), as a SIGKILL would leave it: the checkpoints written before are all it leaves."""
+    from unittest import mock
+
+    from image_classification import engine as engine_module
+    from image_classification.training import main
+
+    original, calls = engine_module.Engine.train_step, [0]
+
+    def crashing(self, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] == step:
+            raise Crash()
+        return original(self, *args, **kwargs)
+
+    with mock.patch.object(engine_module.Engine, "train_step", crashing):
+        try:
+            main(argv)
+        except Crash:
+            return
+    raise AssertionError(f"the run ended before its training step {step}")
+
 @dataclass
 class Result:
     """What a run left: its exit code and output (a ``subprocess.CompletedProcess`` has the same fields)."""

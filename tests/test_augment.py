@@ -12,7 +12,7 @@ import torch
 from torchvision import transforms
 from torchvision.transforms import v2
 
-from helpers import refused
+from helpers import refused, train_until_crash
 from image_classification.arguments import parse_args
 from image_classification.batch_augment import augment_batch, cutmix_box, random_erase
 from image_classification.cli import run as cli_run
@@ -320,33 +320,15 @@ def test_the_flags_reach_the_run_s_configuration():
 
 
 # -- a resume in the middle of a run that uses every flag ------------------------------------------------
-class Crash(Exception):
-    """A run that dies without saving (as a SIGKILL would leave it)."""
-
-
 def test_a_crash_after_an_interval_checkpoint_resumes_bitwise_with_every_recipe_flag(image_folder, tmp_path,
-                                                                                     tiny_arch, monkeypatch):
-    from image_classification import engine as engine_module
-
+                                                                                     tiny_arch):
     run = ["-a", tiny_arch, "--num-classes", "3", "--device", "cpu", "--data-backend", "pytorch", "-j", "0",
            "--image-size", "32", "-b", "4", "-p", "1", "--lr", "0.05", "--seed", "3", "--epochs", "2",
            "--mixup", "0.4", "--cutmix", "1.0", "--mixup-switch-prob", "0.5", "--label-smoothing", "0.1",
            "--random-erase", "0.5", "--ra-reps", "2", "--augmentation", "randaugment", "--checkpoint-interval",
            "2", "--resume", "auto", str(image_folder)]
     assert main(run + ["--workspace", str(tmp_path / "straight")]) == 0
-
-    original, calls = engine_module.Engine.train_step, [0]
-
-    def crashing(self, *args, **kwargs):
-        calls[0] += 1
-        if calls[0] == 9:  # mid-epoch 1, one iteration after the interval checkpoint at 8
-            raise Crash()
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(engine_module.Engine, "train_step", crashing)
-    with pytest.raises(Crash):
-        main(run + ["--workspace", str(tmp_path / "crashed")])
-    monkeypatch.setattr(engine_module.Engine, "train_step", original)
+    train_until_crash(run + ["--workspace", str(tmp_path / "crashed")], 9)  # a step after the checkpoint at 8
     saved = torch.load(tmp_path / "crashed" / "checkpoint.pth.tar", weights_only=True)
     assert (saved["epoch"], saved["batch"]) == (1, 2)
     assert main(run + ["--workspace", str(tmp_path / "crashed")]) == 0

@@ -1,4 +1,5 @@
-"""The DALI backends on the CPU: batches like the pytorch backend's, exact sharding, per-epoch shuffles."""
+"""The DALI backends on the CPU: batches like the pytorch backend's, exact sharding, per-epoch shuffles,
+crops that depend on the seed, epoch and position alone (exact resumes)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
+from helpers import train_until_crash
 from image_classification.arguments import parse_args
 from image_classification.data.common import MEAN_255, STD_255
 from image_classification.plan import data_config
@@ -183,17 +185,18 @@ def test_every_interpolation_and_no_flip_build(dali, image_folder, interpolation
 @pytest.mark.parametrize("augmentation", ["autoaugment", "randaugment", "trivialaugment"])
 def test_auto_augmentations_run_on_dali(dali, flat_folder, augmentation):
     """DALI's auto_aug policies change the training crops (flat colours: only colour operations can show),
-    and the same seed repeats them."""
+    and the same seed repeats them, from any batch on: a pipeline that starts part-way (a resume) draws
+    what one that made the first batches does."""
     extra = ["--randaugment-magnitude", "30", "--randaugment-num-ops", "3"] if augmentation == "randaugment" else []
     plain = torch.cat([images for images, _ in epoch(loaders(make_args(flat_folder), cpu_runtime(),
                                                               want_val=False)[0], 0)])
     runs = []
-    for _ in range(2):
+    for start_batch in (0, 2):
         train, _ = loaders(make_args(flat_folder, "--augmentation", augmentation, *extra), cpu_runtime(),
                            want_val=False)
-        runs.append(torch.cat([images for images, _ in epoch(train, 0)]))
+        runs.append(torch.cat([images for images, _ in epoch(train, 0, start_batch=start_batch)]))
     assert runs[0].shape == plain.shape == (20, 3, SIZE, SIZE)
-    assert torch.equal(runs[0], runs[1])
+    assert torch.equal(runs[0][8:], runs[1])
     assert not torch.equal(runs[0], plain)
 
 
@@ -269,6 +272,21 @@ def test_an_epoch_is_reproducible_and_can_start_part_way(dali, flat_folder):
     assert len(again) == len(batches) == 5
 
 
+def test_crops_depend_on_the_epoch_and_position_alone(dali, image_folder):
+    """A pipeline that has made a whole epoch, and one built to start an epoch part-way (a resume), give
+    bitwise the same batches: the crops and flips do not follow the pipeline's history (auto_aug's draws:
+    test_auto_augmentations_run_on_dali)."""
+    args = make_args(image_folder)
+    straight = loaders(args, cpu_runtime(), want_val=False)[0]
+    epoch(straight, 0)
+    expected = epoch(straight, 1)
+    resumed = loaders(args, cpu_runtime(), want_val=False)[0]
+    batches = epoch(resumed, 1, start_batch=2)
+    assert len(expected) == 6 and len(batches) == 4
+    for (images, targets), (ref_images, ref_targets) in zip(batches, expected[2:], strict=True):
+        assert torch.equal(targets, ref_targets) and torch.equal(images, ref_images)
+
+
 # -- reading the files ---------------------------------------------------------------------------------
 class ImageOpens:
     """An audit hook: the .jpg files Python code in this process opens (np.fromfile, open, PIL) while
@@ -339,3 +357,40 @@ def test_a_pass_left_part_way_does_not_leak_into_the_next(dali, flat_folder):
     assert seen(epoch(train, 1)) == whole
     assert seen(epoch(train, 1, start_batch=2)) == whole[8:]
     assert train.builds == 1
+
+
+# -- resumes -------------------------------------------------------------------------------------------
+def _differing(straight: Path, resumed: Path) -> list[str]:
+    """The names of the weights that differ between two runs' last checkpoints (both finished: 12 steps)."""
+    first, second = (torch.load(run / "checkpoint.pth.tar", weights_only=True) for run in (straight, resumed))
+    assert first["iterations"] == second["iterations"] == 12
+    weights = second["state_dict"]
+    return [name for name, tensor in first["state_dict"].items() if not torch.equal(tensor, weights[name])]
+
+
+def resume_run(image_folder: Path, arch: str, *extra: str) -> list[str]:
+    return ["-a", arch, "--num-classes", "3", "--device", "cpu", "--data-backend", "dali-cpu", "-j", "1",
+            "--image-size", str(SIZE), "-b", "4", "--lr", "0.05", "--seed", "3", "--epochs", "2", "-p", "1",
+            "--checkpoint-interval", "2", "--resume", "auto", *extra, str(image_folder)]
+
+
+@pytest.mark.slow  # five runs; test_crops_depend_on_the_epoch_and_position_alone is the loaders' part
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # DALI's auto_aug calls its own old names
+@pytest.mark.parametrize("augmentation", [[], ["--augmentation", "trivialaugment"]], ids=["crop", "auto-aug"])
+def test_a_resumed_run_draws_the_crops_of_an_uninterrupted_one(dali, image_folder, tmp_path, tiny_arch,
+                                                               augmentation):
+    """Stopped at the end of epoch 0 (--run-epochs 1) or killed mid-epoch 1 after an interval checkpoint, a
+    resumed dali-cpu run ends with bitwise the weights of an uninterrupted one: every crop, flip and
+    augmentation depends on the seed, epoch and position alone, not on the pipeline's history."""
+    from image_classification.training import main
+
+    run = resume_run(image_folder, tiny_arch, *augmentation)
+    assert main(run + ["--workspace", str(tmp_path / "straight")]) == 0
+    assert main(run + ["--workspace", str(tmp_path / "staged"), "--run-epochs", "1"]) == 0
+    assert main(run + ["--workspace", str(tmp_path / "staged")]) == 0
+    train_until_crash(run + ["--workspace", str(tmp_path / "crashed")], 9)  # a step after the checkpoint at 8
+    saved = torch.load(tmp_path / "crashed" / "checkpoint.pth.tar", weights_only=True)
+    assert (saved["epoch"], saved["batch"]) == (1, 2)
+    assert main(run + ["--workspace", str(tmp_path / "crashed")]) == 0
+    assert _differing(tmp_path / "straight", tmp_path / "staged") == []
+    assert _differing(tmp_path / "straight", tmp_path / "crashed") == []

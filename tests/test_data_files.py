@@ -6,6 +6,8 @@ import contextlib
 import io
 import os
 import random
+import re
+import struct
 
 import numpy as np
 import pytest
@@ -270,9 +272,6 @@ def write_grey_jpeg(path, width: int, height: int) -> None:
     """A real baseline JPEG of uniform grey 128, written without ever holding its pixels: with the standard
     tables each 8x8 block of that grey codes as the same 6 bits (DC unchanged, end of block), so 20000x20000
     is 4.7 MB made in milliseconds."""
-    import io
-    import struct
-
     buffer = io.BytesIO()
     Image.new("L", (16, 16), 128).save(buffer, "JPEG", quality=90)
     data = buffer.getvalue()
@@ -287,7 +286,6 @@ def write_grey_jpeg(path, width: int, height: int) -> None:
 
 def write_black_png(path, width: int, height: int) -> None:
     """A real 1-bit greyscale PNG, all black: 20000x20000 compresses to about 50 KB."""
-    import struct
     import zlib
 
     def chunk(kind: bytes, body: bytes) -> bytes:
@@ -368,6 +366,130 @@ def test_classify_refuses_an_image_past_the_size_rule_in_one_line(oversized):
     for decode in (False, True):
         with pytest.raises(UserError, match="more than 89,478,485 pixels"):
             load_image(path, decode=decode)
+
+
+# -- the frame header found is the one libjpeg decodes -----------------------------------------------------
+def _frame(width: int, height: int) -> bytes:
+    """A baseline frame header (SOF0) of one component."""
+    return b"\xff\xc0" + struct.pack(">HBHHB", 11, 8, height, width, 1) + b"\x01\x11\x00"
+
+
+def _comment(body: bytes) -> bytes:
+    return b"\xff\xfe" + struct.pack(">H", 2 + len(body)) + body
+
+
+def write_tem_jpeg(path, width: int, height: int) -> None:
+    """A real ``width`` x ``height`` JPEG behind a TEM marker (FF 01, which has no length), two junk bytes
+    and a comment holding a fake 8x8 frame header.  Read as if FF 01 had a length, the junk (6) lands on
+    the fake frame; libjpeg skips the junk (warning of 2 extraneous bytes), then the comment, and decodes
+    the real frame."""
+    write_grey_jpeg(path, width, height)
+    real = path.read_bytes()
+    path.write_bytes(real[:2] + b"\xff\x01" + b"\x00\x06" + _comment(_frame(8, 8)) + real[2:])
+
+
+@pytest.fixture(scope="module")
+def tem_folder(tmp_path_factory):
+    """A two-class dataset whose class_00 holds, in train/ and val/, a 9500x9500 JPEG behind a TEM marker."""
+    root = write_image_folder(tmp_path_factory.mktemp("tem"), num_classes=2, train_per_class=5, val_per_class=2)
+    for split in ("train", "val"):
+        write_tem_jpeg(root / split / "class_00" / "tem_9500.jpg", 9500, 9500)
+    return root
+
+
+def test_a_large_jpeg_behind_a_marker_without_length_breaks_the_size_rule_in_training(tem_folder, capsys):
+    """libjpeg decodes the 9500x9500 frame (the header reader once found the fake 8x8 one, and the pytorch
+    backend trained on the image); both splits now leave it out under the size rule."""
+    from torchvision.io import decode_jpeg
+
+    path = tem_folder / "train" / "class_00" / "tem_9500.jpg"
+    assert decode_jpeg(torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8)).shape == (1, 9500, 9500)
+    runtime = make_runtime("cpu", False, None, "nchw", False)
+    config = DataConfig(data=str(tem_folder), backend="pytorch", image_size=32, batch_size=11, workers=0)
+    classes = check_dataset(str(tem_folder), None, want_train=True, want_val=True)
+    train, val = folder_loaders(config, runtime, classes, want_train=True, want_val=True)
+    capsys.readouterr()
+    train.set_epoch(0)
+    val.set_epoch(0)
+    assert sum(len(targets) for _, targets in train) == 10 and sum(len(targets) for _, targets in val) == 4
+    assert train.skipped == val.skipped == 1
+    assert _warned(capsys.readouterr().err) == ["tem_9500.jpg", "tem_9500.jpg"]
+
+
+def test_data_check_and_classify_name_the_size_rule_for_it(tem_folder, data_check):
+    result = data_check(str(tem_folder), "-j", "1")
+    flagged = [line.strip() for line in result.stdout.splitlines() if "tem_9500.jpg" in line]
+    assert len(flagged) == 2 and all(line.endswith("(ImageTooLarge: more than 89,478,485 pixels)") for line in flagged)
+    from image_classification.errors import UserError
+
+    for decode in (False, True):
+        with pytest.raises(UserError, match=r"tem_9500.jpg could not be read as an image \(more than 89,478,485"):
+            load_image(tem_folder / "val" / "class_00" / "tem_9500.jpg", decode=decode)
+
+
+# What may stand between the start of an image and its frame header, and how libjpeg reads it.
+DECODED = {
+    "fill bytes": b"\xff\xff\xff",
+    "TEM": b"\xff\x01",
+    "RST0 and RST7": b"\xff\xd0\xff\xd7",
+    "junk": b"\x12\x00\x34",
+    "a stuffed zero": b"\xff\x00",
+    "TEM, junk and a comment holding a fake frame": b"\xff\x01\x00\x06" + _comment(_frame(8, 8)),
+    "an APP1 segment holding a fake frame": b"\xff\xe1\x00\x0f" + _frame(8, 8),
+    "an APP segment of length 0": b"\xff\xe1\x00\x00",
+    "a comment of length 1": b"\xff\xfe\x00\x01",
+}
+REFUSED = {
+    "JPG0 before the frame": b"\xff\xf0\x00\x02",
+    "a reserved marker": b"\xff\x02\x00\x02",
+    "a second SOI": b"\xff\xd8",
+    "EOI": b"\xff\xd9",
+    "SOS": b"\xff\xda\x00\x02",
+    "a DQT of length 0": b"\xff\xdb\x00\x00",
+}
+
+
+def _small_jpeg() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (40, 24), (90, 140, 200)).save(buffer, "JPEG")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("inserted", DECODED.values(), ids=DECODED.keys())
+def test_the_header_reader_finds_the_frame_libjpeg_decodes(inserted):
+    from torchvision.io import decode_jpeg
+
+    from image_classification.data.files import jpeg_size
+
+    raw = _small_jpeg()
+    data = raw[:2] + inserted + raw[2:]
+    decoded = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    assert decoded.shape == (3, 24, 40)
+    assert jpeg_size(io.BytesIO(data[2:])) == (40, 24)
+
+
+@pytest.mark.parametrize("inserted", [*REFUSED.values(), None], ids=[*REFUSED.keys(), "the file ends first"])
+def test_a_jpeg_libjpeg_finds_no_frame_in_is_unreadable_naming_the_size_rule(inserted, tmp_path, data_check):
+    """Where libjpeg stops before a frame header, no size can be known: unreadable on every path, saying
+    why, where PIL had opened some of these files (then failed to decode them) or called them unidentifiable."""
+    from torchvision.io import decode_jpeg
+
+    from image_classification.data.files import read_rgb_tensor
+    from image_classification.errors import UserError
+
+    raw = _small_jpeg()
+    data = raw[:2] + inserted + raw[2:] if inserted is not None else raw[:raw.index(b"\xff\xc0") + 6]
+    with pytest.raises(RuntimeError):
+        decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    root = write_image_folder(tmp_path / "data", num_classes=1, train_per_class=1, val_per_class=1)
+    path = root / "val" / "class_00" / "odd.jpg"
+    path.write_bytes(data)
+    rule = "JPEG header cannot be read with certainty (size rule)"
+    with pytest.raises(ValueError, match=re.escape(rule)):
+        read_rgb_tensor(str(path))
+    with pytest.raises(UserError, match=re.escape(rule)):
+        load_image(path, decode=False)
+    assert f"odd.jpg (UnreadableHeader: {rule}" in data_check(str(root), "-j", "1").stdout
 
 
 def test_data_check_writes_to_the_stdout_of_the_moment_it_runs(folder):

@@ -126,6 +126,28 @@ def test_dali_gpu_trains_and_validates_on_a_jpeg_folder(image_folder, tmp_path):
     assert 0 <= data["val.top1"] <= 100 and data["val.loss"] == data["val.loss"]
 
 
+def test_dali_gpu_crops_depend_on_the_epoch_and_position_alone(image_folder):
+    """As on dali-cpu (nvJPEG's cropping decoder draws from the fed states too): a pipeline that has made a
+    whole epoch and one built to start an epoch part-way, as a resume does, give bitwise the same batches."""
+    pytest.importorskip("nvidia.dali")
+    from image_classification.data import DataConfig, get_loaders
+    from image_classification.runtime import Runtime
+
+    config = DataConfig(str(image_folder), "dali-gpu", image_size=32, batch_size=4, workers=2, seed=3)
+    runtime = Runtime(torch.device("cuda", 0), None, torch.channels_last)
+    straight = get_loaders(config, runtime, want_train=True, want_val=False)[0]
+    straight.set_epoch(0)
+    assert sum(1 for _ in straight) == 6
+    straight.set_epoch(1)
+    expected = [(images.cpu(), targets.cpu()) for images, targets in straight]
+    resumed = get_loaders(config, runtime, want_train=True, want_val=False)[0]
+    resumed.set_epoch(1, start_batch=2)
+    batches = [(images.cpu(), targets.cpu()) for images, targets in resumed]
+    assert len(batches) == 4
+    for (images, targets), (ref_images, ref_targets) in zip(batches, expected[2:], strict=True):
+        assert torch.equal(targets, ref_targets) and torch.equal(images, ref_images)
+
+
 def test_a_one_process_nccl_ddp_run_with_amp_and_accumulation(monkeypatch):
     """DDP's path (bucket views, no_sync on accumulation steps, the window's all-reduce) on a real NCCL
     group of one, against the same steps without DDP."""

@@ -7,7 +7,6 @@ import pytest
 from helpers import refused
 from image_classification.cli import run
 from image_classification.data.common import ShardSampler, sample_seed
-from image_classification.data.dali import pipeline_seed
 from image_classification.seeding import mix_seed
 from image_classification.training import main
 
@@ -19,8 +18,6 @@ def test_every_stream_keeps_the_seeds_of_earlier_versions(seed):
         for position in (0, 3, 1000):
             assert sample_seed(seed, epoch, position) == \
                 (seed * 1_000_003 + epoch * 7_919 + position * 104_729) % (2**63 - 1)
-            assert pipeline_seed(seed, epoch, position) == \
-                (seed * 1_000_003 + epoch * 7_919 + position * 104_729) % (2**31 - 1)
         rank, iterations = 3, 12_345
         assert mix_seed(seed + rank, epoch, iterations) == (seed + rank + 1_000_003 * epoch + 7_919 * iterations)
         assert mix_seed(epoch, seed) == seed * 1_000_003 + epoch  # the sampler's shuffle

@@ -6,7 +6,8 @@ Prints, for ``DIR/train`` and ``DIR/val``, the class and image counts; then ever
 decoded, every link that training would not follow (loops, links into another class or split, images counted twice), empty
 class folders, and the classes found in only one split.  The images are listed exactly as training lists
 them and each is decoded (at reduced scale for JPEGs, which still reads the whole file); an image whose
-header declares more than 89,478,485 pixels is unreadable here as on every backend.  Exit code 0
+header declares more than 89,478,485 pixels, or a JPEG whose frame header cannot be read with certainty,
+is unreadable here as on every backend.  Exit code 0
 when nothing is wrong, 1 when something is, 2 when DIR is not a dataset.
 """
 

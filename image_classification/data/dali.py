@@ -10,11 +10,18 @@ batch; validation keeps it, and every validation image is read by exactly one ra
 read (a dangling link) or decode is reported once and left out, as the pytorch backend does (the pipeline
 is rebuilt then: DALI's state after an error is not reusable); so is an image past the size rule of
 ``files.MAX_IMAGE_PIXELS``, which the pipeline finds from its header and never decodes.
+
+The training pipeline's random operators (the crop, the flip, ``--augmentation``) do not draw from their own
+generators, whose state depends on how many samples the pipeline has made since it was built: with every
+batch the feed hands them random states computed from each sample's seed (the sampler's, a pure function of
+the run's seed, the epoch and the position in it), so a resumed run, from an epoch boundary or mid-epoch,
+draws exactly what an uninterrupted one does.
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -23,7 +30,6 @@ import torch
 
 from ..errors import UserError
 from ..runtime import Runtime
-from ..seeding import mix_seed
 from .common import CROP_RATIO, MEAN_255, STD_255, DataConfig, ShardSampler, Unreadable, train_sampler, val_resize_size
 from .files import MAX_IMAGE_PIXELS, ImageTooLarge, decode_problem
 from .layout import split_samples
@@ -36,6 +42,11 @@ _INTERPOLATION = {"bilinear": "INTERP_LINEAR", "bicubic": "INTERP_CUBIC", "trian
 DALI_AUGMENTATIONS = ("autoaugment", "randaugment", "trivialaugment")
 # nvJPEG scratch memory reserved up front, as in the reference recipes, so it does not regrow per batch.
 _GPU_DECODER_PADDING = {"device_memory_padding": 211_025_920, "host_memory_padding": 140_544_512}
+# Random states the feed hands with each training sample: one per random operator of the pipeline (the crop,
+# the flip and at most three in an auto_aug policy).
+RANDOM_SLOTS = 8
+# DALI's random operators that auto_aug calls; while a policy is built each takes the next state.
+_RANDOM_OPERATORS = ("uniform", "coin_flip", "normal", "choice", "beta")
 
 
 def _import_dali():
@@ -47,6 +58,15 @@ def _import_dali():
             f"the DALI data backends need NVIDIA DALI ({error}); install it with "
             "`pip install nvidia-dali-cuda130==2.4.0` or use --data-backend pytorch"
         ) from None
+    from nvidia.dali import backend
+
+    schema = backend.GetSchema("decoders__ImageRandomCrop")
+    if not getattr(schema, "HasRandomStateArg", lambda: False)():  # DALI 2: random states as inputs
+        raise UserError(
+            f"the DALI data backends need NVIDIA DALI 2 (found {nvidia.dali.__version__}), whose random "
+            "operators take their state from the pipeline's inputs, for exact resumes; install it with "
+            "`pip install nvidia-dali-cuda130==2.4.0` or use --data-backend pytorch"
+        )
 
 
 @dataclass(frozen=True)
@@ -71,9 +91,29 @@ class PipelineSpec:
     std: tuple[float, float, float] = STD_255
 
 
+def random_states(seeds: list[int], slots: int):
+    """DALI random states, ``slots`` per sample seed: a (len(seeds), slots, 7) uint32 array.
+
+    A state is Philox's: a 64-bit key (the sample's seed), a 128-bit counter and a phase, in the 25 bytes
+    DALI reads.  Slot k starts its counter at k * 2**48, so no two operators of a sample draw the same
+    numbers.  DALI takes a batch's state from its first sample and gives the sample in slot i of the batch
+    its own stream (counter sequence i * 65537); batches begin at whole multiples of the batch size in
+    every run, resumed or not, so each sample meets the same state wherever the run began.
+    """
+    import numpy as np
+
+    keys = np.array(seeds, dtype=np.uint64)
+    states = np.zeros((len(seeds), slots, 7), dtype=np.uint32)
+    states[:, :, 0] = (keys & np.uint64(0xFFFF_FFFF)).astype(np.uint32)[:, None]
+    states[:, :, 1] = (keys >> np.uint64(32)).astype(np.uint32)[:, None]
+    states[:, :, 3] = np.arange(slots, dtype=np.uint32) << 16  # the counter's bits 48 and up
+    return states
+
+
 @dataclass
 class Feed:
-    """A pipeline's external source: the paths of the pass under way, in order, a batch per call.
+    """A pipeline's external source: the paths of the pass under way, in order, a batch per call, and
+    for training the random states of each sample (:func:`random_states`).
 
     It hands out paths, not contents: reading the files here, one per sample, would put the I/O and the
     GIL on the training loop's thread.  Raising StopIteration at the end is what ends a pass for DALI's
@@ -81,28 +121,65 @@ class Feed:
     """
 
     batch_size: int
+    random_slots: int = 0  # random states per sample: RANDOM_SLOTS for training, none for validation
     files: list[str] = field(default_factory=list)
     labels: list[int] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
     position: int = 0  # files handed to the pipeline so far (it reads ahead of the batches delivered)
 
-    def start(self, files: list[str], labels: list[int]) -> None:
-        self.files, self.labels, self.position = list(files), list(labels), 0
+    def start(self, files: list[str], labels: list[int], seeds: list[int]) -> None:
+        self.files, self.labels, self.seeds, self.position = list(files), list(labels), list(seeds), 0
 
     def stop(self) -> None:
         """Hand out nothing more this pass."""
-        del self.files[self.position:], self.labels[self.position:]
+        del self.files[self.position:], self.labels[self.position:], self.seeds[self.position:]
 
     def __call__(self):
         import numpy as np
 
         if self.position >= len(self.files):
             raise StopIteration
-        end = self.position + self.batch_size
+        start, end = self.position, self.position + self.batch_size
         # fn.io.file.read takes a path as its bytes; fsencode keeps names that are not UTF-8 intact.
-        paths = [np.frombuffer(os.fsencode(path), dtype=np.uint8) for path in self.files[self.position:end]]
-        labels = [np.array([label], dtype=np.int32) for label in self.labels[self.position:end]]
+        paths = [np.frombuffer(os.fsencode(path), dtype=np.uint8) for path in self.files[start:end]]
+        labels = [np.array([label], dtype=np.int32) for label in self.labels[start:end]]
         self.position += len(paths)
-        return paths, labels
+        if not self.random_slots:
+            return paths, labels
+        return paths, labels, list(random_states(self.seeds[start:end], self.random_slots))
+
+
+class _RandomStates:
+    """Hands each random operator of a pipeline, as it is defined, its own slot of the fed states."""
+
+    def __init__(self, states):
+        self.states, self.used = states, 0
+
+    def __call__(self):
+        if self.used == RANDOM_SLOTS:
+            raise RuntimeError(f"more than {RANDOM_SLOTS} random operators in a pipeline: raise RANDOM_SLOTS")
+        self.used += 1
+        return self.states[self.used - 1]
+
+
+@contextmanager
+def _drawing_from(states: _RandomStates):
+    """While DALI's auto_aug defines a policy, each ``fn.random`` operator it calls takes its state from
+    ``states`` (auto_aug makes its own calls, with no way to pass one)."""
+    from nvidia.dali.fn import random as dali_random
+
+    originals = {name: getattr(dali_random, name) for name in _RANDOM_OPERATORS if hasattr(dali_random, name)}
+
+    def drawing(operator):
+        return lambda *args, **kwargs: operator(*args, **kwargs, _random_state=states())
+
+    try:
+        for name, operator in originals.items():
+            setattr(dali_random, name, drawing(operator))
+        yield
+    finally:
+        for name, operator in originals.items():
+            setattr(dali_random, name, operator)
 
 
 def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
@@ -121,9 +198,15 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
         enable_conditionals=True,  # the size rule's branch; auto_aug picks each sample's operations with `if`
     )
     def pipeline():
-        paths, labels_ = fn.external_source(
-            source=feed, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT32]
-        )
+        if spec.train:
+            paths, labels_, states = fn.external_source(
+                source=feed, num_outputs=3, batch=True, dtype=[types.UINT8, types.INT32, types.UINT32]
+            )
+            draw = _RandomStates(states)
+        else:
+            paths, labels_ = fn.external_source(
+                source=feed, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT32]
+            )
         # Read by the pipeline's thread pool, a file per task.  A plain read rather than DALI's default
         # mmap: faster for files this small, and a file truncated while mapped would be a SIGBUS, not
         # an error to skip.  A per-sample parallel external source would read in worker processes
@@ -148,13 +231,14 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
                 images = fn.decoders.image_random_crop(
                     encoded, device=decode_device, output_type=types.RGB,
                     random_area=list(spec.crop_scale), random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=100,
-                    **decoder_options,
+                    _random_state=draw(), **decoder_options,
                 )
                 images = fn.resize(
                     images, device=resize_device, size=[size, size], interp_type=interp, antialias=False
                 )
                 if augment:
-                    images = _auto_augment(images, spec)
+                    with _drawing_from(draw):
+                        images = _auto_augment(images, spec)
             else:
                 images = fn.decoders.image(encoded, device=decode_device, output_type=types.RGB, **decoder_options)
                 images = fn.resize(
@@ -168,7 +252,9 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
         if spec.device_id is not None:
             # With a GPU, the normalised float batch is made there: only uint8 crops cross the bus.
             images, labels_ = images.gpu(), labels_.gpu()
-        mirror = fn.random.coin_flip(probability=spec.hflip) if spec.train and spec.hflip > 0 else 0
+        mirror = 0
+        if spec.train and spec.hflip > 0:
+            mirror = fn.random.coin_flip(probability=spec.hflip, _random_state=draw())
         crop_pos = {} if spec.train else {"crop_pos_x": _centre(out_w, size), "crop_pos_y": _centre(out_h, size)}
         images = fn.crop_mirror_normalize(
             images, dtype=types.FLOAT, crop=(size, size), mean=list(spec.mean), std=list(spec.std),
@@ -205,18 +291,12 @@ def _centre(length, crop: int):
     return fn.cast(offset, dtype=types.FLOAT) / fn.cast(spare, dtype=types.FLOAT)
 
 
-def pipeline_seed(seed: int, epoch: int, rank: int) -> int:
-    """DALI's seed for a rank's pipeline built at ``epoch``: the crops and flips differ between ranks, and
-    a run resumed at a later epoch does not repeat the first epochs' crops."""
-    return mix_seed(0, seed, epoch, rank, modulus=2**31 - 1)  # DALI takes 31-bit seeds
-
-
 class DaliLoader:
     """A :class:`Loader` over one split, with one pipeline that every pass feeds this rank's files for
     that epoch.
 
     ``set_epoch(epoch, start_batch)`` can skip the first batches of an epoch without decoding them: a
-    mid-epoch resume sees exactly the images it had left, though with fresh crops.
+    mid-epoch resume sees exactly the images it had left, in the crops it would have seen.
     """
 
     def __init__(self, samples: list[tuple[str, int]], spec: PipelineSpec, runtime: Runtime, seed: int,
@@ -228,7 +308,7 @@ class DaliLoader:
         self.num_samples = share - share % spec.batch_size if spec.train else share
         self.epoch = 0
         self.unreadable = Unreadable()  # files DALI could not read or decode, left out of every later pass
-        self.feed = Feed(spec.batch_size)
+        self.feed = Feed(spec.batch_size, RANDOM_SLOTS if spec.train else 0)
         self.builds = 0  # pipelines built so far: one per run, plus one after each unreadable file
         self._batches = None  # the DALI iterator over the pipeline, once built
         self._in_pass = False  # a pass was started and not read to its end
@@ -245,21 +325,22 @@ class DaliLoader:
         self.epoch = epoch
         self.sampler.set_epoch(epoch, start=start_batch * self.spec.batch_size)
 
-    def _pass_files(self) -> tuple[list[str], list[int]]:
-        """This rank's files for the current pass, in order; training keeps only whole batches."""
-        order = [index for index, _ in self.sampler]
-        order = order[: max(0, self.num_samples - self.sampler.start)]
-        order = [i for i in order if self.samples[i][0] not in self.unreadable]
-        return [self.samples[i][0] for i in order], [self.samples[i][1] for i in order]
+    def _pass_files(self) -> tuple[list[str], list[int], list[int]]:
+        """This rank's files for the current pass, in order, with their labels and sample seeds; training
+        keeps only whole batches."""
+        order = list(self.sampler)[: max(0, self.num_samples - self.sampler.start)]
+        order = [(i, seed) for i, seed in order if self.samples[i][0] not in self.unreadable]
+        return ([self.samples[i][0] for i, _ in order], [self.samples[i][1] for i, _ in order],
+                [seed for _, seed in order])
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The pass's batches.  A file DALI cannot read or decode is found, reported once and left out, and
         the pass goes on from the batch it stopped at, as the pytorch backend skips what PIL cannot read."""
-        files, labels = self._pass_files()
+        files, labels, seeds = self._pass_files()
         done = 0  # files already delivered in batches
         while done < len(files):
             try:
-                for images, targets, fits in self._run(files[done:], labels[done:]):
+                for images, targets, fits in self._run(files[done:], labels[done:], seeds[done:]):
                     fed, done = files[done:done + len(targets)], done + len(targets)
                     if not bool(fits.all()):  # images past the size rule: blanks, left out here
                         for path in (path for path, fit in zip(fed, fits.tolist()) if not fit):
@@ -282,18 +363,20 @@ class DaliLoader:
                     raise UserError(_undecodable_message(window)) from None
                 for path in broken:
                     self.unreadable.add(path, decode_problem(path) or "")
-                kept = [(f, l) for f, l in zip(files[done:], labels[done:]) if f not in self.unreadable]
-                files = files[:done] + [f for f, _ in kept]
-                labels = labels[:done] + [l for _, l in kept]
+                kept = [i for i in range(done, len(files)) if files[i] not in self.unreadable]
+                files = files[:done] + [files[i] for i in kept]
+                labels = labels[:done] + [labels[i] for i in kept]
+                seeds = seeds[:done] + [seeds[i] for i in kept]
 
-    def _run(self, files: list[str], labels: list[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def _run(self, files: list[str], labels: list[int], seeds: list[int],
+             ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """The batches of ``files``, in order, from the split's pipeline (built on first use), each with the
         flags of the images that kept to the size rule."""
         if self._in_pass:  # the last pass was left part-way (--prof, an early stop): empty the queue
             self.feed.stop()
             for _ in self._batches:
                 pass
-        self.feed.start(files, labels)
+        self.feed.start(files, labels, seeds)
         if self._batches is None:
             self._batches = self._build()  # reads the first batches at once: decoding errors can start here
         else:
@@ -310,8 +393,8 @@ class DaliLoader:
     def _build(self):
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
-        seed = pipeline_seed(self.seed, self.epoch, self.runtime.rank) + len(self.unreadable)
-        pipeline = build_pipeline(self.spec, self.feed, seed % (2**31 - 1))
+        # Every random operator draws from the fed states; DALI's own seed (31 bits) is fixed all the same.
+        pipeline = build_pipeline(self.spec, self.feed, self.seed % (2**31 - 1))
         self.builds += 1
         # No reader to ask for the pass's length: the iterator runs until the feed raises StopIteration.
         return DALIGenericIterator(pipeline, ["images", "labels", "fits"])

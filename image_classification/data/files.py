@@ -5,7 +5,9 @@ never makes an image count twice or under another class: a directory already wal
 the class folder (``ln -s .. train/a/loop``) or one inside another class folder is not entered, and is
 reported instead.  Images are opened as 8-bit RGB; 16-bit greyscale (PNG ``I;16``) is scaled, not
 clipped.  One size rule holds everywhere (every backend, ``data.check``, classify.py): an image whose header
-declares more than :data:`MAX_IMAGE_PIXELS` pixels is unreadable, before any of it is decoded.
+declares more than :data:`MAX_IMAGE_PIXELS` pixels is unreadable, before any of it is decoded.  A JPEG's
+header is walked as libjpeg walks it, so the size checked is the size decoded; one in which libjpeg would
+find no frame header is unreadable under the same rule.
 """
 
 from __future__ import annotations
@@ -141,8 +143,132 @@ def check_size(width: int, height: int) -> None:
         raise ImageTooLarge()
 
 
+class UnreadableHeader(ValueError):
+    """A JPEG in which the frame header libjpeg would decode cannot be found for sure: the size rule cannot
+    be applied, so the image is unreadable (the same words on every path)."""
+
+    def __init__(self, why: str):
+        super().__init__(f"JPEG header cannot be read with certainty (size rule): {why}")
+
+
+# The byte after 0xFF, read as libjpeg(-turbo) reads the markers between the start of the image and its frame
+# header.  Each SOFn begins a frame header, the first one found is the frame decoded (a second is an error);
+# TEM and RST0-7 stand alone; the segments below carry a two-byte length and are skipped.  Any other marker
+# before a frame (SOS, EOI, a second SOI, JPG, DHP, EXP, JPGn, the reserved ones) stops libjpeg with an error.
+_SOF_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+_STANDALONE_MARKERS = {0x01, *range(0xD0, 0xD8)}
+_SKIPPED_SEGMENTS = {0xDC, 0xFE, *range(0xE0, 0xF0)}  # DNL, COM, APPn: a length under 2 skips nothing more
+_TABLE_SEGMENTS = {0xC4, 0xCC, 0xDB, 0xDD}  # DHT, DAC, DQT, DRI: libjpeg refuses a length under 2
+
+
+class _Bytes:
+    """Forward reads over a binary file from where it stands, a chunk at a time, so that walking the
+    markers of a large file never holds it all."""
+
+    CHUNK = 1 << 16
+
+    def __init__(self, handle):
+        self.handle, self.data, self.offset = handle, b"", 0  # data[offset:]: the bytes not yet taken
+
+    def take(self, count: int) -> bytes | None:
+        """The next ``count`` bytes, or None where the file ends first."""
+        while len(self.data) - self.offset < count:
+            more = self.handle.read(max(self.CHUNK, count))
+            if not more:
+                return None
+            self.data, self.offset = self.data[self.offset:] + more, 0
+        taken = self.data[self.offset:self.offset + count]
+        self.offset += count
+        return taken
+
+    def skip(self, count: int) -> None:
+        ahead = self.offset + count - len(self.data)
+        if ahead <= 0:
+            self.offset += count
+        else:
+            self.handle.seek(ahead, os.SEEK_CUR)
+            self.data, self.offset = b"", 0
+
+    def skip_past(self, value: bytes) -> bool:
+        """Skip to just after the next ``value`` byte; False where the file ends first."""
+        while (found := self.data.find(value, self.offset)) < 0:
+            self.data, self.offset = self.handle.read(self.CHUNK), 0
+            if not self.data:
+                return False
+        self.offset = found + 1
+        return True
+
+
+def _next_marker(source: _Bytes) -> int | None:
+    """The next marker, as libjpeg's ``next_marker`` finds it: bytes other than 0xFF are skipped (libjpeg
+    warns of "extraneous bytes" and goes on), as are 0xFF fill bytes and stuffed 0xFF 0x00 pairs."""
+    while source.skip_past(b"\xff"):
+        byte = source.take(1)
+        while byte == b"\xff":
+            byte = source.take(1)
+        if byte is None:
+            return None
+        if byte != b"\x00":
+            return byte[0]
+    return None
+
+
+def jpeg_size(handle) -> tuple[int, int]:
+    """(width, height) of the frame libjpeg decodes, from a binary file standing just past a JPEG's start
+    of image (0xFF 0xD8); :class:`UnreadableHeader` where no such frame can be found for sure.
+
+    This is libjpeg's own walk of the markers, so that no arrangement of markers, fill or junk can show
+    this reader one frame and the decoder (torchvision's, PIL's) another.
+    """
+    source = _Bytes(handle)
+    while True:
+        marker = _next_marker(source)
+        if marker is None:
+            raise UnreadableHeader("the file ends before its frame header")
+        if marker in _STANDALONE_MARKERS:
+            continue
+        if marker in _SOF_MARKERS:
+            frame = source.take(7)  # length, precision, height, width
+            if frame is None:
+                raise UnreadableHeader("the file ends inside its frame header")
+            height, width = struct.unpack(">HH", frame[3:7])
+            return width, height
+        if marker not in _SKIPPED_SEGMENTS and marker not in _TABLE_SEGMENTS:
+            raise UnreadableHeader(f"marker 0x{marker:02X} before the frame header, where libjpeg stops")
+        raw_length = source.take(2)
+        if raw_length is None:
+            raise UnreadableHeader("the file ends before its frame header")
+        length = struct.unpack(">H", raw_length)[0]
+        if length < 2 and marker in _TABLE_SEGMENTS:
+            raise UnreadableHeader(f"marker 0x{marker:02X} with a length of {length}, where libjpeg stops")
+        source.skip(max(length, 2) - 2)
+
+
+def is_jpeg(prefix: bytes) -> bool:
+    """A JPEG's signature, as PIL and torchvision recognise one (PIL reads only these as JPEG)."""
+    return prefix[:3] == b"\xff\xd8\xff"
+
+
+def check_jpeg_header(source) -> None:
+    """The size rule from the frame header libjpeg would decode, for a path or a binary file that holds a
+    JPEG (nothing otherwise); a file is left where it stood.  Raises ImageTooLarge or UnreadableHeader."""
+    if isinstance(source, (str, os.PathLike)):
+        with open(source, "rb") as handle:
+            check_jpeg_header(handle)
+        return
+    start = source.tell()
+    try:
+        if is_jpeg(source.read(3)):
+            source.seek(start + 2)
+            check_size(*jpeg_size(source))
+    finally:
+        source.seek(start)
+
+
 def open_image(source) -> Image.Image:
-    """``Image.open`` (which reads the header only) under the size rule: ImageTooLarge past the limit."""
+    """``Image.open`` (which reads the header only) under the size rule: ImageTooLarge past the limit, and
+    UnreadableHeader for a JPEG whose frame header cannot be found for sure."""
+    check_jpeg_header(source)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the rule below decides
         try:
@@ -157,34 +283,11 @@ def open_image(source) -> Image.Image:
     return image
 
 
-_SOF_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
-
-
-def jpeg_size(raw: bytes) -> tuple[int, int] | None:
-    """(width, height) from a JPEG's frame header, or None where there is none to find."""
-    position = 2  # after SOI
-    while position + 9 <= len(raw):
-        if raw[position] != 0xFF:
-            return None
-        marker = raw[position + 1]
-        if marker == 0xFF:  # fill byte
-            position += 1
-            continue
-        if marker in _SOF_MARKERS:
-            height, width = struct.unpack(">HH", raw[position + 5:position + 9])
-            return width, height
-        if marker == 0xD8 or 0xD0 <= marker <= 0xD7:  # markers without a length
-            position += 2
-            continue
-        position += 2 + struct.unpack(">H", raw[position + 2:position + 4])[0]
-    return None
-
-
 def open_rgb(source) -> Image.Image:
     """Open a path or binary file as an 8-bit RGB image (16-bit greyscale scaled by 255/65535).
 
-    Raises what PIL raises for a file that is not a readable image (OSError, ValueError, ...), and
-    ImageTooLarge.
+    Raises what PIL raises for a file that is not a readable image (OSError, ValueError, ...), ImageTooLarge
+    and UnreadableHeader.
     """
     with open_image(source) as image:
         if image.mode in _SIXTEEN_BIT_MODES:
@@ -214,9 +317,8 @@ def read_rgb_tensor(path: str) -> torch.Tensor:
     """
     with open(path, "rb") as handle:
         raw = handle.read()
-    size = jpeg_size(raw) if raw[:3] == b"\xff\xd8\xff" else None
-    if size is not None:
-        check_size(*size)
+    if is_jpeg(raw):
+        check_jpeg_header(io.BytesIO(raw))
         from torchvision.io import ImageReadMode, decode_jpeg
 
         try:
