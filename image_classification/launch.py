@@ -4,6 +4,9 @@ A preset is picked by model, platform, precision and mode (and optionally a reci
 ``{**precision[P], **platform[H], **models[M][H][P], **recipes[R], **mode[X]}`` (later entries win).  The
 result becomes the defaults of main.py's parser, so every flag given on the command line still wins.
 
+Like main.py's parser, this module imports no torch until a run starts: ``-h``, ``--list`` and a mistyped
+flag answer at once.
+
 The presets file is package data (``image_classification/configs.yml``, a link to the repository's
 ``configs.yml``, the one copy there is), so an installed package finds its presets too.
 """
@@ -21,7 +24,6 @@ import yaml
 from .arguments import build_parser as build_main_parser, flag_tokens, parse_args
 from .cli import UserErrorParser
 from .errors import UserError
-from .runtime import distributed_env
 
 # In a source tree the link resolves to the repository's configs.yml, the file users edit.
 DEFAULT_CFG_FILE = (Path(__file__).parent / "configs.yml").resolve()
@@ -215,6 +217,8 @@ def _typed(argv: Sequence[str], *flags: str) -> bool:
 
 def _notify(message: str) -> None:
     """A one-line notice, from the first process of a job only."""
+    from .runtime import distributed_env  # torch: only once a run starts, not for -h or --list
+
     rank, _, _ = distributed_env()
     if rank == 0:
         print(f"launch.py: {message}", file=sys.stderr, flush=True)

@@ -20,6 +20,7 @@ from image_classification.inference import image_transform, imagenet_class_names
 from image_classification.inference import main as classify_main
 from image_classification.models import build_model
 from image_classification.runtime import Runtime
+from image_classification.tool_arguments import classify_parser
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["class_00", "class_01", "class_02"]
@@ -160,8 +161,10 @@ def test_fast_paths_predict_what_the_plain_fp32_path_does(colour_checkpoint, ima
 
 
 def classify_runtime_of(monkeypatch, photo, argv: list[str], native: bool) -> Runtime:
-    """The runtime classify.py's main classifies with, on a CPU whose bf16 is native or not."""
+    """The runtime classify.py's main classifies with, on a CPU whose bf16 is native or not (as /proc/cpuinfo
+    says it, for the help, and as oneDNN does, for the run)."""
     monkeypatch.setattr(machine, "cpu_bf16_is_native", lambda: native)
+    monkeypatch.setattr(machine, "cpu_has_bf16", lambda: native)
     seen = []
     monkeypatch.setattr(inference, "classify_paths", lambda model, paths, runtime, *rest: seen.append(runtime) or [])
     assert classify_main(["-a", "resnet18", "--num-classes", "3", "--image", str(photo), "--cpu", *argv]) == 0
@@ -175,7 +178,7 @@ def test_cpu_default_is_bf16_only_where_it_is_native(monkeypatch, photo, native,
     the help says which default this machine gets."""
     runtime = classify_runtime_of(monkeypatch, photo, [], native)
     assert (runtime.device.type, runtime.amp_dtype, runtime.memory_format) == ("cpu", dtype, torch.channels_last)
-    assert words in " ".join(inference.build_parser().format_help().split())
+    assert words in " ".join(classify_parser().format_help().split())
 
 
 def test_an_explicit_precision_or_layout_wins_over_the_cpu_default(monkeypatch, photo, capsys):
@@ -331,7 +334,9 @@ def test_benchmark_runs_main_for_real(benchmark, tmp_path):
     ("x86_64", True, {"avx512f", "avx512bw"}, False),  # AVX512 alone: oneDNN emulates bf16
     ("x86_64", True, {"avx512f", "avx512_bf16"}, True),
     ("x86_64", True, {"avx512f", "amx_tile", "amx_bf16"}, True),
-    ("aarch64", True, set(), True),  # oneDNN's check is the BF16 extension itself
+    ("aarch64", True, {"fp", "asimd", "bf16"}, True),  # oneDNN's check is the BF16 extension itself
+    ("aarch64", True, {"fp", "asimd"}, False),
+    ("x86_64", True, None, True),  # no /proc/cpuinfo to read: oneDNN's word
 ])
 def test_cpu_bf16_is_native_needs_bf16_hardware(monkeypatch, arch, kernels, flags, native):
     from types import SimpleNamespace
