@@ -76,7 +76,9 @@ def load_image(path: str | os.PathLike, decode: bool = True) -> Image.Image | No
 def expand_image_paths(paths: Sequence[str]) -> list[Path]:
     """Files as given, folders replaced by the image files directly inside them (sorted).
 
-    Every file's header is read, so a missing or non-image file stops the run before the model is built.
+    A path that does not exist, or a folder without images, stops the run before the model is built.  Every
+    file's header is read: as in training, an unreadable image is named on stderr and left out, and only when
+    none is readable does the run stop (one line, naming the first).
     """
     found: list[Path] = []
     for raw in paths:
@@ -90,9 +92,27 @@ def expand_image_paths(paths: Sequence[str]) -> list[Path]:
             found.append(path)
         else:
             raise UserError(f"image file {path} does not exist")
+    readable, problems = [], []
     for path in found:
-        load_image(path, decode=False)
-    return found
+        try:
+            load_image(path, decode=False)
+        except UserError as error:
+            problems.append(str(error))
+            continue
+        readable.append(path)
+    if not readable:
+        if len(problems) == 1:
+            raise UserError(problems[0])
+        raise UserError(f"none of the {len(problems)} images could be read: {problems[0]}, and "
+                        f"{len(problems) - 1} more")
+    for problem in problems:
+        skipped(problem)
+    return readable
+
+
+def skipped(problem: str) -> None:
+    """Name an image left out on stderr, as training does with an unreadable image."""
+    warn(f"warning: skipped: {problem}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -206,12 +226,21 @@ def top_predictions(probabilities: torch.Tensor, names: Sequence[str], k: int) -
 
 def classify_paths(model: nn.Module, paths: Sequence[Path], runtime: Runtime, preprocessing: Preprocessing | int,
                    names: Sequence[str], topk: int) -> Iterator[tuple[Path, list[dict]]]:
-    """(path, top-k predictions) for every image, classified ``BATCH_SIZE`` at a time."""
+    """(path, top-k predictions) for every image, classified ``BATCH_SIZE`` at a time; an image that cannot be
+    decoded (a header that reads, a body that does not) is named on stderr and left out."""
     transform = image_transform(preprocessing)
     for start in range(0, len(paths), BATCH_SIZE):
-        chunk = paths[start:start + BATCH_SIZE]
-        batch = torch.stack([transform(load_image(path)) for path in chunk])
-        for path, probabilities in zip(chunk, predict(model, batch, runtime)):
+        chunk, images = [], []
+        for path in paths[start:start + BATCH_SIZE]:
+            try:
+                images.append(transform(load_image(path)))
+            except UserError as error:
+                skipped(str(error))
+                continue
+            chunk.append(path)
+        if not chunk:
+            continue
+        for path, probabilities in zip(chunk, predict(model, torch.stack(images), runtime)):
             yield path, top_predictions(probabilities, names, topk)
 
 
@@ -262,7 +291,9 @@ def classify(args: argparse.Namespace) -> int:
     else:
         runtime = classify_runtime(args.device, args.precision, args.memory_format)
         model = loaded.model.to(runtime.device, memory_format=runtime.memory_format)
+    predicted = 0
     for path, predictions in classify_paths(model, paths, runtime, preprocessing, names, args.topk):
+        predicted += 1
         if args.json:
             print(json.dumps({"path": str(path), "predictions": predictions}), flush=True)
             continue
@@ -270,4 +301,6 @@ def classify(args: argparse.Namespace) -> int:
         for prediction in predictions:
             print(f"{prediction['label']}: {100 * prediction['probability']:.1f}%")
         sys.stdout.flush()
+    if not predicted:
+        raise UserError("none of the images could be read (each is named above)")
     return 0

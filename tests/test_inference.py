@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 from conftest import load_script
+from helpers import refused
 from image_classification import inference, machine
 from image_classification.arguments import parse_args
 from image_classification.cli import run
@@ -101,6 +102,35 @@ def test_classify_photo_without_weights_prints_falling_percentages(photo):
     assert "Traceback" not in result.stderr
 
 
+def test_a_folder_with_unreadable_images_still_gets_its_predictions(colour_checkpoint, image_folder, tmp_path,
+                                                                    capsys):
+    """As training does: each unreadable image (no image at all, or a body cut short behind a good header) is
+    named on stderr and left out, the others are classified; only a folder of none readable is an error."""
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    good = sorted((image_folder / "val" / "class_02").iterdir())[:2]
+    for path in good:
+        (folder / path.name).write_bytes(path.read_bytes())
+    (folder / "a_garbage.jpg").write_bytes(b"not a jpeg at all")
+    whole = good[0].read_bytes()
+    (folder / "z_cut.jpg").write_bytes(whole[:len(whole) // 2])  # the header reads, the pixels do not
+    argv = ["--weights", str(colour_checkpoint), "--precision", "FP32", "--json"]
+    assert run(classify_main, [*argv, "--image", str(folder)]) == 0
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["path"] for line in out.splitlines()] == [str(folder / p.name) for p in good]
+    assert [line.split(": ")[:2] for line in err.splitlines()] == [["warning", "skipped"]] * 2, err
+    assert "a_garbage.jpg" in err and "z_cut.jpg" in err
+
+    for path in good:
+        (folder / path.name).unlink()
+    assert run(classify_main, [*argv, "--image", str(folder)]) == 2
+    out, err = capsys.readouterr()
+    *skips, last = err.splitlines()
+    assert out == "" and last == "error: none of the images could be read (each is named above)"
+    assert len(skips) == 2 and "a_garbage.jpg" in skips[0] and "z_cut.jpg" in skips[1]  # cut: found decoding
+    assert "error: " in refused(run(classify_main, [*argv, "--image", str(folder / "a_garbage.jpg")]), capsys)
+
+
 def test_classify_names_the_trained_class(colour_checkpoint, image_folder, tmp_path):
     labels = tmp_path / "labels.txt"
     labels.write_text("red\ngreen\nblue\n")
@@ -166,7 +196,8 @@ def classify_runtime_of(monkeypatch, photo, argv: list[str], native: bool) -> Ru
     monkeypatch.setattr(machine, "cpu_bf16_is_native", lambda: native)
     monkeypatch.setattr(machine, "cpu_has_bf16", lambda: native)
     seen = []
-    monkeypatch.setattr(inference, "classify_paths", lambda model, paths, runtime, *rest: seen.append(runtime) or [])
+    monkeypatch.setattr(inference, "classify_paths",
+                        lambda model, paths, runtime, *rest: seen.append(runtime) or [(paths[0], [])])
     assert classify_main(["-a", "resnet18", "--num-classes", "3", "--image", str(photo), "--cpu", *argv]) == 0
     return seen[0]
 
