@@ -25,6 +25,7 @@ from .models import MODEL_CONFIGS, list_models
 
 DATA_BACKENDS = ("pytorch", "synthetic", "dali-cpu", "dali-gpu")
 DEFAULT_WORKERS = 5  # the reference's -j
+DEFAULT_RAPORT_FILE = "experiment_raport.json"
 BACKEND_ALIASES = {"syntetic": "synthetic"}  # the reference README's spelling
 LR_SCHEDULES = ("step", "linear", "cosine")
 OPTIMIZERS = ("sgd", "rmsprop", "adamw", "lamb", "lars")
@@ -252,7 +253,7 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     run.add_argument("--gather-checkpoints", metavar="N", type=int, nargs="?", const=-1, default=0,
                      help="also keep per-epoch checkpoints: alone, all of them; with N, the last N "
                      "(default: only the latest and the best are kept)")
-    run.add_argument("--raport-file", metavar="FILE", default="experiment_raport.json",
+    run.add_argument("--raport-file", metavar="FILE", default=DEFAULT_RAPORT_FILE,
                      help="file in which to store JSON experiment raport, inside the workspace "
                      "(default: experiment_raport.json)")
     run.add_argument("--tensorboard", metavar="DIR", default=None,

@@ -18,7 +18,7 @@ from typing import NoReturn
 
 import torch.distributed as dist
 
-from .arguments import parse_args
+from .arguments import DEFAULT_RAPORT_FILE, parse_args
 from .cli import report
 from .data import get_loaders
 from .distributed import lost_peer_reason
@@ -89,7 +89,8 @@ def _leave_distributed(workspace: Workspace, code: int) -> NoReturn:
 def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signals: StopSignal, log) -> int:
     saving = args.save_checkpoints and not args.evaluate
     if runtime.is_main:
-        workspace.check(saving, locking=not args.evaluate)
+        workspace.check(saving, locking=not args.evaluate,
+                        raport_must_be_new=args.evaluate and args.raport_file != DEFAULT_RAPORT_FILE)
     # Every check of the set-up (flags, dataset, weights, the checkpoint against the flags) comes before the
     # workspace is created and locked: a run refused for any of them leaves nothing behind.
     plan = resolve_run(args, runtime, workspace, log)
@@ -133,8 +134,9 @@ def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signa
 def _take_workspace(workspace: Workspace, saving: bool, evaluate: bool, log) -> None:
     """Create the workspace; a run that may write checkpoints locks it and clears what a killed save left.
 
-    An evaluation writes only a raport, to a file of its own (said here, and again at the end), so it takes
-    no lock: it may run beside the training run whose workspace it reads."""
+    An evaluation writes only a raport, to a file of its own (said here, and again at the end): the default
+    name when free, else one beside it named by the time; so it takes no lock, and may run beside the
+    training run whose workspace it reads."""
     workspace.prepare(saving)
     if evaluate:
         requested = workspace.raport

@@ -194,10 +194,11 @@ class Workspace:
             raise UserError(f"--checkpoint-filename {self.checkpoint_filename} is the workspace's lock file; "
                             "choose another name, such as checkpoint.pth.tar")
 
-    def check(self, saving: bool, *, locking: bool = True) -> None:
+    def check(self, saving: bool, *, locking: bool = True, raport_must_be_new: bool = False) -> None:
         """What :meth:`prepare` would refuse, and (``locking``: for a run that will take the lock) a workspace in
         use by another run, found without writing anything (nor creating the workspace): a run that stops
-        here leaves no trace."""
+        here leaves no trace.  ``raport_must_be_new``: an evaluation's ``--raport-file`` of the user's
+        choosing, which must not exist (see :meth:`claim_evaluation_raport`)."""
         self.check_names(saving)
         names = (self.raport_file,) + ((self.checkpoint_filename,) if saving else ())
         if self.path.exists() and not self.path.is_dir():
@@ -215,6 +216,9 @@ class Workspace:
         if not os.access(existing, os.W_OK | os.X_OK):
             raise UserError(f"--workspace {self.path} cannot be written: "
                             f"{'it' if self.path.exists() else existing} is read-only")
+        if raport_must_be_new and self.raport.exists():
+            raise UserError(f"--raport-file {self.raport} already holds records: an evaluation writes a raport of "
+                            "its own, never into another one; give another --raport-file, or move that file away")
         if locking:
             self._check_not_in_use()
 
@@ -350,7 +354,9 @@ class Workspace:
 
         An evaluation's records never go into a raport that holds another run's or evaluation's: appended,
         they would read as one run; a resume's offset would even cut the training records after it.  The
-        file is created exclusively, so two evaluations starting at once never share one either.
+        file is created exclusively, so two evaluations starting at once never share one either.  A name the
+        user chose is never replaced by another (a script would read the earlier file's numbers as this
+        run's): :meth:`check` refuses it when it exists.
         """
         wanted = self.raport
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

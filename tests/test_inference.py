@@ -347,6 +347,9 @@ def test_benchmark_stops_a_precision_at_the_first_failure(benchmark, tmp_path, c
 
 
 def test_benchmark_runs_main_for_real(benchmark, tmp_path):
+    (tmp_path / "runs").mkdir()
+    for stale in ("resnet18_FP32_b1.json", "resnet18_AMP_b2_warmup.json"):  # an earlier sweep's, measured again
+        (tmp_path / "runs" / stale).write_text("DLLL {}\n")
     code = benchmark.main(["-a", "resnet18", "--device", "cpu", "--batch-sizes", "1", "2",
                            "--iterations", "2", "--warmup", "1", "--image-size", "32", "--num-classes", "10",
                            "--output-dir", str(tmp_path)])

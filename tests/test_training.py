@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import REPO, write_image_folder
-from helpers import score_validations
+from helpers import refused, score_validations
 from image_classification import checkpoint as ckpt
 from image_classification.cli import run as cli_run
 from image_classification.errors import TrainingDiverged
@@ -159,6 +159,13 @@ def test_an_evaluation_writes_a_raport_of_its_own_and_says_where(tmp_path, tiny_
     assert main(evaluate) == 0
     assert "=> raport of this evaluation: experiment_raport.json" in capsys.readouterr().out
     assert sorted(p.name for p in here.iterdir()) == ["experiment_raport.json"]
+
+    # a name of the user's choosing is never swapped for another: a script would read the earlier numbers
+    assert main([*evaluate, "--raport-file", "eval.json"]) == 0
+    first = (here / "eval.json").read_bytes()
+    line = refused(cli_run(main, [*evaluate, "--raport-file", "eval.json"]), capsys)
+    assert "--raport-file eval.json already holds records" in line
+    assert (here / "eval.json").read_bytes() == first and len(list(here.iterdir())) == 2
 
 
 def test_pretrained_weights_with_another_head_are_fine_tuned(image_folder, tmp_path, capsys):
