@@ -200,27 +200,34 @@ class Workspace:
         here leaves no trace.  ``raport_must_be_new``: an evaluation's ``--raport-file`` of the user's
         choosing, which must not exist (see :meth:`claim_evaluation_raport`)."""
         self.check_names(saving)
-        names = (self.raport_file,) + ((self.checkpoint_filename,) if saving else ())
-        if self.path.exists() and not self.path.is_dir():
-            raise UserError(f"--workspace {self.path} is a file, not a folder")
-        existing = _nearest_existing(self.path)
-        if not existing.is_dir():
-            raise UserError(f"--workspace {self.path} cannot be made: {existing} is a file")
-        for name in names:
-            target = self.path / name
-            if not _nearest_existing(target.parent).is_dir():
-                raise UserError(f"{_nearest_existing(target.parent)} is a file, so {name} cannot be written "
-                                "inside --workspace")
-            if target.is_dir():
-                raise UserError(f"{target} is a folder; it must be free for a file")
-        if not os.access(existing, os.W_OK | os.X_OK):
-            raise UserError(f"--workspace {self.path} cannot be written: "
-                            f"{'it' if self.path.exists() else existing} is read-only")
+        try:
+            self._check_writable(saving)
+        except OSError as error:  # a path too long for the file system, say
+            raise self._cannot_write(error) from None
         if raport_must_be_new and self.raport.exists():
             raise UserError(f"--raport-file {self.raport} already holds records: an evaluation writes a raport of "
                             "its own, never into another one; give another --raport-file, or move that file away")
         if locking:
             self._check_not_in_use()
+
+    def _check_writable(self, saving: bool) -> None:
+        """A workspace that is a file or lies below one, a file name whose folder is a file or whose place a
+        folder takes, a workspace (or the folder it would be made in) that cannot be written."""
+        if self.path.exists() and not self.path.is_dir():
+            raise UserError(f"--workspace {self.path} is a file, not a folder")
+        existing = _nearest_existing(self.path)
+        if not existing.is_dir():
+            raise UserError(f"--workspace {self.path} cannot be made: {existing} is a file")
+        for name in (self.raport_file,) + ((self.checkpoint_filename,) if saving else ()):
+            target = self.path / name
+            holder = _nearest_existing(target.parent)
+            if not holder.is_dir():
+                raise UserError(f"{holder} is a file, so {name} cannot be written inside --workspace")
+            if target.is_dir():
+                raise UserError(f"{target} is a folder; it must be free for a file")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise UserError(f"--workspace {self.path} cannot be written: "
+                            f"{'it' if self.path.exists() else existing} is read-only")
 
     def _check_not_in_use(self) -> None:
         """Refuse a workspace whose lock another live run holds, as :meth:`lock` would, without taking it.
@@ -249,30 +256,26 @@ class Workspace:
             os.close(guard)
 
     def prepare(self, saving: bool) -> None:
-        """Create the workspace and prove it writable; :class:`UserError` (before any training) if not."""
-        self.check_names(saving)
-        if self.path.exists() and not self.path.is_dir():
-            raise UserError(f"--workspace {self.path} is a file, not a folder")
+        """Create the workspace (and the folders its file names hold) and prove it writable; what :meth:`check`
+        finds is refused first, and anything else that stops the writing is a :class:`UserError` too."""
+        self.check(saving, locking=False)
+        names = (self.raport_file,) + ((self.checkpoint_filename,) if saving else ())
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            for name in (self.raport_file, self.checkpoint_filename):
-                parent = (self.path / name).parent
-                if parent.exists() and not parent.is_dir():
-                    raise UserError(f"{parent} is a file, so {name} cannot be written inside --workspace")
-                parent.mkdir(parents=True, exist_ok=True)
-            for target in (self.raport, self.latest):
-                if target.is_dir():
-                    raise UserError(f"{target} is a folder; it must be free for a file")
+            for name in names:
+                (self.path / name).parent.mkdir(parents=True, exist_ok=True)
             fd, probe = tempfile.mkstemp(prefix=".write-test.", suffix=TEMP_SUFFIX, dir=self.path)
             os.close(fd)
             os.unlink(probe)
         except OSError as error:
-            if error.errno == errno.ENAMETOOLONG:
-                raise UserError(f"--workspace {self.path} with --checkpoint-filename / --raport-file makes a "
-                                "path too long for the file system; choose shorter names") from None
-            reason = "it is read-only" if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else \
-                (error.strerror or str(error))
-            raise UserError(f"--workspace {self.path} cannot be written: {reason}") from None
+            raise self._cannot_write(error) from None
+
+    def _cannot_write(self, error: OSError) -> UserError:
+        if error.errno == errno.ENAMETOOLONG:
+            return UserError(f"--workspace {self.path} with --checkpoint-filename / --raport-file makes a path too "
+                             "long for the file system; choose shorter names")
+        reason = "it is read-only" if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else \
+            (error.strerror or str(error))
+        return UserError(f"--workspace {self.path} cannot be written: {reason}")
 
     # -- lock ---------------------------------------------------------------------------------------
     def lock(self) -> None:
