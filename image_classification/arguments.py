@@ -3,26 +3,32 @@
 Every flag of the reference README's ``main.py -h`` keeps its name and meaning; the later reference
 flags and our own additions sit beside them in small groups.  ``launch.py`` feeds presets into
 :func:`build_parser` through ``set_defaults`` so that explicit flags still win.
+
+No torch here (nor in what this imports): ``-h`` and a mistyped flag answer before torch is loaded,
+which takes seconds.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 import reprlib
 import sys
+from dataclasses import dataclass
 from typing import Sequence
 
 from .cli import UserErrorParser, positive_float, positive_int
 from .errors import UserError
 from .gpu_affinity import MODES as GPU_AFFINITY_MODES
 from .models import MODEL_CONFIGS, list_models
-from .optim import OPTIMIZERS
 
 DATA_BACKENDS = ("pytorch", "synthetic", "dali-cpu", "dali-gpu")
 DEFAULT_WORKERS = 5  # the reference's -j
+DEFAULT_RAPORT_FILE = "experiment_raport.json"
 BACKEND_ALIASES = {"syntetic": "synthetic"}  # the reference README's spelling
 LR_SCHEDULES = ("step", "linear", "cosine")
+OPTIMIZERS = ("sgd", "rmsprop", "adamw", "lamb", "lars")
 INTERPOLATIONS = ("bilinear", "bicubic", "triangular")
 AUGMENTATIONS = ("autoaugment", "randaugment", "trivialaugment", "augmix")
 RANDAUGMENT_BINS = 31  # torchvision's num_magnitude_bins: a magnitude is 0 to 30
@@ -247,7 +253,7 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     run.add_argument("--gather-checkpoints", metavar="N", type=int, nargs="?", const=-1, default=0,
                      help="also keep per-epoch checkpoints: alone, all of them; with N, the last N "
                      "(default: only the latest and the best are kept)")
-    run.add_argument("--raport-file", metavar="FILE", default="experiment_raport.json",
+    run.add_argument("--raport-file", metavar="FILE", default=DEFAULT_RAPORT_FILE,
                      help="file in which to store JSON experiment raport, inside the workspace "
                      "(default: experiment_raport.json)")
     run.add_argument("--tensorboard", metavar="DIR", default=None,
@@ -347,6 +353,33 @@ def _bare_gather_flag(argv: list[str]) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class CheckpointInterval:
+    """``--checkpoint-interval``: every ``iterations`` train iterations, or every ``seconds`` of wall time."""
+
+    iterations: int | None = None
+    seconds: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "CheckpointInterval":
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", str(text))
+        if not match:
+            raise ValueError(f"expected N (iterations) or Nm / Ns / Nh (minutes, seconds, hours), got {text!r}")
+        number, unit = float(match.group(1)), match.group(2)
+        if number <= 0:
+            raise ValueError(f"must be positive, got {text!r}")
+        if not unit:
+            if number != int(number):
+                raise ValueError(f"a number of iterations is a whole number, got {text!r}")
+            return cls(iterations=int(number))
+        return cls(seconds=number * {"s": 1, "m": 60, "h": 3600}[unit])
+
+    def __str__(self) -> str:
+        if self.iterations is not None:
+            return f"every {self.iterations} iterations"
+        return f"every {self.seconds / 60:g} minutes"
+
+
 MIN_IMAGE_SIZE = 32  # a ResNet reduces its input 32-fold
 # Every float flag ends up in float32 tensors (the optimizers' steps, the loss scale): a larger value overflows
 # there, in some optimizers as a crash, in others as weights that go non-finite, so it is a flag error.
@@ -408,8 +441,6 @@ def check_values(args: argparse.Namespace) -> None:
         if failed:
             raise UserError(message)
     if args.checkpoint_interval is not None:
-        from .plan import CheckpointInterval
-
         try:
             CheckpointInterval.parse(args.checkpoint_interval)
         except ValueError as error:

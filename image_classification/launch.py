@@ -4,6 +4,9 @@ A preset is picked by model, platform, precision and mode (and optionally a reci
 ``{**precision[P], **platform[H], **models[M][H][P], **recipes[R], **mode[X]}`` (later entries win).  The
 result becomes the defaults of main.py's parser, so every flag given on the command line still wins.
 
+Like main.py's parser, this module imports no torch until a run starts: ``-h``, ``--list`` and a mistyped
+flag answer at once.
+
 The presets file is package data (``image_classification/configs.yml``, a link to the repository's
 ``configs.yml``, the one copy there is), so an installed package finds its presets too.
 """
@@ -21,7 +24,6 @@ import yaml
 from .arguments import build_parser as build_main_parser, flag_tokens, parse_args
 from .cli import UserErrorParser
 from .errors import UserError
-from .runtime import distributed_env
 
 # In a source tree the link resolves to the repository's configs.yml, the file users edit.
 DEFAULT_CFG_FILE = (Path(__file__).parent / "configs.yml").resolve()
@@ -273,13 +275,42 @@ def build_parser(prog: str = "launch.py") -> argparse.ArgumentParser:
 IMAGENET_CLASSES = 1000
 
 
-def _typed(argv: Sequence[str], *flags: str) -> bool:
-    """Whether one of ``flags`` is on the command line (alone or as ``--flag=value``)."""
-    return any(token == flag or token.startswith(flag + "=") for token in argv for flag in flags)
+def without_imagenet_count(preset: dict, rest: Sequence[str]) -> dict:
+    """``preset`` without its ``num_classes: 1000`` unless the command line asks for a count: ImageNet's
+    count is the presets' default, not a choice, so main.py takes the checkpoint's or the dataset's class
+    folders instead, as for a run without a preset.  The run and ``--dry-run`` both start from this."""
+    typed = build_main_parser().parse_known_args(list(rest))[0].num_classes is not None
+    if preset.get("num_classes") != IMAGENET_CLASSES or typed:
+        return preset
+    return {key: value for key, value in preset.items() if key != "num_classes"}
+
+
+def class_count_note(args: argparse.Namespace, placeholder: bool) -> str:
+    """What the run's class count will be, in the order main.py decides it (``plan.resolve_num_classes``):
+    --num-classes, else the checkpoint's (or the evaluated weights'), else the dataset's class folders."""
+    if args.num_classes is not None:
+        return f"# classes: {args.num_classes} (--num-classes)"
+    if args.resume:
+        return "# classes: the checkpoint's (--resume), else one per class folder of the dataset"
+    if args.evaluate and args.pretrained_weights:
+        return "# classes: the weights' (--pretrained-weights), else one per class folder of the dataset"
+    if args.data_backend == "synthetic":
+        return f"# classes: {IMAGENET_CLASSES} (synthetic data)"
+    if placeholder:
+        return f"# classes: one per class folder of {DIR_PLACEHOLDER}"
+    from .data.layout import check_dataset
+
+    try:
+        classes = check_dataset(args.data, None, want_train=not args.evaluate, want_val=not args.training_only)
+    except UserError as error:
+        return f"# classes: one per class folder of {args.data}, but main.py would stop here: {error}"
+    return f"# classes: {len(classes)}, one per class folder of {args.data}"
 
 
 def _notify(message: str) -> None:
     """A one-line notice, from the first process of a job only."""
+    from .runtime import distributed_env  # torch: only once a run starts, not for -h or --list
+
     rank, _, _ = distributed_env()
     if rank == 0:
         print(f"launch.py: {message}", file=sys.stderr, flush=True)
@@ -287,7 +318,8 @@ def _notify(message: str) -> None:
 
 def dry_run_report(title: str, rest: Sequence[str], preset: dict, adapted: dict,
                    notices: Sequence[str], trainer: Sequence[str] = ("python", "main.py")) -> str:
-    """``--dry-run``'s text: the preset's main.py command as written, then what this machine changes.
+    """``--dry-run``'s text: the preset's main.py command as written, then what this machine changes, then
+    the class count the run will use (the dataset's, when the command names one).
 
     The first command depends on the presets file and the command line only, never on this machine.
     """
@@ -307,6 +339,7 @@ def dry_run_report(title: str, rest: Sequence[str], preset: dict, adapted: dict,
         lines.append(command(adapted))
     else:
         lines.append("# on this machine it runs as written")
+    lines.append(class_count_note(written, bool(placeholder)))
     return "\n".join(lines)
 
 
@@ -324,8 +357,8 @@ def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = Non
     missing = [f"--{name}" for name in required if getattr(launch, name) is None]
     if missing:
         raise UserError(f"launch.py: the following arguments are required: {', '.join(missing)}")
-    preset = resolve(launch.model, launch.precision, launch.mode, launch.platform, launch.cfg_file,
-                     recipe=launch.recipe)
+    preset = without_imagenet_count(resolve(launch.model, launch.precision, launch.mode, launch.platform,
+                                            launch.cfg_file, recipe=launch.recipe), rest)
     args = parse_args(rest, defaults=preset, require_data=not launch.dry_run, prog=prog)
     if cuda_available is None:
         import torch
@@ -338,9 +371,6 @@ def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = Non
                  f"from {launch.cfg_file}")
         print(dry_run_report(title, rest, preset, adapted, notices, trainer))
         return 0
-    if adapted.get("num_classes") == IMAGENET_CLASSES and not _typed(rest, "--num-classes", "--num_classes"):
-        # ImageNet's count is the presets' default, not a choice: another dataset's folders decide theirs
-        adapted = {key: value for key, value in adapted.items() if key != "num_classes"}
     for notice in notices:
         _notify(notice)
     if adapted != preset:  # this machine changed preset values: the flags typed still win over them

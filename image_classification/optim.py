@@ -8,6 +8,7 @@ import math
 import torch
 from torch import nn
 
+from .arguments import OPTIMIZERS
 from .errors import UserError
 
 STEP_MILESTONES = (30, 60, 80)
@@ -197,7 +198,6 @@ def make_optimizer(optimizer_class: type[torch.optim.Optimizer], groups: list[di
     return optimizer_class(groups, **options)
 
 
-OPTIMIZERS = ("sgd", "rmsprop", "adamw", "lamb", "lars")
 ADAM_BETAS = (0.9, 0.999)  # AdamW's and LAMB's (torch's default, the LAMB paper's)
 ADAMW_EPS, LAMB_EPS = 1e-8, 1e-6  # torch's AdamW default; the LAMB paper's (and timm's)
 

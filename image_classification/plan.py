@@ -13,7 +13,6 @@ import math
 import uuid
 import os
 import random
-import re
 import sys
 from dataclasses import dataclass, field, replace
 
@@ -24,7 +23,7 @@ from torch import nn
 
 from . import checkpoint as ckpt
 from . import machine
-from .arguments import DEFAULT_WORKERS
+from .arguments import DEFAULT_WORKERS, CheckpointInterval
 from .data import DataConfig, resolve_backend
 from .errors import UserError
 from .models import build_model, default_image_size, load_weights
@@ -56,33 +55,6 @@ def choose_loss_scale(amp_dtype: torch.dtype | None, static_loss_scale: float | 
             f"=> fp16 loss scale fixed at {static_loss_scale:g} (--static-loss-scale without "
             "--dynamic-loss-scale); steps whose gradients overflow are skipped, and the scale never adapts")
     return (DEFAULT_LOSS_SCALE if static_loss_scale is None else static_loss_scale), True, None
-
-
-@dataclass(frozen=True)
-class CheckpointInterval:
-    """``--checkpoint-interval``: every ``iterations`` train iterations, or every ``seconds`` of wall time."""
-
-    iterations: int | None = None
-    seconds: float | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> "CheckpointInterval":
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", str(text))
-        if not match:
-            raise ValueError(f"expected N (iterations) or Nm / Ns / Nh (minutes, seconds, hours), got {text!r}")
-        number, unit = float(match.group(1)), match.group(2)
-        if number <= 0:
-            raise ValueError(f"must be positive, got {text!r}")
-        if not unit:
-            if number != int(number):
-                raise ValueError(f"a number of iterations is a whole number, got {text!r}")
-            return cls(iterations=int(number))
-        return cls(seconds=number * {"s": 1, "m": 60, "h": 3600}[unit])
-
-    def __str__(self) -> str:
-        if self.iterations is not None:
-            return f"every {self.iterations} iterations"
-        return f"every {self.seconds / 60:g} minutes"
 
 
 @dataclass(frozen=True)

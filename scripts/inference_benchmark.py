@@ -132,6 +132,8 @@ def sweep(args: argparse.Namespace, runner: Runner,
     for precision in args.precisions:
         for batch_size in args.batch_sizes:
             name = f"{args.arch}_{precision}_b{batch_size}"
+            for raport in (f"{name}_warmup.json", f"{name}.json"):  # an earlier sweep's: measured again
+                (workspace / raport).unlink(missing_ok=True)
             try:
                 if args.warmup > 0:
                     call_main(runner, main_argv(args, precision, batch_size, args.warmup, workspace,

@@ -1,8 +1,13 @@
 """Every flag of the reference README's ``main.py -h`` parses with the same meaning."""
 
+import json
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
-from helpers import refused
+from helpers import REPO, refused
 from image_classification.arguments import build_parser, parse_args
 from image_classification.errors import UserError
 
@@ -157,3 +162,44 @@ def test_one_image_batches_that_batchnorm_cannot_train_are_refused(tmp_path, cap
     code = run(main, ["-a", tiny_arch, "--image-size", "32", "-b", "1", "--device", "cpu", "--data-backend",
                       "synthetic", "--prof", "1", "--epochs", "1", "--workspace", str(tmp_path)])
     assert "-b 1 cannot train at 32 px" in refused(code, capsys)
+
+
+# Every entry script with -h, and with a mistake in its flags, run one after another in one fresh interpreter.
+ANSWERS_WITHOUT_TORCH = textwrap.dedent("""
+    import contextlib, io, json, runpy, sys
+    answers = []
+    for argv in json.loads(sys.argv[1]):
+        sys.argv = argv
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                runpy.run_path(argv[0], run_name="__main__")
+                code = 0
+            except SystemExit as end:
+                code = end.code
+        answers.append([argv, code, out.getvalue(), err.getvalue()])
+    print(json.dumps({"answers": answers, "torch": sorted(m for m in sys.modules if m.split(".")[0] == "torch")}))
+""")
+PRESET = ["--model", "resnet50", "--precision", "AMP", "--mode", "convergence", "--platform", "DGXA100"]
+SCRIPTS = {"main.py": ["/data"], "launch.py": [*PRESET, "/data"], "classify.py": ["--image", "x.jpg"],
+           "multiproc.py": ["main.py"], "checkpoint2model.py": ["--checkpoint-path", "c", "--weight-path", "w"],
+           "model2onnx.py": ["--output", "m.onnx"]}
+
+
+def test_help_and_a_mistyped_flag_answer_before_torch_is_imported():
+    """Importing torch takes seconds: every script parses its flags first, so that -h, --list and a typo
+    answer at once (and the help texts that depend on the machine are computed without it)."""
+    cases = [[script, "-h"] for script in SCRIPTS] + [[script, "--no-such-flag", *rest]
+                                                      for script, rest in SCRIPTS.items()]
+    cases.append(["launch.py", "--list"])
+    result = subprocess.run([sys.executable, "-c", ANSWERS_WITHOUT_TORCH, json.dumps(cases)], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    for argv, code, out, err in report["answers"]:
+        if "--no-such-flag" in argv:
+            assert code == 2 and err.startswith("error: ") and "--no-such-flag" in err and err.count("\n") == 1, argv
+        else:
+            assert code == 0 and out and err == "", argv
+            assert "--list" in argv or out.startswith("usage: "), argv
+    assert report["torch"] == []

@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 from conftest import load_script
+from helpers import refused
 from image_classification import inference, machine
 from image_classification.arguments import parse_args
 from image_classification.cli import run
@@ -20,6 +21,7 @@ from image_classification.inference import image_transform, imagenet_class_names
 from image_classification.inference import main as classify_main
 from image_classification.models import build_model
 from image_classification.runtime import Runtime
+from image_classification.tool_arguments import classify_parser
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["class_00", "class_01", "class_02"]
@@ -100,6 +102,35 @@ def test_classify_photo_without_weights_prints_falling_percentages(photo):
     assert "Traceback" not in result.stderr
 
 
+def test_a_folder_with_unreadable_images_still_gets_its_predictions(colour_checkpoint, image_folder, tmp_path,
+                                                                    capsys):
+    """As training does: each unreadable image (no image at all, or a body cut short behind a good header) is
+    named on stderr and left out, the others are classified; only a folder of none readable is an error."""
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    good = sorted((image_folder / "val" / "class_02").iterdir())[:2]
+    for path in good:
+        (folder / path.name).write_bytes(path.read_bytes())
+    (folder / "a_garbage.jpg").write_bytes(b"not a jpeg at all")
+    whole = good[0].read_bytes()
+    (folder / "z_cut.jpg").write_bytes(whole[:len(whole) // 2])  # the header reads, the pixels do not
+    argv = ["--weights", str(colour_checkpoint), "--precision", "FP32", "--json"]
+    assert run(classify_main, [*argv, "--image", str(folder)]) == 0
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["path"] for line in out.splitlines()] == [str(folder / p.name) for p in good]
+    assert [line.split(": ")[:2] for line in err.splitlines()] == [["warning", "skipped"]] * 2, err
+    assert "a_garbage.jpg" in err and "z_cut.jpg" in err
+
+    for path in good:
+        (folder / path.name).unlink()
+    assert run(classify_main, [*argv, "--image", str(folder)]) == 2
+    out, err = capsys.readouterr()
+    *skips, last = err.splitlines()
+    assert out == "" and last == "error: none of the images could be read (each is named above)"
+    assert len(skips) == 2 and "a_garbage.jpg" in skips[0] and "z_cut.jpg" in skips[1]  # cut: found decoding
+    assert "error: " in refused(run(classify_main, [*argv, "--image", str(folder / "a_garbage.jpg")]), capsys)
+
+
 def test_classify_names_the_trained_class(colour_checkpoint, image_folder, tmp_path):
     labels = tmp_path / "labels.txt"
     labels.write_text("red\ngreen\nblue\n")
@@ -160,10 +191,13 @@ def test_fast_paths_predict_what_the_plain_fp32_path_does(colour_checkpoint, ima
 
 
 def classify_runtime_of(monkeypatch, photo, argv: list[str], native: bool) -> Runtime:
-    """The runtime classify.py's main classifies with, on a CPU whose bf16 is native or not."""
+    """The runtime classify.py's main classifies with, on a CPU whose bf16 is native or not (as /proc/cpuinfo
+    says it, for the help, and as oneDNN does, for the run)."""
     monkeypatch.setattr(machine, "cpu_bf16_is_native", lambda: native)
+    monkeypatch.setattr(machine, "cpu_has_bf16", lambda: native)
     seen = []
-    monkeypatch.setattr(inference, "classify_paths", lambda model, paths, runtime, *rest: seen.append(runtime) or [])
+    monkeypatch.setattr(inference, "classify_paths",
+                        lambda model, paths, runtime, *rest: seen.append(runtime) or [(paths[0], [])])
     assert classify_main(["-a", "resnet18", "--num-classes", "3", "--image", str(photo), "--cpu", *argv]) == 0
     return seen[0]
 
@@ -175,7 +209,7 @@ def test_cpu_default_is_bf16_only_where_it_is_native(monkeypatch, photo, native,
     the help says which default this machine gets."""
     runtime = classify_runtime_of(monkeypatch, photo, [], native)
     assert (runtime.device.type, runtime.amp_dtype, runtime.memory_format) == ("cpu", dtype, torch.channels_last)
-    assert words in " ".join(inference.build_parser().format_help().split())
+    assert words in " ".join(classify_parser().format_help().split())
 
 
 def test_an_explicit_precision_or_layout_wins_over_the_cpu_default(monkeypatch, photo, capsys):
@@ -313,6 +347,9 @@ def test_benchmark_stops_a_precision_at_the_first_failure(benchmark, tmp_path, c
 
 
 def test_benchmark_runs_main_for_real(benchmark, tmp_path):
+    (tmp_path / "runs").mkdir()
+    for stale in ("resnet18_FP32_b1.json", "resnet18_AMP_b2_warmup.json"):  # an earlier sweep's, measured again
+        (tmp_path / "runs" / stale).write_text("DLLL {}\n")
     code = benchmark.main(["-a", "resnet18", "--device", "cpu", "--batch-sizes", "1", "2",
                            "--iterations", "2", "--warmup", "1", "--image-size", "32", "--num-classes", "10",
                            "--output-dir", str(tmp_path)])
@@ -331,7 +368,9 @@ def test_benchmark_runs_main_for_real(benchmark, tmp_path):
     ("x86_64", True, {"avx512f", "avx512bw"}, False),  # AVX512 alone: oneDNN emulates bf16
     ("x86_64", True, {"avx512f", "avx512_bf16"}, True),
     ("x86_64", True, {"avx512f", "amx_tile", "amx_bf16"}, True),
-    ("aarch64", True, set(), True),  # oneDNN's check is the BF16 extension itself
+    ("aarch64", True, {"fp", "asimd", "bf16"}, True),  # oneDNN's check is the BF16 extension itself
+    ("aarch64", True, {"fp", "asimd"}, False),
+    ("x86_64", True, None, True),  # no /proc/cpuinfo to read: oneDNN's word
 ])
 def test_cpu_bf16_is_native_needs_bf16_hardware(monkeypatch, arch, kernels, flags, native):
     from types import SimpleNamespace

@@ -26,12 +26,14 @@ COMBINATIONS = [
 
 
 class DryRun(NamedTuple):
-    """What ``launch.py --dry-run`` printed: the preset as written, the run on this machine, the changes."""
+    """What ``launch.py --dry-run`` printed: the preset as written, the run on this machine, the changes,
+    and the class count the run will use."""
 
     written: argparse.Namespace
     run: argparse.Namespace
     notices: list[str]
     text: str
+    classes: str
 
 
 def _main_py(line: str) -> argparse.Namespace:
@@ -46,13 +48,15 @@ def _dry_run(argv: list[str], capsys, cuda_available: bool = True) -> DryRun:
     assert err == ""
     lines = out.splitlines()
     assert lines[0].startswith("# ") and "as written" in lines[0], out
+    classes = lines.pop()
+    assert classes.startswith("# classes: "), out
     written = _main_py(lines[1])
     if lines[2:] == ["# on this machine it runs as written"]:
-        return DryRun(written, written, [], out)
+        return DryRun(written, written, [], out, classes)
     assert lines[2] == "# on this machine, launch.py would change it:", out
     notices = [line.removeprefix("#   ") for line in lines[3:-1]]
     assert notices and all(line.startswith("#   ") for line in lines[3:-1]), out
-    return DryRun(written, _main_py(lines[-1]), notices, out)
+    return DryRun(written, _main_py(lines[-1]), notices, out, classes)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -158,6 +162,26 @@ def test_explicit_flags_beat_the_preset(capsys):
 def test_flags_may_come_before_the_launch_flags(capsys):
     args = _dry_run(["/data", "--epochs", "5", *RN50_A100], capsys).written
     assert args.epochs == 5 and args.arch == "resnet50"
+
+
+def test_the_dry_run_shows_the_class_count_the_run_will_use(image_folder, tmp_path, capsys, monkeypatch):
+    """The presets' num_classes 1000 is ImageNet's default: on a 3-class dataset the run takes the dataset's
+    count, and the dry run says so instead of printing --num-classes=1000."""
+    seen = {}
+    monkeypatch.setattr("image_classification.training.train", lambda args: seen.setdefault("args", args) and 0)
+    argv = [*RN50_A100, str(image_folder)]
+    dry = _dry_run(argv, capsys)
+    assert "--num-classes" not in dry.text and dry.written.num_classes is None
+    assert dry.classes == f"# classes: 3, one per class folder of {image_folder}"
+    assert launch.main(argv, cuda_available=True) == 0
+    assert seen.pop("args").num_classes == dry.run.num_classes  # main.py then counts the 3 folders
+
+    assert _dry_run([*argv, "--num-class", "1000"], capsys).classes == "# classes: 1000 (--num-classes)"
+    assert _dry_run(RN50_A100, capsys).classes == "# classes: one per class folder of DIR"
+    missing = _dry_run([*RN50_A100, str(tmp_path / "nowhere")], capsys).classes
+    assert missing.endswith(f"main.py would stop here: dataset directory {tmp_path / 'nowhere'} does not exist")
+    resumed = _dry_run([*argv, "--resume", "auto"], capsys).classes
+    assert resumed.startswith("# classes: the checkpoint's (--resume)")
 
 
 def test_yaml_num_classes_reaches_the_run(tmp_path, capsys, monkeypatch):
@@ -392,6 +416,7 @@ def test_dry_run_prints_the_preset_as_written_on_any_machine(capsys):
     on_cpu = _dry_run([*RN50_A100, "/data", "-b", "64"], capsys, cuda_available=False)
     assert on_gpu.text.splitlines()[:2] == on_cpu.text.splitlines()[:2]
     preset = launch.resolve("resnet50", "AMP", "convergence", "DGXA100", REPO / "configs.yml")
+    preset = launch.without_imagenet_count(preset, ["/data", "-b", "64"])  # the dataset's count, as the run
     assert parse_args(["/data", "-b", "64"], defaults=preset) == on_cpu.written
     assert on_cpu.written.amp_dtype == "float16" and on_cpu.written.gpu_affinity == "socket_unique_contiguous"
     assert on_cpu.written.device == "auto" and on_cpu.written.batch_size == 64

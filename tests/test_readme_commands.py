@@ -223,8 +223,9 @@ def _digits_folder(tmp_path_factory, name: str) -> Path:
     from skimage import data as samples
 
     folder = tmp_path_factory.mktemp(name)
-    _check(_run([sys.executable, "-m", "image_classification.demo", "--epochs", "1", "--prof", "4", "-j", "0"],
-                folder))
+    # the default recipe's workspace, which a demo run with flags of its own would leave alone
+    _check(_run([sys.executable, "-m", "image_classification.demo", "--epochs", "1", "--prof", "4", "-j", "0",
+                 "--workspace", "workspace/digits"], folder))
     for photo in ("photo.jpg", "cat.jpg", "photos/astronaut.jpg"):
         (folder / photo).parent.mkdir(exist_ok=True)
         Image.fromarray(samples.astronaut()).save(folder / photo, quality=90)
