@@ -5,9 +5,7 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
-import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -19,7 +17,7 @@ from .errors import UserError
 from .inference import load_model, warn
 from .integrity import recorded_description
 from .models.weights import checked_arch, extract_state_dict, recorded_num_classes
-from .onnx_runtime import ONNX_TOLERANCE, logit_limit, require_onnxruntime
+from .onnx_runtime import ONNX_TOLERANCE, export_onnx, logit_limit, require_onnxruntime
 from .signals import stop_raises
 from .tool_arguments import checkpoint2model_parser, model2onnx_parser
 
@@ -71,22 +69,6 @@ def checkpoint2model(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------------
 # model2onnx.py
 # ------------------------------------------------------------------------------------------------
-def export_onnx(model: nn.Module, example: torch.Tensor, path: str | os.PathLike, *, dynamic_batch: bool,
-                opset: int) -> None:
-    """Write ``model`` as ONNX with the TorchScript-based exporter: one self-contained file, no network,
-    the same call on torch 2.4 (where it is the default) and on later versions (``dynamo=False``)."""
-    kwargs = {"input_names": ["input"], "output_names": ["output"], "opset_version": opset,
-              "do_constant_folding": True}
-    if dynamic_batch:
-        kwargs["dynamic_axes"] = {"input": {0: "batch"}, "output": {0: "batch"}}
-    if "dynamo" in inspect.signature(torch.onnx.export).parameters:
-        kwargs["dynamo"] = False
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # torch >= 2.9 calls this exporter legacy
-        warnings.simplefilter("ignore", FutureWarning)
-        torch.onnx.export(model, (example,), str(path), **kwargs)
-
-
 def onnx_max_difference(path: str | os.PathLike, model: nn.Module,
                         inputs: Sequence[torch.Tensor]) -> tuple[float, float]:
     """Check the file with the ONNX checker, run it with onnxruntime on the CPU and return the largest

@@ -29,12 +29,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import inspect
 import json
 import os
 import re
 import secrets
 import stat
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -122,6 +124,22 @@ def weights_key(model: nn.Module, image_size: int, kind: ModelKind = FP32) -> st
 def probe_image(image_size: int) -> torch.Tensor:
     """The fixed input a cached model is checked on: standard normal pixels, as normalised images have."""
     return torch.randn(1, 3, image_size, image_size, generator=torch.Generator().manual_seed(0))
+
+
+def export_onnx(model: nn.Module, example: torch.Tensor, path: str | os.PathLike, *, dynamic_batch: bool,
+                opset: int) -> None:
+    """Write ``model`` as ONNX with the TorchScript-based exporter: one self-contained file, no network,
+    the same call on torch 2.4 (where it is the default) and on later versions (``dynamo=False``)."""
+    kwargs = {"input_names": ["input"], "output_names": ["output"], "opset_version": opset,
+              "do_constant_folding": True}
+    if dynamic_batch:
+        kwargs["dynamic_axes"] = {"input": {0: "batch"}, "output": {0: "batch"}}
+    if "dynamo" in inspect.signature(torch.onnx.export).parameters:
+        kwargs["dynamo"] = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch >= 2.9 calls this exporter legacy
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.onnx.export(model, (example,), str(path), **kwargs)
 
 
 def session(model: str | os.PathLike | bytes, threads: int | None = None):
@@ -229,8 +247,6 @@ def remove_stale_temporaries(folder: Path) -> list[Path]:
 def _exported(model: nn.Module, probe: torch.Tensor, target: Path, kind: ModelKind, expected: np.ndarray):
     """Export ``model`` to ``target``: its bytes, a session of them, and its logits for the probe, checked
     against PyTorch's."""
-    from .export import export_onnx
-
     export_onnx(model, torch.zeros_like(probe), target, dynamic_batch=True, opset=OPSET)
     content = target.read_bytes()
     runner = session(content)

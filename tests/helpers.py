@@ -196,13 +196,14 @@ def sigterm_noted():
 
 
 def sigterm_during_the_export(monkeypatch) -> None:
-    """``export.export_onnx`` writes part of its file, then gets a SIGTERM while it traces the model (sent by
-    this process to itself: signal handlers run in the main thread, so the test runs here)."""
+    """``export_onnx`` (model2onnx.py's and the ONNX cache's) writes part of its file, then gets a SIGTERM while
+    it traces the model (sent by this process to itself: signal handlers run in the main thread, so the test
+    runs here)."""
     import torch
 
-    from image_classification import export
+    from image_classification import export, onnx_runtime
 
-    exporter = export.export_onnx
+    exporter = onnx_runtime.export_onnx
 
     def export_onnx(model, example, path, **kwargs):
         Path(path).write_bytes(b"partial")
@@ -214,6 +215,7 @@ def sigterm_during_the_export(monkeypatch) -> None:
             hook.remove()
 
     monkeypatch.setattr(export, "export_onnx", export_onnx)
+    monkeypatch.setattr(onnx_runtime, "export_onnx", export_onnx)
 
 
 _STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1", "SIGINT")

@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from helpers import refused, sigterm_during_the_export, sigterm_noted, tiny_registered
-from image_classification import export, onnx_runtime
+from image_classification import onnx_runtime
 from image_classification.cli import run
 from image_classification.inference import main as classify_main
 from image_classification.models import build_model
@@ -78,14 +78,14 @@ def test_onnxruntime_predicts_what_torch_fp32_does_and_exports_once(weights, ima
     assert_same_predictions(onnx, plain)
     assert len(list(cache.glob("*.onnx"))) == 1 and not list(cache.glob(".*"))  # no temporary left
 
-    exporter = export.export_onnx
-    monkeypatch.setattr(export, "export_onnx", no_export)
+    exporter = onnx_runtime.export_onnx
+    monkeypatch.setattr(onnx_runtime, "export_onnx", no_export)
     assert predictions(capsys, common + ["--runtime", "onnxruntime"]) == onnx  # the cached file, as is
 
     changed = build_model("resnet18", num_classes=4).state_dict()
     changed["fc.bias"] += 1.0
     torch.save(changed, weights)
-    monkeypatch.setattr(export, "export_onnx", exporter)
+    monkeypatch.setattr(onnx_runtime, "export_onnx", exporter)
     predictions(capsys, common + ["--runtime", "onnxruntime"])
     assert len(list(cache.glob("*.onnx"))) == 2  # other weights, another file
 
@@ -241,7 +241,7 @@ def test_a_cached_model_that_is_not_the_export_of_these_weights_is_said_once_and
     if linked is not None:
         assert elsewhere.read_bytes() == linked  # the link was replaced, not written through
 
-    monkeypatch.setattr(export, "export_onnx", no_export)
+    monkeypatch.setattr(onnx_runtime, "export_onnx", no_export)
     assert predictions(capsys, argv + ["--runtime", "onnxruntime"]) != []  # now proven: used as it is
     assert capsys.readouterr().err == ""
 
@@ -327,7 +327,7 @@ def test_sigterm_during_the_export_stops_with_exit_75_and_leaves_no_temporary(
 def test_an_export_that_disagrees_with_pytorch_is_refused_and_not_cached(tiny, images, capsys, monkeypatch):
     other = tiny.file(tiny.other_key).read_bytes()
     shutil.rmtree(tiny.folder)
-    monkeypatch.setattr(export, "export_onnx", lambda model, example, path, **_: Path(path).write_bytes(other))
+    monkeypatch.setattr(onnx_runtime, "export_onnx", lambda model, example, path, **_: Path(path).write_bytes(other))
     assert run(classify_main, tiny_argv(tiny, images) + ["--runtime", "onnxruntime"]) == 2
     err = capsys.readouterr().err
     assert err.splitlines()[-1].startswith("error: the ONNX export of this model does not compute what PyTorch does (its logits")
@@ -339,6 +339,6 @@ def test_weights_whose_logits_overflow_are_refused_before_any_export(tiny, image
     state["fc.weight"].fill_(3e38)  # finite weights (loading refuses NaN), logits beyond float32
     torch.save(state, tmp_path / "huge.pth")
     argv = tiny_argv(dataclasses.replace(tiny, weights=tmp_path / "huge.pth"), images)
-    monkeypatch.setattr(export, "export_onnx", no_export)
+    monkeypatch.setattr(onnx_runtime, "export_onnx", no_export)
     line = refused(run(classify_main, argv + ["--runtime", "onnxruntime"]), capsys)
     assert line == "error: the model's outputs are NaN or inf on a probe image; its predictions would mean nothing"
