@@ -22,6 +22,7 @@ from .cli import UserErrorParser, positive_float, positive_int
 from .errors import UserError
 from .gpu_affinity import MODES as GPU_AFFINITY_MODES
 from .models import MODEL_CONFIGS, list_models
+from .tool_arguments import add_int8_arguments, check_int8_flags
 
 DATA_BACKENDS = ("pytorch", "synthetic", "dali-cpu", "dali-gpu")
 DEFAULT_WORKERS = 5  # the reference's -j
@@ -221,6 +222,13 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
                            help="a process that waits longer than this for the others of a distributed run "
                            "(one is gone or hung) stops with one line and exit code 5; raise it when saving "
                            "a checkpoint takes longer (default: 300)")
+
+    deployed = parser.add_argument_group("evaluation of the deployed model (with --evaluate)")
+    deployed.add_argument("--runtime", choices=("torch", "onnxruntime"), default="torch",
+                          help="onnxruntime: validate the model exported to ONNX (cached as classify.py caches "
+                          "it) and run by ONNX Runtime, through the same validation loop and raport as PyTorch's; "
+                          "on the CPU, or on CUDA with onnxruntime-gpu (default: torch)")
+    add_int8_arguments(deployed, "with --runtime onnxruntime, validate")
 
     run = parser.add_argument_group("run, checkpoints and logging")
     run.add_argument("--seed", metavar="SEED", type=int, default=None,
@@ -460,6 +468,22 @@ def validate_args(args: argparse.Namespace, *, require_data: bool = True) -> Non
     check_optimisation_combinations(args)
     if args.resume and args.pretrained_weights:
         raise UserError("--resume and --pretrained-weights exclude each other: a checkpoint already holds weights")
+    _check_runtime_flags(args)
+
+
+def _check_runtime_flags(args: argparse.Namespace) -> None:
+    """--runtime onnxruntime validates the exported graph as it is: only with --evaluate, and with nothing that
+    changes how PyTorch would run the model."""
+    check_int8_flags(args, needs_runtime=True)
+    if args.runtime != "onnxruntime":
+        return
+    if not args.evaluate:
+        raise UserError("--runtime onnxruntime validates an exported model: it needs --evaluate")
+    changes = [flag for flag, given in (("--amp", args.amp), ("--jit script", args.jit != "no"),
+                                        ("--compile", args.compile)) if given]
+    if changes:
+        raise UserError(f"--runtime onnxruntime runs the exported graph as it is (FP32, or int8 with --quantize "
+                        f"int8); leave out {changes[0]}")
 
 
 def _check_augmentation_flags(args: argparse.Namespace) -> None:

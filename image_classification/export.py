@@ -1,25 +1,28 @@
 """Getting a trained model out: ``checkpoint2model.py`` (training checkpoint -> plain weights) and
-``model2onnx.py`` (weights -> ONNX, checked against PyTorch with onnxruntime).
+``model2onnx.py`` (weights -> ONNX, FP32 or int8, checked against PyTorch with onnxruntime).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
 from .checkpoint import load_checkpoint, save_weights
 from .errors import UserError
-from .inference import load_model, warn
+from .inference import calibrate, load_model, warn
 from .integrity import recorded_description
 from .models.weights import checked_arch, extract_state_dict, recorded_num_classes
-from .onnx_runtime import ONNX_TOLERANCE, export_onnx, logit_limit, require_onnxruntime
+from .onnx_runtime import INT8, ONNX_TOLERANCE, export_onnx, logit_limit, require_onnxruntime
+from .quantization import Quantization, int8_request, quantize
 from .signals import stop_raises
-from .tool_arguments import checkpoint2model_parser, model2onnx_parser
+from .tool_arguments import check_int8_flags, checkpoint2model_parser, model2onnx_parser
 
 
 # ------------------------------------------------------------------------------------------------
@@ -69,38 +72,50 @@ def checkpoint2model(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------------
 # model2onnx.py
 # ------------------------------------------------------------------------------------------------
-def onnx_max_difference(path: str | os.PathLike, model: nn.Module,
-                        inputs: Sequence[torch.Tensor]) -> tuple[float, float]:
-    """Check the file with the ONNX checker, run it with onnxruntime on the CPU and return the largest
-    absolute difference from PyTorch's FP32 outputs over ``inputs``, and the largest absolute logit."""
+@dataclass
+class Agreement:
+    """How an ONNX graph's logits compare with PyTorch's FP32 ones over some batches."""
+
+    max_difference: float = 0.0  # the largest absolute logit difference
+    scale: float = 0.0  # the largest absolute PyTorch logit
+    agreeing: int = 0  # images whose top-1 class is PyTorch's
+    images: int = 0
+
+
+def onnx_agreement(path: str | os.PathLike, model: nn.Module, inputs: Sequence[torch.Tensor]) -> Agreement:
+    """Check the file with the ONNX checker, run it with onnxruntime on the CPU and compare its outputs on
+    ``inputs`` with PyTorch's FP32 ones."""
     import onnx
     import onnxruntime
 
     onnx.checker.check_model(str(path))
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    worst = scale = 0.0
+    found = Agreement()
     with torch.no_grad():
         for batch in inputs:
             expected = model(batch).numpy()
             (got,) = session.run(["output"], {"input": batch.numpy()})
             if got.shape != expected.shape:
                 raise RuntimeError(f"ONNX output shape {got.shape} differs from PyTorch's {expected.shape}")
-            worst = max(worst, float(abs(got - expected).max()))
-            scale = max(scale, float(abs(expected).max()))
-    return worst, scale
+            found.max_difference = max(found.max_difference, float(np.abs(got - expected).max()))
+            found.scale = max(found.scale, float(np.abs(expected).max()))
+            found.agreeing += int((got.argmax(1) == expected.argmax(1)).sum())
+            found.images += len(expected)
+    return found
 
 
-def default_onnx_path(weights: str | None, arch: str) -> Path:
-    """``w.pth.tar`` / ``w.pth`` / ``w.pt`` -> ``w.onnx`` beside it; ``<arch>.onnx`` without weights."""
+def default_onnx_path(weights: str | None, arch: str, suffix: str = "") -> Path:
+    """``w.pth.tar`` / ``w.pth`` / ``w.pt`` -> ``w.onnx`` beside it; ``<arch>.onnx`` without weights;
+    ``suffix`` (``_int8``) before ``.onnx``."""
     if not weights:
-        return Path(f"{arch}.onnx")
+        return Path(f"{arch}{suffix}.onnx")
     path = Path(weights)
     name = path.name
-    for suffix in (".pth.tar", ".pth", ".pt", ".tar"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
+    for ending in (".pth.tar", ".pth", ".pt", ".tar"):
+        if name.endswith(ending):
+            name = name[: -len(ending)]
             break
-    return path.with_name(name + ".onnx")
+    return path.with_name(name + suffix + ".onnx")
 
 
 def model2onnx_main(argv: Sequence[str] | None = None) -> int:
@@ -111,38 +126,72 @@ def model2onnx_main(argv: Sequence[str] | None = None) -> int:
 def model2onnx(args: argparse.Namespace) -> int:
     """Export and check the model that model2onnx.py's parsed arguments describe."""
     require_onnxruntime("model2onnx")
+    check_int8_flags(args, needs_runtime=False)
     if not args.weights and not args.pretrained:
         warn(f"warning: no --weights given: exporting {args.arch or 'resnet50'} with random weights")
     loaded = load_model(args.arch, args.weights, args.num_classes, args.model_config, args.pretrained)
     model = loaded.model.float().eval()
-    size = loaded.resolve_preprocessing(args.image_size).image_size
-    output = Path(args.output) if args.output else default_onnx_path(args.weights, loaded.arch)
+    preprocessing = loaded.resolve_preprocessing(args.image_size)
+    size = preprocessing.image_size
+    int8 = "_int8" if args.quantize else ""
+    output = Path(args.output) if args.output else default_onnx_path(args.weights, loaded.arch, int8)
     if output.is_dir():
         raise UserError(f"--output {output} is a folder; give a file name")
-    output.parent.mkdir(parents=True, exist_ok=True)
+    request = int8_request(args)
+    quantization = calibrate(request, preprocessing) if request is not None else None
+    dynamic = args.dynamic_batch or quantization is not None  # calibration runs batches of any size
 
     generator = torch.Generator().manual_seed(0)
     example = torch.randn(args.batch_size, 3, size, size, generator=generator)
     checks = [example]
-    if args.dynamic_batch:  # prove the batch dimension really is free
+    if dynamic:  # prove the batch dimension really is free
         checks.append(torch.randn(args.batch_size + 1, 3, size, size, generator=generator))
 
-    tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")  # renamed into place once it passed the check
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.{os.getpid()}.onnx.tmp")  # renamed into place once it passed the check
+    int8_tmp = output.with_name(f".{output.name}.{os.getpid()}.int8.onnx.tmp")
     with stop_raises("exporting the model to ONNX", f"{output} was not written"):  # exit 75, tmp removed
         try:
             print(f"Exporting {loaded.arch} ({loaded.num_classes} classes) at {size}x{size}, batch "
-                  f"{'dynamic' if args.dynamic_batch else args.batch_size}, opset {args.opset}", flush=True)
-            export_onnx(model, example, tmp, dynamic_batch=args.dynamic_batch, opset=args.opset)
-            difference, scale = onnx_max_difference(tmp, model, checks)
-            limit = logit_limit(ONNX_TOLERANCE, scale)
-            print(f"onnxruntime vs PyTorch, max abs difference of the logits: {difference:.3g} "
-                  f"(limit {limit:.3g}; largest logit {scale:.3g})", flush=True)
-            if not difference < limit:
-                warn(f"error: the ONNX model's outputs differ from PyTorch's by {difference:.3g} (limit "
-                     f"{limit:.3g}, 1e-3 of the largest logit {scale:.3g} or 1e-3 below 1); {output} was not written")
+                  f"{'dynamic' if dynamic else args.batch_size}, opset {args.opset}", flush=True)
+            export_onnx(model, example, tmp, dynamic_batch=dynamic, opset=args.opset)
+            found = onnx_agreement(tmp, model, checks)
+            limit = logit_limit(ONNX_TOLERANCE, found.scale)
+            print(f"onnxruntime vs PyTorch, max abs difference of the logits: {found.max_difference:.3g} "
+                  f"(limit {limit:.3g}; largest logit {found.scale:.3g})", flush=True)
+            if not found.max_difference < limit:
+                warn(f"error: the ONNX model's outputs differ from PyTorch's by {found.max_difference:.3g} (limit "
+                     f"{limit:.3g}, 1e-3 of the largest logit {found.scale:.3g} or 1e-3 below 1); {output} was not "
+                     "written")
                 return 1
-            os.replace(tmp, output)
+            written = tmp
+            if quantization is not None:
+                quantize(tmp, int8_tmp, quantization)
+                if not _int8_is_close(int8_tmp, model, quantization, output):
+                    return 1
+                written = int8_tmp
+            os.replace(written, output)
         finally:
             tmp.unlink(missing_ok=True)
+            int8_tmp.unlink(missing_ok=True)
     print(f"Saved {output}")
     return 0
+
+
+def _int8_is_close(path: Path, model: nn.Module, quantization: Quantization, output: Path) -> bool:
+    """Say how the int8 graph's predictions compare with PyTorch's FP32 ones on the calibration images; False
+    (said) where those of the first image differ by more than the ONNX cache accepts of an int8 model."""
+    images = torch.from_numpy(quantization.images)
+    found = onnx_agreement(path, model, [images[start:start + 32] for start in range(0, len(images), 32)])
+    probe = onnx_agreement(path, model, [quantization.probe()])
+    limit = logit_limit(INT8.tolerance, probe.scale, INT8.floor)
+    print(f"int8 vs PyTorch FP32 on the {found.images} calibration images: top-1 agreement "
+          f"{100 * found.agreeing / found.images:.1f}%, max abs difference of the logits {found.max_difference:.3g} "
+          f"(largest logit {found.scale:.3g}); on the first image {probe.max_difference:.3g} (limit {limit:.3g})",
+          flush=True)
+    if probe.max_difference > limit:
+        warn(f"error: the int8 model's logits on the first calibration image differ from PyTorch's by "
+             f"{probe.max_difference:.3g} (limit {limit:.3g}, {INT8.tolerance:g} of the largest logit); {output} "
+             "was not written; try another --calibration-method, or leave out --quantize")
+        return False
+    return True

@@ -29,10 +29,11 @@ from .errors import UserError
 from .integrity import recorded_description
 from .models import build_model, default_image_size, load_checkpoint_file, load_weights
 from .models.weights import checked_arch, checked_num_classes, fetch_pretrained, recorded_class_names
-from .onnx_runtime import OnnxModel
+from .onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
 from .preprocessing import Preprocessing, choose_preprocessing
+from .quantization import Int8Request, Quantization, int8_request, read_calibration
 from .runtime import Runtime, make_runtime
-from .tool_arguments import classify_parser
+from .tool_arguments import check_int8_flags, classify_parser
 
 BATCH_SIZE = 32  # images classified per forward pass
 
@@ -54,6 +55,12 @@ def image_transform(preprocessing: Preprocessing | int) -> Callable[[Image.Image
     mean = torch.tensor(preprocessing.mean).view(3, 1, 1)
     std = torch.tensor(preprocessing.std).view(3, 1, 1)
     return lambda image: (to_tensor(image).float() - mean) / std
+
+
+def calibrate(request: Int8Request, preprocessing: Preprocessing, log: Callable[[str], None] = warn) -> Quantization:
+    """The int8 calibration set ``request`` names, each image prepared as validation prepares it."""
+    transform = image_transform(preprocessing)
+    return read_calibration(request, lambda path: transform(load_image(path)), log)
 
 
 def load_image(path: str | os.PathLike, decode: bool = True) -> Image.Image | None:
@@ -274,8 +281,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def classify(args: argparse.Namespace) -> int:
     """Classify the images that classify.py's parsed arguments name; returns the exit code."""
-    if args.runtime == "onnxruntime" and (args.device == "cuda" or args.precision == "AMP"):
-        raise UserError("--runtime onnxruntime runs FP32 on the CPU; leave out --device cuda and --precision AMP")
+    check_int8_flags(args, needs_runtime=True)
+    if args.runtime == "onnxruntime":
+        if args.precision == "AMP":
+            raise UserError("--runtime onnxruntime runs the exported graph as it is (FP32, or int8 with --quantize "
+                            "int8); leave out --precision AMP")
+        require_onnxruntime("--runtime onnxruntime")
     paths = expand_image_paths(args.image)
     if args.labels and not Path(args.labels).is_file():
         raise UserError(f"labels file {args.labels} does not exist")
@@ -286,8 +297,11 @@ def classify(args: argparse.Namespace) -> int:
     names = class_names_for(loaded.num_classes, args.labels, loaded.class_names)
     preprocessing = loaded.resolve_preprocessing(args.image_size)
     if args.runtime == "onnxruntime":
-        runtime = classify_runtime("cpu", "FP32", "nchw")
-        model = OnnxModel(loaded.model, preprocessing.image_size, log=warn)
+        device = onnx_device(args.device)
+        request = int8_request(args)
+        quantization = calibrate(request, preprocessing) if request is not None else None
+        runtime = classify_runtime("cpu", "FP32", "nchw")  # the images stay on the host: ONNX Runtime copies them
+        model = OnnxModel(loaded.model, preprocessing.image_size, warn, quantization, device)
     else:
         runtime = classify_runtime(args.device, args.precision, args.memory_format)
         model = loaded.model.to(runtime.device, memory_format=runtime.memory_format)

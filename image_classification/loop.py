@@ -24,6 +24,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -140,17 +141,23 @@ class Loop:
     """Epochs over the loaders: :meth:`fit` trains and validates, :meth:`evaluate` validates once.
 
     ``prefixes`` are the validations each epoch runs (``val``, and ``val_ema`` with an EMA; none with
-    ``--training-only``); ``show_progress`` draws progress bars under the log lines.
+    ``--training-only``); ``show_progress`` draws progress bars under the log lines.  ``evaluated``: what each
+    prefix validates instead of the engine's models (``--runtime onnxruntime``: callables on the device
+    batch returning logits), counted, timed and reported by the same validation.
     """
 
     def __init__(self, engine: Engine, raport: Raport, workspace: Workspace, control: RunControl, *,
-                 prefixes: list[str], show_progress: bool = False, log=print):
+                 prefixes: list[str], show_progress: bool = False, log=print,
+                 evaluated: dict[str, Callable[[torch.Tensor], torch.Tensor]] | None = None):
         self.engine, self.raport, self.workspace, self.control = engine, raport, workspace, control
         self.prefixes, self.show_progress, self.log = prefixes, show_progress, log
+        self.evaluated = evaluated
         self.config, self.runtime = engine.config, engine.runtime
         self._noted_short_epoch = False
 
-    def _models(self) -> dict[str, nn.Module]:
+    def _models(self) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+        if self.evaluated is not None:
+            return self.evaluated
         engine = self.engine
         return {"val": engine.model, "val_ema": engine.ema.module if engine.ema else None}
 
@@ -283,7 +290,8 @@ class Loop:
 
     # -- validation -----------------------------------------------------------------------------
     @torch.no_grad()
-    def validate(self, model: nn.Module, loader, prefix: str, epoch: int, progress_bar) -> ValResult:
+    def validate(self, model: Callable[[torch.Tensor], torch.Tensor], loader, prefix: str, epoch: int,
+                 progress_bar) -> ValResult:
         """Validate over this rank's share; counts are summed over ranks, so every image counts once.
 
         Records carry the step ``[epoch, training iteration, validation iteration]``: the training
@@ -291,7 +299,8 @@ class Loop:
         """
         config, runtime, raport = self.config, self.runtime, self.raport
         train_iteration = self.engine.progress.batch
-        model.eval()
+        if isinstance(model, nn.Module):
+            model.eval()
         ks = (1, config.topk)
         totals = torch.zeros(5, dtype=torch.float64, device=runtime.device)  # loss, top1, topk, count, bad
         length = len(loader) if config.prof <= 0 else min(config.prof, len(loader))

@@ -1,19 +1,22 @@
-"""classify.py ``--runtime onnxruntime``: the model exported to ONNX once, cached by a hash of its weights,
-and run by ONNX Runtime on the CPU.
+"""``--runtime onnxruntime``: the model exported to ONNX once (FP32, or int8 with ``--quantize int8``), cached
+by a hash of its weights, and run by ONNX Runtime (on the CPU; on CUDA through its CUDA execution provider).
 
 The cache key covers everything the exported graph depends on: every tensor of the state dict (names,
 dtypes, shapes and bytes) and :func:`export_description` (the model's class, the crop size, the kind of
-model, the exporter's opset, the versions of torch and onnx). A changed weights file therefore exports
-again; an unchanged one is read back.
+model, the exporter's opset, the versions of torch and onnx; for int8 also the calibration set's SHA-256,
+its size and method, ``reduce_range`` and ONNX Runtime's version, see :mod:`.quantization`). A changed
+weights file or calibration set therefore exports again; an unchanged one is read back.
 
 A cached model proves it is the export of these weights before it is used. Beside ``<key>.onnx`` lies
 ``<key>.json``, its record: the description, the SHA-256 and size of the file, and the logits ONNX Runtime
-gave for a fixed probe image when it was written. A run reads the file's bytes once and runs those bytes
-only when their hash is the recorded one and their logits for the probe agree with PyTorch's and with the
-recorded ones, within the tolerance of the model's kind (:class:`ModelKind`). Anything else (another model
-copied over it, a link, a flipped bit, a record of another export, no record) is said in one line and
-exported again. The bytes checked are the bytes run, so a file another process replaces meanwhile cannot
-slip in, and a link is never followed into somebody else's file: it is replaced.
+gave for a fixed probe image when it was written (an int8 model's probe: its first calibration image). A
+run reads the file's bytes once and runs those bytes only when their hash is the recorded one and their
+logits for the probe agree with PyTorch's and with the recorded ones, within the tolerances of the model's
+kind (:class:`ModelKind`). Anything else (another model copied over it, a link, a flipped bit, a record of
+another export, no record) is said in one line and exported again. The bytes checked are the bytes run, so
+a file another process replaces meanwhile cannot slip in, and a link is never followed into somebody else's
+file: it is replaced. The proof runs on the CPU whatever device the model then runs on, so that it means
+the same everywhere.
 
 Files are written under temporary names that name their writer (pid, process start, machine) and renamed
 into place, the model before its record, so that two processes exporting at once both end with a complete
@@ -27,6 +30,7 @@ cache holds ONNX graphs, which ONNX Runtime interprets as data: nothing in them 
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import hashlib
 import inspect
@@ -47,6 +51,7 @@ from torch import nn
 
 from . import machine
 from .errors import UserError
+from .quantization import Quantization, quantize
 from .signals import stop_raises
 from .workspace import stamp_is_dead, writer_stamp
 
@@ -58,21 +63,38 @@ RECORD_FORMAT = 1
 # when that exceeds 1: a model whose logits reach 1e5 (a briefly trained or diverging one) cannot agree
 # to 1e-3 in absolute terms in float32, and is no less correctly exported for it.
 ONNX_TOLERANCE = 1e-3
+# Largest int8 logit difference from PyTorch's FP32 on the probe (a calibration image), relative to the
+# largest logit whatever its size (int8's error scales with the activations). Measured: the demo's ResNet-18
+# differs by at most 0.2 on its 360 val images and 0.03 on its calibration images with minmax and percentile,
+# by up to 0.5 with entropy (it clips the largest activations); random tiny and ResNet-18 models on random
+# images by up to 0.17; another model of the same architecture by 0.8 or more. Against its own recorded
+# logits an int8 model is held to ONNX_TOLERANCE, as an FP32 one: the same bytes compute the same numbers.
+INT8_TOLERANCE = 0.6
+INT8_FLOOR = 1e-2  # logits all smaller than this: the tolerance is of this size
 
 _TEMPORARY = re.compile(r"^\.[0-9a-f]{32}\.(?P<stamp>\d+-(?:\d+|x)-[0-9a-f]{12})\.[0-9a-f]{8}\.(?:onnx|json)\.tmp$")
 
 
 @dataclass(frozen=True)
 class ModelKind:
-    """What a cached model is, and how closely its logits on the probe image must follow PyTorch's FP32 ones
-    (``tolerance``, relative to the largest logit where that exceeds 1): an export agrees to rounding; a
-    quantised model only roughly, so its kind names a looser tolerance."""
+    """What a cached model is, and how closely its logits on the probe (``probe`` names it) must follow
+    PyTorch's FP32 ones (``tolerance``) and those recorded when it was written (``recorded_tolerance``), both
+    relative to the largest logit where that exceeds ``floor`` (1 for the recorded ones): an FP32 export agrees
+    with both to rounding; an int8 model follows PyTorch only roughly, and its own record to rounding."""
 
     name: str
     tolerance: float
+    floor: float = 1.0
+    recorded_tolerance: float = ONNX_TOLERANCE
+    probe: str = "probe image"
 
 
 FP32 = ModelKind("fp32", ONNX_TOLERANCE)
+INT8 = ModelKind("int8", INT8_TOLERANCE, INT8_FLOOR, probe="first calibration image")
+
+
+def kind_of(quantization: Quantization | None) -> ModelKind:
+    return FP32 if quantization is None else INT8
 
 
 class _Mismatch(Exception):
@@ -98,22 +120,27 @@ def cache_dir() -> Path:
     return Path(base) / "image_classification" / "onnx"
 
 
-def logit_limit(tolerance: float, scale: float) -> float:
-    """The largest logit difference accepted: ``tolerance``, times the largest logit ``scale`` above 1."""
-    return tolerance * max(1.0, scale)
+def logit_limit(tolerance: float, scale: float, floor: float = 1.0) -> float:
+    """The largest logit difference accepted: ``tolerance``, times the largest logit ``scale`` above ``floor``."""
+    return tolerance * max(floor, scale)
 
 
-def export_description(model: nn.Module, image_size: int, kind: ModelKind = FP32) -> dict:
+def export_description(model: nn.Module, image_size: int, quantization: Quantization | None = None) -> dict:
     """What an exported graph depends on besides the weights; the cache key and the record hold it."""
     import onnx
 
-    return {"model": f"{type(model).__module__}.{type(model).__qualname__}", "image_size": image_size,
-            "kind": kind.name, "opset": OPSET, "torch": torch.__version__, "onnx": onnx.__version__}
+    description = {"model": f"{type(model).__module__}.{type(model).__qualname__}", "image_size": image_size,
+                   "kind": kind_of(quantization).name, "opset": OPSET, "torch": torch.__version__,
+                   "onnx": onnx.__version__}
+    if quantization is not None:
+        description["int8"] = quantization.description()
+    return description
 
 
-def weights_key(model: nn.Module, image_size: int, kind: ModelKind = FP32) -> str:
+def weights_key(model: nn.Module, image_size: int, quantization: Quantization | None = None) -> str:
     """A hex digest of what the exported graph depends on (see the module docstring)."""
-    digest = hashlib.sha256(json.dumps(export_description(model, image_size, kind), sort_keys=True).encode())
+    description = export_description(model, image_size, quantization)
+    digest = hashlib.sha256(json.dumps(description, sort_keys=True).encode())
     for name, tensor in model.state_dict().items():
         tensor = tensor.detach().cpu().contiguous().reshape(-1)
         digest.update(f"|{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
@@ -142,32 +169,69 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: str | os.PathLike
         torch.onnx.export(model, (example,), str(path), **kwargs)
 
 
-def session(model: str | os.PathLike | bytes, threads: int | None = None):
-    """An ONNX Runtime CPU session of a file or of its bytes, with every graph optimisation, on ``threads``
-    (default: this machine's cores) intra-op threads."""
+def providers(device: str = "cpu") -> list:
+    """ONNX Runtime's execution providers for ``device`` (from :func:`onnx_device`): the CPU's; on cuda
+    TensorRT's where present, then CUDA's (FP32 kept FP32: no TF32), then the CPU's for what they leave."""
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    import onnxruntime
+
+    chosen: list = []
+    if "TensorrtExecutionProvider" in onnxruntime.get_available_providers():
+        chosen.append(("TensorrtExecutionProvider", {"trt_engine_cache_enable": "True",
+                                                     "trt_engine_cache_path": str(cache_dir() / "tensorrt")}))
+    return chosen + [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+
+
+def onnx_device(choice: str) -> str:
+    """Where ONNX Runtime runs for ``--device`` ``choice``: cuda when asked (through ONNX Runtime's CUDA
+    execution provider, which onnxruntime-gpu has), and under auto where torch sees a GPU and that provider
+    is there; else the CPU."""
+    if choice == "cpu":
+        return "cpu"
+    if not torch.cuda.is_available():
+        if choice == "cuda":
+            raise UserError("--device cuda was asked for, but no CUDA device is available")
+        return "cpu"
+    import onnxruntime
+
+    available = onnxruntime.get_available_providers()
+    if "CUDAExecutionProvider" in available:
+        return "cuda"
+    if choice == "auto":
+        return "cpu"
+    raise UserError(f"--runtime onnxruntime on CUDA needs ONNX Runtime's CUDA execution provider, which "
+                    f"onnxruntime {onnxruntime.__version__} here lacks (it has {', '.join(available)}); pip install "
+                    "onnxruntime-gpu in place of onnxruntime, or run on the CPU (--device cpu)")
+
+
+def session(model: str | os.PathLike | bytes, threads: int | None = None, device: str = "cpu"):
+    """An ONNX Runtime session of a file or of its bytes on ``device`` (:func:`providers`), with every graph
+    optimisation, on ``threads`` (default: this machine's cores) intra-op threads."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = threads or machine.cores()
     source = model if isinstance(model, bytes) else str(model)
-    return onnxruntime.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    return onnxruntime.InferenceSession(source, options, providers=providers(device))
 
 
 def _run(runner, probe: torch.Tensor) -> np.ndarray:
     return runner.run(["output"], {"input": probe.numpy()})[0]
 
 
-def _disagreement(got: np.ndarray, expected: np.ndarray, whose: str, tolerance: float) -> str | None:
-    """How logits ``got`` for the probe image differ from ``expected`` (``whose``) beyond ``tolerance``;
-    None where they agree."""
+def _disagreement(got: np.ndarray, expected: np.ndarray, whose: str, tolerance: float, floor: float = 1.0,
+                  probe: str = "probe image") -> str | None:
+    """How logits ``got`` for the ``probe`` differ from ``expected`` (``whose``) beyond ``tolerance`` (see
+    :func:`logit_limit`); None where they agree."""
     if got.shape != expected.shape:
-        return f"its logits on the probe image have the shape {tuple(got.shape)}, {whose} {tuple(expected.shape)}"
+        return f"its logits on the {probe} have the shape {tuple(got.shape)}, {whose} {tuple(expected.shape)}"
     difference = float(np.abs(got.astype(np.float64) - expected).max())
-    limit = logit_limit(tolerance, float(np.abs(expected).max()))
+    limit = logit_limit(tolerance, float(np.abs(expected).max()), floor)
     if difference <= limit:
         return None
-    return f"its logits on the probe image differ from {whose} by {difference:.3g} (limit {limit:.3g})"
+    return f"its logits on the {probe} differ from {whose} by {difference:.3g} (limit {limit:.3g})"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -198,8 +262,9 @@ def _record_of(content: bytes, key: str, description: dict, logits: np.ndarray) 
 
 
 def _proven_session(path: Path, record_path: Path, key: str, description: dict, kind: ModelKind,
-                    probe: torch.Tensor, expected: np.ndarray):
-    """A session of the cached file when it proves to be this export (module docstring), else _Mismatch."""
+                    probe: torch.Tensor, expected: np.ndarray) -> tuple[bytes, object]:
+    """The cached file's bytes and a CPU session of them, when it proves to be this export (module
+    docstring); else _Mismatch."""
     try:
         record = json.loads(_read_file(record_path, "its record"))
         recorded = np.asarray(record["probe_logits"], dtype=np.float64)
@@ -216,11 +281,13 @@ def _proven_session(path: Path, record_path: Path, key: str, description: dict, 
         got = _run(runner, probe)
     except Exception as error:  # noqa: BLE001 (onnxruntime's own error types)
         raise _Mismatch(f"it does not run: {str(error)[:80]}") from None
-    for reference, whose in ((expected, "PyTorch's"), (recorded, "those recorded at its export")):
-        wrong = _disagreement(got, reference, whose, kind.tolerance)
+    checks = ((expected, "PyTorch's", kind.tolerance, kind.floor),
+              (recorded, "those recorded at its export", kind.recorded_tolerance, 1.0))
+    for reference, whose, tolerance, floor in checks:
+        wrong = _disagreement(got, reference, whose, tolerance, floor, kind.probe)
         if wrong:
             raise _Mismatch(wrong)
-    return runner
+    return content, runner
 
 
 def _create(folder: Path, key: str, suffix: str) -> Path:
@@ -244,14 +311,25 @@ def remove_stale_temporaries(folder: Path) -> list[Path]:
     return removed
 
 
-def _exported(model: nn.Module, probe: torch.Tensor, target: Path, kind: ModelKind, expected: np.ndarray):
-    """Export ``model`` to ``target``: its bytes, a session of them, and its logits for the probe, checked
-    against PyTorch's."""
-    export_onnx(model, torch.zeros_like(probe), target, dynamic_batch=True, opset=OPSET)
+def _exported(model: nn.Module, probe: torch.Tensor, target: Path, quantization: Quantization | None,
+              expected: np.ndarray):
+    """Export ``model`` to ``target`` (quantized, with ``quantization``): its bytes, a CPU session of them, and
+    its logits for the probe, checked against PyTorch's."""
+    if quantization is None:
+        export_onnx(model, torch.zeros_like(probe), target, dynamic_batch=True, opset=OPSET)
+    else:
+        with tempfile.TemporaryDirectory(prefix="image_classification-int8-") as scratch:
+            fp32 = Path(scratch) / "fp32.onnx"
+            export_onnx(model, torch.zeros_like(probe), fp32, dynamic_batch=True, opset=OPSET)
+            quantize(fp32, target, quantization)
     content = target.read_bytes()
     runner = session(content)
     got = _run(runner, probe)
-    wrong = _disagreement(got, expected, "PyTorch's", kind.tolerance)
+    kind = kind_of(quantization)
+    wrong = _disagreement(got, expected, "PyTorch's", kind.tolerance, kind.floor, kind.probe)
+    if wrong and quantization is not None:
+        raise UserError(f"the int8 model loses too much: {wrong}; nothing was cached; try another "
+                        "--calibration-method or other calibration images, or leave out --quantize int8")
     if wrong:
         raise UserError(f"the ONNX export of this model does not compute what PyTorch does ({wrong}); nothing "
                         "was cached; use --runtime torch")
@@ -263,15 +341,27 @@ def _cache_error(folder: Path, error: OSError) -> UserError:
                      "a writable folder")
 
 
-def cached_session(model: nn.Module, image_size: int, log: Callable[[str], None], kind: ModelKind = FP32):
-    """An ONNX Runtime session of ``model`` (FP32, NCHW, any batch size) from the cache, where the cached
-    file proves to be its export; else exported first (and cached where the cache can be written)."""
+def cached_session(model: nn.Module, image_size: int, log: Callable[[str], None],
+                   quantization: Quantization | None = None, device: str = "cpu"):
+    """An ONNX Runtime session on ``device`` of ``model`` (NCHW, any batch size; FP32, or int8 with
+    ``quantization``) from the cache, where the cached file proves to be its export; else exported first
+    (and cached where the cache can be written)."""
+    content, runner = cached_model(model, image_size, log, quantization)
+    return runner if device == "cpu" else session(content, device=device)
+
+
+def cached_model(model: nn.Module, image_size: int, log: Callable[[str], None],
+                 quantization: Quantization | None = None) -> tuple[bytes, object]:
+    """The bytes of ``model``'s export (see :func:`cached_session`) and a CPU session of them."""
+    if any(tensor.device.type != "cpu" for tensor in model.state_dict().values()):
+        model = copy.deepcopy(model).cpu()  # the probe runs on the CPU; the caller's model stays where it is
     model = model.float().eval()
     folder = cache_dir()
-    key = weights_key(model, image_size, kind)
-    description = export_description(model, image_size, kind)
+    kind = kind_of(quantization)
+    key = weights_key(model, image_size, quantization)
+    description = export_description(model, image_size, quantization)
     path, record_path = folder / f"{key}.onnx", folder / f"{key}.json"
-    probe = probe_image(image_size)
+    probe = probe_image(image_size) if quantization is None else quantization.probe()
     with torch.no_grad():
         expected = model(probe).double().numpy()
     if not np.isfinite(expected).all():
@@ -284,9 +374,10 @@ def cached_session(model: nn.Module, image_size: int, log: Callable[[str], None]
             return _proven_session(path, record_path, key, description, kind, probe, expected)
         except _Mismatch as mismatch:
             reason = str(mismatch)
+    what = "the model to ONNX" if quantization is None else "the model to ONNX and quantizing it to int8"
     notice = (f"cached ONNX model {path} does not match these weights ({reason}); exporting again" if reason
-              else f"exporting the model to ONNX once, cached as {path}")
-    with stop_raises("exporting the model to ONNX", "nothing was cached"):  # exit 75, temporaries removed
+              else f"exporting {what} once, cached as {path}")
+    with stop_raises(f"exporting {what}", "nothing was cached"):  # exit 75, temporaries removed
         try:
             folder.mkdir(parents=True, exist_ok=True)
             temporary = _create(folder, key, ".onnx.tmp")
@@ -295,12 +386,12 @@ def cached_session(model: nn.Module, image_size: int, log: Callable[[str], None]
                 raise _cache_error(folder, error) from None
             log(f"note: {notice}, to a temporary folder for this run: the cache cannot be written "
                 f"({error.strerror or error})")
-            return _export_for_this_run(model, probe, kind, expected)
+            return _export_for_this_run(model, probe, quantization, expected)
         log(f"note: {notice}")
         record_temporary = None
         try:
             try:
-                content, runner, got = _exported(model, probe, temporary, kind, expected)
+                content, runner, got = _exported(model, probe, temporary, quantization, expected)
             except OSError as error:  # a full disk
                 raise _cache_error(folder, error) from None
             try:
@@ -316,26 +407,33 @@ def cached_session(model: nn.Module, image_size: int, log: Callable[[str], None]
                 if leftover is not None:
                     with contextlib.suppress(OSError):
                         leftover.unlink()
-    return runner
+    return content, runner
 
 
-def _export_for_this_run(model: nn.Module, probe: torch.Tensor, kind: ModelKind, expected: np.ndarray):
-    """A session of ``model`` exported to a temporary folder, removed again: for a cache that cannot be written."""
+def _export_for_this_run(model: nn.Module, probe: torch.Tensor, quantization: Quantization | None,
+                         expected: np.ndarray) -> tuple[bytes, object]:
+    """``model`` exported to a temporary folder, removed again: for a cache that cannot be written."""
     try:
         with tempfile.TemporaryDirectory(prefix="image_classification-onnx-") as scratch:
-            return _exported(model, probe, Path(scratch) / "model.onnx", kind, expected)[1]
+            return _exported(model, probe, Path(scratch) / "model.onnx", quantization, expected)[:2]
     except OSError as error:
         raise UserError(f"cannot export the ONNX model to a temporary folder ({error.strerror or error}); set "
                         "TMPDIR to a writable folder") from None
 
 
 class OnnxModel:
-    """Called like the eval-mode model: float32 NCHW images in, logits out (a CPU tensor)."""
+    """Called like the eval-mode model: float32 NCHW images in, logits out, on the images' device.
 
-    def __init__(self, model: nn.Module, image_size: int, log: Callable[[str], None]):
+    ``quantization``: the int8 model calibrated so (else FP32); ``device``: where ONNX Runtime runs it
+    (cuda: its CUDA execution provider, see :func:`providers`).  ``description`` says which model it is, for
+    a raport."""
+
+    def __init__(self, model: nn.Module, image_size: int, log: Callable[[str], None],
+                 quantization: Quantization | None = None, device: str = "cpu"):
         require_onnxruntime("--runtime onnxruntime")
-        self._session = cached_session(model, image_size, log)
+        self._session = cached_session(model, image_size, log, quantization, device)
+        self.description = {**export_description(model, image_size, quantization), "device": device}
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         batch = images.detach().cpu().float().contiguous().numpy()
-        return torch.from_numpy(self._session.run(["output"], {"input": batch})[0])
+        return torch.from_numpy(self._session.run(["output"], {"input": batch})[0]).to(images.device)

@@ -30,6 +30,7 @@ from .models import build_model, default_image_size, load_weights
 from .models.weights import checked_arch, recorded_num_classes
 from .optim import lr_at
 from .preprocessing import Preprocessing, choose_preprocessing
+from .quantization import Int8Request, int8_request
 from .runtime import Runtime
 from .seeding import mix_seed
 from .workspace import Workspace
@@ -104,6 +105,8 @@ class RunConfig:
     print_freq: int = 10
     topk: int = 5
     evaluate: bool = False
+    runtime: str = "torch"  # what --evaluate validates: PyTorch's model, or ONNX Runtime's export of it
+    int8: Int8Request | None = None  # with onnxruntime: the int8 model calibrated so
     # what it writes
     run_id: str = ""  # names the run in its raport and checkpoints; kept across resumes
     resumed_from: str | None = None  # the checkpoint this run continues
@@ -311,7 +314,7 @@ def build_config(args: argparse.Namespace, *, seed: int, num_classes: int, prepr
         mixup_switch_prob=0.5 if args.mixup_switch_prob is None else args.mixup_switch_prob,
         seed=seed, run_epochs=args.run_epochs,
         early_stopping_patience=args.early_stopping_patience, prof=args.prof, print_freq=args.print_freq,
-        topk=topk, evaluate=args.evaluate, raport_file=args.raport_file,
+        topk=topk, evaluate=args.evaluate, runtime=args.runtime, int8=int8_request(args), raport_file=args.raport_file,
         save_checkpoints=args.save_checkpoints and not args.evaluate, gather_checkpoints=args.gather_checkpoints,
         checkpoint_interval=interval, tensorboard=args.tensorboard,
     )

@@ -10,7 +10,11 @@ import argparse
 
 from . import machine
 from .cli import UserErrorParser, positive_int
+from .errors import UserError
 from .models import MODEL_CONFIGS, list_models
+
+CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
+DEFAULT_CALIBRATION_IMAGES = 100
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, default_arch: str | None) -> None:
@@ -33,6 +37,42 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_arch: str | Non
     group.add_argument("--image-size", metavar="S", type=positive_int, default=None,
                        help="crop size (default: the size the weights were trained at when they record it, "
                        "else the architecture's, 224)")
+
+
+def add_int8_arguments(group: argparse._ArgumentGroup, what: str) -> None:
+    """``--quantize int8`` and its calibration flags, shared by classify.py, model2onnx.py and main.py
+    (``what``: what the int8 model does there)."""
+    group.add_argument("--quantize", choices=("int8",), default=None,
+                       help=f"int8: {what} ONNX Runtime's static int8 quantization of the model (QDQ, int8 "
+                       "weights per output channel, uint8 activations, float logits), calibrated on --calibration-data; "
+                       "7-bit weights (reduce_range) on a CPU without VNNI or AMX-INT8 (default: off, FP32)")
+    group.add_argument("--calibration-data", metavar="DIR", default=None,
+                       help="--quantize int8: images whose activations set the int8 ranges, prepared as "
+                       "validation prepares them: a folder of class folders (chosen evenly over the classes) "
+                       "or a folder of images")
+    group.add_argument("--calibration-images", metavar="N", type=positive_int, default=None,
+                       help=f"--quantize int8: how many images of --calibration-data, chosen without randomness "
+                       f"(default: {DEFAULT_CALIBRATION_IMAGES})")
+    group.add_argument("--calibration-method", choices=CALIBRATION_METHODS, default=None,
+                       help="--quantize int8: minmax: the activations' extremes; entropy, percentile: ranges "
+                       "that clip rare outliers (default: minmax)")
+
+
+def check_int8_flags(args: argparse.Namespace, needs_runtime: bool) -> None:
+    """Each int8 flag comes with what it tunes (alone it would do nothing, silently); ``needs_runtime``:
+    --quantize also needs --runtime onnxruntime. Raises :class:`UserError`."""
+    given = [flag for flag, value in (("--calibration-data", args.calibration_data),
+                                      ("--calibration-images", args.calibration_images),
+                                      ("--calibration-method", args.calibration_method)) if value is not None]
+    if args.quantize is None:
+        if given:
+            raise UserError(f"{given[0]} calibrates an int8 model: it needs --quantize int8")
+        return
+    if needs_runtime and args.runtime != "onnxruntime":
+        raise UserError("--quantize int8 runs the model with ONNX Runtime: it needs --runtime onnxruntime")
+    if args.calibration_data is None:
+        raise UserError("--quantize int8 needs --calibration-data DIR: images whose activations set the int8 "
+                        "ranges (a hundred or so of the training images)")
 
 
 def precision_default_text() -> str:
@@ -64,7 +104,9 @@ def classify_parser() -> argparse.ArgumentParser:
     run.add_argument("--cpu", dest="device", action="store_const", const="cpu", help="same as --device cpu")
     run.add_argument("--runtime", choices=("torch", "onnxruntime"), default="torch",
                      help="onnxruntime: export the model to ONNX once (cached by a hash of its weights) and run "
-                     "it with ONNX Runtime, FP32 on the CPU; needs the onnx extra (default: torch)")
+                     "it with ONNX Runtime, on the CPU, or on CUDA with onnxruntime-gpu; needs the onnx extra "
+                     "(default: torch)")
+    add_int8_arguments(run, "with --runtime onnxruntime, classify with")
     run.add_argument("--topk", metavar="K", type=positive_int, default=5,
                      help="how many classes to show per image (default: 5)")
     run.add_argument("--labels", metavar="FILE", default=None,
@@ -100,7 +142,9 @@ def model2onnx_parser() -> argparse.ArgumentParser:
                        help="batch size of the exported graph; with --dynamic-batch only the example's "
                        "(default: 256)")
     group.add_argument("--dynamic-batch", action="store_true",
-                       help="leave the batch dimension free (named 'batch') instead of fixing it to -b")
+                       help="leave the batch dimension free (named 'batch') instead of fixing it to -b (always "
+                       "with --quantize int8)")
     group.add_argument("--opset", metavar="N", type=positive_int, default=17,
                        help="ONNX opset version (default: 17)")
+    add_int8_arguments(group, "write the model after")
     return parser

@@ -24,7 +24,9 @@ from .data import get_loaders
 from .distributed import lost_peer_reason
 from .engine import Engine
 from .errors import PeerLost, UserError
+from .inference import calibrate
 from .loop import Loop, RunControl, register_metrics
+from .onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
 from .plan import RunConfig, resolve_run
 from .raport import Raport
 from .runtime import Runtime, make_runtime
@@ -104,11 +106,14 @@ def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signa
                     log=log)
     if plan.resumed is not None:
         engine.load_state_dict(plan.resumed)
+    evaluated = onnx_models(config, runtime, engine, log) if config.runtime == "onnxruntime" else None
     if runtime.is_main:
         _take_workspace(workspace, saving, config.evaluate, log)
     raport = open_raport(config, runtime, plan.resumed, workspace)
     raport.parameters({**plan.parameters, "raport_file": workspace.raport_file})
     raport.parameters({f"model.{k}": v for k, v in config.model_options})
+    if evaluated is not None:
+        raport.parameters({f"onnx.{prefix}": model.description for prefix, model in evaluated.items()})
     prefixes = [] if args.training_only else ["val"] + (["val_ema"] if engine.ema else [])
     register_metrics(raport, prefixes, config.topk, training=not config.evaluate)
     show_progress = runtime.is_main and sys.stdout.isatty()
@@ -117,7 +122,8 @@ def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signa
 
         raport.echo = tqdm.write
     control = RunControl(runtime, signals, config.checkpoint_interval, engine.progress.iterations)
-    loop = Loop(engine, raport, workspace, control, prefixes=prefixes, show_progress=show_progress, log=log)
+    loop = Loop(engine, raport, workspace, control, prefixes=prefixes, show_progress=show_progress, log=log,
+                evaluated=evaluated)
     try:
         if config.evaluate:
             code = loop.evaluate(val_loader)
@@ -129,6 +135,18 @@ def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signa
     _print_summary(config, runtime, engine, summary, workspace, train_loader, val_loader)
     log("Experiment ended")
     return code
+
+
+def onnx_models(config: RunConfig, runtime: Runtime, engine: Engine, log) -> dict[str, OnnxModel]:
+    """What ``--evaluate --runtime onnxruntime`` validates: the engine's model (and EMA) exported through the
+    ONNX cache, int8 where asked, run by ONNX Runtime on the run's device.  Before the workspace is taken:
+    an unreadable calibration set is refused with nothing written."""
+    require_onnxruntime("--runtime onnxruntime")
+    device = onnx_device(runtime.device.type)
+    quantization = calibrate(config.int8, config.preprocessing, log) if config.int8 is not None else None
+    modules = {"val": engine.base_model, "val_ema": engine.ema.module if engine.ema else None}
+    return {prefix: OnnxModel(module, config.preprocessing.image_size, log, quantization, device)
+            for prefix, module in modules.items() if module is not None}
 
 
 def _take_workspace(workspace: Workspace, saving: bool, evaluate: bool, log) -> None:

@@ -117,7 +117,7 @@ def test_onnx_mismatch_fails_and_writes_nothing(tmp_path, monkeypatch, capsys):
         Path(path).write_bytes(b"onnx")
 
     monkeypatch.setattr(export, "export_onnx", fake_export)
-    monkeypatch.setattr(export, "onnx_max_difference", lambda *_: (0.5, 20.0))  # limit 0.02
+    monkeypatch.setattr(export, "onnx_agreement", lambda *_: export.Agreement(0.5, 20.0, 1, 1))  # limit 0.02
     output = tmp_path / "model.onnx"
     argv = ["-a", "resnet18", "--output", str(output), "-b", "1", "--image-size", "32"]
     code = export.model2onnx_main(argv)

@@ -90,12 +90,20 @@ def test_onnxruntime_predicts_what_torch_fp32_does_and_exports_once(weights, ima
     assert len(list(cache.glob("*.onnx"))) == 2  # other weights, another file
 
 
-def test_onnxruntime_refuses_cuda_and_amp_and_an_unwritable_cache(weights, images, tmp_path, monkeypatch, capsys):
+def test_onnxruntime_refuses_amp_cuda_without_its_provider_and_an_unwritable_cache(
+        weights, images, tmp_path, monkeypatch, capsys):
     common = ["--arch", "resnet18", "--weights", str(weights), "--image", images[0], "--image-size", "64",
               "--runtime", "onnxruntime"]
-    for extra in (["--device", "cuda"], ["--precision", "AMP"]):
-        assert run(classify_main, common + extra) == 2
-        assert capsys.readouterr().err.startswith("error: --runtime onnxruntime runs FP32 on the CPU")
+    assert run(classify_main, common + ["--precision", "AMP"]) == 2
+    assert capsys.readouterr().err.startswith("error: --runtime onnxruntime runs the exported graph as it is")
+    import onnxruntime
+
+    with monkeypatch.context() as patch:  # a GPU, and onnxruntime without CUDA
+        patch.setattr(torch.cuda, "is_available", lambda: True)
+        patch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
+        line = refused(run(classify_main, common + ["--device", "cuda"]), capsys)
+    assert line.startswith("error: --runtime onnxruntime on CUDA needs ONNX Runtime's CUDA execution provider")
+    assert "pip install onnxruntime-gpu" in line
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     monkeypatch.setenv(onnx_runtime.CACHE_ENV, str(blocker))
