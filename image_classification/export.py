@@ -1,5 +1,6 @@
 """Getting a trained model out: ``checkpoint2model.py`` (training checkpoint -> plain weights) and
-``model2onnx.py`` (weights -> ONNX, FP32 or int8, checked against PyTorch with onnxruntime).
+``model2onnx.py`` (weights -> ONNX, FP32 or int8, checked against PyTorch with onnxruntime; a file, or a model
+of Triton's model repository).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from torch import nn
 
 from .checkpoint import load_checkpoint, save_weights
 from .errors import UserError
-from .inference import calibrate, load_model, warn
+from .inference import calibrate, class_names_for, load_model, warn
 from .integrity import recorded_description
 from .models.weights import checked_arch, extract_state_dict, recorded_num_classes
 from .onnx_runtime import INT8, ONNX_TOLERANCE, export_onnx, logit_limit, require_onnxruntime
 from .quantization import Quantization, int8_request, quantize
 from .signals import stop_raises
-from .tool_arguments import check_int8_flags, checkpoint2model_parser, model2onnx_parser
+from .tool_arguments import DEFAULT_MAX_BATCH_SIZE, check_int8_flags, checkpoint2model_parser, model2onnx_parser
+from .triton_repository import check_free, check_model_name, write_model
 
 
 # ------------------------------------------------------------------------------------------------
@@ -123,23 +125,45 @@ def model2onnx_main(argv: Sequence[str] | None = None) -> int:
     return model2onnx(model2onnx_parser().parse_args(argv))
 
 
+def _check_triton_flags(args: argparse.Namespace) -> None:
+    """--model-name and --max-batch-size tune --triton-repository, which takes the place of --output."""
+    if args.triton_repository is None:
+        given = [flag for flag, value in (("--model-name", args.model_name),
+                                          ("--max-batch-size", args.max_batch_size)) if value is not None]
+        if given:
+            raise UserError(f"{given[0]} describes a model of Triton's model repository: it needs "
+                            "--triton-repository DIR")
+        return
+    if args.output is not None:
+        raise UserError("--triton-repository writes the model into DIR/NAME/1/model.onnx: leave out --output")
+    if args.model_name is not None:
+        check_model_name(args.model_name)
+
+
 def model2onnx(args: argparse.Namespace) -> int:
     """Export and check the model that model2onnx.py's parsed arguments describe."""
     require_onnxruntime("model2onnx")
     check_int8_flags(args, needs_runtime=False)
+    _check_triton_flags(args)
     if not args.weights and not args.pretrained:
         warn(f"warning: no --weights given: exporting {args.arch or 'resnet50'} with random weights")
     loaded = load_model(args.arch, args.weights, args.num_classes, args.model_config, args.pretrained)
     model = loaded.model.float().eval()
     preprocessing = loaded.resolve_preprocessing(args.image_size)
     size = preprocessing.image_size
+    triton = args.triton_repository is not None
     int8 = "_int8" if args.quantize else ""
-    output = Path(args.output) if args.output else default_onnx_path(args.weights, loaded.arch, int8)
-    if output.is_dir():
-        raise UserError(f"--output {output} is a folder; give a file name")
+    name = args.model_name or f"{loaded.arch}{int8}"
+    if triton:
+        output = check_free(args.triton_repository, name) / "1" / "model.onnx"
+        names = class_names_for(loaded.num_classes, None, loaded.class_names)
+    else:
+        output = Path(args.output) if args.output else default_onnx_path(args.weights, loaded.arch, int8)
+        if output.is_dir():
+            raise UserError(f"--output {output} is a folder; give a file name")
     request = int8_request(args)
     quantization = calibrate(request, preprocessing) if request is not None else None
-    dynamic = args.dynamic_batch or quantization is not None  # calibration runs batches of any size
+    dynamic = args.dynamic_batch or triton or quantization is not None  # Triton batches, calibration too
 
     generator = torch.Generator().manual_seed(0)
     example = torch.randn(args.batch_size, 3, size, size, generator=generator)
@@ -147,9 +171,11 @@ def model2onnx(args: argparse.Namespace) -> int:
     if dynamic:  # prove the batch dimension really is free
         checks.append(torch.randn(args.batch_size + 1, 3, size, size, generator=generator))
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.{os.getpid()}.onnx.tmp")  # renamed into place once it passed the check
-    int8_tmp = output.with_name(f".{output.name}.{os.getpid()}.int8.onnx.tmp")
+    folder = Path(args.triton_repository) if triton else output.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    base = output.name if not triton else name
+    tmp = folder / f".{base}.{os.getpid()}.onnx.tmp"  # renamed into place once it passed the check
+    int8_tmp = folder / f".{base}.{os.getpid()}.int8.onnx.tmp"
     with stop_raises("exporting the model to ONNX", f"{output} was not written"):  # exit 75, tmp removed
         try:
             print(f"Exporting {loaded.arch} ({loaded.num_classes} classes) at {size}x{size}, batch "
@@ -170,6 +196,12 @@ def model2onnx(args: argparse.Namespace) -> int:
                 if not _int8_is_close(int8_tmp, model, quantization, output):
                     return 1
                 written = int8_tmp
+            if triton:
+                target = write_model(args.triton_repository, name, written.read_bytes(),
+                                     args.max_batch_size or DEFAULT_MAX_BATCH_SIZE, names)
+                print(f"Saved the Triton model {name} in {target}: config.pbtxt, 1/model.onnx, labels.txt "
+                      f"({len(names)} classes)")
+                return 0
             os.replace(written, output)
         finally:
             tmp.unlink(missing_ok=True)

@@ -15,6 +15,7 @@ from .models import MODEL_CONFIGS, list_models
 
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 DEFAULT_CALIBRATION_IMAGES = 100
+DEFAULT_MAX_BATCH_SIZE = 64  # of a Triton model: what dynamic batching may gather
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, default_arch: str | None) -> None:
@@ -143,8 +144,18 @@ def model2onnx_parser() -> argparse.ArgumentParser:
                        "(default: 256)")
     group.add_argument("--dynamic-batch", action="store_true",
                        help="leave the batch dimension free (named 'batch') instead of fixing it to -b (always "
-                       "with --quantize int8)")
+                       "with --quantize int8 and --triton-repository)")
     group.add_argument("--opset", metavar="N", type=positive_int, default=17,
                        help="ONNX opset version (default: 17)")
     add_int8_arguments(group, "write the model after")
+    triton = parser.add_argument_group("Triton Inference Server")
+    triton.add_argument("--triton-repository", metavar="DIR", default=None,
+                        help="write a model of Triton's model repository instead of --output: DIR/NAME/config.pbtxt "
+                        "(ONNX Runtime backend, batch dimension left to Triton, dynamic batching), "
+                        "DIR/NAME/1/model.onnx and DIR/NAME/labels.txt (the class names)")
+    triton.add_argument("--model-name", metavar="NAME", default=None,
+                        help="--triton-repository: the model's name (default: the architecture, with _int8 "
+                        "under --quantize int8)")
+    triton.add_argument("--max-batch-size", metavar="N", type=positive_int, default=None,
+                        help=f"--triton-repository: the largest batch Triton forms (default: {DEFAULT_MAX_BATCH_SIZE})")
     return parser

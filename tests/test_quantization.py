@@ -1,5 +1,5 @@
 """int8 through ONNX Runtime: the calibration set, the cached int8 model and its proof, classify.py and
-main.py --evaluate on it, model2onnx.py's int8 file."""
+main.py --evaluate on it, model2onnx.py's int8 file and Triton model repository."""
 
 from __future__ import annotations
 
@@ -370,6 +370,60 @@ def test_model2onnx_writes_an_int8_model_and_says_how_it_agrees(trained, tiny_ar
     assert "QuantizeLinear" in {node.op_type for node in onnx.load(str(output)).graph.node}
     session = onnxruntime.InferenceSession(str(output), providers=["CPUExecutionProvider"])
     assert session.run(None, {"input": np.zeros((3, 3, SIZE, SIZE), np.float32)})[0].shape == (3, 3)
+
+
+def parsed_config(path: Path):
+    text_format = pytest.importorskip("google.protobuf.text_format")
+    model_config = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    return text_format.Parse(path.read_text(), model_config.ModelConfig()), model_config
+
+
+@pytest.mark.parametrize("quantize", [[], ["--quantize", "int8"]], ids=["fp32", "int8"])
+def test_a_triton_model_repository_describes_the_graph_it_holds(trained, tiny_arch, tmp_path, capsys, quantize):
+    extra = quantize + (["--calibration-data", str(trained.data / "train")] if quantize else [])
+    repository = tmp_path / "models"
+    assert run(model2onnx_main, ["--weights", str(trained.checkpoint), "--triton-repository", str(repository),
+                                 "--max-batch-size", "8", "-b", "1", *extra]) == 0
+    name = "tiny_int8" if quantize else "tiny"
+    assert sorted(p.relative_to(repository).as_posix() for p in repository.rglob("*")) == \
+        [name, f"{name}/1", f"{name}/1/model.onnx", f"{name}/config.pbtxt", f"{name}/labels.txt"]
+    config, model_config = parsed_config(repository / name / "config.pbtxt")
+    import onnx
+
+    graph = onnx.load(str(repository / name / "1" / "model.onnx")).graph
+    assert (config.name, config.platform, config.max_batch_size) == (name, "onnxruntime_onnx", 8)
+    assert config.HasField("dynamic_batching")
+    for declared, tensors in ((config.input, graph.input), (config.output, graph.output)):
+        assert [t.name for t in declared] == [t.name for t in tensors]
+        for entry, tensor in zip(declared, tensors):
+            shape = tensor.type.tensor_type.shape.dim
+            assert shape[0].dim_param  # the batch dimension is free in the graph: Triton's
+            assert list(entry.dims) == [dim.dim_value for dim in shape[1:]]
+            assert model_config.DataType.Name(entry.data_type) == "TYPE_FP32" == \
+                "TYPE_" + {1: "FP32"}[tensor.type.tensor_type.elem_type]
+    assert list(config.input[0].dims) == [3, SIZE, SIZE] and list(config.output[0].dims) == [3]
+    assert config.output[0].label_filename == "labels.txt"
+    assert (repository / name / "labels.txt").read_text().splitlines() == ["class_00", "class_01", "class_02"]
+    assert ("QuantizeLinear" in {node.op_type for node in graph.node}) == bool(quantize)
+
+
+def test_a_triton_model_is_never_written_over_another(trained, tiny_arch, tmp_path, capsys):
+    repository = tmp_path / "models"
+    (repository / "tiny" / "1").mkdir(parents=True)
+    (repository / "tiny" / "config.pbtxt").write_text("kept")
+    argv = ["--weights", str(trained.checkpoint), "--triton-repository", str(repository), "-b", "1"]
+    line = refused(run(model2onnx_main, argv), capsys)
+    assert line == (f"error: {repository / 'tiny'} already exists; choose another --model-name or "
+                    "--triton-repository, or remove it first")
+    assert (repository / "tiny" / "config.pbtxt").read_text() == "kept"
+    for extra, message in ((["--model-name", "../escape"], "error: --model-name '../escape' is not a model name"),
+                           (["--output", str(tmp_path / "x.onnx")], "error: --triton-repository writes the model "
+                                                                    "into DIR/NAME/1/model.onnx: leave out --output")):
+        assert refused(run(model2onnx_main, argv + extra), capsys).startswith(message)
+    line = refused(run(model2onnx_main, ["--weights", str(trained.checkpoint), "--max-batch-size", "4"]), capsys)
+    assert line == ("error: --max-batch-size describes a model of Triton's model repository: it needs "
+                    "--triton-repository DIR")
+    assert sorted(p.name for p in repository.iterdir()) == ["tiny"]
 
 
 # -- the modules' order -----------------------------------------------------------------------------------
