@@ -312,6 +312,87 @@ def reliability() -> str:
         f"{outcome.group(1)} tests passed{skipped} in {seconds:.0f} s on {machine.description()}.", width=105) + "\n")
 
 
+INT8_EVALUATIONS = (
+    ("PyTorch FP32", []),
+    ("ONNX Runtime FP32", ["--runtime", "onnxruntime"]),
+    *((f"ONNX Runtime int8, {method}", ["--runtime", "onnxruntime", "--quantize", "int8", "--calibration-data",
+                                        "data/digits/train", "--calibration-method", method])
+      for method in ("minmax", "percentile", "entropy")),
+)
+DEMO_MODEL = "workspace/digits/model_best.pth.tar"
+EVALUATE = ["main.py", "-a", "resnet18", "--evaluate", "--resume", DEMO_MODEL, "-b", "64", "-j", "2",
+            "--data-backend", "pytorch"]
+CLASSIFY = ["classify.py", "--weights", DEMO_MODEL, "--image", *(f"data/digits/val/{digit}" for digit in range(10)),
+            "--json", "--topk", "1", "--cpu"]
+CLASSIFY_SHOWN = [*CLASSIFY[:4], "data/digits/val/*", *CLASSIFY[14:]]  # the folders, as a shell expands them
+CLASSIFY_INT8 = ["--runtime", "onnxruntime", "--quantize", "int8", "--calibration-data", "data/digits/train"]
+
+
+def int8_accuracy() -> str:
+    """The demo's model validated by main.py --evaluate in PyTorch, through ONNX Runtime in FP32 and in int8
+    by each calibration method, and classify.py's int8 top-1 against PyTorch FP32's on the same images."""
+    from image_classification.onnx_runtime import CACHE_ENV
+    from image_classification.raport import read_raport
+
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        previous = os.environ.get(CACHE_ENV)
+        os.environ[CACHE_ENV] = str(root / "cache")  # exports of its own, not the user's cache
+        try:
+            _python("-m", "image_classification.demo", cwd=root)
+            rows = []
+            for index, (label, extra) in enumerate(INT8_EVALUATIONS):
+                workspace = root / f"evaluation-{index}"
+                _python(*[str(REPO / EVALUATE[0]), *EVALUATE[1:]], "--workspace", str(workspace), *extra,
+                        "data/digits", cwd=root)
+                summary = next(r["data"] for r in read_raport(workspace / "experiment_raport.json")
+                               if r.get("type") == "LOG" and r["step"] == [] and "val.top1" in r["data"])
+                rows.append((label, " ".join(extra), summary["val.top1"], summary["val.loss"]))
+            top1 = [[json.loads(line)["predictions"][0]["index"] for line in _python(
+                str(REPO / CLASSIFY[0]), *CLASSIFY[1:], *extra, cwd=root)[0].splitlines()]
+                for extra in (["--precision", "FP32", "--memory-format", "nchw"], CLASSIFY_INT8)]
+        finally:
+            if previous is None:
+                os.environ.pop(CACHE_ENV)
+            else:
+                os.environ[CACHE_ENV] = previous
+    agreeing = sum(a == b for a, b in zip(*top1))
+    return int8_accuracy_block(rows, agreeing, len(top1[0]), _int8_machine())
+
+
+def _int8_machine() -> str:
+    """The machine, and whether its CPU computes int8 dot products (which decides reduce_range)."""
+    import onnxruntime
+
+    from image_classification.quantization import int8_dot_products
+
+    found = int8_dot_products()
+    int8 = (f"int8 dot products: {', '.join(found)}, so no reduce_range" if found
+            else "no int8 dot-product instructions: 7-bit weights (reduce_range)")
+    return f"{machine.description()}, onnxruntime {onnxruntime.__version__}; {int8}"
+
+
+def int8_accuracy_block(rows: list[tuple[str, str, float, float]], agreeing: int, images: int, where: str) -> str:
+    """The evaluation commands, one row per runtime (val top-1 and loss, top-1 against PyTorch FP32's), and
+    classify.py's agreement."""
+    reference = rows[0][2]
+    table = [f"| {label} | `{flags or '(none)'}` | {top1:.2f}% | {loss:.4f} | "
+             f"{'-' if index == 0 else f'{top1 - reference:+.2f}'} |" for index, (label, flags, top1, loss) in enumerate(rows)]
+    return "\n".join([
+        "```",  # not a bash block: the docs' commands run in the tests, and this one trains the demo first
+        "python -m image_classification.demo",
+        f"python {' '.join(EVALUATE)} FLAGS data/digits",
+        f"python {' '.join(CLASSIFY_SHOWN)} [{' '.join(CLASSIFY_INT8)}]",
+        "```", "",
+        textwrap.fill(f"Measured on {where}. The demo's ResNet-18 on its 360 val digits, each runtime through "
+                      "main.py's own validation loop; int8 calibrated on 100 of the training digits (10 a class).",
+                      width=105), "",
+        "| model | FLAGS | val top-1 | val loss | top-1 points vs PyTorch FP32 |", "|---|---|---|---|---|", *table, "",
+        textwrap.fill(f"`classify.py` with int8 names the class PyTorch FP32 names for {agreeing} of the {images} val "
+                      f"digits ({100 * agreeing / images:.1f}%).", width=105),
+    ]) + "\n"
+
+
 def _dali_version() -> str:
     try:
         from nvidia import dali
@@ -321,7 +402,7 @@ def _dali_version() -> str:
 
 
 GENERATORS: dict[str, Callable[[], str]] = {"demo": demo, "loader": loader, "train-step": train_step, "inference": inference,
-                                             "reliability": reliability}
+                                             "reliability": reliability, "int8-accuracy": int8_accuracy}
 
 
 def pages(root: Path = REPO) -> dict[Path, str]:

@@ -193,11 +193,13 @@ ENV = {"MPLBACKEND": "Agg"}
 
 
 def _run(argv: list[str], cwd: Path, capsys=None, process: str | None = None):
-    """Run a command in ``cwd``: in this process, or in a process of its own ("fresh" or "forked")."""
+    """Run a command in ``cwd``: in this process, or in a process of its own ("fresh" or "forked").  The ONNX
+    cache is a folder of ``cwd``'s, so that ``--runtime onnxruntime`` writes nothing outside it."""
+    local = {**ENV, "IMAGE_CLASSIFICATION_CACHE": str(cwd / ".cache")}
     if process is None:
-        return run_script(argv, capsys, cwd=cwd, env=ENV)
+        return run_script(argv, capsys, cwd=cwd, env=local)
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))  # keeps the caller's
-    env = {**os.environ, "PYTHONPATH": path, **ENV}
+    env = {**os.environ, "PYTHONPATH": path, **local}
     if process == "forked":
         return run_process(argv, cwd=cwd, env=env)
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)

@@ -122,3 +122,16 @@ def test_train_step_row_shows_each_path_and_withholds_a_verdict_inside_the_noise
     assert row.startswith("| `python benchmarks/train_throughput.py -a resnet50` | 20.0 (5%) | 20.5 (4%): 1.02x (spread")
     assert "no verdict" in row.split(" | ")[2] and row.split(" | ")[3] == "-"
     assert row.endswith("| 30.0 (3%): **1.50x** |")
+
+
+def test_int8_accuracy_block_compares_each_runtime_with_pytorch_fp32():
+    rows = [("PyTorch FP32", "", 98.61, 0.12584), ("ONNX Runtime FP32", "--runtime onnxruntime", 98.61, 0.12584),
+            ("ONNX Runtime int8, minmax", "--runtime onnxruntime --quantize int8", 98.33, 0.1301)]
+    block = figures.int8_accuracy_block(rows, 359, 360, "Some CPU (2 cores)")
+    table = [line for line in block.splitlines() if line.startswith("| ") and "FLAGS" not in line]
+    assert table == ["| PyTorch FP32 | `(none)` | 98.61% | 0.1258 | - |",
+                     "| ONNX Runtime FP32 | `--runtime onnxruntime` | 98.61% | 0.1258 | +0.00 |",
+                     "| ONNX Runtime int8, minmax | `--runtime onnxruntime --quantize int8` | 98.33% | 0.1301 | -0.28 |"]
+    text = " ".join(block.split())
+    assert "Measured on Some CPU (2 cores)." in text
+    assert "names the class PyTorch FP32 names for 359 of the 360 val digits (99.7%)" in text
