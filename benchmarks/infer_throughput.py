@@ -4,10 +4,12 @@ Every path classifies the same images with the same weights, in one process: ``t
 baseline: ``torchvision.models.<arch>()`` in eval mode under ``torch.no_grad``, what a user writes), and
 ours: ``eager`` (FP32, NCHW, ``torch.inference_mode``), ``channels_last`` (FP32), ``bf16`` and ``fp16``
 (bfloat16 and float16 autocast, channels-last; each runs the dtype it is named after, fp16 on CUDA only),
-``compile`` (``torch.compile`` of the channels-last FP32 model, compiled for each batch size's static shape)
-and ``onnxruntime`` (the model exported by ``image_classification.export.export_onnx`` run with ONNX
-Runtime; CPU only). A path that cannot run here (no compiler for ``torch.compile``, onnxruntime not
-installed, no bf16 on the GPU) is recorded as skipped with the reason. On CUDA, cuDNN autotuning is on.
+``compile`` (``torch.compile`` of the channels-last FP32 model, compiled for each batch size's static shape),
+``onnxruntime`` (the model exported by ``image_classification.export.export_onnx`` run with ONNX
+Runtime; CPU only) and ``int8`` (that export quantized as ``--quantize int8`` does, calibrated on random
+images like the measured ones; CPU only). A path that cannot run here (no compiler for ``torch.compile``,
+onnxruntime not installed, no bf16 on the GPU) is recorded as skipped with the reason. On CUDA, cuDNN
+autotuning is on.
 
 Every path times the model alone: each batch is uploaded to the device once, before any timing, and the
 outputs stay on the device (they are read back only to compare them, untimed). On CUDA the upload of a
@@ -54,7 +56,8 @@ from image_classification.errors import UserError  # noqa: E402
 from image_classification.models import build_model  # noqa: E402
 
 BASELINE = "torchvision"
-PATHS = ("eager", "channels_last", "bf16", "fp16", "compile", "onnxruntime")
+PATHS = ("eager", "channels_last", "bf16", "fp16", "compile", "onnxruntime", "int8")
+CPU_ONLY = ("onnxruntime", "int8")
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}  # a mixed path runs the dtype it is named after
 Forward = Callable[[torch.Tensor], object]  # a batch on the device -> the output, left where it was computed
 
@@ -83,8 +86,8 @@ class Path_:
 
 def default_paths(device: torch.device) -> list[str]:
     """Every path that can run on ``device``: fp16 autocast on CUDA only, ONNX Runtime on the CPU only."""
-    excluded = "fp16" if device.type == "cpu" else "onnxruntime"
-    return [name for name in PATHS if name != excluded]
+    excluded = ("fp16",) if device.type == "cpu" else CPU_ONLY
+    return [name for name in PATHS if name not in excluded]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="batch sizes (default: 1 16)")
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=None,
                         help="our paths to measure (default: all that run on the device: fp16 on CUDA only, "
-                        "onnxruntime on the CPU only)")
+                        "onnxruntime and int8 on the CPU only)")
     parser.add_argument("--iters", type=positive_int, default=10, metavar="N",
                         help="timed batches per path, batch size and round (default: 10)")
     parser.add_argument("--warmup", type=int, default=3, metavar="N",
@@ -150,8 +153,8 @@ def _check_runs(name: str, device: torch.device) -> None:
         reason = "fp16 autocast is measured on CUDA only; the CPU's mixed precision is bf16"
     elif name == "bf16" and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
         reason = "this GPU computes no bf16 (that came with Ampere)"
-    elif name == "onnxruntime" and device.type != "cpu":
-        reason = "the ONNX Runtime path is measured on the CPU only"
+    elif name in CPU_ONLY and device.type != "cpu":
+        reason = "the ONNX Runtime paths are measured on the CPU only"
     if reason:
         raise Skipped(reason)
 
@@ -185,7 +188,7 @@ def _compiled(model: nn.Module) -> Callable[[int], Forward]:
     return for_batch_size
 
 
-def _onnxruntime(model: nn.Module, image_size: int, workdir: Path) -> Forward:
+def _onnxruntime(model: nn.Module, image_size: int, workdir: Path, int8: bool = False) -> Forward:
     try:
         import onnxruntime  # noqa: F401
     except ImportError:
@@ -196,6 +199,8 @@ def _onnxruntime(model: nn.Module, image_size: int, workdir: Path) -> Forward:
     path = workdir / "model.onnx"
     export_onnx(model.float().eval(), torch.randn(1, 3, image_size, image_size), path, dynamic_batch=True,
                 opset=OPSET)
+    if int8:
+        path = _quantized(path, image_size)
     session = onnx_session(path, threads=torch.get_num_threads())  # classify.py --runtime onnxruntime's session
 
     def forward(images: torch.Tensor) -> object:
@@ -204,10 +209,35 @@ def _onnxruntime(model: nn.Module, image_size: int, workdir: Path) -> Forward:
     return forward
 
 
+INT8_CALIBRATION_IMAGES = 16
+
+
+def _quantized(path: Path, image_size: int) -> Path:
+    """The int8 graph of the FP32 one at ``path``, quantized as ``--quantize int8`` does on this CPU, calibrated
+    on random images like those measured (random weights leave nothing else to calibrate on)."""
+    from image_classification.quantization import Quantization, quantize, reduce_range_here
+
+    images = torch.randn(INT8_CALIBRATION_IMAGES, 3, image_size, image_size,
+                         generator=torch.Generator().manual_seed(1)).numpy()
+    target = path.with_name("model_int8.onnx")
+    quantize(path, target, Quantization(images, "minmax", reduce_range_here(), sha256="random"))
+    return target
+
+
+def _dtype(name: str, device: torch.device) -> str:
+    if name in AUTOCAST:
+        return str(AUTOCAST[name]).removeprefix("torch.")
+    if name == "int8":
+        from image_classification.quantization import reduce_range_here
+
+        return "int8 (7-bit weights: reduce_range)" if reduce_range_here() else "int8"
+    return _fp32_label(device)
+
+
 def build_path(name: str, state: dict, arch: str, num_classes: int, device: torch.device, image_size: int,
                workdir: Path) -> Path_:
     """Our path ``name`` over a fresh copy of the package's model holding ``state``."""
-    dtype = str(AUTOCAST[name]).removeprefix("torch.") if name in AUTOCAST else _fp32_label(device)
+    dtype = _dtype(name, device)
     try:
         _check_runs(name, device)
         model = build_model(arch, num_classes=num_classes)
@@ -221,7 +251,7 @@ def build_path(name: str, state: dict, arch: str, num_classes: int, device: torc
             model = model.to(memory_format=torch.channels_last)
             forward = _eager(model, device, torch.channels_last, AUTOCAST.get(name))
         else:
-            forward = _onnxruntime(model, image_size, workdir)
+            forward = _onnxruntime(model, image_size, workdir, int8=name == "int8")
         return Path_(name, forward, dtype=dtype)
     except Skipped as reason:
         return Path_(name, skipped=str(reason), dtype=dtype)

@@ -261,3 +261,20 @@ def test_the_loader_benchmark_builds_the_photo_set_and_states_a_ratio_only_beyon
     assert claim.startswith(f"{summary.group(6)}x")
     if abs(abs(speedup - 1) - spread) > 0.01:  # the printed rates are rounded: no call at the boundary
         assert ("no verdict" in claim) == (not verdict(speedup, spread))
+
+
+def test_the_int8_path_times_the_quantized_export_on_the_cpu_only(state, tmp_path):
+    pytest.importorskip("onnxruntime")
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert "int8" in benchmark.default_paths(cpu) and "int8" not in benchmark.default_paths(cuda)
+    path = benchmark.build_path("int8", state, "resnet18", 10, cpu, 32, tmp_path)
+    baseline = benchmark.build_baseline("resnet18", state, cpu)
+    benchmark.measure_paths([baseline, path], [2], 32, cpu, iters=1, warmup=0, repeats=1)
+    assert path.dtype.startswith("int8") and len(path.latencies[2]) == 1
+    assert path.compared == 2 and path.max_abs_diff > 1e-4  # int8 rounds: measured, not assumed
+    import onnx
+
+    graph = onnx.load(str(tmp_path / "model_int8.onnx")).graph
+    assert "QuantizeLinear" in {node.op_type for node in graph.node}
+    assert benchmark.build_path("int8", state, "resnet18", 10, torch.device("meta"), 32, tmp_path).skipped == \
+        "the ONNX Runtime paths are measured on the CPU only"

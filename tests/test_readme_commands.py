@@ -80,6 +80,7 @@ TRAINING_SCRIPTS = {"main.py", "launch.py"}
 
 # (pattern, replacement) applied to the command text, in order
 SUBSTITUTIONS = [
+    (r"^OMP_NUM_THREADS=\d+ ", ""),  # the suite runs its commands on one thread already
     (r"<path to imagenet>|<path to your dataset>|(?<![\w/])/imagenet\b|\./tiny-imagenet|\./flowers", "data/digits"),
     (r" \.\.\. ", " "),  # "the other flags as before"
     (r"--num-classes 102\b", "--num-classes 10"),
