@@ -454,7 +454,9 @@ def test_onnxruntime_on_cuda_predicts_what_the_cpu_does(trained, tiny_arch, cach
     on_cuda = onnx_runtime.OnnxModel(model, SIZE, lambda line: None, device=onnx_runtime.onnx_device("cuda"))
     got = on_cuda(images.cuda())
     assert got.device.type == "cuda" and on_cuda.description["device"] == "cuda"
-    torch.testing.assert_close(got.cpu(), on_cpu, rtol=0, atol=1e-3)
+    # CUDA's provider computes FP32 without TF32; TensorRT's, where it takes the graph, may use TF32
+    torch.testing.assert_close(got.cpu(), on_cpu, rtol=1e-2, atol=1e-2)
+    assert torch.equal(got.argmax(1).cpu(), on_cpu.argmax(1))
     assert len(list(cache.glob("*.onnx"))) == 1  # the same cached file, proven on the CPU
 
 
