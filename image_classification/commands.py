@@ -2,7 +2,8 @@
 
 Each is the entry point of one of the repository's scripts, wrapped in :func:`cli.run` as those scripts
 are: ``ic-train`` = main.py, ``ic-launch`` = launch.py, ``ic-classify`` = classify.py, ``ic-multiproc`` =
-multiproc.py, ``ic-checkpoint2model`` = checkpoint2model.py, ``ic-model2onnx`` = model2onnx.py.  Modules
+multiproc.py, ``ic-checkpoint2model`` = checkpoint2model.py, ``ic-model2onnx`` = model2onnx.py, ``ic-pack`` =
+``python -m image_classification.data.pack``.  Modules
 are imported when the command runs, so ``ic-launch --list`` does not wait for the training code.
 """
 
@@ -34,3 +35,4 @@ classify = _command("inference")
 multiproc = _command("multiproc")
 checkpoint2model = _command("export", "checkpoint2model_main")
 model2onnx = _command("export", "model2onnx_main")
+pack = _command("data.pack", prog="ic-pack")

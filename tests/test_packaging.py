@@ -22,7 +22,8 @@ import pytest
 from helpers import REPO, free_port, one_error_line
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
-COMMANDS = {"ic-train", "ic-launch", "ic-classify", "ic-multiproc", "ic-checkpoint2model", "ic-model2onnx"}
+COMMANDS = {"ic-train", "ic-launch", "ic-classify", "ic-multiproc", "ic-checkpoint2model", "ic-model2onnx",
+            "ic-pack"}
 # a build writes these into the tree it builds, so the test builds a copy
 BUILD_LEFTOVERS = ("build", "*.egg-info")
 
@@ -98,10 +99,11 @@ def test_pip_install_gives_the_package_and_its_commands(installed, tmp_path):
                                   cwd=tmp_path),
         "mistake": lambda: _run(installed, "ic-launch", "--model", "resnet51", "--precision", "AMP", "--mode",
                                 "evaluate", "--platform", "CPU", "--dry-run", cwd=tmp_path),
+        "pack": lambda: _run(installed, "ic-pack", "src", "dst", cwd=tmp_path),
     }
     with ThreadPoolExecutor(len(runs)) as pool:  # each is mostly a Python importing torch: side by side
         futures = {name: pool.submit(start) for name, start in runs.items()}
-    result, train, presets, multiproc, mistake = (futures[name].result() for name in runs)
+    result, train, presets, multiproc, mistake, pack = (futures[name].result() for name in runs)
     assert result.returncode == 0, result.stderr
     package_file, commands = json.loads(result.stdout)
     assert package_file.startswith(str(installed)) and set(commands) == COMMANDS
@@ -118,6 +120,7 @@ def test_pip_install_gives_the_package_and_its_commands(installed, tmp_path):
     assert f"{installed / 'bin' / 'ic-train'} -h" in multiproc.stdout and "--raport-file" in multiproc.stdout
 
     one_error_line(mistake)
+    assert one_error_line(pack) == "error: SRC src does not exist"
 
 
 def test_the_presets_are_package_data_with_one_source():

@@ -297,10 +297,10 @@ def open_rgb(source) -> Image.Image:
         return image.convert("RGB")
 
 
-def decode_problem(path: str) -> str | None:
-    """Why ``path`` cannot be decoded as an image, or None when it can."""
+def decode_problem(source: str | bytes) -> str | None:
+    """Why the image at ``source`` (a path, or an image file's bytes) cannot be decoded, or None when it can."""
     try:
-        with open_image(path) as image:
+        with open_image(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
             image.draft("RGB", (1, 1))  # JPEG: decode at 1/8 scale; every byte is still read
             image.load()
     except Exception as error:  # anything PIL raises makes the file unusable for training
@@ -308,15 +308,24 @@ def decode_problem(path: str) -> str | None:
     return None
 
 
+def read_bytes(path: str) -> bytes:
+    """The whole file at ``path``: what every reader of a folder hands the decoders."""
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
 def read_rgb_tensor(path: str) -> torch.Tensor:
-    """A CHW uint8 RGB tensor of the image at ``path``, for augmentation on tensors.
+    """A CHW uint8 RGB tensor of the image at ``path``, for augmentation on tensors."""
+    return decode_rgb_tensor(read_bytes(path))
+
+
+def decode_rgb_tensor(raw: bytes) -> torch.Tensor:
+    """A CHW uint8 RGB tensor of an image file's bytes (from a folder or a shard alike).
 
     JPEGs are decoded by torchvision's libjpeg-turbo decoder straight into a tensor (faster than PIL
     plus a conversion), once their header passes the size rule; anything it refuses, and every other
     format, goes through :func:`open_rgb`, so a broken file raises what PIL raises.
     """
-    with open(path, "rb") as handle:
-        raw = handle.read()
     if is_jpeg(raw):
         check_jpeg_header(io.BytesIO(raw))
         from torchvision.io import ImageReadMode, decode_jpeg
