@@ -10,6 +10,9 @@ is all a scan or a start-up reads) and packs it into ``DIR-packed`` with ``image
 --data-backend pytorch``) and times from the process's start to its third training step's log line; and it
 times, in this process, reading the packed copy's manifest and sample table as training does.  Prints one
 line per run and a JSON summary (medians, load average) as its last line.
+
+``--table-memory N`` instead writes a synthetic packed train split of N samples (sparse shard files, a real
+sample table) and prints what opening it adds to a fresh process's resident memory.
 """
 
 from __future__ import annotations
@@ -69,6 +72,53 @@ def time_to_third_step(data: Path, workspace: Path) -> float:
     return reached
 
 
+def write_synthetic_split(split: Path, count: int, shards: int = 16, classes: int = 1000) -> list[str]:
+    """A packed split of ``count`` samples whose shards are sparse files of the sizes its table needs (nothing
+    to read, everything to open and check); its class names."""
+    import hashlib
+
+    import numpy as np
+
+    from image_classification.data.packed import MANIFEST, NAMES, TABLE, TABLE_DTYPE, VERSION, FORMAT, index_name, \
+        shard_name
+
+    split.mkdir(parents=True, exist_ok=True)
+    per_shard = -(-count // shards)
+    table = np.zeros(count, dtype=TABLE_DTYPE)
+    position = np.arange(count, dtype=np.int64) % per_shard
+    table["block"], table["size"], table["label"] = position * 2 + 1, 300, np.arange(count) % classes
+    np.save(split / TABLE, table)
+    (split / NAMES).write_bytes(b"")
+    entries = []
+    for number in range(shards):
+        samples = min(per_shard, count - number * per_shard)
+        with open(split / shard_name(number), "wb") as handle:
+            handle.truncate(samples * 1024)
+        entries.append({"file": shard_name(number), "index": index_name(shard_name(number)), "samples": samples,
+                        "bytes": samples * 1024, "sha256": "0" * 64})
+    names = [f"n{label:08d}" for label in range(classes)]
+    manifest = {"format": FORMAT, "version": VERSION, "classes": names, "samples": count, "shards": entries,
+                "table": {"file": TABLE, "sha256": hashlib.sha256((split / TABLE).read_bytes()).hexdigest()},
+                "names": {"file": NAMES, "sha256": hashlib.sha256(b"").hexdigest()}}
+    (split / MANIFEST).write_text(json.dumps(manifest))
+    return names
+
+
+def table_memory(count: int) -> dict:
+    """Resident memory a fresh process gains by opening a synthetic packed split of ``count`` samples."""
+    probe = ("import json, resource, sys; from pathlib import Path; "
+             "from image_classification.data.packed import open_packed_split; "
+             "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * resource.getpagesize(); "
+             "before = rss(); split = open_packed_split(Path(sys.argv[1]), json.loads(sys.argv[2])); "
+             "print(json.dumps({'samples': len(split), 'before_mb': before / 2**20, "
+             "'added_mb': (rss() - before) / 2**20}))")
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as scratch:
+        classes = write_synthetic_split(Path(scratch) / "train", count)
+        result = subprocess.run([sys.executable, "-c", probe, str(Path(scratch) / "train"), json.dumps(classes)],
+                                capture_output=True, text=True, cwd=REPO, check=True)
+    return json.loads(result.stdout)
+
+
 def time_table_read(packed: Path) -> float:
     """Seconds to check the packed set's manifests and open its train split (table read and checked, shards
     opened), as a run does before its first step."""
@@ -88,7 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--make", nargs=2, type=int, metavar=("CLASSES", "PER_CLASS"),
                         help="first write DIR/train/ with this many tiny JPEGs and pack it")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each, alternating (default: 2)")
+    parser.add_argument("--table-memory", type=int, metavar="N",
+                        help="only measure the memory a packed split of N samples takes when opened")
     opts = parser.parse_args(argv)
+    if opts.table_memory:
+        print(json.dumps(table_memory(opts.table_memory)), flush=True)
+        return 0
     packed = opts.data.with_name(opts.data.name + "-packed")
     if opts.make:
         started = time.perf_counter()

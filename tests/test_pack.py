@@ -284,31 +284,15 @@ def test_the_sample_table_costs_twelve_bytes_a_sample(tmp_path):
     """Numpy arrays, not Python objects: a million samples open in about 12 MB (14 M would take 168 MB)."""
     import tracemalloc
 
-    count, shards = 1_000_000, 4
-    split = tmp_path / "train"
-    split.mkdir()
-    per_shard = count // shards
-    table = np.zeros(count, dtype=TABLE_DTYPE)
-    table["block"] = np.tile(np.arange(per_shard, dtype=np.uint32) * 2 + 1, shards)
-    table["size"], table["label"] = 300, np.arange(count) % 1000
-    np.save(split / TABLE, table)
-    (split / "names.bin").write_bytes(b"")
-    entries = []
-    for number in range(shards):
-        with open(split / f"shard-{number:06d}.tar", "wb") as handle:
-            handle.truncate(per_shard * 1024)  # a sparse file of the size the table needs
-        entries.append({"file": f"shard-{number:06d}.tar", "index": f"shard-{number:06d}.idx", "samples": per_shard,
-                        "bytes": per_shard * 1024, "sha256": "0" * 64})
-    manifest = {"format": "image-classification packed split", "version": 1, "classes": [str(c) for c in range(1000)],
-                "samples": count, "shards": entries,
-                "table": {"file": TABLE, "sha256": hashlib.sha256((split / TABLE).read_bytes()).hexdigest()},
-                "names": {"file": "names.bin", "sha256": hashlib.sha256(b"").hexdigest()}}
-    (split / MANIFEST).write_text(json.dumps(manifest))
+    from benchmarks.startup import write_synthetic_split
+
+    count = 1_000_000
+    classes = write_synthetic_split(tmp_path / "train", count, shards=4)
     from image_classification.data.packed import open_packed_split
 
     tracemalloc.start()
     try:
-        opened = open_packed_split(split, manifest["classes"])
+        opened = open_packed_split(tmp_path / "train", classes)
         held = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
@@ -387,9 +371,12 @@ def test_data_check_names_a_damaged_shard_in_one_line(packed, tmp_path, capsys):
 
 # -- packing: refusals, interruptions, re-runs -------------------------------------------------------------
 def test_what_a_pack_refuses(image_folder, packed, tmp_path, capsys):
-    (tmp_path / "busy").mkdir()
+    being_written = tmp_path / "busy" / "train" / ".shard-000000.tar.tmp"
+    being_written.parent.mkdir(parents=True)
     with PackLock(tmp_path / "busy"):
+        being_written.write_bytes(b"the other pack's")
         assert "another pack is writing" in one_error_line(pack(image_folder, tmp_path / "busy", capsys=capsys))
+        assert being_written.read_bytes() == b"the other pack's"
     assert "is SRC or inside one of its splits" in one_error_line(pack(image_folder, image_folder / "val" / "x",
                                                                        capsys=capsys))
     (tmp_path / "foreign" / "train").mkdir(parents=True)
@@ -469,3 +456,26 @@ def test_a_rerun_rewrites_only_the_shards_whose_sources_changed(tmp_path, capsys
     assert split.read(len(split) - 1) == changed.read_bytes()
     assert pack(source, tmp_path / "fresh", capsys=capsys).returncode == 0
     assert files_of(destination) == files_of(tmp_path / "fresh")
+
+
+# -- the benchmarks --------------------------------------------------------------------------------------
+def test_the_loader_benchmark_times_a_folder_and_its_packed_copy_and_counts_their_opens(image_folder, packed, capsys):
+    from helpers import load_script
+
+    loader = load_script("benchmark_loader")
+    assert loader.main(["--data-backend", "pytorch", "-b", "4", "-j", "0", "--epochs", "2", "--image-size", "32",
+                        "--device", "cpu", "--packed", str(packed), str(image_folder)]) == 0
+    out = capsys.readouterr().out
+    assert "pytorch folder: " in out and "files opened per epoch: 24" in out  # a file per training image
+    assert "files opened per epoch: 0" in out.split("pytorch packed: ")[1]
+    assert "packed / folder: " in out and "verdict: " in out
+
+
+def test_the_startup_benchmark_writes_an_imagenet_shaped_folder_and_reads_its_packed_table(tmp_path, capsys):
+    from benchmarks.startup import make_folder, time_table_read
+
+    make_folder(tmp_path / "shaped", 3, 5)
+    assert sorted(os.listdir(tmp_path / "shaped" / "train" / "n00000002"))[:2] == ["n00000002_0.JPEG",
+                                                                                    "n00000002_1.JPEG"]
+    assert pack(tmp_path / "shaped", tmp_path / "shaped-packed", capsys=capsys).returncode == 0
+    assert 0 < time_table_read(tmp_path / "shaped-packed") < 60

@@ -151,15 +151,20 @@ def plan_split(source_dir: Path, target_dir: Path, classes: list[str], shard_siz
 # ------------------------------------------------------------------------------------------------
 # Writing
 # ------------------------------------------------------------------------------------------------
-def _windowed(function: Callable, items: Iterable, pool: ThreadPoolExecutor, window: int) -> Iterator[Future]:
-    """``pool.submit(function, item)`` for each item, at most ``window`` ahead of the one handed out, in order."""
+READ_CHUNK = 32  # files a thread reads per task: a task per file would cost more than reading a small one
+
+
+def _read_ahead(plan: SplitPlan, rows: range, pool: ThreadPoolExecutor, window: int) -> Iterator[bytes | str]:
+    """What :func:`_read_source` gives for each sample of ``rows``, in order, read by ``pool`` in chunks of
+    READ_CHUNK, at most ``window`` chunks ahead of the one handed out."""
     pending: deque[Future] = deque()
-    for item in items:
-        pending.append(pool.submit(function, item))
+    for start in range(rows.start, rows.stop, READ_CHUNK):
+        chunk = range(start, min(start + READ_CHUNK, rows.stop))
+        pending.append(pool.submit(lambda part: [_read_source(plan, index) for index in part], chunk))
         if len(pending) >= window:
-            yield pending.popleft()
+            yield from pending.popleft().result()
     while pending:
-        yield pending.popleft()
+        yield from pending.popleft().result()
 
 
 def _read_source(plan: SplitPlan, index: int) -> bytes | str:
@@ -222,20 +227,18 @@ def write_shard(plan: SplitPlan, number: int, pool: ThreadPoolExecutor, window: 
 
     def chunks() -> Iterator[bytes]:
         nonlocal offset
-        for index, future in zip(rows, _windowed(lambda i: _read_source(plan, i), rows, pool, window)):
-            data = future.result()
+        for index, data in zip(rows, _read_ahead(plan, rows, pool, window)):
             if isinstance(data, str):
                 unreadable.append([index, data])
                 data = b""
             key, extension, label = sample_key(index), plan.extension(index), int(plan.labels[index])
             members = ((f"{key}.{extension}", data), (f"{key}.cls", _cls_text(label)))
-            parts = []
+            parts, pieces = [], []
             for member, content in members:
                 parts.append((member.rsplit(".", 1)[1], offset + BLOCK, len(content), member))
-                yield _header(member, len(content))
-                yield content
-                yield bytes(_padded(len(content)) - len(content))
+                pieces += [_header(member, len(content)), content, bytes(_padded(len(content)) - len(content))]
                 offset += BLOCK + _padded(len(content))
+            yield b"".join(pieces)
             table[index] = (parts[0][1] // BLOCK, parts[0][2], label)
             lines.append(" ".join(f"{ext} {start} {size} {member}" for ext, start, size, member in parts) + "\n")
             advance(1)
@@ -321,7 +324,7 @@ def pack_split(plan: SplitPlan, workers: int, progress) -> dict:
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for number, record in enumerate(done):
             if record is None:
-                done[number] = write_shard(plan, number, pool, 4 * workers, table, progress.update)
+                done[number] = write_shard(plan, number, pool, 2 * workers, table, progress.update)
                 _append_progress(split_dir, done[number])
             else:
                 progress.update(len(plan.shards[number]))
@@ -373,7 +376,7 @@ def _inside(path: Path, folder: Path) -> bool:
 
 def prepare_destination(source: Path, destination: Path, splits: list[str]) -> None:
     """Refuse a DST that is SRC, lies inside one of its splits, or holds files a pack does not write; then
-    make the split folders and remove the temporary files a killed pack left."""
+    make the split folders."""
     real_source, real_destination = source.resolve(), destination.resolve()
     if real_destination == real_source or any(_inside(real_destination, (source / split).resolve())
                                                for split in SPLITS):
@@ -393,6 +396,11 @@ def prepare_destination(source: Path, destination: Path, splits: list[str]) -> N
     destination.mkdir(parents=True, exist_ok=True)
     for split in splits:
         (destination / split).mkdir(exist_ok=True)
+
+
+def remove_temporaries(destination: Path, splits: list[str]) -> None:
+    """Remove the files a killed pack left half written (call with the lock held: none is being written)."""
+    for split in splits:
         for entry in os.listdir(destination / split):
             if _TEMPORARY.fullmatch(entry):
                 (destination / split / entry).unlink()
@@ -448,6 +456,7 @@ def pack(source: Path, destination: Path, shard_size: int = DEFAULT_SHARD_SIZE, 
     prepare_destination(source, destination, splits)
     started, total = time.perf_counter(), 0
     with PackLock(destination):
+        remove_temporaries(destination, splits)
         plans = [plan_split(source / split, destination / split, classes, shard_size) for split in splits]
         from tqdm import tqdm
 
