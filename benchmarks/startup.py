@@ -8,7 +8,8 @@ is all a scan or a start-up reads) and packs it into ``DIR-packed`` with ``image
 (both skipped where they exist).  Then, in rounds that alternate folder and packed copy, it runs the same
 ``main.py`` command on each (default: ``-a resnet18 --image-size 32 -b 32 -j 2 --prof 3 --training-only
 --data-backend pytorch``) and times from the process's start to its third training step's log line; and it
-times, in this process, reading the packed copy's manifest and sample table as training does.  Prints one
+times, in this process, the folder's scan and reading the packed copy's manifest and sample table, as
+training does them.  Prints one
 line per run and a JSON summary (medians, load average) as its last line.
 
 ``--table-memory N`` instead writes a synthetic packed train split of N samples (sparse shard files, a real
@@ -119,14 +120,14 @@ def table_memory(count: int) -> dict:
     return json.loads(result.stdout)
 
 
-def time_table_read(packed: Path) -> float:
-    """Seconds to check the packed set's manifests and open its train split (table read and checked, shards
-    opened), as a run does before its first step."""
+def time_split_open(data: Path) -> float:
+    """Seconds to check a dataset and open its train split as a run does before its first step: the folder's
+    scan, or the packed set's manifest and sample table (read and checked, shards opened)."""
     from image_classification.data.layout import check_dataset, open_split
 
     started = time.perf_counter()
-    classes = check_dataset(str(packed), None, want_train=True, want_val=False)
-    split = open_split(packed, "train", classes)
+    classes = check_dataset(str(data), None, want_train=True, want_val=False)
+    split = open_split(data, "train", classes)
     elapsed = time.perf_counter() - started
     assert len(split) > 0
     return elapsed
@@ -152,14 +153,16 @@ def main(argv: list[str] | None = None) -> int:
         from image_classification.data.pack import pack
 
         pack(opts.data, packed)
-    times: dict[str, list[float]] = {"folder": [], "packed": [], "table": []}
+    times: dict[str, list[float]] = {"folder": [], "packed": [], "scan": [], "table": []}
     with tempfile.TemporaryDirectory() as scratch:
         for number in range(opts.rounds):
             for name, data in (("folder", opts.data), ("packed", packed)):
                 times[name].append(time_to_third_step(data, Path(scratch) / f"{name}{number}"))
                 print(f"round {number}: {name}: {times[name][-1]:.1f} s to the third step", flush=True)
-            times["table"].append(time_table_read(packed))
-            print(f"round {number}: manifest and sample table: {times['table'][-1]:.2f} s", flush=True)
+            times["scan"].append(time_split_open(opts.data))
+            times["table"].append(time_split_open(packed))
+            print(f"round {number}: the folder's scan {times['scan'][-1]:.2f} s, the packed copy's manifest and "
+                  f"sample table {times['table'][-1]:.2f} s", flush=True)
     summary = {name: statistics.median(values) for name, values in times.items()}
     summary["load_average"] = list(os.getloadavg())
     print(json.dumps(summary), flush=True)

@@ -5,7 +5,6 @@ folder; damaged, swapped or hostile files are refused in one line; an interrupte
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import os
 import signal
@@ -20,7 +19,7 @@ from PIL import Image
 from helpers import REPO, Forked, one_error_line, run_script, write_image_folder
 from image_classification.data.layout import check_dataset, list_samples, open_split
 from image_classification.data.pack import PackLock
-from image_classification.data.packed import MANIFEST, TABLE, TABLE_DTYPE, PackedSplit
+from image_classification.data.packed import MANIFEST, TABLE, PackedSplit
 from image_classification.runtime import Runtime
 from test_data_files import write_black_png
 
@@ -248,6 +247,28 @@ def test_shards_are_opened_once_per_run_not_per_image(packed):
     assert [path for path in opened if path.endswith(".tar")] == at_start  # none during the epochs
 
 
+def test_a_split_sent_to_a_spawned_worker_reopens_the_shards_it_checked(packed, tmp_path):
+    """Pickled (a loader worker started by spawn or forkserver), a split holds no descriptors; it opens the
+    shards again where it is read, and refuses a shard replaced since the run checked it."""
+    import pickle
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(packed, copy)
+    classes = check_dataset(str(copy), None, want_train=True, want_val=False)
+    split = open_split(copy, "train", classes)
+    sent = pickle.loads(pickle.dumps(split))
+    assert [sent.read(index) for index in range(len(sent))] == [split.read(index) for index in range(len(split))]
+    replaced = copy / "train" / "shard-000001.tar"
+    data = replaced.read_bytes()
+    replaced.unlink()
+    replaced.write_bytes(data)  # the same bytes in another file
+    from image_classification.errors import UserError
+
+    with pytest.raises(UserError, match="shard-000001.tar was replaced since the run started"):
+        pickle.loads(pickle.dumps(split)).read(0)
+
+
 def test_dali_reads_the_shards_off_the_training_thread(packed, monkeypatch):
     pytest.importorskip("nvidia.dali")
     from image_classification.arguments import parse_args
@@ -472,10 +493,10 @@ def test_the_loader_benchmark_times_a_folder_and_its_packed_copy_and_counts_thei
 
 
 def test_the_startup_benchmark_writes_an_imagenet_shaped_folder_and_reads_its_packed_table(tmp_path, capsys):
-    from benchmarks.startup import make_folder, time_table_read
+    from benchmarks.startup import make_folder, time_split_open
 
     make_folder(tmp_path / "shaped", 3, 5)
     assert sorted(os.listdir(tmp_path / "shaped" / "train" / "n00000002"))[:2] == ["n00000002_0.JPEG",
                                                                                     "n00000002_1.JPEG"]
     assert pack(tmp_path / "shaped", tmp_path / "shaped-packed", capsys=capsys).returncode == 0
-    assert 0 < time_table_read(tmp_path / "shaped-packed") < 60
+    assert 0 < time_split_open(tmp_path / "shaped-packed") < 60 and 0 < time_split_open(tmp_path / "shaped") < 60

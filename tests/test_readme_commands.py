@@ -63,6 +63,8 @@ NOT_RUN = {
     r"^until python main\.py --resume auto": "a re-queue loop: tests/faults resumes with --resume auto after kills",
     r"-m pytest -q tests/faults": "the fault suite is part of `make test` already",
     r"prepare_imagenet\.py": "needs the ImageNet archives: tests/test_prepare_imagenet.py runs it on archives it builds",
+    r"benchmarks/startup\.py --make": "writes 1.28 M files and starts main.py four times: tests/test_pack.py runs its "
+                                      "parts on a small set",
 }
 
 SMOKE = r"^python main\.py --evaluate --resume workspace/digits/"

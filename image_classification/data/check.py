@@ -29,8 +29,8 @@ from ..cli import run
 from ..errors import UserError
 from .files import decode_problem
 from .layout import class_folders, walk_split
-from .packed import (BLOCK, MANIFEST, TABLE, SampleNames, index_name, is_packed, open_plain, read_manifest, read_table,
-                     shard_starts)
+from .packed import (BLOCK, MANIFEST, TABLE, SampleNames, index_name, is_packed, open_plain, read_manifest,
+                     read_table, shard_starts)
 
 SPLITS = ("train", "val")
 
@@ -94,7 +94,8 @@ def check_packed_split(split_dir: Path, workers: int) -> SplitReport:
         report.unreadable += [f"{names(index)} in {shard['file']} (OSError: unreadable when it was packed: "
                               f"{unreadable[index]})" for index in range(first, end) if index in unreadable]
     with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _InProcess() as pool:
-        for (file, _), found in zip(tasks, pool.map(_decode_problems, [(split_dir / file, rows) for file, rows in tasks])):
+        found_by_task = pool.map(_decode_problems, [(split_dir / file, rows) for file, rows in tasks])
+        for (file, _), found in zip(tasks, found_by_task):
             report.unreadable += [f"{names(index)} in {file} ({problem})" for index, problem in found]
     return report
 
@@ -205,7 +206,8 @@ def check(root: Path, workers: int, out: TextIO | None = None) -> int:
     else:
         missing = next(split for split in SPLITS if split not in reports)
         problems += 1
-        print(f"  no {missing}/{MANIFEST} (its pack did not finish?)" if packed else f"  no {missing}/ folder", file=out)
+        print(f"  no {missing}/{MANIFEST} (its pack did not finish?)" if packed else f"  no {missing}/ folder",
+              file=out)
     print("ok: nothing to fix" if problems == 0 else f"{problems} problem(s) found", file=out)
     return problems
 

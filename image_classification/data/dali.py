@@ -5,8 +5,9 @@ Each split's pipeline is built once per run (its decoders' buffers are large and
 fed through an external source: every pass hands it this rank's samples in that epoch's order.  From a
 folder it hands their paths and DALI's own threads read the files (``fn.io.file.read``); from the shards of
 a packed set it hands their bytes, read ahead by the feed's thread pool (``os.pread`` on the open shards).
-Either way the reads run in parallel and off Python's main thread, which only slices arrays.  The order and the sharding come from the shared :class:`ShardSampler`, so
-both backends see the same images in the same order for a given seed.  Training drops the last partial
+Either way the reads run in parallel and off Python's main thread, which only slices arrays.  The order
+and the sharding come from the shared :class:`ShardSampler`, so both backends see the same images in the
+same order for a given seed, from a folder or from its shards.  Training drops the last partial
 batch; validation keeps it, and every validation image is read by exactly one rank.  A file DALI cannot
 read (a dangling link) or decode is reported once and left out, as the pytorch backend does (the pipeline
 is rebuilt then: DALI's state after an error is not reusable); so is an image past the size rule of

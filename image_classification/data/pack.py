@@ -468,8 +468,8 @@ def pack(source: Path, destination: Path, shard_size: int = DEFAULT_SHARD_SIZE, 
                 print(f"warning: {plan.paths[index]} cannot be read ({reason}); packed as an unreadable image",
                       file=sys.stderr, flush=True)
             written, size = manifest["written"], sum(shard["bytes"] for shard in manifest["shards"])
-            print(f"{destination / split}: {len(classes)} classes, {len(plan.paths):,} images in {len(plan.shards)} "
-                  f"shard(s), {size / 1e6:,.1f} MB ({written} written, {len(plan.shards) - written} kept)",
+            print(f"{destination / split}: {len(classes)} classes, {len(plan.paths):,} images in "
+                  f"{len(plan.shards)} shard(s), {size / 1e6:,.1f} MB ({written} written, {len(plan.shards) - written} kept)",
                   flush=True)
             total += len(plan.paths)
     elapsed = time.perf_counter() - started
@@ -480,7 +480,8 @@ def pack(source: Path, destination: Path, shard_size: int = DEFAULT_SHARD_SIZE, 
 def main(argv: list[str] | None = None, *, prog: str = "python -m image_classification.data.pack") -> int:
     """The command's entry (``prog``: its name in usage lines); returns the exit code."""
     parser = UserErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
-    parser.add_argument("source", metavar="SRC", help="the ImageFolder: SRC/train/<class>/<image>, SRC/val/<class>/<image>")
+    parser.add_argument("source", metavar="SRC",
+                        help="the ImageFolder: SRC/train/<class>/<image>, SRC/val/<class>/<image>")
     parser.add_argument("destination", metavar="DST", help="where the shards go: DST/train/, DST/val/")
     parser.add_argument("--shard-size", default="1GB", metavar="SIZE",
                         help="about how large a shard grows, e.g. 64KB, 500MB, 1GB (default: 1GB)")

@@ -100,8 +100,8 @@ def read_manifest(split_dir: Path) -> dict:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise UserError(f"{path} is not the manifest of a set packed by image_classification.data.pack")
     if manifest.get("version") != VERSION:
-        raise UserError(f"{path} is of pack format {manifest.get('version')!r}; this version reads format {VERSION}: "
-                        "pack the dataset again with this version")
+        raise UserError(f"{path} is of pack format {manifest.get('version')!r}; this version reads format "
+                        f"{VERSION}: pack the dataset again with this version")
     problem = _manifest_problem(manifest)
     if problem is not None:
         raise UserError(f"{path} is damaged ({problem}); pack the dataset again")
@@ -121,7 +121,8 @@ def _manifest_problem(manifest: dict) -> str | None:
         return "no sample count or shard list"
     for key, name in (("table", TABLE), ("names", NAMES)):
         entry = manifest.get(key)
-        if not isinstance(entry, dict) or entry.get("file") != name or not _SHA256.fullmatch(str(entry.get("sha256"))):
+        if not isinstance(entry, dict) or entry.get("file") != name \
+                or not _SHA256.fullmatch(str(entry.get("sha256"))):
             return f"its {key} entry is not {name} with a SHA-256"
     for number, shard in enumerate(shards):
         if not isinstance(shard, dict) or shard.get("file") != shard_name(number) \
@@ -158,7 +159,8 @@ def check_packed(root: Path, num_classes: int | None, *, want_train: bool, want_
             raise UserError(f"{root / split / MANIFEST} lists no classes; pack the dataset again")
         found[split] = manifest["classes"]
     if len(found) == 2 and found["train"] != found["val"]:
-        raise UserError(f"the manifests of {root}/train and {root}/val list different classes; pack the dataset again")
+        raise UserError(f"the manifests of {root}/train and {root}/val list different classes; pack the dataset "
+                        "again")
     classes = next(iter(found.values()))
     if num_classes is not None and len(classes) > num_classes:
         raise UserError(f"the dataset has {len(classes)} classes but --num-classes is {num_classes}; "
@@ -243,12 +245,13 @@ class PackedSplit:
     def _check_table(self, classes: int) -> None:
         labels = self.labels
         if len(labels) and (labels.min() < 0 or labels.max() >= classes):
-            raise UserError(f"{self.directory / TABLE} holds labels outside its {classes} classes; pack the dataset again")
+            raise UserError(f"{self.directory / TABLE} holds labels outside its {classes} classes; pack the dataset "
+                            "again")
         for number, (first, end) in enumerate(zip(self.starts[:-1], self.starts[1:])):
             ends = self.blocks[first:end].astype(np.int64) * BLOCK + self.sizes[first:end]
             if len(ends) and int(ends.max()) > self.shard_bytes[number]:
-                raise UserError(f"{self.directory / TABLE} places samples past the end of {self.shard_files[number].name}; "
-                                "pack the dataset again")
+                raise UserError(f"{self.directory / TABLE} places samples past the end of "
+                                f"{self.shard_files[number].name}; pack the dataset again")
 
     def _open_shards(self) -> None:
         """Open every shard, checking its size against the manifest (and, after a pickle, that it is the
@@ -260,10 +263,12 @@ class PackedSplit:
                 descriptors.append(descriptor)
                 info = os.fstat(descriptor)
                 if info.st_size != self.shard_bytes[number]:
-                    raise UserError(f"{path} is {info.st_size:,} bytes, its manifest says {self.shard_bytes[number]:,}: "
-                                    "the shard was changed or damaged since it was packed (python -m "
-                                    "image_classification.data.check names every damaged shard); pack the dataset again")
-                if len(self._identity) == len(self.shard_files) and self._identity[number] != (info.st_dev, info.st_ino):
+                    raise UserError(f"{path} is {info.st_size:,} bytes, its manifest says "
+                                    f"{self.shard_bytes[number]:,}: the shard was changed or damaged since it was "
+                                    "packed (python -m image_classification.data.check names every damaged shard); "
+                                    "pack the dataset again")
+                checked = len(self._identity) == len(self.shard_files)
+                if checked and self._identity[number] != (info.st_dev, info.st_ino):
                     raise UserError(f"{path} was replaced since the run started")
                 if len(self._identity) < len(self.shard_files):
                     self._identity.append((info.st_dev, info.st_ino))
