@@ -215,7 +215,8 @@ def check(root: Path, workers: int, out: TextIO | None = None) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = UserErrorParser(prog="python -m image_classification.data.check",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("data", metavar="DIR", help="the dataset: DIR/train/<class>/<image>, DIR/val/<class>/<image>")
+    parser.add_argument("data", metavar="DIR", help="the dataset: DIR/train/<class>/<image>, DIR/val/<class>/<image>, "
+                        "or a set packed from one (DIR/train/manifest.json)")
     parser.add_argument("-j", "--workers", type=int, default=machine.cores(),
                         help="processes decoding the images (default: this machine's cores)")
     args = parser.parse_args(argv)

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from ..errors import UserError
 from .files import SplitWalk, decode_problem, is_image_file, read_bytes, walk_class
+from .packed import check_packed, is_packed, open_packed_split
 
 
 def class_folders(split_dir: Path) -> list[str]:
@@ -79,8 +80,6 @@ def open_split(root: Path, split: str, classes: list[str], *, batch_size: int = 
 
     Training refuses a set too small for one batch of ``batch_size`` per process.
     """
-    from .packed import is_packed, open_packed_split
-
     source = open_packed_split(root / split, classes) if is_packed(root) else \
         FolderSplit(list_samples(root / split, classes))
     if split == "train" and len(source) // world_size < batch_size:
@@ -118,8 +117,6 @@ def check_dataset(data_dir: str, num_classes: int | None, *, want_train: bool, w
     root = Path(data_dir)
     if not root.is_dir():
         raise UserError(f"dataset directory {data_dir} does not exist")
-    from .packed import check_packed, is_packed
-
     if is_packed(root):
         return check_packed(root, num_classes, want_train=want_train, want_val=want_val)
     splits = [s for s, wanted in (("train", want_train), ("val", want_val)) if wanted]

@@ -18,6 +18,7 @@ finishes the rest.  One pack at a time per DST.  The images are read by ``-j`` t
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -95,15 +96,13 @@ class SplitPlan:
     target_dir: Path  # DST/<split>
     classes: list[str]
     paths: list[str]
+    names: list[str]  # the paths relative to source_dir: what names.bin and the messages hold
     labels: np.ndarray
     sizes: np.ndarray  # bytes when listed; -1 where the file cannot even be looked at (a dangling link)
     mtimes: np.ndarray
     problems: dict[int, str]  # samples that cannot be read, with the reason
     links: list[str]  # links not followed, as training reports them
     shards: list[range] = field(default_factory=list)
-
-    def name(self, index: int) -> str:
-        return os.path.relpath(self.paths[index], self.source_dir)
 
     def extension(self, index: int) -> str:
         return os.path.splitext(self.paths[index])[1].lower().lstrip(".")
@@ -112,7 +111,7 @@ class SplitPlan:
         """A digest of what shard ``rows`` is packed from: a kept shard must have the same."""
         hasher = hashlib.sha256(f"{FORMAT} {VERSION}\n".encode())
         for index in rows:
-            hasher.update(os.fsencode(self.name(index)) + b"\0")
+            hasher.update(os.fsencode(self.names[index]) + b"\0")
             hasher.update(f"{self.labels[index]} {self.sizes[index]} {self.mtimes[index]}\n".encode())
         return hasher.hexdigest()
 
@@ -134,7 +133,10 @@ def plan_split(source_dir: Path, target_dir: Path, classes: list[str], shard_siz
             problems[index] = f"larger than {MAX_SIZE:,} bytes, more than a packed set holds"
             continue
         sizes[index], mtimes[index] = info.st_size, info.st_mtime_ns
-    plan = SplitPlan(source_dir, target_dir, classes, [path for path, _ in samples],
+    paths = [path for path, _ in samples]
+    prefix = str(source_dir) + os.sep  # where the walk starts every path it lists
+    names = [path[len(prefix):] if path.startswith(prefix) else os.path.relpath(path, source_dir) for path in paths]
+    plan = SplitPlan(source_dir, target_dir, classes, paths, names,
                      np.array([label for _, label in samples], dtype=np.int64), sizes, mtimes, problems, links)
     first, used = 0, 0
     for index in range(len(samples)):
@@ -315,7 +317,7 @@ def pack_split(plan: SplitPlan, workers: int, progress) -> dict:
     done: list[ShardRecord | None] = [kept_shard(plan, number, records.get(shard_name(number)), table)
                                       for number in range(len(plan.shards))]
     written = sum(record is None for record in done)
-    names = b"".join(os.fsencode(plan.name(index)) + b"\0" for index in range(len(plan.paths)))
+    names = b"".join(os.fsencode(name) + b"\0" for name in plan.names)
     if written and (split_dir / MANIFEST).exists():
         for record in done:  # what the manifest knew, kept for a pack killed before it writes the next one
             if record is not None:
@@ -360,8 +362,6 @@ def _read_bytes(path: Path) -> bytes | None:
 
 
 def _npy_bytes(array: np.ndarray) -> bytes:
-    import io
-
     buffer = io.BytesIO()
     np.save(buffer, array, allow_pickle=False)
     return buffer.getvalue()
