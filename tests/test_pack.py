@@ -136,6 +136,21 @@ def test_a_packed_set_counts_what_data_check_counts_on_its_folder(tmp_path, caps
         skipped.append([split.name(index).split(" in ")[0].split("/")[-1] for index, _ in sampler
                         if dataset[(index, 0)][0] is None])
     assert skipped[0] == skipped[1] and len(skipped[0]) == 4
+    try:
+        from image_classification.data.dali import dali_loaders
+    except ImportError:
+        return
+    from image_classification.arguments import parse_args
+    from image_classification.plan import data_config
+
+    seen = []
+    for root in (source, tmp_path / "dst"):
+        args = parse_args([str(root), "--data-backend", "dali-cpu", "-b", "2", "-j", "1"])
+        train, _ = dali_loaders(data_config(args, SIZE), cpu_runtime(), ["class_00", "class_01"], want_train=True,
+                                want_val=False)
+        train.set_epoch(0)
+        seen.append((sum(len(labels) for _, labels in train), train.skipped))
+    assert seen[0] == seen[1] and seen[0][1] == 4, seen
 
 
 def test_odd_names_are_kept_for_messages_and_never_reach_the_tar(tmp_path):

@@ -383,7 +383,7 @@ class DaliLoader:
         indices, seeds = self.sampler.pass_order()
         keep = max(0, self.num_samples - self.sampler.start)
         indices, seeds = indices[:keep], seeds[:keep]
-        for index, reason in getattr(self.samples, "unreadable_at_pack", {}).items():
+        for index, reason in self.samples.known_unreadable.items():
             if index not in self.broken and index in indices:
                 self._leave_out(index, f"OSError: unreadable when it was packed: {reason}")
         if self.broken:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Protocol
 
 from ..errors import UserError
@@ -39,6 +41,8 @@ class Split(Protocol):
     the bytes of its image file.  The sample numbering is the folder's (:func:`list_samples`), whether the
     split is read from its folder or from the shards packed from it, so the samplers order both alike."""
 
+    known_unreadable: Mapping[int, str]  # samples known to be unreadable before any read, with the reason
+
     def __len__(self) -> int: ...
 
     def label(self, index: int) -> int: ...
@@ -52,6 +56,8 @@ class Split(Protocol):
 
 class FolderSplit:
     """A split read from its folder, a file per image."""
+
+    known_unreadable: Mapping[int, str] = MappingProxyType({})  # a file is found unreadable when it is read
 
     def __init__(self, samples: list[tuple[str, int]]):
         self.samples = samples

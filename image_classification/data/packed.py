@@ -235,7 +235,8 @@ class PackedSplit:
         table = read_table(split_dir, manifest["samples"], manifest["table"]["sha256"])
         self.blocks, self.sizes, self.labels = table["block"], table["size"], table["label"]
         self._check_table(len(manifest["classes"]))
-        self.unreadable_at_pack = {index: reason for index, reason in manifest.get("unreadable", [])}
+        # the samples that could not be read when packing: known unreadable before any read
+        self.known_unreadable = {index: reason for index, reason in manifest.get("unreadable", [])}
         _raise_open_file_limit(len(shards))
         self._identity: list[tuple[int, int]] = []
         self._descriptors: list[int] | None = None
@@ -296,7 +297,7 @@ class PackedSplit:
 
     def read(self, index: int) -> bytes:
         """The image file's bytes of sample ``index``; OSError when it cannot be had."""
-        reason = self.unreadable_at_pack.get(index)
+        reason = self.known_unreadable.get(index)
         if reason is not None:
             raise OSError(f"unreadable when it was packed: {reason}")
         if self._descriptors is None:

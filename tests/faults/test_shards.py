@@ -58,3 +58,18 @@ def test_a_dali_run_on_shards_killed_mid_epoch_resumes_to_the_folder_s_weights(d
     assert folder.returncode == 0, explain(folder)
     resumed = _interrupt_and_resume(packed, tmp_path / "ws", capsys, *dali, kill_at=ITERATIONS_PER_EPOCH + INTERVAL + 1)
     assert_same_state(load(tmp_path / "straight" / "checkpoint.pth.tar"), resumed)
+
+
+@pytest.mark.slow  # four fresh interpreters; test_pack.py checks every rank's batches against the folder's
+def test_two_processes_on_shards_train_the_weights_of_two_on_the_folder(data, packed, tmp_path):
+    """multiproc.py, 2 gloo processes: the packed copy deals each rank the folder's samples."""
+    from .test_distributed import RUN as TWO_PROCESS_RUN, needs_linux, two_processes
+
+    if needs_linux.args[0]:
+        pytest.skip(needs_linux.kwargs["reason"])
+    runs = {name: two_processes(root, tmp_path / name / "ws", *TWO_PROCESS_RUN)
+            for name, root in (("folder", data), ("shards", packed))}
+    for result in runs.values():
+        assert result.returncode == 0, explain(result)
+    assert_same_state(load(tmp_path / "folder" / "ws" / "checkpoint.pth.tar"),
+                      load(tmp_path / "shards" / "ws" / "checkpoint.pth.tar"))
