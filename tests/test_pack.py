@@ -362,7 +362,15 @@ def _truncate_shard(split: Path) -> None:
     shard.write_bytes(shard.read_bytes()[:-10240])
 
 
+def _swap_shards(split: Path) -> None:
+    """Shards of the same size, in each other's place: only their tar headers tell."""
+    first, second = (split / f"shard-00000{number}.tar" for number in (0, 1))
+    data = second.read_bytes()
+    second.write_bytes(first.read_bytes()[:len(data)])
+
+
 DAMAGES = {
+    "another shard's samples": (_swap_shards, "shard-000001.tar does not hold sample "),
     "a shard outside the split": (_edit_manifest(lambda m: m["shards"][0].update(file="../../x/shard-000000.tar")),
                                   "damaged (shard entry 0 is not shard-000000.tar)"),
     "a linked shard": (_link_shard, "shard-000001.tar is a symbolic link"),
@@ -385,6 +393,26 @@ def test_a_damaged_or_hostile_set_is_refused_in_one_line_before_training(packed,
     change(copy / "train")
     result = run_script([REPO / "main.py", *run_args(tiny_arch, "pytorch", tmp_path / "ws", copy)], capsys)
     assert expected in one_error_line(result)
+
+
+def test_a_sample_whose_header_is_not_its_own_is_not_read(packed, tmp_path):
+    """Every read takes the sample's tar header with its bytes: a shard changed under a run gives no image
+    of another sample under this one's label."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(packed, copy)
+    classes = check_dataset(str(copy), None, want_train=True, want_val=False)
+    split = open_split(copy, "train", classes)
+    shard = copy / "train" / "shard-000000.tar"
+    data = bytearray(shard.read_bytes())
+    header = int(split.blocks[3]) * 512 - 512
+    data[header:header + 9] = b"000000004"  # sample 3's header now names sample 4
+    shard.write_bytes(bytes(data))
+    assert split.read(2) == (packed / "train" / "shard-000000.tar").read_bytes()[
+        int(split.blocks[2]) * 512:int(split.blocks[2]) * 512 + int(split.sizes[2])]
+    with pytest.raises(OSError, match="does not hold sample 3 where its table places it"):
+        split.read(3)
 
 
 def test_data_check_names_a_damaged_shard_in_one_line(packed, tmp_path, capsys):

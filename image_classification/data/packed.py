@@ -19,8 +19,9 @@
 
 A split is opened by its manifest.  What is checked before a run starts (cheap even for 14 M samples): the
 format version, every file a plain name of the split folder and not a link, every shard's size, the
-table's SHA-256 and that every sample lies inside its shard.  Shard hashes are read in full by
-``data.check`` only.  The shards stay open for the run (a worker process reads with ``os.pread`` on the
+table's SHA-256, that every sample lies inside its shard and that the first and last sample of each shard
+have their own tar headers.  Every read takes the sample's header with its bytes and refuses a header that
+is not the sample's.  Shard hashes are read in full by ``data.check`` only.  The shards stay open for the run (a worker process reads with ``os.pread`` on the
 descriptors it inherits): a file open per shard, not per image.
 """
 
@@ -273,11 +274,22 @@ class PackedSplit:
                     raise UserError(f"{path} was replaced since the run started")
                 if len(self._identity) < len(self.shard_files):
                     self._identity.append((info.st_dev, info.st_ino))
+                self._check_ends(number, descriptor)
         except BaseException:
             for descriptor in descriptors:
                 os.close(descriptor)
             raise
         self._descriptors = descriptors
+
+    def _check_ends(self, number: int, descriptor: int) -> None:
+        """The first and the last sample of shard ``number`` are where the table places them: a shard swapped
+        with another of the same size, or written by another pack, is refused before the run starts."""
+        first, end = int(self.starts[number]), int(self.starts[number + 1])
+        try:
+            for index in sorted({first, end - 1} - set(self.known_unreadable)) if end > first else []:
+                self._read_member(descriptor, number, index)
+        except OSError as error:
+            raise UserError(f"{error}; pack the dataset again") from None
 
     def __getstate__(self) -> dict:
         """Pickled (a worker process started by spawn): the descriptors are reopened there, checked to be
@@ -303,14 +315,23 @@ class PackedSplit:
         if self._descriptors is None:
             self._open_shards()
         shard = self.shard_of(index)
-        size, offset = int(self.sizes[index]), int(self.blocks[index]) * BLOCK
-        data = os.pread(self._descriptors[shard], size, offset)
+        return self._read_member(self._descriptors[shard], shard, index)[BLOCK:]
+
+    def _read_member(self, descriptor: int, shard: int, index: int) -> bytes:
+        """Sample ``index``'s image member, its tar header first, in one read from shard ``shard`` (open as
+        ``descriptor``); OSError where the header is not the sample's (a shard changed since it was packed) or
+        the shard ends first."""
+        size, offset = int(self.sizes[index]) + BLOCK, int(self.blocks[index]) * BLOCK - BLOCK
+        data = os.pread(descriptor, size, offset)
         while len(data) < size:
-            more = os.pread(self._descriptors[shard], size - len(data), offset + len(data))
+            more = os.pread(descriptor, size - len(data), offset + len(data))
             if not more:
                 raise OSError(f"{self.shard_files[shard]} ends inside sample {index}: it was cut short after the "
                               "run started")
             data += more
+        if not data.startswith(f"{sample_key(index)}.".encode()):
+            raise OSError(f"{self.shard_files[shard]} does not hold sample {index} where its table places it: the "
+                          "shard was changed since it was packed")
         return data
 
     def problem(self, index: int) -> str | None:
