@@ -57,7 +57,7 @@ def installed(tmp_path_factory) -> Path:
 
     def ignore(folder: str, names: list[str]) -> set[str]:
         # at the root only: image_classification/data is a subpackage
-        at_root = {".venv", "workspace", "data"} if Path(folder) == REPO else set()
+        at_root = {".venv", ".venv-pins", "workspace", "data"} if Path(folder) == REPO else set()
         return anywhere(folder, names) | (at_root & set(names))
 
     shutil.copytree(REPO, source, symlinks=True, ignore=ignore)
