@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS := -q -n auto --maxprocesses 4 --dist loadscope
 PYTEST := $(PY) -m pytest $(PYTEST_ARGS)
 # test-pins and test-oldest: a venv per torch/torchvision pair under .venv-pins/, made with $(PYTHON)
-PINNED_SUITE = $(PYTHON) scripts/pinned_suite.py $(if $(filter 1,$(DALI)),--dali)
+PINNED_SUITE = $(PYTHON) scripts/pinned_suite.py$(if $(filter 1,$(DALI)), --dali)
 # what test-oldest runs: the modules that exercise torch's API most (training, the engine, the models,
 # inference, checkpoints, optimizers, EMA, losses)
 CORE_TESTS := tests/test_training.py tests/test_engine.py tests/test_models.py tests/test_inference.py \
