@@ -14,6 +14,7 @@ from typing import Sequence
 import torch
 
 from image_classification import machine
+from image_classification.runtime import compile_unsupported
 
 
 def environment(device: torch.device) -> dict:
@@ -77,6 +78,8 @@ def ratio_text(ratio: float, spread: float | None, bold: bool = False) -> str:
 def compiler_missing(device: torch.device) -> str | None:
     """Why torch.compile cannot run here, or None: inductor builds its CPU kernels with a C++ compiler, and
     on CUDA Triton builds its kernel launcher with a C compiler, so a GPU host needs one too."""
+    if reason := compile_unsupported():
+        return reason
     if device.type == "cpu":
         names, what = (os.environ.get("CXX"), "c++", "g++", "clang++"), "a C++ compiler"
     else:

@@ -460,6 +460,11 @@ def validate_args(args: argparse.Namespace, *, require_data: bool = True) -> Non
     check_optimisation_combinations(args)
     if args.resume and args.pretrained_weights:
         raise UserError("--resume and --pretrained-weights exclude each other: a checkpoint already holds weights")
+    if args.compile:
+        from .runtime import compile_unsupported
+
+        if reason := compile_unsupported():
+            raise UserError(f"--compile: {reason} (or leave --compile out)")
 
 
 def _check_augmentation_flags(args: argparse.Namespace) -> None:

@@ -203,3 +203,22 @@ def test_help_and_a_mistyped_flag_answer_before_torch_is_imported():
             assert code == 0 and out and err == "", argv
             assert "--list" in argv or out.startswith("usage: "), argv
     assert report["torch"] == []
+
+
+def test_compile_on_a_python_that_this_torch_cannot_compile_for_is_refused(tmp_path, capsys, monkeypatch,
+                                                                            tiny_arch):
+    """torch 2.3's torch.compile refuses Python 3.12: one line before the run, not a traceback at the first
+    step."""
+    import torch._dynamo
+
+    from image_classification.cli import run
+    from image_classification.training import main
+
+    def compile_as_torch_2_3_on_python_3_12(*args, **kwargs):
+        raise RuntimeError("Python 3.12+ not yet supported for torch.compile")
+
+    monkeypatch.setattr(torch._dynamo, "is_dynamo_supported", lambda: False)
+    monkeypatch.setattr(torch, "compile", compile_as_torch_2_3_on_python_3_12)
+    code = run(main, ["--compile", "-a", tiny_arch, "--image-size", "32", "-b", "8", "--prof", "1", "--epochs", "1",
+                      "--data-backend", "synthetic", "--device", "cpu", "--workspace", str(tmp_path)])
+    assert "--compile: torch " in refused(code, capsys) and not any(tmp_path.iterdir())
