@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -17,29 +16,21 @@ from image_classification import machine
 
 
 def environment(device: torch.device) -> dict:
-    """The device, the host CPU and the versions of the software that produced a figure."""
-    import torchvision
-
-    info = {
-        "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else machine.cpu_model(),
-        "cpu_model": machine.cpu_model(),
-        "cpu_cores": machine.cores(),
-        "cpu_capability": machine.cpu_capability(),
-        "cpu_bf16_native": machine.cpu_bf16_is_native(),
-        # when the run ends: on a shared machine, other work on the cores slows every path down
-        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
-    }
+    """The machine (:func:`image_classification.machine.facts`: CPU model, cores, instruction sets, the GPU
+    and its driver where ``device`` is one), the software that produced a figure, and ``machine``, all of
+    it in one line."""
+    info = {"device": str(device), **machine.facts(device.type)}
+    info["device_name"] = info["gpu"]["name"] if info["gpu"] else info["cpu_model"]
+    # when the run ends: on a shared machine, other work on the cores slows every path down
+    info["load_average"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    info["torch_threads"] = torch.get_num_threads()
     try:
         import onnxruntime
 
         info["onnxruntime"] = onnxruntime.__version__
     except ImportError:
         pass
+    info["machine"] = machine.describe(info)
     return info
 
 
@@ -111,3 +102,4 @@ def command_line() -> str:
     import shlex
 
     return "python " + shlex.join([os.path.relpath(sys.argv[0])] + sys.argv[1:])
+

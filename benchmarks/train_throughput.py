@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = measure(args)
     config, plain = result["config"], result["plain"]
     print(f"{config['arch']} {config['image_size']} px, batch {config['batch_size']}, {config['precision']} on "
-          f"{result['environment']['device_name']} (torch {result['environment']['torch']})")
+          f"{result['environment']['machine']}")
     for name, stats in (("plain", plain), *result["paths"].items()):
         line = (f"  {name:>13}: {stats['median']:8.1f} img/s median of {len(stats['values'])} "
                 f"(spread {100 * stats['relative_spread']:.1f}%), warm-up {result['warmup_seconds'][name]:.2f} s")

@@ -1,10 +1,16 @@
-"""What a measurement ran on, named the way the README names it: CPU model, cores, GPU, software, and
-what the CPU computes natively (which decides the fastest CPU precision)."""
+"""What a measurement ran on, named the way the README names it: CPU model, cores, the instruction sets
+the CPU has, the GPU and its driver, software, and what the CPU computes natively (which decides the
+fastest CPU precision).  A figure without these cannot be compared with another: the same code ranks its
+paths differently on an AVX2-only CPU and on one with AVX512-BF16.
+
+:func:`facts` gathers them into a dict (what the benchmarks record in their JSON); :func:`describe` turns
+such a dict, recorded here or elsewhere, into the one line that sits beside a figure."""
 
 from __future__ import annotations
 
 import os
 import platform
+import re
 import sys
 from pathlib import Path
 
@@ -34,14 +40,33 @@ def cpu_capability() -> str:
 
 
 def _cpu_flags() -> set[str] | None:
-    """The x86 feature flags of /proc/cpuinfo; None where there is no such file (not Linux)."""
+    """The feature flags of /proc/cpuinfo (x86's ``flags``, Arm's ``Features``); None where there is no such
+    file (not Linux)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
+            if line.startswith(("flags", "Features")):
                 return set(line.split(":", 1)[1].split())
     except OSError:
         return None
     return set()
+
+
+# /proc/cpuinfo flag -> the name the README gives it, in the order they are listed.  AMX-TILE is left out:
+# every CPU with AMX has it, and AMX-BF16 / AMX-INT8 say what it computes.
+INSTRUCTION_SETS = (
+    ("avx2", "AVX2"), ("avx512f", "AVX512F"), ("avx512_vnni", "AVX512-VNNI"), ("avx_vnni", "AVX-VNNI"),
+    ("avx512_bf16", "AVX512-BF16"), ("avx512_fp16", "AVX512-FP16"), ("amx_bf16", "AMX-BF16"),
+    ("amx_int8", "AMX-INT8"), ("amx_fp16", "AMX-FP16"),
+    ("asimd", "NEON"), ("sve", "SVE"), ("sve2", "SVE2"), ("bf16", "BF16"), ("i8mm", "I8MM"),  # Arm
+)
+
+
+def instruction_sets(flags: set[str] | None = None) -> list[str]:
+    """The vector and matrix instruction sets the CPU has (``["AVX2", "AVX512F", "AVX512-BF16"]``), from
+    /proc/cpuinfo's flags (or ``flags``).  What the CPU has, which a hypervisor may hide (AMX often is),
+    not what torch dispatches for (:func:`cpu_capability`)."""
+    flags = _cpu_flags() if flags is None else flags
+    return [name for flag, name in INSTRUCTION_SETS if flag in (flags or ())]
 
 
 def cpu_bf16_is_native() -> bool:
@@ -63,23 +88,87 @@ def cpu_bf16_is_native() -> bool:
     return flags is None or bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
-def software() -> str:
-    """Python, torch and torchvision versions, e.g. ``Python 3.11.7, torch 2.14.1, torchvision 0.29.1``."""
-    parts = [f"Python {platform.python_version()}", f"torch {torch.__version__}"]
+def _torchvision_version() -> str | None:
     torchvision = sys.modules.get("torchvision")
     if torchvision is None:
         try:
             import torchvision
         except ImportError:
-            torchvision = None
-    if torchvision is not None:
-        parts.append(f"torchvision {torchvision.__version__}")
-    return ", ".join(parts)
+            return None
+    return torchvision.__version__
+
+
+def gpu_driver() -> str | None:
+    """The NVIDIA driver's version (``580.159.04``): from NVML (nvidia-ml-py), else the kernel module's
+    /proc/driver/nvidia/version; None where neither answers."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:  # noqa: BLE001 - no NVML library, no driver, or an old binding: try the next source
+        pass
+    try:
+        return kernel_module_version(Path("/proc/driver/nvidia/version").read_text())
+    except OSError:
+        return None
+
+
+def kernel_module_version(text: str) -> str | None:
+    """The driver version in /proc/driver/nvidia/version's text, proprietary or open kernel module."""
+    match = re.search(r"Kernel Module(?: for \S+)?\s+(\d[\d.]*)", text)
+    return match.group(1) if match else None
+
+
+def gpu(index: int | None = None) -> dict | None:
+    """CUDA device ``index`` (default: the current one): name, memory, compute capability, how many devices
+    there are, the driver and torch's CUDA version; None where CUDA is not available."""
+    if not torch.cuda.is_available():
+        return None
+    properties = torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index)
+    return {"name": properties.name, "memory_gib": round(properties.total_memory / 2**30, 1),
+            "capability": f"{properties.major}.{properties.minor}", "count": torch.cuda.device_count(),
+            "driver": gpu_driver(), "cuda": torch.version.cuda}
+
+
+def facts(device: str = "cpu") -> dict:
+    """What :func:`describe` names, as a dict to record beside a figure: the GPU only when ``device`` is
+    cuda (a CPU figure on a GPU machine used none)."""
+    return {
+        "cpu_model": cpu_model(), "cpu_cores": cores(), "cpu_instruction_sets": instruction_sets(),
+        "cpu_capability": cpu_capability(), "cpu_bf16_native": cpu_bf16_is_native(),
+        "gpu": gpu() if device == "cuda" else None,
+        "python": platform.python_version(), "torch": torch.__version__, "torchvision": _torchvision_version(),
+    }
+
+
+def describe(recorded: dict) -> str:
+    """One line naming the machine of ``recorded`` (:func:`facts`' keys; ``onnxruntime`` where present)::
+
+        1x NVIDIA H100 80GB HBM3 (79.1 GiB, compute capability 9.0, driver 580.159.04, CUDA 13.0), host
+        Intel(R) Xeon(R) Processor (16 cores; AVX2, AVX512F, AVX512-BF16; torch's CPU kernels AVX512); Python ...
+    """
+    sets = ", ".join(recorded.get("cpu_instruction_sets") or []) or "instruction sets not recorded"
+    capability = recorded.get("cpu_capability")
+    kernels = f"; torch's CPU kernels {capability}" if capability else ""
+    host = f"{recorded['cpu_model']} ({recorded['cpu_cores']} cores; {sets}{kernels})"
+    software = ", ".join(f"{label} {recorded[key]}" for key, label in (
+        ("python", "Python"), ("torch", "torch"), ("torchvision", "torchvision"), ("onnxruntime", "onnxruntime"))
+        if recorded.get(key))
+    device = recorded.get("gpu")
+    if not device:
+        return f"{host}, no GPU used; {software}"
+    others = f"; one of {device['count']} GPUs" if device.get("count", 1) > 1 else ""
+    return (f"1x {device['name']} ({device['memory_gib']} GiB, compute capability {device['capability']}, "
+            f"driver {device.get('driver') or 'unknown'}, CUDA {device.get('cuda')}{others}), host {host}; "
+            f"{software}")
 
 
 def description(device: str = "cpu") -> str:
-    """One line: the GPU when ``device`` is cuda, the host CPU and its cores, the software."""
-    host = f"{cpu_model()} ({cores()} cores)"
-    if device == "cuda" and torch.cuda.is_available():
-        return f"1x {torch.cuda.get_device_name()}, host {host}; {software()}, CUDA {torch.version.cuda}"
-    return f"{host}, no GPU used; {software()}"
+    """One line: the GPU and its driver when ``device`` is cuda, the host CPU with its cores and instruction
+    sets, the software."""
+    return describe(facts(device))

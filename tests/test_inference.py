@@ -294,7 +294,7 @@ def test_benchmark_writes_markdown_csv_and_png(benchmark, tmp_path):
     assert "#### FP32 Inference Latency" in report and "Mixed Precision" in report
     assert "| 2 | 1000 img/s | 2.00 ms | 2.18 ms | 2.19 ms | 2.20 ms |" in report
     assert "Intel" in report or "torch" in report
-    assert f"{machine.cpu_capability()}, " in report and "bf16" in report.splitlines()[2]
+    assert f"* Machine: {machine.description()}; " in report and "bf16" in report.splitlines()[2]
     rows = list(csv.DictReader(open(tmp_path / "inference_resnet50_cpu.csv")))
     assert [(r["precision"], r["batch_size"]) for r in rows] == [
         ("FP32", "1"), ("FP32", "2"), ("AMP", "1"), ("AMP", "2")]
