@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
 import statistics
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 import torch
 
 from image_classification import machine
+from image_classification.errors import UserError
+
+T = TypeVar("T")
 
 
 def environment(device: torch.device) -> dict:
@@ -103,3 +107,39 @@ def command_line() -> str:
 
     return "python " + shlex.join([os.path.relpath(sys.argv[0])] + sys.argv[1:])
 
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` says the device ran out of memory: torch's ``OutOfMemoryError``, or cuDNN and
+    cuBLAS failing to allocate a workspace, which reach Python as a plain ``RuntimeError``."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and any(
+        sign in str(error) for sign in ("out of memory", "ALLOC_FAILED", "NOT_ENOUGH_WORKSPACE"))
+
+
+def release_device_memory() -> None:
+    """Give back what a failed attempt held: its objects (collected), its compiled graphs, CUDA's cache."""
+    gc.collect()
+    torch._dynamo.reset()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def largest_fitting(attempt: Callable[[int], T], batch_size: int,
+                    release: Callable[[], None] = release_device_memory) -> tuple[int, T, list[int]]:
+    """Call ``attempt(batch)`` at ``batch_size``, and at half the batch each time it runs out of device
+    memory, until one fits.  Returns that batch, what ``attempt`` returned, and the batches that did not
+    fit.  Any other error goes up as it is; where not even a batch of one fits, :class:`UserError`."""
+    too_large: list[int] = []
+    while True:
+        try:
+            return batch_size, attempt(batch_size), too_large
+        except RuntimeError as error:  # torch.OutOfMemoryError is one
+            if not is_out_of_memory(error):
+                raise
+        # out of the except block: the traceback, and the tensors its frames held, are gone
+        too_large.append(batch_size)
+        release()
+        if batch_size == 1:
+            raise UserError("not even a batch of 1 fits in the device's memory")
+        batch_size //= 2
