@@ -242,19 +242,25 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_arch: str | Non
 
 
 def default_precision(device_type: str) -> str:
-    """The faster precision on ``device_type``: AMP (fp16) on CUDA; on the CPU AMP (bf16) only where bf16 is
-    native, since emulated bf16 runs slower than FP32 (the layout, channels-last, is faster either way)."""
-    return "AMP" if device_type == "cuda" or machine.cpu_bf16_is_native() else "FP32"
+    """The faster precision on ``device_type``: AMP (fp16) on CUDA; on the CPU AMP (bf16) only where bf16
+    was measured faster than FP32 on that class of CPU (:func:`machine.cpu_bf16_is_faster`: AMX, AMD's
+    AVX512-BF16), FP32 elsewhere (the layout, channels-last, is faster either way)."""
+    return "AMP" if device_type == "cuda" or machine.cpu_bf16_is_faster() else "FP32"
+
+
+def _slower_bf16() -> str:
+    """Why bf16 runs slower than FP32 on this CPU."""
+    if machine.cpu_bf16_is_native():
+        return f"this CPU ({machine.cpu_capability()}, no AMX) computes bf16 no faster than FP32"
+    return f"this CPU ({machine.cpu_capability()}) emulates bf16"
 
 
 def precision_default_text() -> str:
     """--precision's default in words, naming what this machine's CPU gets and why."""
-    capability = machine.cpu_capability()
-    if default_precision("cpu") == "AMP":
-        here = f"here AMP: this CPU ({capability}) computes bf16 natively"
-    else:
-        here = f"here FP32: this CPU ({capability}) would emulate bf16, slower than FP32"
-    return f"AMP on CUDA; on the CPU AMP only where it computes bf16 natively (AVX512-BF16, AMX), else FP32; {here}"
+    here = "here AMP: bf16 runs faster than FP32 on this CPU" if default_precision("cpu") == "AMP" else \
+        f"here FP32: {_slower_bf16()}"
+    return ("AMP on CUDA; on the CPU AMP only where bf16 runs faster than FP32 (AMX, or AVX512-BF16 on AMD), "
+            f"else FP32; {here}")
 
 
 def classify_runtime(device: str, precision: str | None, memory_format: str) -> Runtime:
@@ -266,8 +272,8 @@ def classify_runtime(device: str, precision: str | None, memory_format: str) -> 
     # usually smaller) for no gain
     runtime = make_runtime(device, amp=precision == "AMP", memory_format=memory_format, log=lambda *_: None,
                            cudnn_benchmark=False)
-    if runtime.device.type == "cpu" and runtime.amp_dtype is not None and not machine.cpu_bf16_is_native():
-        warn(f"note: this CPU ({machine.cpu_capability()}) emulates bf16: --precision AMP runs slower than FP32 here")
+    if runtime.device.type == "cpu" and runtime.amp_dtype is not None and not machine.cpu_bf16_is_faster():
+        warn(f"note: {_slower_bf16()}: --precision AMP runs slower than FP32 here")
     return runtime
 
 

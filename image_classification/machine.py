@@ -1,6 +1,6 @@
 """What a measurement ran on, named the way the README names it: CPU model, cores, the instruction sets
-the CPU has, the GPU and its driver, software, and what the CPU computes natively (which decides the
-fastest CPU precision).  A figure without these cannot be compared with another: the same code ranks its
+the CPU has, the GPU and its driver, software, and whether the CPU computes bf16 natively and faster than
+FP32 (which decides the CPU's default precision).  A figure without these cannot be compared with another: the same code ranks its
 paths differently on an AVX2-only CPU and on one with AVX512-BF16.
 
 :func:`facts` gathers them into a dict (what the benchmarks record in their JSON); :func:`describe` turns
@@ -17,15 +17,26 @@ from pathlib import Path
 import torch
 
 
-def cpu_model() -> str:
-    """The CPU's marketing name (``model name`` of /proc/cpuinfo), or what the platform reports."""
+def _cpuinfo(*keys: str) -> str | None:
+    """The value of /proc/cpuinfo's first line that starts with one of ``keys``; None where there is none
+    (or no such file: not Linux)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith(keys):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name (``model name`` of /proc/cpuinfo), or what the platform reports."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
+
+
+def cpu_vendor() -> str | None:
+    """``GenuineIntel`` or ``AuthenticAMD`` (/proc/cpuinfo's ``vendor_id``); None where it does not say."""
+    return _cpuinfo("vendor_id")
 
 
 def cores() -> int:
@@ -42,13 +53,9 @@ def cpu_capability() -> str:
 def _cpu_flags() -> set[str] | None:
     """The feature flags of /proc/cpuinfo (x86's ``flags``, Arm's ``Features``); None where there is no such
     file (not Linux)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
+    if not Path("/proc/cpuinfo").exists():
         return None
-    return set()
+    return set((_cpuinfo("flags", "Features") or "").split())
 
 
 # /proc/cpuinfo flag -> the name the README gives it, in the order they are listed.  AMX-TILE is left out:
@@ -86,6 +93,33 @@ def cpu_bf16_is_native() -> bool:
         return True  # on Arm, oneDNN's check is the BF16 extension itself
     flags = _cpu_flags()
     return flags is None or bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def cpu_bf16_is_faster() -> bool:
+    """Whether bf16 autocast runs faster than FP32 here: what makes bf16 the CPU's default precision.
+
+    Native bf16 is not enough.  resnet50 inference against torchvision's FP32 eager, batch 1 / batch 16
+    (``benchmarks/infer_throughput.py``), per CPU class:
+
+    * AVX2-only AMD EPYC (bf16 emulated): bf16 0.52x / 0.25x;
+    * AMD EPYC with AVX512-BF16, 2 cores: bf16 channels-last 1.43x / 2.75x, FP32 channels-last 0.91x / 1.40x;
+    * Intel Xeon with AMX-BF16, 2 vCPUs (``scripts/inference_benchmark.py``, main.py --evaluate): bf16
+      channels-last 27.8 / 58.1 images/s against FP32 NCHW's 18.6 / 16.0, 1.5x / 3.6x;
+    * Intel Xeon (family 6, model 207) with AVX512-BF16, AVX512-VNNI and AVX512-FP16 but its AMX hidden by
+      the hypervisor, 2 cores shared with other work, one thread, CPU time per image (median of 4 rounds):
+      bf16 channels-last 0.73x / 1.05x, FP32 channels-last 1.19x / 1.13x; the benchmark's own wall-clock
+      run, one thread: bf16 0.54x at batch 1 (at batch 16 within the rounds' spread).  oneDNN runs its
+      AVX512-BF16 kernels there (``brg_conv_fwd:avx512_core_bf16``), and they are no faster than FP32.
+
+    So bf16 is the default where AMX computes it, on AMD's AVX512-BF16 and on Arm's BF16 extension (not
+    measured here: oneDNN's own check decides), and FP32 on an Intel CPU with AVX512-BF16 alone.
+    """
+    if not cpu_bf16_is_native():
+        return False
+    flags = _cpu_flags()
+    if platform.machine().lower() not in ("x86_64", "amd64") or flags is None:
+        return True
+    return "amx_bf16" in flags or cpu_vendor() != "GenuineIntel"
 
 
 def _torchvision_version() -> str | None:

@@ -212,7 +212,8 @@ def _ceiling_note(record: dict, sizes: list[str]) -> list[str]:
         f"per image (convolutions and fc, counted by `torch.utils.flop_counter`) and an FP32 matrix product "
         f"runs at {ceiling['gemm_gflops']:.0f} GFLOP/s on the same threads, so no FP32 path can much exceed "
         f"{ceiling['images_per_s']:.1f} images/s; {reached}. Beyond it lie fewer bits per operation (bf16 "
-        f"where the CPU computes it natively, int8), not a faster FP32 path.", width=105)]
+        f"where the CPU computes it faster than FP32, with AMX or AMD's AVX512-BF16; int8), not a faster FP32 "
+        f"path.", width=105)]
 
 
 LOADER_SUMMARY = re.compile(r"torchvision: ([\d.]+) images/s, ([\d.]+) CPU ms/image; (\S+): ([\d.]+) images/s, "
