@@ -1,7 +1,7 @@
 """What a measurement ran on, named the way the README names it: CPU model, cores, the instruction sets
 the CPU has, the GPU and its driver, software, and whether the CPU computes bf16 natively and faster than
-FP32 (which decides the CPU's default precision).  A figure without these cannot be compared with another: the same code ranks its
-paths differently on an AVX2-only CPU and on one with AVX512-BF16.
+FP32 (which decides the CPU's default precision).  A figure without these cannot be compared with
+another: the same code ranks its paths differently on an AVX2-only CPU and on one with AVX512-BF16.
 
 :func:`facts` gathers them into a dict (what the benchmarks record in their JSON); :func:`describe` turns
 such a dict, recorded here or elsewhere, into the one line that sits beside a figure."""
