@@ -220,6 +220,15 @@ def test_an_out_folder_that_holds_a_report_is_refused(tmp_path, capsys):
     assert (tmp_path / "report.json").read_text() == "{}"
 
 
+def test_without_cuda_only_the_smoke_run_is_offered(tmp_path, capsys, monkeypatch):
+    from image_classification.cli import run
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert run(report.main, ["--out", str(tmp_path / "report")]) == 2
+    assert "none is available here; --smoke runs the same steps" in capsys.readouterr().err
+    assert not (tmp_path / "report").exists()
+
+
 def test_write_report_replaces_both_files_whole(tmp_path):
     fake = fake_report()
     report.write_report(fake, tmp_path)
