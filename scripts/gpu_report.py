@@ -20,12 +20,13 @@ the report goes on.  The steps share one time budget (``--budget``): each gets a
 those for which too little is left are recorded as not run.  After every step DIR/report.json (every
 step's command, status, time and the benchmark's own JSON) and DIR/report.md (NVIDIA's table layouts,
 the GPU, driver, torch and CUDA versions, each figure's command) are written again, so a run that is
-killed leaves what it measured.  Each step's output is in DIR/logs/.
+killed leaves what it measured; SIGTERM or Ctrl-C end the step under way and record the rest as not
+run.  Each step's output is in DIR/logs/.
 
 ``--smoke`` runs the same steps at 32 px with batches of 1 to 4, one timed iteration and one intra-op
-thread, with resnet18 in resnet50's place (its compilation takes a third of the time): every code path,
-compilation included where a compiler exists, in a few minutes on two CPU cores.  Its figures say
-nothing about speed.
+thread, with resnet18 in resnet50's place (a cold compilation of its training step took 3 minutes on two
+busy cores, resnet50's 7): every code path, compilation included where a compiler exists, in a few
+minutes on two CPU cores.  Its figures say nothing about speed.  Without CUDA only ``--smoke`` runs.
 """
 
 from __future__ import annotations
