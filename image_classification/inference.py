@@ -248,9 +248,17 @@ def classify_paths(model: nn.Module, paths: Sequence[Path], runtime: Runtime, pr
 # classify.py
 # ------------------------------------------------------------------------------------------------
 def default_precision(device_type: str) -> str:
-    """The faster precision on ``device_type``: AMP (fp16) on CUDA; on the CPU AMP (bf16) only where bf16 is
-    native, since emulated bf16 runs slower than FP32 (the layout, channels-last, is faster either way)."""
-    return "AMP" if device_type == "cuda" or machine.cpu_bf16_is_native() else "FP32"
+    """The faster precision on ``device_type``: AMP (fp16) on CUDA; on the CPU AMP (bf16) only where bf16
+    was measured faster than FP32 on that class of CPU (:func:`machine.cpu_bf16_is_faster`: AMX, AMD's
+    AVX512-BF16), FP32 elsewhere (the layout, channels-last, is faster either way)."""
+    return "AMP" if device_type == "cuda" or machine.cpu_bf16_is_faster() else "FP32"
+
+
+def _slower_bf16() -> str:
+    """Why bf16 runs slower than FP32 on this CPU."""
+    if machine.cpu_bf16_is_native():
+        return f"this CPU ({machine.cpu_capability()}, no AMX) computes bf16 no faster than FP32"
+    return f"this CPU ({machine.cpu_capability()}) emulates bf16"
 
 
 def classify_runtime(device: str, precision: str | None, memory_format: str) -> Runtime:
@@ -262,8 +270,8 @@ def classify_runtime(device: str, precision: str | None, memory_format: str) -> 
     # usually smaller) for no gain
     runtime = make_runtime(device, amp=precision == "AMP", memory_format=memory_format, log=lambda *_: None,
                            cudnn_benchmark=False)
-    if runtime.device.type == "cpu" and runtime.amp_dtype is not None and not machine.cpu_bf16_is_native():
-        warn(f"note: this CPU ({machine.cpu_capability()}) emulates bf16: --precision AMP runs slower than FP32 here")
+    if runtime.device.type == "cpu" and runtime.amp_dtype is not None and not machine.cpu_bf16_is_faster():
+        warn(f"note: {_slower_bf16()}: --precision AMP runs slower than FP32 here")
     return runtime
 
 

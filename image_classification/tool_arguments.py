@@ -38,12 +38,17 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_arch: str | Non
 def precision_default_text() -> str:
     """--precision's default in words, naming what this machine's CPU gets and why (from /proc/cpuinfo: no
     torch; the run itself also asks oneDNN, see ``inference.default_precision``)."""
-    rule = "AMP on CUDA; on the CPU AMP only where it computes bf16 natively (AVX512-BF16, AMX), else FP32"
-    has_bf16 = machine.cpu_has_bf16()
-    if has_bf16 is None:
+    rule = ("AMP on CUDA; on the CPU AMP only where bf16 runs faster than FP32 (AMX, or AVX512-BF16 on AMD), "
+            "else FP32")
+    faster = machine.bf16_faster_by_flags()
+    if faster is None:
         return rule
-    here = "here AMP: this CPU computes bf16 natively" if has_bf16 else \
-        "here FP32: this CPU would emulate bf16, slower than FP32"
+    if faster:
+        here = "here AMP: bf16 runs faster than FP32 on this CPU"
+    elif machine.cpu_has_bf16():
+        here = "here FP32: this CPU (AVX512-BF16, no AMX) computes bf16 no faster than FP32"
+    else:
+        here = "here FP32: this CPU (no AVX512-BF16, no AMX) would emulate bf16, slower than FP32"
     return f"{rule}; {here}"
 
 

@@ -190,11 +190,15 @@ def test_fast_paths_predict_what_the_plain_fp32_path_does(colour_checkpoint, ima
     assert {r["predictions"][0]["index"] for r in plain} == {0, 1, 2}  # a trained model, not a constant
 
 
-def classify_runtime_of(monkeypatch, photo, argv: list[str], native: bool) -> Runtime:
-    """The runtime classify.py's main classifies with, on a CPU whose bf16 is native or not (as /proc/cpuinfo
-    says it, for the help, and as oneDNN does, for the run)."""
+def classify_runtime_of(monkeypatch, photo, argv: list[str], native: bool, faster: bool | None = None) -> Runtime:
+    """The runtime classify.py's main classifies with, on a CPU whose bf16 is native or not, and faster than
+    FP32 or not (by default: where native), as /proc/cpuinfo says it, for the help, and as oneDNN does, for
+    the run."""
+    faster = native if faster is None else faster
     monkeypatch.setattr(machine, "cpu_bf16_is_native", lambda: native)
     monkeypatch.setattr(machine, "cpu_has_bf16", lambda: native)
+    monkeypatch.setattr(machine, "cpu_bf16_is_faster", lambda: faster)
+    monkeypatch.setattr(machine, "bf16_faster_by_flags", lambda: faster)
     seen = []
     monkeypatch.setattr(inference, "classify_paths",
                         lambda model, paths, runtime, *rest: seen.append(runtime) or [(paths[0], [])])
@@ -202,20 +206,29 @@ def classify_runtime_of(monkeypatch, photo, argv: list[str], native: bool) -> Ru
     return seen[0]
 
 
-@pytest.mark.parametrize("native, dtype, words", [(True, torch.bfloat16, "here AMP: this CPU"),
-                                                  (False, None, "here FP32: this CPU")])
-def test_cpu_default_is_bf16_only_where_it_is_native(monkeypatch, photo, native, dtype, words):
-    """Emulated bf16 (an AVX2 CPU) runs slower than FP32, so the CPU default is FP32 channels-last there;
-    the help says which default this machine gets."""
-    runtime = classify_runtime_of(monkeypatch, photo, [], native)
+@pytest.mark.parametrize("native, faster, dtype, words", [
+    (True, True, torch.bfloat16, "here AMP: bf16 runs faster than FP32 on this CPU"),
+    (True, False, None, "here FP32: this CPU ("),  # an Intel CPU with AVX512-BF16 and no AMX
+    (False, False, None, "here FP32: this CPU ("),
+])
+def test_cpu_default_is_bf16_only_where_it_is_faster(monkeypatch, photo, native, faster, dtype, words):
+    """Emulated bf16 (an AVX2 CPU), and native bf16 without AMX on an Intel CPU, run slower than FP32, so the
+    CPU default is FP32 channels-last there; the help says which default this machine gets and why."""
+    runtime = classify_runtime_of(monkeypatch, photo, [], native, faster)
     assert (runtime.device.type, runtime.amp_dtype, runtime.memory_format) == ("cpu", dtype, torch.channels_last)
-    assert words in " ".join(classify_parser().format_help().split())
+    help_text = " ".join(classify_parser().format_help().split())
+    assert words in help_text
+    if not faster:
+        assert ("no faster than FP32" in help_text) == native and ("emulate bf16" in help_text) == (not native)
 
 
 def test_an_explicit_precision_or_layout_wins_over_the_cpu_default(monkeypatch, photo, capsys):
     runtime = classify_runtime_of(monkeypatch, photo, ["--precision", "AMP"], native=False)
     assert runtime.amp_dtype == torch.bfloat16
-    assert "emulates bf16" in capsys.readouterr().err
+    assert "emulates bf16: --precision AMP runs slower than FP32 here" in capsys.readouterr().err
+    runtime = classify_runtime_of(monkeypatch, photo, ["--precision", "AMP"], native=True, faster=False)
+    assert runtime.amp_dtype == torch.bfloat16
+    assert "no AMX) computes bf16 no faster than FP32: --precision AMP runs slower" in capsys.readouterr().err
     runtime = classify_runtime_of(monkeypatch, photo, ["--precision", "FP32", "--memory-format", "nchw"], native=True)
     assert (runtime.amp_dtype, runtime.memory_format) == (None, torch.contiguous_format)
 
@@ -328,7 +341,7 @@ def test_benchmark_writes_markdown_csv_and_png(benchmark, tmp_path):
     assert "#### FP32 Inference Latency" in report and "Mixed Precision" in report
     assert "| 2 | 1000 img/s | 2.00 ms | 2.18 ms | 2.19 ms | 2.20 ms |" in report
     assert "Intel" in report or "torch" in report
-    assert f"{machine.cpu_capability()}, " in report and "bf16" in report.splitlines()[2]
+    assert f"* Machine: {machine.description()}; " in report and "bf16" in report.splitlines()[2]
     rows = list(csv.DictReader(open(tmp_path / "inference_resnet50_cpu.csv")))
     assert [(r["precision"], r["batch_size"]) for r in rows] == [
         ("FP32", "1"), ("FP32", "2"), ("AMP", "1"), ("AMP", "2")]
@@ -380,3 +393,18 @@ def test_cpu_bf16_is_native_needs_bf16_hardware(monkeypatch, arch, kernels, flag
     monkeypatch.setattr(machine.platform, "machine", lambda: arch)
     monkeypatch.setattr(machine, "_cpu_flags", lambda: flags)
     assert machine.cpu_bf16_is_native() is native
+
+
+@pytest.mark.parametrize("arch, native, flags, vendor, faster", [
+    ("x86_64", False, {"avx2"}, "AuthenticAMD", False),  # the AVX2 EPYC: emulated
+    ("x86_64", True, {"avx512f", "avx512_bf16"}, "AuthenticAMD", True),  # the AVX512-BF16 EPYC
+    ("x86_64", True, {"avx512f", "avx512_bf16", "avx512_fp16"}, "GenuineIntel", False),  # the Xeon, AMX hidden
+    ("x86_64", True, {"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}, "GenuineIntel", True),
+    ("aarch64", True, {"asimd", "bf16"}, None, True),
+])
+def test_bf16_is_the_faster_cpu_precision_where_it_was_measured_so(monkeypatch, arch, native, flags, vendor, faster):
+    monkeypatch.setattr(machine, "cpu_bf16_is_native", lambda: native)
+    monkeypatch.setattr(machine.platform, "machine", lambda: arch)
+    monkeypatch.setattr(machine, "_cpu_flags", lambda: flags)
+    monkeypatch.setattr(machine, "cpu_vendor", lambda: vendor)
+    assert machine.cpu_bf16_is_faster() is faster
