@@ -131,6 +131,23 @@ def test_a_folder_with_unreadable_images_still_gets_its_predictions(colour_check
     assert "error: " in refused(run(classify_main, [*argv, "--image", str(folder / "a_garbage.jpg")]), capsys)
 
 
+def test_an_image_too_elongated_to_resize_is_refused_in_one_line_or_skipped(colour_checkpoint, tmp_path, capsys):
+    """The weights record no size: 224 px crops of a 256 px short side.  A 1,366 x 1 strip passes the size rule,
+    but its resize would make 89,522,176 pixels (a 200,000 x 1 one, 13 billion: a MemoryError); it is named from
+    its header before any prediction, alone in one line, in a folder as a skipped image."""
+    Image.new("L", (1366, 1)).save(tmp_path / "past.png")
+    Image.new("L", (1365, 1)).save(tmp_path / "within.png")
+    argv = ["--weights", str(colour_checkpoint), "--precision", "FP32", "--topk", "1", "--json", "--image"]
+    error = refused(run(classify_main, [*argv, str(tmp_path / "past.png")]), capsys)
+    assert error == (f"error: {tmp_path / 'past.png'} could not be read as an image (more than 89,478,485 pixels "
+                     "once resized to a 256 px short side (a 349,696 px long side))")
+    assert run(classify_main, [*argv, str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["path"] for line in out.splitlines()] == [str(tmp_path / "within.png")]
+    assert err.splitlines() == [f"warning: skipped: {tmp_path / 'past.png'} could not be read as an image (more "
+                                "than 89,478,485 pixels once resized to a 256 px short side (a 349,696 px long side))"]
+
+
 def test_classify_names_the_trained_class(colour_checkpoint, image_folder, tmp_path):
     labels = tmp_path / "labels.txt"
     labels.write_text("red\ngreen\nblue\n")
