@@ -101,6 +101,10 @@ BAD_FLAGS = {
     "tiny image": ["--image-size", "1"],
     "zero topk": ["--topk", "0"],
     "bad interval": ["--checkpoint-interval", "ten"],
+    "dist timeout past a year": ["--dist-timeout", "1e39"],  # timedelta: OverflowError in a distributed run
+    "interval past a year": ["--checkpoint-interval", "525601m"],
+    "interval past float": ["--checkpoint-interval", "9" * 400 + "m"],
+    "interval of iterations past float": ["--checkpoint-interval", "9" * 400 + ".5"],  # was an OverflowError
     "nesterov without momentum": ["--nesterov", "--momentum", "0"],
     "zero optimizer batch": ["--optimizer-batch-size", "0"],
 }
@@ -116,6 +120,16 @@ BAD_PRESETS = {
     "crop scale of one number": {"crop_scale": 0.5},
     "negative lr": {"lr": -1.0},
 }
+
+
+def test_waits_of_up_to_a_year_are_taken_as_typed():
+    from image_classification.arguments import CheckpointInterval
+
+    args = parse_args(["--dist-timeout", "31536000", "--checkpoint-interval", "8760h", "DIR"])
+    assert (args.dist_timeout, CheckpointInterval.parse(args.checkpoint_interval).seconds) == (31536000, 31536000)
+    # a count of iterations is read as an integer: through a float, this one became 100000000000000000000
+    assert CheckpointInterval.parse("99999999999999999999").iterations == 99999999999999999999
+    assert CheckpointInterval.parse("12.0").iterations == 12
 
 
 @pytest.mark.parametrize("name", BAD_FLAGS)
