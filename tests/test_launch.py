@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import threading
 from typing import NamedTuple
 
 import pytest
@@ -287,6 +289,25 @@ LAUNCH_CPU = ["--model", "resnet50", "--precision", "FP32", "--mode", "convergen
 def _refused_presets(cfg_file, capsys) -> str:
     """The one line ``launch.py`` prints for the presets file ``cfg_file`` (exit 2)."""
     return refused(run(launch.main, [*LAUNCH_CPU, "--cfg_file", str(cfg_file), "/data", "--dry-run"]), capsys)
+
+
+def test_a_presets_file_past_a_megabyte_or_not_a_regular_file_is_refused_before_it_is_read(tmp_path, capsys):
+    """``--cfg_file /dev/zero`` (or a 10 GB file) was read whole; a FIFO would wait for a writer forever."""
+    large = tmp_path / "large.yml"
+    with open(large, "wb") as handle:
+        handle.truncate(launch.MAX_CFG_BYTES + 1)  # sparse: no disk used
+    assert _refused_presets(large, capsys) == f"error: {large} holds more than 1,048,576 bytes (configs.yml: " \
+                                              "about 8 KB): it is not a presets file"
+    fifo = tmp_path / "fifo.yml"
+    os.mkfifo(fifo)
+    for special in ("/dev/null", tmp_path, fifo):
+        outcome = []  # in a thread: a regression that blocks on the FIFO fails here, instead of hanging
+        reading = threading.Thread(target=lambda: outcome.append(_refused_presets(special, capsys)), daemon=True)
+        reading.start()
+        reading.join(timeout=30)
+        assert outcome == [f"error: {special} is not a regular file (a folder, a device or a pipe): it is not a "
+                           "presets file"]
+    assert launch.MAX_CFG_BYTES > 100 * (REPO / "configs.yml").stat().st_size
 
 
 def test_a_presets_file_that_is_not_utf8_is_one_line_naming_it(tmp_path, capsys):
