@@ -317,16 +317,21 @@ def without_imagenet_count(preset: dict, rest: Sequence[str]) -> dict:
 
 
 def class_count_note(args: argparse.Namespace, placeholder: bool) -> str:
-    """What the run's class count will be, in the order main.py decides it (``plan.resolve_num_classes``):
-    --num-classes, else the checkpoint's (or the evaluated weights'), else the dataset's class folders."""
-    if args.num_classes is not None:
+    """What the run's class count will be, from the sources main.py asks, in its order
+    (``plan.class_count_sources``): the first that is known here, and what follows a checkpoint or weights
+    that may record none."""
+    from .plan import DEFAULT_NUM_CLASSES, class_count_sources  # torch: as main() does before a dry run
+
+    first, *then = class_count_sources(args)
+    if first == "--num-classes":
         return f"# classes: {args.num_classes} (--num-classes)"
-    if args.resume:
-        return "# classes: the checkpoint's (--resume), else one per class folder of the dataset"
-    if args.evaluate and args.pretrained_weights:
-        return "# classes: the weights' (--pretrained-weights), else one per class folder of the dataset"
-    if args.data_backend == "synthetic":
-        return f"# classes: {IMAGENET_CLASSES} (synthetic data)"
+    if first == "default":
+        return f"# classes: {DEFAULT_NUM_CLASSES} (synthetic data)"
+    if first in ("checkpoint", "weights"):
+        recorded = "the checkpoint's (--resume)" if first == "checkpoint" else "the weights' (--pretrained-weights)"
+        rest = f"{DEFAULT_NUM_CLASSES} (synthetic data)" if then == ["default"] else \
+            "one per class folder of the dataset"
+        return f"# classes: {recorded}, else {rest}"
     if placeholder:
         return f"# classes: one per class folder of {DIR_PLACEHOLDER}"
     from .data.layout import check_dataset

@@ -242,18 +242,39 @@ def data_config(args: argparse.Namespace, image_size: int, **overrides) -> DataC
     return DataConfig(**fields)
 
 
-def resolve_num_classes(args, weights: dict | None, classes: list[str], log) -> int:
-    """--num-classes, else the checkpoint's (or evaluated weights'), else the dataset's folders, else 1000."""
-    known = recorded_num_classes(weights)
+DEFAULT_NUM_CLASSES = 1000  # ImageNet's: the count of a run with no class folders to count (synthetic data)
+
+
+def class_count_sources(args: argparse.Namespace) -> list[str]:
+    """Where the run takes its class count from, in the order it asks them, the first that knows winning:
+    ``--num-classes``; ``checkpoint`` (``--resume``) or ``weights`` (``--pretrained-weights`` under
+    ``--evaluate``), either of which may record none; then the ``dataset``'s class folders, or ``default``
+    (:data:`DEFAULT_NUM_CLASSES`) for synthetic data.  :func:`resolve_num_classes` and ``launch.py --dry-run``
+    both follow it."""
     if args.num_classes is not None:
-        number = args.num_classes
-    elif known is not None:
-        number = int(known)
-    elif classes:
-        number = len(classes)
+        return ["--num-classes"]
+    recorded = ["checkpoint"] if args.resume else ["weights"] if args.evaluate and args.pretrained_weights else []
+    return recorded + (["default"] if args.data_backend == "synthetic" else ["dataset"])
+
+
+def resolve_num_classes(args, weights: dict | None, classes: list[str], log) -> int:
+    """The class count, from the first of :func:`class_count_sources` that knows it; ``weights``: the checkpoint
+    or weights that source reads, ``classes``: the dataset's class folders."""
+    number = source = None
+    for source in class_count_sources(args):
+        if source == "--num-classes":
+            number = args.num_classes
+        elif source in ("checkpoint", "weights"):
+            number = recorded_num_classes(weights)
+        elif source == "dataset":
+            number = len(classes) or None
+        else:
+            number = DEFAULT_NUM_CLASSES
+        if number is not None:
+            break
+    number = int(number if number is not None else DEFAULT_NUM_CLASSES)
+    if source == "dataset":
         log(f"=> {number} classes: the dataset's class folders")
-    else:
-        number = 1000
     if classes and len(classes) > number:
         raise UserError(f"the dataset has {len(classes)} classes but the model has {number}; pass --num-classes "
                         f"{len(classes)}")

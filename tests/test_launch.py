@@ -186,6 +186,23 @@ def test_the_dry_run_shows_the_class_count_the_run_will_use(image_folder, tmp_pa
     assert resumed.startswith("# classes: the checkpoint's (--resume)")
 
 
+def test_the_dry_run_s_class_count_is_the_run_s_own_rule(capsys):
+    """The dry run reads the order of plan.class_count_sources, which the run follows: after a checkpoint that
+    records no count, synthetic data has 1000 classes, not one per class folder of a dataset it has none of."""
+    import argparse
+
+    from image_classification.plan import resolve_num_classes
+
+    argv = [*RN50_A100, "--data-backend", "synthetic", "--resume", "auto"]
+    dry = _dry_run(argv, capsys)
+    assert dry.classes == "# classes: the checkpoint's (--resume), else 1000 (synthetic data)"
+    assert resolve_num_classes(dry.run, None, [], print) == 1000  # --resume auto found no checkpoint
+    evaluated = _dry_run([*RN50_A100, "--evaluate", "--pretrained-weights", "w.pth", "/data"], capsys).classes
+    assert evaluated == "# classes: the weights' (--pretrained-weights), else one per class folder of the dataset"
+    assert resolve_num_classes(argparse.Namespace(num_classes=None, resume=None, evaluate=True, pretrained_weights="w",
+                                                  data_backend=None), None, ["a", "b"], print) == 2
+
+
 def test_yaml_num_classes_reaches_the_run(tmp_path, capsys, monkeypatch):
     config = yaml.safe_load((REPO / "configs.yml").read_text())
     config["models"]["resnet50"]["CPU"]["FP32"]["num_classes"] = 7
