@@ -243,8 +243,8 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     run.add_argument("--checkpoint-filename", "--checkpoint", metavar="NAME", default="checkpoint.pth.tar",
                      help="name of the latest checkpoint in the workspace (default: checkpoint.pth.tar)")
     run.add_argument("--overwrite", action="store_true",
-                     help="let a new run (no --resume) replace the run whose checkpoints the workspace holds "
-                     "(default: refuse, naming --resume auto and --workspace)")
+                     help="let a new run (no --resume) replace the run whose checkpoints or --raport-file the "
+                     "workspace holds (default: refuse, naming --resume auto, --raport-file and --workspace)")
     run.add_argument("--no-checkpoints", dest="save_checkpoints", action="store_false",
                      help="do not store any checkpoints, useful for benchmarking")
     run.add_argument("--checkpoint-interval", metavar="N|Nm", default=None,

@@ -385,17 +385,32 @@ def check_progress(state: dict, path: str) -> None:
 
 
 def _check_fresh_start(args: argparse.Namespace, workspace: Workspace, log) -> None:
-    """A new run must not silently replace the run whose checkpoints the workspace already holds."""
-    if args.resume or args.evaluate or not args.save_checkpoints:
+    """A new run must not silently replace the run whose checkpoints, or whose raport (a run without
+    checkpoints leaves only that), the workspace already holds."""
+    if args.resume or args.evaluate:
         return
-    existing = [path for path in (workspace.latest, workspace.best) if path.exists()]
-    if not existing:
+    checkpoints = [path for path in (workspace.latest, workspace.best) if args.save_checkpoints and path.exists()]
+    raport = workspace.raport if _holds_records(workspace.raport) else None
+    if not checkpoints and raport is None:
         return
     if args.overwrite:
-        log(f"=> --overwrite: this run replaces the one in {workspace.path} ({existing[0].name})")
+        replaced = ", ".join(path.name for path in [*checkpoints[:1], *([raport] if raport else [])])
+        log(f"=> --overwrite: this run replaces the one in {workspace.path} ({replaced})")
         return
-    raise UserError(f"{workspace.path} already holds another run ({existing[0].name}); pass --resume auto to "
-                    "continue it, a new --workspace for a new run, or --overwrite to replace it")
+    if checkpoints:
+        raise UserError(f"{workspace.path} already holds another run ({checkpoints[0].name}); pass --resume auto to "
+                        "continue it, a new --workspace for a new run, or --overwrite to replace it")
+    raise UserError(f"--raport-file {raport} already holds another run's records; give this run another "
+                    "--raport-file or a new --workspace, or pass --overwrite to replace them")
+
+
+def _holds_records(path) -> bool:
+    """Whether ``path`` is a file with something in it (a raport that holds records, or a file of the user's
+    that a raport would overwrite); an empty file holds nothing to lose."""
+    try:
+        return path.is_file() and path.stat().st_size > 0
+    except OSError:
+        return False
 
 
 def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, log) -> Plan | None:
