@@ -253,7 +253,7 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     run.add_argument("--gather-checkpoints", metavar="N", type=int, nargs="?", const=-1, default=0,
                      help="also keep per-epoch checkpoints: alone, all of them; with N, the last N "
                      "(default: only the latest and the best are kept)")
-    run.add_argument("--raport-file", metavar="FILE", default=DEFAULT_RAPORT_FILE,
+    run.add_argument("--raport-file", metavar="FILE", default=None,
                      help="file in which to store JSON experiment raport, inside the workspace "
                      "(default: experiment_raport.json)")
     run.add_argument("--tensorboard", metavar="DIR", default=None,
@@ -351,6 +351,13 @@ def _bare_gather_flag(argv: list[str]) -> list[str]:
             token = "--gather-checkpoints=-1"
         out.append(token)
     return out
+
+
+def raport_file(args: argparse.Namespace) -> str:
+    """The raport's name: ``--raport-file`` as given, else the default.  The flag's default is None, so that a
+    name the user typed, the default's included, can be told from none (an evaluation refuses a typed name
+    that exists, and picks a new one beside the default)."""
+    return DEFAULT_RAPORT_FILE if args.raport_file is None else args.raport_file
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from torch import nn
 
 from . import checkpoint as ckpt
 from . import machine
-from .arguments import DEFAULT_WORKERS, CheckpointInterval
+from .arguments import DEFAULT_RAPORT_FILE, DEFAULT_WORKERS, CheckpointInterval, raport_file
 from .data import DataConfig, resolve_backend
 from .errors import UserError
 from .models import build_model, default_image_size, load_weights
@@ -107,7 +107,7 @@ class RunConfig:
     # what it writes
     run_id: str = ""  # names the run in its raport and checkpoints; kept across resumes
     resumed_from: str | None = None  # the checkpoint this run continues
-    raport_file: str = "experiment_raport.json"
+    raport_file: str = DEFAULT_RAPORT_FILE
     save_checkpoints: bool = True
     gather_checkpoints: int = 0
     checkpoint_interval: CheckpointInterval | None = None
@@ -332,7 +332,7 @@ def build_config(args: argparse.Namespace, *, seed: int, num_classes: int, prepr
         mixup_switch_prob=0.5 if args.mixup_switch_prob is None else args.mixup_switch_prob,
         seed=seed, run_epochs=args.run_epochs,
         early_stopping_patience=args.early_stopping_patience, prof=args.prof, print_freq=args.print_freq,
-        topk=topk, evaluate=args.evaluate, raport_file=args.raport_file,
+        topk=topk, evaluate=args.evaluate, raport_file=raport_file(args),
         save_checkpoints=args.save_checkpoints and not args.evaluate, gather_checkpoints=args.gather_checkpoints,
         checkpoint_interval=interval, tensorboard=args.tensorboard,
     )

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from helpers import REPO, refused
-from image_classification.arguments import build_parser, parse_args
+from image_classification.arguments import build_parser, parse_args, raport_file
 from image_classification.errors import UserError
 
 SEED_FLAGS = [
@@ -56,7 +56,7 @@ def test_defaults_match_the_reference():
     assert (args.momentum, args.weight_decay, args.print_freq) == (0.9, 1e-4, 10)
     # the reference's 1 was where its always-dynamic scaler started; ours starts at 65536 unless told
     assert args.static_loss_scale is None and not args.dynamic_loss_scale
-    assert (args.raport_file, args.checkpoint_filename, args.workspace) == ("experiment_raport.json",
+    assert (raport_file(args), args.checkpoint_filename, args.workspace) == ("experiment_raport.json",
                                                                             "checkpoint.pth.tar", "./")
     assert (args.memory_format, args.arch, args.model_config) == ("nchw", "resnet50", "classic")
     assert args.gather_checkpoints == 0 and args.save_checkpoints is True

@@ -151,7 +151,7 @@ def test_a_crafted_checkpoint_with_a_valid_hash_is_one_line(trained, tmp_path, c
 
 def test_evaluate_normalises_and_crops_as_the_weights_recorded(trained, tmp_path):
     """--evaluate takes the checkpoint's mean, std and crop ratio, as classify.py does."""
-    from image_classification.arguments import parse_args
+    from image_classification.arguments import parse_args, raport_file
     from image_classification.plan import resolve_run
     from image_classification.runtime import make_runtime
     from image_classification.workspace import Workspace
@@ -161,7 +161,7 @@ def test_evaluate_normalises_and_crops_as_the_weights_recorded(trained, tmp_path
     args = parse_args(["--data-backend", "synthetic", "-a", "resnet18", "-b", "4", "--evaluate", "--resume", path,
                        "--workspace", str(tmp_path / "ws")])
     plan = resolve_run(args, make_runtime("cpu"), Workspace(args.workspace, args.checkpoint_filename,
-                                                               args.raport_file), log=lambda *_: None)
+                                                               raport_file(args)), log=lambda *_: None)
     assert (plan.data.mean, plan.data.std, plan.data.crop_ratio) == ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0), 0.5)
 
 
