@@ -268,6 +268,10 @@ def classify_runtime(device: str, precision: str | None, memory_format: str) -> 
     if precision is None:
         wants_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
         precision = default_precision("cuda" if wants_cuda else "cpu")
+        listed = [] if wants_cuda else machine.cpu_bf16_features()
+        if precision == "FP32" and listed:  # what -h could not know: it promised AMP only where oneDNN agrees
+            warn(f"note: FP32 by default: this CPU lists {', '.join(listed)}, but this torch's oneDNN computes no "
+                 "bf16 with it (--precision AMP would emulate bf16, slower than FP32)")
     # no cuDNN autotuning: a one-off run would re-tune at every new batch shape (the last batch is
     # usually smaller) for no gain
     runtime = make_runtime(device, amp=precision == "AMP", memory_format=memory_format, log=lambda *_: None,

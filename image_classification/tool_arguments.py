@@ -36,14 +36,15 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_arch: str | Non
 
 
 def precision_default_text() -> str:
-    """--precision's default in words, naming what this machine's CPU gets and why (from /proc/cpuinfo: no
-    torch; the run itself also asks oneDNN, see ``inference.default_precision``)."""
-    rule = "AMP on CUDA; on the CPU AMP only where it computes bf16 natively (AVX512-BF16, AMX), else FP32"
-    has_bf16 = machine.cpu_has_bf16()
-    if has_bf16 is None:
+    """--precision's default in words, naming what this machine's CPU gets, as far as /proc/cpuinfo tells
+    without torch: whether oneDNN computes bf16 with those instructions only the run can ask (it says so
+    when not, see ``inference.classify_runtime``)."""
+    rule = "AMP on CUDA; on the CPU AMP only where oneDNN computes bf16 natively (AVX512-BF16, AMX), else FP32"
+    features = machine.cpu_bf16_features()
+    if features is None:
         return rule
-    here = "here AMP: this CPU computes bf16 natively" if has_bf16 else \
-        "here FP32: this CPU would emulate bf16, slower than FP32"
+    here = (f"here AMP where this torch's oneDNN computes bf16: this CPU lists {', '.join(features)}" if features
+            else "here FP32: this CPU lists no bf16 instructions and would emulate bf16, slower than FP32")
     return f"{rule}; {here}"
 
 

@@ -207,11 +207,14 @@ def test_fast_paths_predict_what_the_plain_fp32_path_does(colour_checkpoint, ima
     assert {r["predictions"][0]["index"] for r in plain} == {0, 1, 2}  # a trained model, not a constant
 
 
-def classify_runtime_of(monkeypatch, photo, argv: list[str], native: bool) -> Runtime:
-    """The runtime classify.py's main classifies with, on a CPU whose bf16 is native or not (as /proc/cpuinfo
-    says it, for the help, and as oneDNN does, for the run)."""
+def classify_runtime_of(monkeypatch, photo, argv: list[str], native: bool, listed: bool | None = None) -> Runtime:
+    """The runtime classify.py's main classifies with, on an x86 CPU whose /proc/cpuinfo lists AVX512-BF16
+    (``listed``, by default ``native``: what the help reads) and whose bf16 oneDNN computes natively or not
+    (``native``: what the run asks)."""
     monkeypatch.setattr(machine, "cpu_bf16_is_native", lambda: native)
-    monkeypatch.setattr(machine, "cpu_has_bf16", lambda: native)
+    monkeypatch.setattr(machine, "_is_x86", lambda: True)
+    listed = native if listed is None else listed
+    monkeypatch.setattr(machine, "_cpu_flags", lambda: {"avx512f", "avx512_bf16"} if listed else {"avx2"})
     seen = []
     monkeypatch.setattr(inference, "classify_paths",
                         lambda model, paths, runtime, *rest: seen.append(runtime) or [(paths[0], [])])
@@ -219,14 +222,30 @@ def classify_runtime_of(monkeypatch, photo, argv: list[str], native: bool) -> Ru
     return seen[0]
 
 
-@pytest.mark.parametrize("native, dtype, words", [(True, torch.bfloat16, "here AMP: this CPU"),
-                                                  (False, None, "here FP32: this CPU")])
-def test_cpu_default_is_bf16_only_where_it_is_native(monkeypatch, photo, native, dtype, words):
+def _help() -> str:
+    return " ".join(classify_parser().format_help().split())
+
+
+@pytest.mark.parametrize("native, dtype, words", [
+    (True, torch.bfloat16, "here AMP where this torch's oneDNN computes bf16: this CPU lists AVX512-BF16)"),
+    (False, None, "here FP32: this CPU lists no bf16 instructions and would emulate bf16, slower than FP32)")])
+def test_cpu_default_is_bf16_only_where_it_is_native(monkeypatch, photo, native, dtype, words, capsys):
     """Emulated bf16 (an AVX2 CPU) runs slower than FP32, so the CPU default is FP32 channels-last there;
     the help says which default this machine gets."""
     runtime = classify_runtime_of(monkeypatch, photo, [], native)
     assert (runtime.device.type, runtime.amp_dtype, runtime.memory_format) == ("cpu", dtype, torch.channels_last)
-    assert words in " ".join(classify_parser().format_help().split())
+    assert words in _help() and "note:" not in capsys.readouterr().err
+
+
+def test_a_bf16_cpu_under_a_torch_without_onednn_bf16_runs_fp32_as_the_help_allows_and_says_so(monkeypatch, photo,
+                                                                                             capsys):
+    """The help reads /proc/cpuinfo only (no torch): on a CPU that lists AVX512-BF16 it promises AMP where oneDNN
+    computes bf16.  Under a torch build whose oneDNN does not, the run takes FP32, and says why, on stderr."""
+    runtime = classify_runtime_of(monkeypatch, photo, [], native=False, listed=True)
+    assert runtime.amp_dtype is None
+    assert "here AMP where this torch's oneDNN computes bf16: this CPU lists AVX512-BF16)" in _help()
+    assert ("note: FP32 by default: this CPU lists AVX512-BF16, but this torch's oneDNN computes no bf16 with it "
+            "(--precision AMP would emulate bf16, slower than FP32)") in capsys.readouterr().err.splitlines()
 
 
 def test_an_explicit_precision_or_layout_wins_over_the_cpu_default(monkeypatch, photo, capsys):
