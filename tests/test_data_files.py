@@ -333,21 +333,29 @@ def _warned(err: str) -> list[str]:
 def test_images_past_the_size_rule_are_skipped_alike_by_every_backend(oversized, backend, capsys):
     """Each image past 89,478,485 pixels is named once, in training and validation, and left out; the
     rest are all seen.  (Before the rule, the pytorch backend trained on the JPEGs and DALI on all.)"""
+    seen, err, skipped = _two_epochs(oversized, backend, capsys)
+    assert seen == [(15 - 3, 4)] * 2  # training: 5 batches of 3, less the 3 skipped
+    assert _warned(err) == sorted(OVERSIZED * 2)
+    assert skipped == (3, 3)
+
+
+def _two_epochs(root, backend: str, capsys) -> tuple[list[tuple[int, int]], str, tuple[int, int]]:
+    """Two epochs of training and validation at 32 px, batches of 3: the images each pass saw, (train, val) per
+    epoch; what was said on stderr; how many images each loader skipped."""
     if backend == "dali-cpu":
         pytest.importorskip("nvidia.dali")
     from image_classification.data import get_loaders
 
     runtime = make_runtime("cpu", False, None, "nchw", False)
-    config = DataConfig(data=str(oversized), backend=backend, image_size=32, batch_size=3, workers=0)
+    config = DataConfig(data=str(root), backend=backend, image_size=32, batch_size=3, workers=0)
     train, val = get_loaders(config, runtime, want_train=True, want_val=True)
     capsys.readouterr()
+    seen = []
     for epoch in (0, 1):
         train.set_epoch(epoch)
         val.set_epoch(epoch)
-        assert sum(len(targets) for _, targets in train) == 15 - 3  # 5 batches of 3, less the 3 skipped
-        assert sum(len(targets) for _, targets in val) == 4
-    assert _warned(capsys.readouterr().err) == sorted(OVERSIZED * 2)
-    assert train.skipped == val.skipped == 3
+        seen.append(tuple(sum(len(targets) for _, targets in loader) for loader in (train, val)))
+    return seen, capsys.readouterr().err, (train.skipped, val.skipped)
 
 
 def test_data_check_applies_the_same_size_rule(oversized, data_check):
@@ -398,21 +406,10 @@ def test_validation_skips_an_image_whose_resize_breaks_the_size_rule_on_every_ba
     """A strip of 65,361 x 1 pixels passes the size rule, but resized to a 37 px short side it would make 89.5
     million pixels (a 200,000 x 1 one, 13 billion at 256 px: a MemoryError); validation names it once and leaves
     it out, on either backend, to the pixel the same rule.  Training crops before it resizes: it keeps them."""
-    if backend == "dali-cpu":
-        pytest.importorskip("nvidia.dali")
-    from image_classification.data import get_loaders
-
-    runtime = make_runtime("cpu", False, None, "nchw", False)
-    config = DataConfig(data=str(strips), backend=backend, image_size=32, batch_size=3, workers=0)
-    train, val = get_loaders(config, runtime, want_train=True, want_val=True)
-    capsys.readouterr()
-    for epoch in (0, 1):
-        train.set_epoch(epoch)
-        val.set_epoch(epoch)
-        assert sum(len(targets) for _, targets in train) == 15  # all 15 images, in 5 batches of 3
-        assert sum(len(targets) for _, targets in val) == 4 + 1  # the 65,360-pixel strip is kept
-    assert _warned_resize(capsys.readouterr().err, 37) == sorted(STRIPS)
-    assert (train.skipped, val.skipped) == (0, 2)
+    seen, err, skipped = _two_epochs(strips, backend, capsys)
+    assert seen == [(15, 4 + 1)] * 2  # training: all 15 images; validation keeps the 65,360-pixel strip
+    assert _warned_resize(err, 37) == sorted(STRIPS)
+    assert skipped == (0, 2)
 
 
 def test_data_check_names_the_strips_validation_could_not_resize(strips, data_check):
