@@ -64,7 +64,7 @@ def load_image(path: str | os.PathLike, decode: bool = True, short_side: int | N
     """
     try:
         if not decode:
-            with open_image(path, short_side):  # the size rule of training, from the header
+            with open_image(path, short_side):  # the size rule, from the header
                 return None
         return open_rgb(path, short_side)
     except FileNotFoundError:

@@ -9,7 +9,7 @@ declares more than :data:`MAX_IMAGE_PIXELS` pixels is unreadable, before any of 
 header is walked as libjpeg walks it, so the size checked is the size decoded; one in which libjpeg would
 find no frame header is unreadable under the same rule.  Where an image is resized whole (validation,
 ``--evaluate``, classify.py: its short side to the resize size, its long side in proportion), the rule also
-holds for the resized image, found from the same header: a 200,000 x 1 strip passes the first half but
+holds for the resized image, found from the same header: a 200,000 x 1 strip keeps to the rule itself, but
 would make 13 gigapixels at a 256 px short side.  Training crops before it resizes, so it needs no more.
 """
 
@@ -157,8 +157,10 @@ def check_size(width: int, height: int, short_side: int | None = None) -> None:
     ``short_side`` px short side would (None: it is not resized whole)."""
     if width * height > MAX_IMAGE_PIXELS:
         raise ImageTooLarge()
-    if short_side is not None and short_side * resized_long_side(width, height, short_side) > MAX_IMAGE_PIXELS:
-        raise ImageTooLarge((short_side, resized_long_side(width, height, short_side)))
+    if short_side is not None:
+        long_side = resized_long_side(width, height, short_side)
+        if short_side * long_side > MAX_IMAGE_PIXELS:
+            raise ImageTooLarge((short_side, long_side))
 
 
 class UnreadableHeader(ValueError):
