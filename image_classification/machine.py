@@ -84,13 +84,20 @@ def _is_x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64")
 
 
-def cpu_has_bf16() -> bool | None:
-    """Whether the CPU lists bf16 instructions (x86: AVX512-BF16 or AMX-BF16; Arm: the BF16 extension), from
+def cpu_bf16_features() -> list[str] | None:
+    """The bf16 instructions the CPU lists (x86: AVX512-BF16, AMX-BF16; Arm: the BF16 extension, "BF16"), from
     /proc/cpuinfo alone, without torch; None where that file cannot tell (not Linux)."""
     flags = _cpu_flags()
     if flags is None:
         return None
-    return bool(flags & ({"avx512_bf16", "amx_bf16"} if _is_x86() else {"bf16"}))
+    names = {"avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX-BF16"} if _is_x86() else {"bf16": "BF16"}
+    return [name for flag, name in names.items() if flag in flags]
+
+
+def cpu_has_bf16() -> bool | None:
+    """Whether the CPU lists bf16 instructions (:func:`cpu_bf16_features`); None where /proc/cpuinfo cannot tell."""
+    features = cpu_bf16_features()
+    return None if features is None else bool(features)
 
 
 def cpu_bf16_is_native() -> bool:

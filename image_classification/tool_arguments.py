@@ -36,19 +36,20 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_arch: str | Non
 
 
 def precision_default_text() -> str:
-    """--precision's default in words, naming what this machine's CPU gets and why (from /proc/cpuinfo: no
-    torch; the run itself also asks oneDNN, see ``inference.default_precision``)."""
-    rule = ("AMP on CUDA; on the CPU AMP only where bf16 runs faster than FP32 (AMX, or AVX512-BF16 on AMD), "
-            "else FP32")
-    faster = machine.bf16_faster_by_flags()
-    if faster is None:
+    """--precision's default in words, naming what this machine's CPU gets and why, as far as /proc/cpuinfo
+    tells without torch: whether oneDNN computes bf16 with those instructions only the run can ask (it says
+    so when not, see ``inference.classify_runtime``)."""
+    rule = ("AMP on CUDA; on the CPU AMP only where bf16 runs faster than FP32 (AMX, or AVX512-BF16 on AMD) "
+            "and oneDNN computes it, else FP32")
+    features = machine.cpu_bf16_features()
+    if features is None:
         return rule
-    if faster:
-        here = "here AMP: bf16 runs faster than FP32 on this CPU"
-    elif machine.cpu_has_bf16():
-        here = "here FP32: this CPU (AVX512-BF16, no AMX) computes bf16 no faster than FP32"
+    if machine.bf16_faster_by_flags():
+        here = f"here AMP where this torch's oneDNN computes bf16: this CPU lists {', '.join(features)}"
+    elif features:
+        here = f"here FP32: this CPU lists {', '.join(features)} but no AMX, and computes bf16 no faster than FP32"
     else:
-        here = "here FP32: this CPU (no AVX512-BF16, no AMX) would emulate bf16, slower than FP32"
+        here = "here FP32: this CPU lists no bf16 instructions and would emulate bf16, slower than FP32"
     return f"{rule}; {here}"
 
 

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from helpers import REPO, refused
-from image_classification.arguments import build_parser, parse_args
+from image_classification.arguments import build_parser, parse_args, raport_file
 from image_classification.errors import UserError
 
 SEED_FLAGS = [
@@ -56,7 +56,7 @@ def test_defaults_match_the_reference():
     assert (args.momentum, args.weight_decay, args.print_freq) == (0.9, 1e-4, 10)
     # the reference's 1 was where its always-dynamic scaler started; ours starts at 65536 unless told
     assert args.static_loss_scale is None and not args.dynamic_loss_scale
-    assert (args.raport_file, args.checkpoint_filename, args.workspace) == ("experiment_raport.json",
+    assert (raport_file(args), args.checkpoint_filename, args.workspace) == ("experiment_raport.json",
                                                                             "checkpoint.pth.tar", "./")
     assert (args.memory_format, args.arch, args.model_config) == ("nchw", "resnet50", "classic")
     assert args.gather_checkpoints == 0 and args.save_checkpoints is True
@@ -101,6 +101,10 @@ BAD_FLAGS = {
     "tiny image": ["--image-size", "1"],
     "zero topk": ["--topk", "0"],
     "bad interval": ["--checkpoint-interval", "ten"],
+    "dist timeout past a year": ["--dist-timeout", "1e39"],  # timedelta: OverflowError in a distributed run
+    "interval past a year": ["--checkpoint-interval", "525601m"],
+    "interval past float": ["--checkpoint-interval", "9" * 400 + "m"],
+    "interval of iterations past float": ["--checkpoint-interval", "9" * 400 + ".5"],  # was an OverflowError
     "nesterov without momentum": ["--nesterov", "--momentum", "0"],
     "zero optimizer batch": ["--optimizer-batch-size", "0"],
 }
@@ -116,6 +120,16 @@ BAD_PRESETS = {
     "crop scale of one number": {"crop_scale": 0.5},
     "negative lr": {"lr": -1.0},
 }
+
+
+def test_waits_of_up_to_a_year_are_taken_as_typed():
+    from image_classification.arguments import CheckpointInterval
+
+    args = parse_args(["--dist-timeout", "31536000", "--checkpoint-interval", "8760h", "DIR"])
+    assert (args.dist_timeout, CheckpointInterval.parse(args.checkpoint_interval).seconds) == (31536000, 31536000)
+    # a count of iterations is read as an integer: through a float, this one became 100000000000000000000
+    assert CheckpointInterval.parse("99999999999999999999").iterations == 99999999999999999999
+    assert CheckpointInterval.parse("12.0").iterations == 12
 
 
 @pytest.mark.parametrize("name", BAD_FLAGS)

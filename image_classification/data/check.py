@@ -7,12 +7,14 @@ decoded, every link that training would not follow (loops, links into another cl
 class folders, and the classes found in only one split.  The images are listed exactly as training lists
 them and each is decoded (at reduced scale for JPEGs, which still reads the whole file); an image whose
 header declares more than 89,478,485 pixels, or a JPEG whose frame header cannot be read with certainty,
-is unreadable here as on every backend.  Exit code 0
+is unreadable here as on every backend, and so is an image of ``val/`` that validation's resize (its short
+side to ``--val-resize-size``, main.py's 256 unless told) would make larger than that.  Exit code 0
 when nothing is wrong, 1 when something is, 2 when DIR is not a dataset.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -20,13 +22,16 @@ from pathlib import Path
 from typing import TextIO
 
 from .. import machine
-from ..cli import UserErrorParser
+from ..cli import UserErrorParser, positive_int
 from ..cli import run
 from ..errors import UserError
-from .files import SplitWalk, decode_problem, walk_class
+from ..models import default_image_size
+from .common import val_resize_size
+from .files import MAX_IMAGE_PIXELS, SplitWalk, decode_problem, walk_class
 from .layout import class_folders
 
 SPLITS = ("train", "val")
+DEFAULT_RESIZE = val_resize_size(default_image_size("resnet50"))  # main.py's validation resize by default: 256
 
 
 @dataclass
@@ -40,7 +45,9 @@ class SplitReport:
         return sum(self.classes.values())
 
 
-def check_split(split_dir: Path, workers: int) -> SplitReport:
+def check_split(split_dir: Path, workers: int, resize: int | None = None) -> SplitReport:
+    """What is wrong in one split; ``resize``: the short side validation resizes its images to (None for
+    train/, whose images are cropped before they are resized)."""
     report = SplitReport()
     files: list[str] = []
     shared = SplitWalk()  # the rule of every backend: an image counted once, under its own class
@@ -50,7 +57,8 @@ def check_split(split_dir: Path, workers: int) -> SplitReport:
         report.links += walk.skipped_links
         files += walk.files
     with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _InProcess() as pool:
-        for path, problem in zip(files, pool.map(decode_problem, files, chunksize=64)):
+        problems = pool.map(functools.partial(decode_problem, short_side=resize), files, chunksize=64)
+        for path, problem in zip(files, problems):
             if problem is not None:
                 report.unreadable.append(f"{path} ({problem})")
     return report
@@ -70,16 +78,17 @@ class _InProcess:
         return map(function, items)
 
 
-def check(root: Path, workers: int, out: TextIO | None = None) -> int:
+def check(root: Path, workers: int, out: TextIO | None = None, resize: int = DEFAULT_RESIZE) -> int:
     """Print the report of the dataset at ``root`` to ``out`` (sys.stdout as it is at the call, so a
-    redirect or capture made after import sees it); the number of problems found."""
+    redirect or capture made after import sees it), its val/ images checked for a validation resize to a
+    ``resize`` px short side; the number of problems found."""
     out = sys.stdout if out is None else out
     if not root.is_dir():
         raise UserError(f"dataset directory {root} does not exist")
     splits = {split: root / split for split in SPLITS if (root / split).is_dir()}
     if not splits:
         raise UserError(f"{root} has neither train/ nor val/; expected train/<class>/<image> and val/<class>/<image>")
-    reports = {split: check_split(path, workers) for split, path in splits.items()}
+    reports = {split: check_split(path, workers, resize if split == "val" else None) for split, path in splits.items()}
     problems = 0
     print(f"{root}", file=out)
     for split, report in reports.items():
@@ -117,10 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("data", metavar="DIR", help="the dataset: DIR/train/<class>/<image>, DIR/val/<class>/<image>")
     parser.add_argument("-j", "--workers", type=int, default=machine.cores(),
                         help="processes decoding the images (default: this machine's cores)")
+    parser.add_argument("--val-resize-size", metavar="S", type=positive_int, default=DEFAULT_RESIZE,
+                        help="the short side validation resizes val/ images to, as main.py's flag: an image that "
+                        f"this resize would make larger than {MAX_IMAGE_PIXELS:,} pixels is unreadable (default: "
+                        f"{DEFAULT_RESIZE}, main.py's for 224 px crops)")
     args = parser.parse_args(argv)
     if args.workers < 1:
         raise UserError(f"-j/--workers must be at least 1, got {args.workers}")
-    return 1 if check(Path(args.data), args.workers) else 0
+    return 1 if check(Path(args.data), args.workers, resize=args.val_resize_size) else 0
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ both backends see the same images in the same order for a given seed.  Training 
 batch; validation keeps it, and every validation image is read by exactly one rank.  A file DALI cannot
 read (a dangling link) or decode is reported once and left out, as the pytorch backend does (the pipeline
 is rebuilt then: DALI's state after an error is not reusable); so is an image past the size rule of
-``files.MAX_IMAGE_PIXELS``, which the pipeline finds from its header and never decodes.
+``files.MAX_IMAGE_PIXELS`` (in validation, for its resize as well), which the pipeline finds from its header
+and never decodes.
 
 The training pipeline's random operators (the crop, the flip, ``--augmentation``) do not draw from their own
 generators, whose state depends on how many samples the pipeline has made since it was built: with every
@@ -31,7 +32,7 @@ import torch
 from ..errors import UserError
 from ..runtime import Runtime
 from .common import CROP_RATIO, MEAN_255, STD_255, DataConfig, ShardSampler, Unreadable, train_sampler, val_resize_size
-from .files import MAX_IMAGE_PIXELS, ImageTooLarge, decode_problem
+from .files import MAX_IMAGE_PIXELS, ImageTooLarge, decode_problem, size_problem
 from .layout import split_samples
 
 # Words in DALI's error when a file could not be read (a dangling link), its header parsed or its data
@@ -225,6 +226,7 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
             portrait = fn.cast(height > width, dtype=types.INT64)
             out_h = portrait * (short * height // width) + (1 - portrait) * short
             out_w = (1 - portrait) * (short * width // height) + portrait * short
+            fits = fits & _resize_fits(height, width, portrait, short)
         if fits:
             if spec.train:
                 # Decoding only the random crop window is what makes CPU decoding fast.
@@ -263,6 +265,19 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
         return images, labels_, fits
 
     return pipeline()
+
+
+def _resize_fits(height, width, portrait, short: int):
+    """The size rule for the resize of a ``height`` x ``width`` image to a ``short`` px short side, as
+    :func:`files.check_size` applies it: ``short * (short * long // shorter)`` pixels at most
+    ``MAX_IMAGE_PIXELS``, that is ``short * long < (MAX_IMAGE_PIXELS // short + 1) * shorter`` (no division;
+    a side of 0 counts as 1, as there)."""
+    from nvidia.dali import fn, types
+
+    long = portrait * height + (1 - portrait) * width
+    shorter = portrait * width + (1 - portrait) * height
+    shorter = shorter + fn.cast(shorter == 0, dtype=types.INT64)
+    return short * long < (MAX_IMAGE_PIXELS // short + 1) * shorter
 
 
 def _auto_augment(images, spec: PipelineSpec):
@@ -309,6 +324,8 @@ class DaliLoader:
         self.epoch = 0
         self.unreadable = Unreadable()  # files DALI could not read or decode, left out of every later pass
         self.feed = Feed(spec.batch_size, RANDOM_SLOTS if spec.train else 0)
+        # validation resizes each image whole to this short side, under the size rule too
+        self.resize = None if spec.train else val_resize_size(spec.image_size, spec.crop_ratio)
         self.builds = 0  # pipelines built so far: one per run, plus one after each unreadable file
         self._batches = None  # the DALI iterator over the pipeline, once built
         self._in_pass = False  # a pass was started and not read to its end
@@ -344,7 +361,8 @@ class DaliLoader:
                     fed, done = files[done:done + len(targets)], done + len(targets)
                     if not bool(fits.all()):  # images past the size rule: blanks, left out here
                         for path in (path for path, fit in zip(fed, fits.tolist()) if not fit):
-                            self.unreadable.add(path, f"{ImageTooLarge.__name__}: {ImageTooLarge()}")
+                            self.unreadable.add(path, size_problem(path, self.resize)
+                                                or f"{ImageTooLarge.__name__}: {ImageTooLarge()}")
                         keep = fits.to(images.device)
                         images = images[keep].contiguous(memory_format=self.runtime.memory_format)
                         targets = targets[keep.to(targets.device)]

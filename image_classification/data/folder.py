@@ -35,13 +35,14 @@ class ImageFiles(Dataset):
     """Reads one image and augments it under its own seed; a broken file yields None.
 
     With ``tensors`` the image is decoded into a uint8 tensor and ``transform`` works on tensors (the
-    training path); otherwise it is a PIL image (validation, the same pipeline classify.py uses).
+    training path); otherwise it is a PIL image (validation, the same pipeline classify.py uses), which
+    ``transform`` resizes whole to a ``resize`` px short side: an image too large for that is broken too.
     """
 
-    def __init__(self, samples: list[tuple[str, int]], transform, tensors: bool = False):
+    def __init__(self, samples: list[tuple[str, int]], transform, tensors: bool = False, resize: int | None = None):
         self.samples = samples
         self.transform = transform
-        self.read = read_rgb_tensor if tensors else open_rgb
+        self.read = read_rgb_tensor if tensors else functools.partial(open_rgb, short_side=resize)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -194,7 +195,8 @@ def _worker_init(_worker_id: int) -> None:
 
 
 def _loader(samples, transform, config: DataConfig, runtime: Runtime, train: bool) -> DeviceLoader:
-    dataset = ImageFiles(samples, transform, tensors=train)
+    resize = None if train else val_resize_size(config.image_size, config.crop_ratio)
+    dataset = ImageFiles(samples, transform, tensors=train, resize=resize)
     sampler = train_sampler(len(samples), config, runtime) if train else \
         ShardSampler(len(samples), runtime.rank, runtime.world_size, shuffle=False, seed=config.seed)
     workers = config.workers
