@@ -5,8 +5,7 @@ Example: ``python checkpoint2model.py --checkpoint-path model_best.pth.tar --wei
 
 import sys
 
-from image_classification.cli import run
-from image_classification.export import checkpoint2model_main
+from image_classification.commands import checkpoint2model
 
 if __name__ == "__main__":
-    sys.exit(run(checkpoint2model_main))
+    sys.exit(checkpoint2model())

@@ -5,8 +5,7 @@ Example: ``python classify.py --arch resnet50 --weights nvidia_resnet50_200821.p
 
 import sys
 
-from image_classification.cli import run
-from image_classification.inference import main
+from image_classification.commands import classify
 
 if __name__ == "__main__":
-    sys.exit(run(main))
+    sys.exit(classify())

@@ -7,8 +7,8 @@ Example::
 
 import sys
 
-from image_classification.cli import run
-from image_classification.export import model2onnx_main
+from image_classification.commands import model2onnx
 
 if __name__ == "__main__":
-    sys.exit(run(model2onnx_main))
+    sys.exit(model2onnx())
+

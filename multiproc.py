@@ -2,8 +2,7 @@
 
 import sys
 
-from image_classification.cli import run
-from image_classification.multiproc import main
+from image_classification.commands import multiproc
 
 if __name__ == "__main__":
-    sys.exit(run(main))
+    sys.exit(multiproc())

@@ -3,26 +3,32 @@
 Every flag of the reference README's ``main.py -h`` keeps its name and meaning; the later reference
 flags and our own additions sit beside them in small groups.  ``launch.py`` feeds presets into
 :func:`build_parser` through ``set_defaults`` so that explicit flags still win.
+
+No torch here (nor in what this imports): ``-h`` and a mistyped flag answer before torch is loaded,
+which takes seconds.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 import reprlib
 import sys
+from dataclasses import dataclass
 from typing import Sequence
 
 from .cli import UserErrorParser, positive_float, positive_int
 from .errors import UserError
 from .gpu_affinity import MODES as GPU_AFFINITY_MODES
 from .models import MODEL_CONFIGS, list_models
-from .optim import OPTIMIZERS
 
 DATA_BACKENDS = ("pytorch", "synthetic", "dali-cpu", "dali-gpu")
 DEFAULT_WORKERS = 5  # the reference's -j
+DEFAULT_RAPORT_FILE = "experiment_raport.json"
 BACKEND_ALIASES = {"syntetic": "synthetic"}  # the reference README's spelling
 LR_SCHEDULES = ("step", "linear", "cosine")
+OPTIMIZERS = ("sgd", "rmsprop", "adamw", "lamb", "lars")
 INTERPOLATIONS = ("bilinear", "bicubic", "triangular")
 AUGMENTATIONS = ("autoaugment", "randaugment", "trivialaugment", "augmix")
 RANDAUGMENT_BINS = 31  # torchvision's num_magnitude_bins: a magnitude is 0 to 30
@@ -214,7 +220,7 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     precision.add_argument("--dist-timeout", metavar="SECONDS", type=positive_float, default=300.0,
                            help="a process that waits longer than this for the others of a distributed run "
                            "(one is gone or hung) stops with one line and exit code 5; raise it when saving "
-                           "a checkpoint takes longer (default: 300)")
+                           "a checkpoint takes longer, up to a year (default: 300)")
 
     run = parser.add_argument_group("run, checkpoints and logging")
     run.add_argument("--seed", metavar="SEED", type=int, default=None,
@@ -237,8 +243,8 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     run.add_argument("--checkpoint-filename", "--checkpoint", metavar="NAME", default="checkpoint.pth.tar",
                      help="name of the latest checkpoint in the workspace (default: checkpoint.pth.tar)")
     run.add_argument("--overwrite", action="store_true",
-                     help="let a new run (no --resume) replace the run whose checkpoints the workspace holds "
-                     "(default: refuse, naming --resume auto and --workspace)")
+                     help="let a new run (no --resume) replace the run whose checkpoints or --raport-file the "
+                     "workspace holds (default: refuse, naming --resume auto, --raport-file and --workspace)")
     run.add_argument("--no-checkpoints", dest="save_checkpoints", action="store_false",
                      help="do not store any checkpoints, useful for benchmarking")
     run.add_argument("--checkpoint-interval", metavar="N|Nm", default=None,
@@ -247,7 +253,7 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     run.add_argument("--gather-checkpoints", metavar="N", type=int, nargs="?", const=-1, default=0,
                      help="also keep per-epoch checkpoints: alone, all of them; with N, the last N "
                      "(default: only the latest and the best are kept)")
-    run.add_argument("--raport-file", metavar="FILE", default="experiment_raport.json",
+    run.add_argument("--raport-file", metavar="FILE", default=None,
                      help="file in which to store JSON experiment raport, inside the workspace "
                      "(default: experiment_raport.json)")
     run.add_argument("--tensorboard", metavar="DIR", default=None,
@@ -347,7 +353,47 @@ def _bare_gather_flag(argv: list[str]) -> list[str]:
     return out
 
 
+def raport_file(args: argparse.Namespace) -> str:
+    """The raport's name: ``--raport-file`` as given, else the default.  The flag's default is None, so that a
+    name the user typed, the default's included, can be told from none (an evaluation refuses a typed name
+    that exists, and picks a new one beside the default)."""
+    return DEFAULT_RAPORT_FILE if args.raport_file is None else args.raport_file
+
+
+@dataclass(frozen=True)
+class CheckpointInterval:
+    """``--checkpoint-interval``: every ``iterations`` train iterations, or every ``seconds`` of wall time."""
+
+    iterations: int | None = None
+    seconds: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "CheckpointInterval":
+        match = re.fullmatch(r"\s*(\d+)(?:\.(\d+))?\s*([smh]?)\s*", str(text))
+        if not match:
+            raise ValueError(f"expected N (iterations) or Nm / Ns / Nh (minutes, seconds, hours), got {shown(text)}")
+        whole, fraction, unit = match.group(1), match.group(2) or "", match.group(3)
+        if not int(whole) and not fraction.strip("0"):
+            raise ValueError(f"must be positive, got {shown(text)}")
+        if not unit:
+            if fraction.strip("0"):
+                raise ValueError(f"a number of iterations is a whole number, got {shown(text)}")
+            return cls(iterations=int(whole))  # read as an integer: a float would round a long count
+        seconds = float(f"{whole}.{fraction or 0}") * {"s": 1, "m": 60, "h": 3600}[unit]
+        if seconds > MAX_WAIT_S:
+            raise ValueError(f"is a time of at most a year ({MAX_WAIT_S // 3600:,}h), got {shown(text)}")
+        return cls(seconds=seconds)
+
+    def __str__(self) -> str:
+        if self.iterations is not None:
+            return f"every {self.iterations} iterations"
+        return f"every {self.seconds / 60:g} minutes"
+
+
 MIN_IMAGE_SIZE = 32  # a ResNet reduces its input 32-fold
+# The longest wait a flag may ask for, in seconds: far beyond any run, and far within what Python's clocks,
+# threading's waits (TIMEOUT_MAX, about 292 years on Linux) and timedelta (the process group's timeout) hold.
+MAX_WAIT_S = 365 * 24 * 3600
 # Every float flag ends up in float32 tensors (the optimizers' steps, the loss scale): a larger value overflows
 # there, in some optimizers as a crash, in others as weights that go non-finite, so it is a flag error.
 FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, written out: the parser imports no torch
@@ -403,13 +449,13 @@ def check_values(args: argparse.Namespace) -> None:
          f"--optimizer-batch-size must be -1 (off) or positive, got {args.optimizer_batch_size}"),
         (args.gather_checkpoints < -1,
          f"--gather-checkpoints must be -1 (all), 0 (none) or a count, got {args.gather_checkpoints}"),
+        (args.dist_timeout > MAX_WAIT_S,
+         f"--dist-timeout must be at most a year ({MAX_WAIT_S:,} seconds), got {args.dist_timeout:g}"),
     )
     for failed, message in checks:
         if failed:
             raise UserError(message)
     if args.checkpoint_interval is not None:
-        from .plan import CheckpointInterval
-
         try:
             CheckpointInterval.parse(args.checkpoint_interval)
         except ValueError as error:
@@ -429,6 +475,11 @@ def validate_args(args: argparse.Namespace, *, require_data: bool = True) -> Non
     check_optimisation_combinations(args)
     if args.resume and args.pretrained_weights:
         raise UserError("--resume and --pretrained-weights exclude each other: a checkpoint already holds weights")
+    if args.compile:
+        from .runtime import compile_unsupported
+
+        if reason := compile_unsupported():
+            raise UserError(f"--compile: {reason} (or leave --compile out)")
 
 
 def _check_augmentation_flags(args: argparse.Namespace) -> None:

@@ -1,38 +1,72 @@
-"""The console commands of the installed package (``[project.scripts]`` in pyproject.toml).
+"""The entry points of the repository's scripts and of the installed package's console commands
+(``[project.scripts]`` in pyproject.toml): ``ic-train`` = main.py, ``ic-launch`` = launch.py,
+``ic-classify`` = classify.py, ``ic-multiproc`` = multiproc.py, ``ic-checkpoint2model`` =
+checkpoint2model.py, ``ic-model2onnx`` = model2onnx.py, ``ic-pack`` = ``python -m
+image_classification.data.pack``.
 
-Each is the entry point of one of the repository's scripts, wrapped in :func:`cli.run` as those scripts
-are: ``ic-train`` = main.py, ``ic-launch`` = launch.py, ``ic-classify`` = classify.py, ``ic-multiproc`` =
-multiproc.py, ``ic-checkpoint2model`` = checkpoint2model.py, ``ic-model2onnx`` = model2onnx.py, ``ic-pack`` =
-``python -m image_classification.data.pack``.  Modules
-are imported when the command runs, so ``ic-launch --list`` does not wait for the training code.
+Each parses its command line before it imports the module that does the work: the parsers import no
+torch, so ``-h`` and a mistyped flag answer at once instead of after seconds of imports, and
+``ic-launch --list`` does not wait for the training code.  Each runs under :func:`cli.run`: a user's
+mistake is one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 from typing import Callable
 
+from .arguments import parse_args
 from .cli import run
 from .signals import catch_early
+from .tool_arguments import checkpoint2model_parser, classify_parser, model2onnx_parser, pack_parser
 
 
-def _command(module: str, function: str = "main", *, saves_on_signal: bool = False,
-             prog: str | None = None) -> Callable[[], int]:
-    """``prog``: the name the command gives itself in usage lines and the commands it prints."""
-    def command() -> int:
-        if saves_on_signal:  # as main.py and launch.py: a SIGTERM during the imports stops cleanly
-            catch_early()
-        entry = getattr(importlib.import_module(f"{__package__}.{module}"), function)
-        return run(entry, prog=prog) if prog else run(entry)
+def _parse_then_run(parse: Callable[[], argparse.Namespace], module: str, function: str) -> int:
+    """``module.function(parse())``, the module imported only once the arguments are parsed; the exit code."""
+    def job() -> int | None:
+        args = parse()
+        return getattr(importlib.import_module(f"{__package__}.{module}"), function)(args)
 
-    command.__doc__ = f"{module}.{function}, as a console command: its exit code"
-    return command
+    return run(job)
 
 
-train = _command("training", saves_on_signal=True, prog="ic-train")
-launch = _command("launch", saves_on_signal=True, prog="ic-launch")
-classify = _command("inference")
-multiproc = _command("multiproc")
-checkpoint2model = _command("export", "checkpoint2model_main")
-model2onnx = _command("export", "model2onnx_main")
-pack = _command("data.pack", prog="ic-pack")
+def train(prog: str = "ic-train") -> int:
+    """main.py: train, evaluate or benchmark (``prog``: the name in usage lines and messages)."""
+    catch_early()  # as main.py: a SIGTERM during the imports stops the run cleanly (exit 75)
+    return _parse_then_run(lambda: parse_args(prog=prog), "training", "train")
+
+
+def launch(prog: str = "ic-launch") -> int:
+    """launch.py: a preset of configs.yml; installed, the commands it prints name ``ic-train``."""
+    catch_early()
+    from .launch import main  # it imports torch only to run the preset
+
+    return run(main, prog=prog)
+
+
+def classify() -> int:
+    """classify.py: classify images with a trained model."""
+    return _parse_then_run(lambda: classify_parser().parse_args(), "inference", "classify")
+
+
+def multiproc() -> int:
+    """multiproc.py: one training process per GPU."""
+    from .multiproc import main  # it imports torch only to start the processes
+
+    return run(main)
+
+
+def checkpoint2model() -> int:
+    """checkpoint2model.py: the weights of a training checkpoint as a plain state dict."""
+    return _parse_then_run(lambda: checkpoint2model_parser().parse_args(), "export", "checkpoint2model")
+
+
+def model2onnx() -> int:
+    """model2onnx.py: export a model to ONNX, checked against PyTorch."""
+    return _parse_then_run(lambda: model2onnx_parser().parse_args(), "export", "model2onnx")
+
+
+def pack() -> int:
+    """``python -m image_classification.data.pack``: an ImageFolder packed into WebDataset shards."""
+    return _parse_then_run(lambda: pack_parser(prog="ic-pack").parse_args(), "data.pack", "pack_command")

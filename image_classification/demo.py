@@ -3,19 +3,26 @@
 The 1,797 8x8 digits are written once as a JPEG ImageFolder under ``data/digits/`` (every fifth image
 goes to val/), then main.py's training runs on them with the recipe below and prints the val top1 and
 where the checkpoint and raport are.
+
+Extra flags go to main.py and win over the recipe's.  A run with any of them is another recipe and goes to
+a workspace of its own, ``workspace/digits-<hash of the flags>`` (or the one ``--workspace`` names), said
+at the start and the end: ``workspace/digits`` keeps the default recipe's model, which the README's next
+commands classify and evaluate.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 from PIL import Image
 
+from .arguments import parse_args, raport_file
 from .cli import run
 from .errors import UserError
-from .training import main as train_main
 
 DATA_DIR = Path("data/digits")
 WORKSPACE = Path("workspace/digits")
@@ -25,8 +32,17 @@ RECIPE = [
     "--image-size", str(IMAGE_SIZE), "--crop-scale", "0.6", "1.0", "--hflip", "0",
     "--batch-size", "64", "--epochs", "6", "--lr", "0.05", "--lr-schedule", "cosine",
     "--label-smoothing", "0.1", "--weight-decay", "5e-4", "--workers", "2", "--print-freq", "10",
-    "--seed", "1", "--workspace", str(WORKSPACE),
+    "--seed", "1",
 ]
+
+
+def workspace_for(extra: Sequence[str]) -> Path:
+    """``WORKSPACE`` for the default recipe; with ``extra`` flags, a workspace named by a short hash of them:
+    the same flags find their earlier run again, other flags never replace the default recipe's model."""
+    if not extra:
+        return WORKSPACE
+    digest = hashlib.sha256("\0".join(extra).encode()).hexdigest()[:8]
+    return WORKSPACE.with_name(f"{WORKSPACE.name}-{digest}")
 
 
 def write_digits(root: Path, size: int = IMAGE_SIZE) -> Path:
@@ -48,15 +64,34 @@ def write_digits(root: Path, size: int = IMAGE_SIZE) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    extra = list(argv or [])
+    chosen = workspace_for(extra)
+    command = [*RECIPE, "--workspace", str(chosen), *extra, str(DATA_DIR)]
+    args = parse_args(command)  # a mistyped flag stops here, before anything is written
+    workspace = Path(args.workspace)
+    if workspace == WORKSPACE:
+        where = f"=> the run goes to {workspace}/"
+    elif workspace == chosen:
+        where = (f"=> flags beyond the default recipe: the run goes to {workspace}/ (its own; {WORKSPACE}/ keeps "
+                 "the default recipe's model)")
+    else:
+        where = f"=> the run goes to {workspace}/ (--workspace)"
+    print(where, flush=True)
     if not (DATA_DIR / "val").is_dir():
         print(f"=> writing scikit-learn's handwritten digits to {DATA_DIR}/", flush=True)
         write_digits(DATA_DIR)
-    command = RECIPE + list(argv or []) + [str(DATA_DIR)]
-    if (WORKSPACE / "checkpoint.pth.tar").exists():
-        print(f"=> replacing the earlier demo run in {WORKSPACE}/ (copy it elsewhere first to keep it)", flush=True)
+    raport = workspace / raport_file(args)  # all that a run killed before its first checkpoint leaves
+    earlier = (workspace / "checkpoint.pth.tar").exists() or (raport.is_file() and raport.stat().st_size > 0)
+    if workspace == chosen and earlier:
+        print(f"=> replacing the earlier run of this recipe in {workspace}/ (copy it elsewhere first to keep it)",
+              flush=True)
         command.insert(0, "--overwrite")
     print("=> python main.py " + " ".join(command), flush=True)
-    return train_main(command)
+    from .training import train
+
+    code = train(parse_args(command))
+    print(where.replace("goes to", "went to", 1), flush=True)
+    return code
 
 
 if __name__ == "__main__":

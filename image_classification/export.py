@@ -14,14 +14,14 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .cli import UserErrorParser, positive_int
 from .checkpoint import load_checkpoint, save_weights
 from .errors import UserError
-from .inference import add_model_arguments, load_model, warn
+from .inference import load_model, warn
 from .integrity import recorded_description
 from .models.weights import checked_arch, extract_state_dict, recorded_num_classes
 from .onnx_runtime import ONNX_TOLERANCE, logit_limit, require_onnxruntime
 from .signals import stop_raises
+from .tool_arguments import checkpoint2model_parser, model2onnx_parser
 
 
 # ------------------------------------------------------------------------------------------------
@@ -41,20 +41,13 @@ def checkpoint_weights(checkpoint: dict, ema: bool, source: str) -> dict[str, to
     return extract_state_dict(weights)
 
 
-def checkpoint2model_parser() -> argparse.ArgumentParser:
-    parser = UserErrorParser(prog="checkpoint2model.py",
-                     description="Extract the model weights of a training checkpoint as a plain state dict, "
-                     "loadable with --weights / --pretrained-weights.")
-    parser.add_argument("--checkpoint-path", metavar="PATH", required=True,
-                        help="training checkpoint to read")
-    parser.add_argument("--weight-path", metavar="PATH", required=True, help="where to write the weights")
-    parser.add_argument("--ema", action="store_true",
-                        help="extract the exponential moving average of the weights (runs with --use-ema)")
-    return parser
-
-
 def checkpoint2model_main(argv: Sequence[str] | None = None) -> int:
-    args = checkpoint2model_parser().parse_args(argv)
+    """checkpoint2model.py's job from its command line; returns the exit code."""
+    return checkpoint2model(checkpoint2model_parser().parse_args(argv))
+
+
+def checkpoint2model(args: argparse.Namespace) -> int:
+    """Write the weights of the checkpoint that checkpoint2model.py's parsed arguments name."""
     source, target = Path(args.checkpoint_path), Path(args.weight_path)
     if target.exists() and source.exists() and target.resolve() == source.resolve():
         raise UserError("--weight-path is the checkpoint itself; choose another file")
@@ -128,26 +121,13 @@ def default_onnx_path(weights: str | None, arch: str) -> Path:
     return path.with_name(name + ".onnx")
 
 
-def model2onnx_parser() -> argparse.ArgumentParser:
-    parser = UserErrorParser(prog="model2onnx.py",
-                     description="Export a model to ONNX and check the file against PyTorch with "
-                     "onnxruntime.")
-    add_model_arguments(parser, default_arch=None)
-    group = parser.add_argument_group("export")
-    group.add_argument("--output", metavar="FILE", default=None,
-                       help="ONNX file to write (default: the weights' path with .onnx, or <arch>.onnx)")
-    group.add_argument("-b", "--batch-size", metavar="N", type=positive_int, default=256,
-                       help="batch size of the exported graph; with --dynamic-batch only the example's "
-                       "(default: 256)")
-    group.add_argument("--dynamic-batch", action="store_true",
-                       help="leave the batch dimension free (named 'batch') instead of fixing it to -b")
-    group.add_argument("--opset", metavar="N", type=positive_int, default=17,
-                       help="ONNX opset version (default: 17)")
-    return parser
-
-
 def model2onnx_main(argv: Sequence[str] | None = None) -> int:
-    args = model2onnx_parser().parse_args(argv)
+    """model2onnx.py's job from its command line; returns the exit code."""
+    return model2onnx(model2onnx_parser().parse_args(argv))
+
+
+def model2onnx(args: argparse.Namespace) -> int:
+    """Export and check the model that model2onnx.py's parsed arguments describe."""
     require_onnxruntime("model2onnx")
     if not args.weights and not args.pretrained:
         warn(f"warning: no --weights given: exporting {args.arch or 'resnet50'} with random weights")

@@ -23,17 +23,16 @@ from torch import nn
 from torchvision import transforms
 
 from . import machine
-from .cli import UserErrorParser, positive_int
 from .data.files import is_image_file, open_image, open_rgb
 from .data.folder import val_transform
 from .errors import UserError
 from .integrity import recorded_description
-from .models import (MODEL_CONFIGS, build_model, default_image_size, list_models, load_checkpoint_file,
-                     load_weights)
+from .models import build_model, default_image_size, load_checkpoint_file, load_weights
 from .models.weights import checked_arch, checked_num_classes, fetch_pretrained, recorded_class_names
 from .onnx_runtime import OnnxModel
 from .preprocessing import Preprocessing, choose_preprocessing
 from .runtime import Runtime, make_runtime
+from .tool_arguments import classify_parser
 
 BATCH_SIZE = 32  # images classified per forward pass
 
@@ -57,16 +56,17 @@ def image_transform(preprocessing: Preprocessing | int) -> Callable[[Image.Image
     return lambda image: (to_tensor(image).float() - mean) / std
 
 
-def load_image(path: str | os.PathLike, decode: bool = True) -> Image.Image | None:
-    """Open ``path`` as an RGB image; anything that is not one is a :class:`UserError`.
+def load_image(path: str | os.PathLike, decode: bool = True, short_side: int | None = None) -> Image.Image | None:
+    """Open ``path`` as an RGB image; anything that is not one is a :class:`UserError`, and so is one too large to
+    resize whole to a ``short_side`` px short side when given (the size rule of validation).
 
     With ``decode=False`` only the header is read: a cheap check before any work starts.
     """
     try:
         if not decode:
-            with open_image(path):  # the size rule of training, from the header
+            with open_image(path, short_side):  # the size rule, from the header
                 return None
-        return open_rgb(path)
+        return open_rgb(path, short_side)
     except FileNotFoundError:
         raise UserError(f"image file {path} does not exist") from None
     except (UnidentifiedImageError, OSError, ValueError) as error:
@@ -77,7 +77,9 @@ def load_image(path: str | os.PathLike, decode: bool = True) -> Image.Image | No
 def expand_image_paths(paths: Sequence[str]) -> list[Path]:
     """Files as given, folders replaced by the image files directly inside them (sorted).
 
-    Every file's header is read, so a missing or non-image file stops the run before the model is built.
+    A path that does not exist, or a folder without images, stops the run before the model is built.  Every
+    file's header is read: as in training, an unreadable image is named on stderr and left out, and only when
+    none is readable does the run stop (one line, naming the first).
     """
     found: list[Path] = []
     for raw in paths:
@@ -91,9 +93,34 @@ def expand_image_paths(paths: Sequence[str]) -> list[Path]:
             found.append(path)
         else:
             raise UserError(f"image file {path} does not exist")
-    for path in found:
-        load_image(path, decode=False)
-    return found
+    return readable_images(found)
+
+
+def readable_images(paths: Sequence[Path], short_side: int | None = None) -> list[Path]:
+    """``paths`` whose headers read and keep to the size rule (for the image, and for its resize to a
+    ``short_side`` px short side when given); each other one is named on stderr and left out, and a
+    :class:`UserError` names the first when none is left."""
+    readable, problems = [], []
+    for path in paths:
+        try:
+            load_image(path, decode=False, short_side=short_side)
+        except UserError as error:
+            problems.append(str(error))
+            continue
+        readable.append(path)
+    if not readable:
+        if len(problems) == 1:
+            raise UserError(problems[0])
+        raise UserError(f"none of the {len(problems)} images could be read: {problems[0]}, and "
+                        f"{len(problems) - 1} more")
+    for problem in problems:
+        skipped(problem)
+    return readable
+
+
+def skipped(problem: str) -> None:
+    """Name an image left out on stderr, as training does with an unreadable image."""
+    warn(f"warning: skipped: {problem}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -207,54 +234,41 @@ def top_predictions(probabilities: torch.Tensor, names: Sequence[str], k: int) -
 
 def classify_paths(model: nn.Module, paths: Sequence[Path], runtime: Runtime, preprocessing: Preprocessing | int,
                    names: Sequence[str], topk: int) -> Iterator[tuple[Path, list[dict]]]:
-    """(path, top-k predictions) for every image, classified ``BATCH_SIZE`` at a time."""
+    """(path, top-k predictions) for every image, classified ``BATCH_SIZE`` at a time; an image that cannot be
+    decoded (a header that reads, a body that does not) is named on stderr and left out."""
+    if isinstance(preprocessing, int):
+        preprocessing = Preprocessing(preprocessing)
     transform = image_transform(preprocessing)
     for start in range(0, len(paths), BATCH_SIZE):
-        chunk = paths[start:start + BATCH_SIZE]
-        batch = torch.stack([transform(load_image(path)) for path in chunk])
-        for path, probabilities in zip(chunk, predict(model, batch, runtime)):
+        chunk, images = [], []
+        for path in paths[start:start + BATCH_SIZE]:
+            try:
+                images.append(transform(load_image(path, short_side=preprocessing.resize_size)))
+            except UserError as error:
+                skipped(str(error))
+                continue
+            chunk.append(path)
+        if not chunk:
+            continue
+        for path, probabilities in zip(chunk, predict(model, torch.stack(images), runtime)):
             yield path, top_predictions(probabilities, names, topk)
 
 
 # ------------------------------------------------------------------------------------------------
 # classify.py
 # ------------------------------------------------------------------------------------------------
-def add_model_arguments(parser: argparse.ArgumentParser, default_arch: str | None) -> None:
-    """The flags that pick a model and its weights, shared by classify.py and model2onnx.py."""
-    group = parser.add_argument_group("model")
-    group.add_argument("--arch", "-a", metavar="ARCH", default=default_arch, choices=list_models(),
-                       help="model architecture: " + " | ".join(list_models())
-                       + " (default: the checkpoint's, else resnet50)")
-    group.add_argument("--model-config", "-c", metavar="CONF", default="classic", choices=list(MODEL_CONFIGS),
-                       help="model config: " + " | ".join(MODEL_CONFIGS)
-                       + " (initialisation only; default: classic)")
-    group.add_argument("--weights", "--pretrained-weights", "--pretrained-from-file", metavar="PATH",
-                       dest="weights", default=None,
-                       help="model weights: an NGC or torchvision file, checkpoint2model.py's output or a "
-                       "training checkpoint")
-    group.add_argument("--pretrained", action="store_true",
-                       help="download NVIDIA's published NGC weights for --arch (needs network access once)")
-    group.add_argument("--num-classes", "--num_classes", metavar="N", dest="num_classes", type=positive_int,
-                       default=None, help="number of classes (default: the weights', else 1000)")
-    group.add_argument("--image-size", metavar="S", type=positive_int, default=None,
-                       help="crop size (default: the size the weights were trained at when they record it, "
-                       "else the architecture's, 224)")
-
-
 def default_precision(device_type: str) -> str:
-    """The faster precision on ``device_type``: AMP (fp16) on CUDA; on the CPU AMP (bf16) only where bf16 is
-    native, since emulated bf16 runs slower than FP32 (the layout, channels-last, is faster either way)."""
-    return "AMP" if device_type == "cuda" or machine.cpu_bf16_is_native() else "FP32"
+    """The faster precision on ``device_type``: AMP (fp16) on CUDA; on the CPU AMP (bf16) only where bf16
+    was measured faster than FP32 on that class of CPU (:func:`machine.cpu_bf16_is_faster`: AMX, AMD's
+    AVX512-BF16), FP32 elsewhere (the layout, channels-last, is faster either way)."""
+    return "AMP" if device_type == "cuda" or machine.cpu_bf16_is_faster() else "FP32"
 
 
-def precision_default_text() -> str:
-    """--precision's default in words, naming what this machine's CPU gets and why."""
-    capability = machine.cpu_capability()
-    if default_precision("cpu") == "AMP":
-        here = f"here AMP: this CPU ({capability}) computes bf16 natively"
-    else:
-        here = f"here FP32: this CPU ({capability}) would emulate bf16, slower than FP32"
-    return f"AMP on CUDA; on the CPU AMP only where it computes bf16 natively (AVX512-BF16, AMX), else FP32; {here}"
+def _slower_bf16() -> str:
+    """Why bf16 runs slower than FP32 on this CPU."""
+    if machine.cpu_bf16_is_native():
+        return f"this CPU ({machine.cpu_capability()}, no AMX) computes bf16 no faster than FP32"
+    return f"this CPU ({machine.cpu_capability()}) emulates bf16"
 
 
 def classify_runtime(device: str, precision: str | None, memory_format: str) -> Runtime:
@@ -262,46 +276,27 @@ def classify_runtime(device: str, precision: str | None, memory_format: str) -> 
     if precision is None:
         wants_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
         precision = default_precision("cuda" if wants_cuda else "cpu")
+        listed = [] if wants_cuda else machine.cpu_bf16_features()
+        promised = not wants_cuda and machine.bf16_faster_by_flags()
+        if precision == "FP32" and promised:  # what -h could not know: it promised AMP only where oneDNN agrees
+            warn(f"note: FP32 by default: this CPU lists {', '.join(listed)}, but this torch's oneDNN computes no "
+                 "bf16 with it (--precision AMP would emulate bf16, slower than FP32)")
     # no cuDNN autotuning: a one-off run would re-tune at every new batch shape (the last batch is
     # usually smaller) for no gain
     runtime = make_runtime(device, amp=precision == "AMP", memory_format=memory_format, log=lambda *_: None,
                            cudnn_benchmark=False)
-    if runtime.device.type == "cpu" and runtime.amp_dtype is not None and not machine.cpu_bf16_is_native():
-        warn(f"note: this CPU ({machine.cpu_capability()}) emulates bf16: --precision AMP runs slower than FP32 here")
+    if runtime.device.type == "cpu" and runtime.amp_dtype is not None and not machine.cpu_bf16_is_faster():
+        warn(f"note: {_slower_bf16()}: --precision AMP runs slower than FP32 here")
     return runtime
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = UserErrorParser(prog="classify.py", description="Classify images with a trained model.")
-    parser.add_argument("--image", metavar="PATH", nargs="+", action="extend", required=True,
-                        help="image file, or folder whose images are all classified; may be repeated")
-    add_model_arguments(parser, default_arch=None)
-    run = parser.add_argument_group("inference")
-    run.add_argument("--precision", choices=("AMP", "FP32"), default=None,
-                     help="AMP: fp16 autocast on CUDA, bf16 on CPU; FP32: full precision (default: "
-                     + precision_default_text() + ")")
-    run.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                     help="where to run; auto takes CUDA when present (default: auto)")
-    run.add_argument("--memory-format", choices=("nhwc", "nchw"), default="nhwc",
-                     help="nhwc: channels-last model and images, the faster layout for oneDNN and cuDNN; "
-                     "nchw: the plain layout (default: nhwc)")
-    run.add_argument("--cpu", dest="device", action="store_const", const="cpu", help="same as --device cpu")
-    run.add_argument("--runtime", choices=("torch", "onnxruntime"), default="torch",
-                     help="onnxruntime: export the model to ONNX once (cached by a hash of its weights) and run "
-                     "it with ONNX Runtime, FP32 on the CPU; needs the onnx extra (default: torch)")
-    run.add_argument("--topk", metavar="K", type=positive_int, default=5,
-                     help="how many classes to show per image (default: 5)")
-    run.add_argument("--labels", metavar="FILE", default=None,
-                     help="class names, one per line in class-index order (default: the names the checkpoint "
-                     "records, else ImageNet's for 1000 classes, else the class index)")
-    run.add_argument("--json", action="store_true",
-                     help="print one JSON object per image: "
-                     "{path, predictions: [{label, index, probability}]}")
-    return parser
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """classify.py's job from its command line; returns the exit code."""
+    return classify(classify_parser().parse_args(argv))
+
+
+def classify(args: argparse.Namespace) -> int:
+    """Classify the images that classify.py's parsed arguments name; returns the exit code."""
     if args.runtime == "onnxruntime" and (args.device == "cuda" or args.precision == "AMP"):
         raise UserError("--runtime onnxruntime runs FP32 on the CPU; leave out --device cuda and --precision AMP")
     paths = expand_image_paths(args.image)
@@ -313,13 +308,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     loaded = load_model(args.arch, args.weights, args.num_classes, args.model_config, args.pretrained)
     names = class_names_for(loaded.num_classes, args.labels, loaded.class_names)
     preprocessing = loaded.resolve_preprocessing(args.image_size)
+    paths = readable_images(paths, preprocessing.resize_size)  # the resize's size rule, known from the weights
     if args.runtime == "onnxruntime":
         runtime = classify_runtime("cpu", "FP32", "nchw")
         model = OnnxModel(loaded.model, preprocessing.image_size, log=warn)
     else:
         runtime = classify_runtime(args.device, args.precision, args.memory_format)
         model = loaded.model.to(runtime.device, memory_format=runtime.memory_format)
+    predicted = 0
     for path, predictions in classify_paths(model, paths, runtime, preprocessing, names, args.topk):
+        predicted += 1
         if args.json:
             print(json.dumps({"path": str(path), "predictions": predictions}), flush=True)
             continue
@@ -327,4 +325,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         for prediction in predictions:
             print(f"{prediction['label']}: {100 * prediction['probability']:.1f}%")
         sys.stdout.flush()
+    if not predicted:
+        raise UserError("none of the images could be read (each is named above)")
     return 0

@@ -4,6 +4,9 @@ A preset is picked by model, platform, precision and mode (and optionally a reci
 ``{**precision[P], **platform[H], **models[M][H][P], **recipes[R], **mode[X]}`` (later entries win).  The
 result becomes the defaults of main.py's parser, so every flag given on the command line still wins.
 
+Like main.py's parser, this module imports no torch until a run starts: ``-h``, ``--list`` and a mistyped
+flag answer at once.
+
 The presets file is package data (``image_classification/configs.yml``, a link to the repository's
 ``configs.yml``, the one copy there is), so an installed package finds its presets too.
 """
@@ -11,7 +14,9 @@ The presets file is package data (``image_classification/configs.yml``, a link t
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import stat
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -21,12 +26,14 @@ import yaml
 from .arguments import build_parser as build_main_parser, flag_tokens, parse_args
 from .cli import UserErrorParser
 from .errors import UserError
-from .runtime import distributed_env
 
 # In a source tree the link resolves to the repository's configs.yml, the file users edit.
 DEFAULT_CFG_FILE = (Path(__file__).parent / "configs.yml").resolve()
 DIR_PLACEHOLDER = "DIR"  # stands for the dataset folder in a --dry-run command given none
 SECTIONS = ("precision", "platform", "mode", "models")
+# Larger than a presets file by far (configs.yml: about 8 KB), smaller than what would take long to read or
+# parse; a larger file, or one that is no regular file (/dev/zero, a FIFO), is refused before it is read.
+MAX_CFG_BYTES = 1 << 20
 # More values than a presets file holds by far (configs.yml: about 2,000 once its aliases are written out),
 # far fewer than a YAML alias bomb (a few lines that expand to billions, or a value that holds itself).
 MAX_VALUES = 100_000
@@ -45,7 +52,7 @@ MAX_NESTING = 32
 def load_config(cfg_file: str | Path = DEFAULT_CFG_FILE) -> dict:
     """Read and sanity-check a presets file; raises :class:`UserError` for a bad file."""
     try:
-        text = Path(cfg_file).read_bytes().decode("utf-8")
+        text = _read_presets_file(cfg_file).decode("utf-8")
         _check_nesting(text, cfg_file)
         config = yaml.load(text, Loader=YAML_LOADER)
     except OSError as error:
@@ -67,6 +74,32 @@ def load_config(cfg_file: str | Path = DEFAULT_CFG_FILE) -> dict:
     if missing:
         raise UserError(f"{cfg_file} lacks the section(s) {', '.join(missing)}")
     return config
+
+
+def _read_presets_file(cfg_file: str | Path) -> bytes:
+    """The bytes of ``cfg_file``, a regular file of at most :data:`MAX_CFG_BYTES`, else a :class:`UserError`.
+
+    What is opened is what is checked (fstat of the open file, not a stat of the name, which could be
+    swapped in between), and no more than one byte past the limit is read even from a file that grows; the
+    open does not wait for a writer, as it would on a FIFO."""
+    handle = os.open(cfg_file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        info = os.fstat(handle)
+        if not stat.S_ISREG(info.st_mode):
+            raise UserError(f"{cfg_file} is not a regular file (a folder, a device or a pipe): it is not a presets "
+                            "file")
+        text = b""
+        while info.st_size <= MAX_CFG_BYTES and len(text) <= MAX_CFG_BYTES:
+            chunk = os.read(handle, MAX_CFG_BYTES + 1 - len(text))
+            if not chunk:
+                break
+            text += chunk
+    finally:
+        os.close(handle)
+    if info.st_size > MAX_CFG_BYTES or len(text) > MAX_CFG_BYTES:
+        raise UserError(f"{cfg_file} holds more than {MAX_CFG_BYTES:,} bytes (configs.yml: about 8 KB): it is not a "
+                        "presets file")
+    return text
 
 
 def _check_nesting(text: str, cfg_file: str | Path) -> None:
@@ -273,13 +306,47 @@ def build_parser(prog: str = "launch.py") -> argparse.ArgumentParser:
 IMAGENET_CLASSES = 1000
 
 
-def _typed(argv: Sequence[str], *flags: str) -> bool:
-    """Whether one of ``flags`` is on the command line (alone or as ``--flag=value``)."""
-    return any(token == flag or token.startswith(flag + "=") for token in argv for flag in flags)
+def without_imagenet_count(preset: dict, rest: Sequence[str]) -> dict:
+    """``preset`` without its ``num_classes: 1000`` unless the command line asks for a count: ImageNet's
+    count is the presets' default, not a choice, so main.py takes the checkpoint's or the dataset's class
+    folders instead, as for a run without a preset.  The run and ``--dry-run`` both start from this."""
+    typed = build_main_parser().parse_known_args(list(rest))[0].num_classes is not None
+    if preset.get("num_classes") != IMAGENET_CLASSES or typed:
+        return preset
+    return {key: value for key, value in preset.items() if key != "num_classes"}
+
+
+def class_count_note(args: argparse.Namespace, placeholder: bool) -> str:
+    """What the run's class count will be, from the sources main.py asks, in its order
+    (``plan.class_count_sources``): the first that is known here, and what follows a checkpoint or weights
+    that may record none."""
+    from .plan import DEFAULT_NUM_CLASSES, class_count_sources  # torch: as main() does before a dry run
+
+    first, *then = class_count_sources(args)
+    if first == "--num-classes":
+        return f"# classes: {args.num_classes} (--num-classes)"
+    if first == "default":
+        return f"# classes: {DEFAULT_NUM_CLASSES} (synthetic data)"
+    if first in ("checkpoint", "weights"):
+        recorded = "the checkpoint's (--resume)" if first == "checkpoint" else "the weights' (--pretrained-weights)"
+        rest = f"{DEFAULT_NUM_CLASSES} (synthetic data)" if then == ["default"] else \
+            "one per class folder of the dataset"
+        return f"# classes: {recorded}, else {rest}"
+    if placeholder:
+        return f"# classes: one per class folder of {DIR_PLACEHOLDER}"
+    from .data.layout import check_dataset
+
+    try:
+        classes = check_dataset(args.data, None, want_train=not args.evaluate, want_val=not args.training_only)
+    except UserError as error:
+        return f"# classes: one per class folder of {args.data}, but main.py would stop here: {error}"
+    return f"# classes: {len(classes)}, one per class folder of {args.data}"
 
 
 def _notify(message: str) -> None:
     """A one-line notice, from the first process of a job only."""
+    from .runtime import distributed_env  # torch: only once a run starts, not for -h or --list
+
     rank, _, _ = distributed_env()
     if rank == 0:
         print(f"launch.py: {message}", file=sys.stderr, flush=True)
@@ -287,7 +354,8 @@ def _notify(message: str) -> None:
 
 def dry_run_report(title: str, rest: Sequence[str], preset: dict, adapted: dict,
                    notices: Sequence[str], trainer: Sequence[str] = ("python", "main.py")) -> str:
-    """``--dry-run``'s text: the preset's main.py command as written, then what this machine changes.
+    """``--dry-run``'s text: the preset's main.py command as written, then what this machine changes, then
+    the class count the run will use (the dataset's, when the command names one).
 
     The first command depends on the presets file and the command line only, never on this machine.
     """
@@ -307,6 +375,7 @@ def dry_run_report(title: str, rest: Sequence[str], preset: dict, adapted: dict,
         lines.append(command(adapted))
     else:
         lines.append("# on this machine it runs as written")
+    lines.append(class_count_note(written, bool(placeholder)))
     return "\n".join(lines)
 
 
@@ -324,8 +393,8 @@ def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = Non
     missing = [f"--{name}" for name in required if getattr(launch, name) is None]
     if missing:
         raise UserError(f"launch.py: the following arguments are required: {', '.join(missing)}")
-    preset = resolve(launch.model, launch.precision, launch.mode, launch.platform, launch.cfg_file,
-                     recipe=launch.recipe)
+    preset = without_imagenet_count(resolve(launch.model, launch.precision, launch.mode, launch.platform,
+                                            launch.cfg_file, recipe=launch.recipe), rest)
     args = parse_args(rest, defaults=preset, require_data=not launch.dry_run, prog=prog)
     if cuda_available is None:
         import torch
@@ -338,9 +407,6 @@ def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = Non
                  f"from {launch.cfg_file}")
         print(dry_run_report(title, rest, preset, adapted, notices, trainer))
         return 0
-    if adapted.get("num_classes") == IMAGENET_CLASSES and not _typed(rest, "--num-classes", "--num_classes"):
-        # ImageNet's count is the presets' default, not a choice: another dataset's folders decide theirs
-        adapted = {key: value for key, value in adapted.items() if key != "num_classes"}
     for notice in notices:
         _notify(notice)
     if adapted != preset:  # this machine changed preset values: the flags typed still win over them

@@ -34,7 +34,7 @@ from .data import Loader
 from .engine import Engine
 from .errors import EXIT_PREEMPTED, TrainingDiverged
 from .losses import classification_loss, correct_counts
-from .plan import CheckpointInterval
+from .arguments import CheckpointInterval
 from .raport import ACC_META, LOSS_META, LR_META, PERF_META, TIME_META, VERBOSE, Raport
 from .runtime import Runtime
 from .signals import StopSignal

@@ -1,8 +1,9 @@
 """What ``main.py`` executes: set up the run, drive the loop, and end the process as the job needs.
 
-:func:`train` joins the process group (through :func:`make_runtime`), takes the workspace, lets
-:func:`~image_classification.plan.resolve_run` settle everything, and hands the
-:class:`~image_classification.loop.Loop` its collaborators.  A distributed process always ends through
+:func:`train` joins the process group (through :func:`make_runtime`), checks the workspace, lets
+:func:`~image_classification.plan.resolve_run` settle everything, takes the workspace only once every check
+has passed (a refused start leaves nothing behind), and hands the :class:`~image_classification.loop.Loop`
+its collaborators.  A distributed process always ends through
 :func:`_leave_distributed`, so a clean exit, a user error and a lost peer each end in one line.
 """
 
@@ -17,7 +18,7 @@ from typing import NoReturn
 
 import torch.distributed as dist
 
-from .arguments import parse_args
+from .arguments import parse_args, raport_file
 from .cli import report
 from .data import get_loaders
 from .distributed import lost_peer_reason
@@ -49,7 +50,7 @@ def _train(args: argparse.Namespace, signals: StopSignal) -> int:
     runtime = make_runtime(args.device, args.amp, args.amp_dtype, args.memory_format, args.tf32,
                            gpu_affinity=args.gpu_affinity, dist_timeout=args.dist_timeout)
     log = runtime.print
-    workspace = Workspace(args.workspace, args.checkpoint_filename, args.raport_file)
+    workspace = Workspace(args.workspace, args.checkpoint_filename, raport_file(args))
     try:
         code = _run(args, runtime, workspace, signals, log)
         if runtime.distributed and dist.is_initialized():
@@ -86,22 +87,27 @@ def _leave_distributed(workspace: Workspace, code: int) -> NoReturn:
 
 
 def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signals: StopSignal, log) -> int:
+    saving = args.save_checkpoints and not args.evaluate
     if runtime.is_main:
-        workspace.prepare(args.save_checkpoints and not args.evaluate)
-        workspace.lock()
-        for stale in workspace.remove_stale_temporaries():
-            log(f"=> removed {stale.name}, left by an interrupted save")
+        workspace.check(saving, locking=not args.evaluate,
+                        raport_must_be_new=args.evaluate and args.raport_file is not None)
+    # Every check of the set-up (flags, dataset, weights, the checkpoint against the flags) comes before the
+    # workspace is created and locked: a run refused for any of them leaves nothing behind.
     plan = resolve_run(args, runtime, workspace, log)
     if plan is None:
         return 0
     config = plan.config
     train_loader, val_loader = get_loaders(plan.data, runtime, plan.classes, want_train=not config.evaluate,
                                            want_val=not args.training_only)
-    raport = open_raport(config, runtime, plan.resumed, workspace)
-    engine = Engine(config, runtime, plan.model, classes=plan.classes, raport_position=raport.position, log=log)
+    raport: Raport | None = None  # opened below; the engine asks it where it stands only when it saves
+    engine = Engine(config, runtime, plan.model, classes=plan.classes, raport_position=lambda: raport.position(),
+                    log=log)
     if plan.resumed is not None:
         engine.load_state_dict(plan.resumed)
-    raport.parameters(plan.parameters)
+    if runtime.is_main:
+        _take_workspace(workspace, saving, config.evaluate, log)
+    raport = open_raport(config, runtime, plan.resumed, workspace)
+    raport.parameters({**plan.parameters, "raport_file": workspace.raport_file})
     raport.parameters({f"model.{k}": v for k, v in config.model_options})
     prefixes = [] if args.training_only else ["val"] + (["val_ema"] if engine.ema else [])
     register_metrics(raport, prefixes, config.topk, training=not config.evaluate)
@@ -125,12 +131,33 @@ def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signa
     return code
 
 
+def _take_workspace(workspace: Workspace, saving: bool, evaluate: bool, log) -> None:
+    """Create the workspace; a run that may write checkpoints locks it and clears what a killed save left.
+
+    An evaluation writes only a raport, to a file of its own (said here, and again at the end): the default
+    name when free, else one beside it named by the time; so it takes no lock, and may run beside the
+    training run whose workspace it reads."""
+    workspace.prepare(saving)
+    if evaluate:
+        requested = workspace.raport
+        raport = workspace.claim_evaluation_raport()
+        if raport == requested:
+            log(f"=> raport of this evaluation: {raport}")
+        else:
+            log(f"=> {requested} holds earlier records: this evaluation's raport is {raport}")
+        return
+    workspace.lock()
+    for stale in workspace.remove_stale_temporaries():
+        log(f"=> removed {stale.name}, left by an interrupted save")
+
+
 def open_raport(config: RunConfig, runtime: Runtime, resumed: dict | None, workspace: Workspace) -> Raport:
     """The raport; a resumed run appends to it, cut back to where the checkpoint left it when the raport is
     the one that checkpoint's run wrote (its run id, in the raport's parameters).  Another run's raport is
-    never cut: the resumed run appends after a separator record that names the checkpoint."""
+    never cut: the resumed run appends after a separator record that names the checkpoint.  An evaluation
+    writes the file of its own that :func:`_take_workspace` claimed."""
     offset, separator = None, None
-    if resumed is not None:
+    if resumed is not None and not config.evaluate:
         position = resumed.get("raport") or {}
         end = workspace.raport.stat().st_size if workspace.raport.is_file() else 0
         ours = position.get("file") == Path(config.raport_file).name and int(position.get("offset", -1)) >= 0 \

@@ -1,8 +1,10 @@
 """The workspace a run writes into: checked before the first step, locked while the run lives.
 
-* :meth:`Workspace.prepare` refuses, with one line each and before anything is written, a workspace that
-  is a file or cannot be written, and a ``--checkpoint-filename`` / ``--raport-file`` that is empty, too
-  long for the file system, outside the workspace, or the same file as a checkpoint, the lock or each other;
+* :meth:`Workspace.check` refuses, with one line each and without writing anything, a workspace that is a
+  file, cannot be written or is in use by another run, and a ``--checkpoint-filename`` / ``--raport-file``
+  that is empty, too long for the file system, outside the workspace, or the same file as a checkpoint, the
+  lock or each other; a run calls it first, and creates the workspace (:meth:`Workspace.prepare`) only once
+  every other check of its set-up has passed too;
 * :meth:`Workspace.lock` holds an exclusive ``flock`` on ``.workspace.lock``: a second run on the same
   workspace stops with the first one's pid and host.  The lock dies with the run's process, SIGKILL
   included: fork()ed children (DataLoader workers) close their copy of it at once, and a lock that
@@ -10,7 +12,8 @@
 * temporary files left by a killed save are removed once the lock is held;
 * :func:`writer_stamp` names a process in a temporary file's name, so that files written without a lock
   (the ONNX cache's) can be told apart: left by a writer that died, or still being written;
-* :meth:`Workspace.resume_candidates` lists the checkpoints ``--resume auto`` may continue from.
+* :meth:`Workspace.resume_candidates` lists the checkpoints ``--resume auto`` may continue from;
+* :meth:`Workspace.claim_evaluation_raport` gives an evaluation a raport file of its own.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import TextIO
 
 from .checkpoint import (BEST_NAME, TEMP_SUFFIX, epoch_checkpoints, is_epoch_checkpoint_name, longest_name,
                          temporary_name)
-from .errors import UserError
+from .errors import StorageError, UserError
 
 LOCK_NAME = ".workspace.lock"
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]+" + re.escape(TEMP_SUFFIX) + "$")
@@ -142,6 +145,14 @@ def _try_flock(handle: TextIO) -> bool | None:
     return True
 
 
+def _nearest_existing(path: Path) -> Path:
+    """``path`` itself when it exists, else the closest folder above it that does (where mkdir would start)."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
 def _recorded_holder_is_dead(path: Path) -> bool:
     """Whether the lock file names a holder that is proven dead (then only its children can hold it)."""
     try:
@@ -210,31 +221,88 @@ class Workspace:
             raise UserError(f"--checkpoint-filename {self.checkpoint_filename} is the workspace's lock file; "
                             "choose another name, such as checkpoint.pth.tar")
 
-    def prepare(self, saving: bool) -> None:
-        """Create the workspace and prove it writable; :class:`UserError` (before any training) if not."""
+    def check(self, saving: bool, *, locking: bool = True, raport_must_be_new: bool = False) -> None:
+        """What :meth:`prepare` would refuse, and (``locking``: for a run that will take the lock) a workspace in
+        use by another run, found without writing anything (nor creating the workspace): a run that stops
+        here leaves no trace.  ``raport_must_be_new``: an evaluation's ``--raport-file`` of the user's
+        choosing, which must not exist (see :meth:`claim_evaluation_raport`)."""
         self.check_names(saving)
+        try:
+            self._check_writable(saving)
+        except OSError as error:  # a path too long for the file system, say
+            raise self._cannot_write(error) from None
+        if raport_must_be_new and self.raport.exists():
+            raise UserError(f"--raport-file {self.raport} already holds records: an evaluation writes a raport of "
+                            "its own, never into another one; give another --raport-file, or move that file away")
+        if locking:
+            self._check_not_in_use()
+
+    def _check_writable(self, saving: bool) -> None:
+        """A workspace that is a file or lies below one, a file name whose folder is a file or whose place a
+        folder takes, a workspace (or the folder it would be made in) that cannot be written."""
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"--workspace {self.path} is a file, not a folder")
+        existing = _nearest_existing(self.path)
+        if not existing.is_dir():
+            raise UserError(f"--workspace {self.path} cannot be made: {existing} is a file")
+        for name in (self.raport_file,) + ((self.checkpoint_filename,) if saving else ()):
+            target = self.path / name
+            holder = _nearest_existing(target.parent)
+            if not holder.is_dir():
+                raise UserError(f"{holder} is a file, so {name} cannot be written inside --workspace")
+            if target.is_dir():
+                raise UserError(f"{target} is a folder; it must be free for a file")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise UserError(f"--workspace {self.path} cannot be written: "
+                            f"{'it' if self.path.exists() else existing} is read-only")
+
+    def _check_not_in_use(self) -> None:
+        """Refuse a workspace whose lock another live run holds, as :meth:`lock` would, without taking it.
+
+        Done under the folder's flock that :meth:`lock` takes too, so that the probe never makes a run
+        that is taking the lock at that moment fail."""
+        path = self.path / LOCK_NAME
+        if fcntl is None or not path.is_file():
+            return
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            for name in (self.raport_file, self.checkpoint_filename):
-                parent = (self.path / name).parent
-                if parent.exists() and not parent.is_dir():
-                    raise UserError(f"{parent} is a file, so {name} cannot be written inside --workspace")
-                parent.mkdir(parents=True, exist_ok=True)
-            for target in (self.raport, self.latest):
-                if target.is_dir():
-                    raise UserError(f"{target} is a folder; it must be free for a file")
+            guard = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return  # prepare() says what is wrong with the folder
+        try:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            with open(path, encoding="utf-8") as handle:
+                try:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except OSError as error:
+                    held = error.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
+                    if held and not _recorded_holder_is_dead(path):
+                        raise self._in_use(path) from None
+        except OSError:
+            return  # a file system without locks, or a lock file that cannot be read: lock() decides
+        finally:
+            os.close(guard)
+
+    def prepare(self, saving: bool) -> None:
+        """Create the workspace (and the folders its file names hold) and prove it writable; what :meth:`check`
+        finds is refused first, and anything else that stops the writing is a :class:`UserError` too."""
+        self.check(saving, locking=False)
+        names = (self.raport_file,) + ((self.checkpoint_filename,) if saving else ())
+        try:
+            for name in names:
+                (self.path / name).parent.mkdir(parents=True, exist_ok=True)
             fd, probe = tempfile.mkstemp(prefix=".write-test.", suffix=TEMP_SUFFIX, dir=self.path)
             os.close(fd)
             os.unlink(probe)
         except OSError as error:
-            if error.errno == errno.ENAMETOOLONG:
-                raise UserError(f"--workspace {self.path} with --checkpoint-filename / --raport-file makes a "
-                                "path too long for the file system; choose shorter names") from None
-            reason = "it is read-only" if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else \
-                (error.strerror or str(error))
-            raise UserError(f"--workspace {self.path} cannot be written: {reason}") from None
+            raise self._cannot_write(error) from None
+
+    def _cannot_write(self, error: OSError) -> UserError:
+        if error.errno == errno.ENAMETOOLONG:
+            return UserError(f"--workspace {self.path} with --checkpoint-filename / --raport-file makes a path too "
+                             "long for the file system; choose shorter names")
+        reason = "it is read-only" if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else \
+            (error.strerror or str(error))
+        return UserError(f"--workspace {self.path} cannot be written: {reason}")
 
     # -- lock ---------------------------------------------------------------------------------------
     def lock(self) -> None:
@@ -310,12 +378,44 @@ class Workspace:
                 removed.append(entry)
         return removed
 
+    def claim_evaluation_raport(self) -> Path:
+        """The raport file of an evaluation, created here: ``--raport-file`` when no such file exists, else a
+        new file beside it named by the time, ``<stem>.evaluate-<YYYYmmdd-HHMMSS>[-N]<suffix>``.
+
+        An evaluation's records never go into a raport that holds another run's or evaluation's: appended,
+        they would read as one run; a resume's offset would even cut the training records after it.  The
+        file is created exclusively, so two evaluations starting at once never share one either.  A name the
+        user chose is never replaced by another (a script would read the earlier file's numbers as this
+        run's): :meth:`check` refuses it when it exists.
+        """
+        wanted = self.raport
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        stem, suffix = (wanted.stem, wanted.suffix) if wanted.suffix else (wanted.name, "")
+        names = [wanted.name] + [f"{stem}.evaluate-{stamp}{'' if n == 1 else f'-{n}'}{suffix}"
+                                 for n in range(1, 100)]
+        try:
+            for name in names:
+                try:
+                    with open(wanted.with_name(name), "x", encoding="utf-8"):
+                        pass
+                except FileExistsError:
+                    continue
+                self.raport_file = str(Path(self.raport_file).with_name(name))
+                return self.raport
+        except OSError as error:
+            raise StorageError(f"could not create the raport of this evaluation beside {wanted}: "
+                               f"{error.strerror or error}") from None
+        raise StorageError(f"could not find a free name for the raport of this evaluation beside {wanted}")
+
     @staticmethod
     def _is_checkpoint_name(name: str) -> bool:
         return name == BEST_NAME or is_epoch_checkpoint_name(name) or name.endswith(".pth.tar")
 
     def resume_candidates(self) -> list[Path]:
-        """Checkpoints ``--resume auto`` may continue from, newest first (the latest file wins a tie)."""
+        """Checkpoints ``--resume auto`` may continue from, newest first (the latest file wins a tie); none
+        in a workspace not made yet (a run reads it before it creates it)."""
+        if not self.path.is_dir():
+            return []
         files = [self.latest, *reversed(epoch_checkpoints(self.path)), self.best]
         existing = [f for f in dict.fromkeys(files) if f.is_file()]
         order = {path: index for index, path in enumerate(existing)}

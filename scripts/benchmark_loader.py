@@ -34,9 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
-
 from benchmarks.common import ratio_spread, ratio_text  # noqa: E402
+from image_classification import machine  # noqa: E402
 from image_classification.arguments import DATA_BACKENDS, parse_args  # noqa: E402
 from image_classification.cli import run  # noqa: E402
 from image_classification.data import get_loaders  # noqa: E402
@@ -273,13 +272,15 @@ def main(argv: list[str] | None = None) -> int:
     write_data(opts)
     if opts.dali_stages:
         shares = profile_dali_stages(opts)
+        print(f"machine: {machine.description()}", flush=True)
         print(f"CPU DALI pipeline, batch {opts.batch_size}, {opts.workers} threads, {opts.image_size} px crops: "
               + ", ".join(f"{stage} {ms:.2f}" for stage, ms in shares.items())
               + f" CPU ms per image; {sum(shares.values()):.2f} in all", flush=True)
         return 0
     runtime = make_runtime(opts.device, memory_format=opts.memory_format)
-    print(f"device: {runtime.device}, batch {opts.batch_size}, workers {opts.workers}, "
-          f"{opts.image_size} px crops, torch {torch.__version__}", flush=True)
+    print(f"device: {runtime.device}, batch {opts.batch_size}, workers {opts.workers}, {opts.image_size} px crops",
+          flush=True)
+    print(f"machine: {machine.description(runtime.device.type)}", flush=True)
     if opts.packed:
         return compare_packed(opts, runtime)
     if opts.data_backend == "torchvision":

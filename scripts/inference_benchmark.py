@@ -132,6 +132,8 @@ def sweep(args: argparse.Namespace, runner: Runner,
     for precision in args.precisions:
         for batch_size in args.batch_sizes:
             name = f"{args.arch}_{precision}_b{batch_size}"
+            for raport in (f"{name}_warmup.json", f"{name}.json"):  # an earlier sweep's: measured again
+                (workspace / raport).unlink(missing_ok=True)
             try:
                 if args.warmup > 0:
                     call_main(runner, main_argv(args, precision, batch_size, args.warmup, workspace,
@@ -162,13 +164,10 @@ def resolved_device(device: str) -> str:
 
 
 def machine_description(device: str) -> str:
-    """What the numbers were measured on, in one line; the CPU's capability says whether its bf16 is native."""
+    """What the numbers were measured on, in one line: :func:`machine.description`, the threads, and whether
+    the CPU's bf16 is native."""
     bf16 = "native bf16" if machine.cpu_bf16_is_native() else "bf16 emulated"
-    host = (f"{machine.cpu_model()} ({machine.cores()} cores, {torch.get_num_threads()} torch threads, "
-            f"{machine.cpu_capability()}, {bf16})")
-    if device == "cuda":
-        return f"1x {torch.cuda.get_device_name()}, host {host}, torch {torch.__version__}"
-    return f"{host}, torch {torch.__version__}"
+    return f"{machine.description(device)}; {torch.get_num_threads()} torch threads, CPU {bf16}"
 
 
 def precision_title(precision: str, device: str) -> str:

@@ -6,8 +6,10 @@ Writes one PNG per metric into the output folder: ``train_loss.png``, ``val_loss
 ``val_top5.png`` (``val_top{k}`` for a run with ``--topk k``) and ``throughput.png`` (``train.total_ips``).
 The values are the raport's end-of-epoch records (``step`` ``[epoch]``), the x axis their epoch numbers.
 Each run is one line, labelled with its file name, or with its folder when the file names are the same.
-A metric that no run has (a ``--training-only`` run has no val metrics) gets no PNG.  Needs matplotlib
-and no display.
+A metric that no run has (a ``--training-only`` run has no val metrics) gets no PNG.  The loss charts use a
+log scale, said in the axis label: the first epoch's loss is often many times the later ones, and on a
+linear scale it would flatten them into a line (a chart holding a value of 0 or below stays linear).  Needs
+matplotlib and no display.
 """
 
 from __future__ import annotations
@@ -35,20 +37,21 @@ Series = tuple[list[int], list[float]]  # epochs, values
 
 @dataclass(frozen=True)
 class Plot:
-    """One PNG: a raport metric against the epoch."""
+    """One PNG: a raport metric against the epoch; ``log``: on a log scale where every value allows it."""
 
     metric: str
     file_name: str
     title: str
     y_label: str
+    log: bool = False
 
 
 def plots_for(metrics: set[str]) -> list[Plot]:
     """The PNGs to draw: the fixed ones, and one per val top-k accuracy the raports hold."""
     topk = sorted(int(m[len("val.top"):]) for m in metrics if re.fullmatch(r"val\.top\d+", m))
     return [
-        Plot("train.loss", "train_loss.png", "training loss", "loss"),
-        Plot("val.loss", "val_loss.png", "validation loss", "loss"),
+        Plot("train.loss", "train_loss.png", "training loss", "loss", log=True),
+        Plot("val.loss", "val_loss.png", "validation loss", "loss", log=True),
         *(Plot(f"val.top{k}", f"val_top{k}.png", f"validation top-{k} accuracy", "%")
           for k in topk or [1, 5]),
         Plot("train.total_ips", "throughput.png", "training throughput", "images/s"),
@@ -124,27 +127,39 @@ def run_labels(paths: Sequence[Path]) -> list[str]:
     return [str(p) for p in paths]  # as given: distinct unless a file is named twice
 
 
-def draw(runs: Sequence[Run], plot: Plot, path: Path) -> dict[str, Series]:
-    """Draw ``plot`` for the runs that have its metric; return what was drawn, read back from the lines."""
+def chart(runs: Sequence[Run], plot: Plot):
+    """The matplotlib figure of ``plot``: one line per run that has its metric."""
     from matplotlib.figure import Figure  # no pyplot: no display, no global figure state
     from matplotlib.ticker import MaxNLocator
 
     figure = Figure(figsize=(7, 4.2))
     axis = figure.subplots()
+    drawn = []
     for run in runs:
         epochs, values = run.series(plot.metric)
         if epochs:
             axis.plot(epochs, values, marker="o", label=run.label)
+            drawn += values
+    log = plot.log and bool(drawn) and min(drawn) > 0  # a log axis would drop a value of 0 or below
+    if log:
+        axis.set_yscale("log")
     axis.set_title(f"{plot.title} ({plot.metric})")
     axis.set_xlabel("epoch")
-    axis.set_ylabel(plot.y_label)
+    axis.set_ylabel(f"{plot.y_label} (log scale)" if log else plot.y_label)
     axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axis.grid(True, alpha=0.3)
+    axis.grid(True, which="both" if log else "major", alpha=0.3)
     axis.legend()
     figure.tight_layout()
+    return figure
+
+
+def draw(runs: Sequence[Run], plot: Plot, path: Path) -> dict[str, Series]:
+    """Draw ``plot`` for the runs that have its metric into ``path``; return what was drawn, read back from
+    the lines."""
+    figure = chart(runs, plot)
     figure.savefig(path, dpi=100)
     return {line.get_label(): ([int(x) for x in line.get_xdata()], [float(y) for y in line.get_ydata()])
-            for line in axis.get_lines()}
+            for line in figure.axes[0].get_lines()}
 
 
 def plot_raports(paths: Sequence[Path], out_dir: Path) -> dict[str, dict[str, Series]]:

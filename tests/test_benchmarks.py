@@ -91,7 +91,7 @@ def test_infer_throughput_reports_every_path_and_skips_what_cannot_run(tmp_path,
     assert paths["bf16"]["max_abs_diff"] > 0  # bfloat16 rounds; it is measured, not assumed
     assert paths["eager"]["compared_images"] == 3  # the measured batches of 1 and 2
     assert (paths["eager"]["dtype"], paths["bf16"]["dtype"]) == ("float32", "bfloat16")
-    assert result["classify_default"] == ("bf16" if machine.cpu_bf16_is_native() else "channels_last")
+    assert result["classify_default"] == ("bf16" if machine.cpu_bf16_is_faster() else "channels_last")
     assert {"cpu_capability", "cpu_bf16_native", "load_average"} <= result["environment"].keys()
     assert set(result["best"]) == {"1", "2"} and result["best"]["1"] in paths
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -261,3 +261,66 @@ def test_the_loader_benchmark_builds_the_photo_set_and_states_a_ratio_only_beyon
     assert claim.startswith(f"{summary.group(6)}x")
     if abs(abs(speedup - 1) - spread) > 0.01:  # the printed rates are rounded: no call at the boundary
         assert ("no verdict" in claim) == (not verdict(speedup, spread))
+
+
+def test_the_largest_batch_that_fits_is_found_by_halving_on_out_of_memory():
+    from benchmarks.common import largest_fitting
+
+    tried, released = [], []
+
+    def attempt(batch: int) -> str:
+        tried.append(batch)
+        if batch > 24:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {batch} GiB")
+        return f"measured at {batch}"
+
+    assert largest_fitting(attempt, 64, release=lambda: released.append(True)) == (16, "measured at 16", [64, 32])
+    assert tried == [64, 32, 16] and len(released) == 2  # memory given back after each failed attempt
+
+
+def test_a_workspace_that_cudnn_cannot_allocate_counts_as_out_of_memory_and_other_errors_do_not():
+    from benchmarks.common import largest_fitting
+    from image_classification.errors import UserError
+
+    def cudnn(batch: int) -> int:
+        if batch > 4:
+            raise RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED")
+        return batch
+
+    assert largest_fitting(cudnn, 16, release=lambda: None)[0] == 4
+
+    def broken(batch: int) -> int:
+        raise RuntimeError("Expected all tensors to be on the same device")
+
+    with pytest.raises(RuntimeError, match="same device"):
+        largest_fitting(broken, 16, release=lambda: None)  # not a reason to try a smaller batch
+
+    def never(batch: int) -> int:
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    with pytest.raises(UserError, match="not even a batch of 1"):
+        largest_fitting(never, 4, release=lambda: None)
+
+
+def test_train_throughput_measures_at_the_largest_batch_that_fits(tmp_path, tiny_arch, monkeypatch):
+    """A model whose forward runs out of memory above batch 2: the benchmark halves -b until it trains."""
+    benchmark = importlib.import_module("benchmarks.train_throughput")
+    real_build = benchmark.build_model
+
+    def build_model(arch, num_classes):
+        def out_of_memory_above_2(module, inputs):
+            if inputs[0].shape[0] > 2:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+        model = real_build(arch, num_classes=num_classes)
+        model.register_forward_pre_hook(out_of_memory_above_2)
+        return model
+
+    monkeypatch.setattr(benchmark, "build_model", build_model)
+    output = tmp_path / "train.json"
+    argv = ["-a", tiny_arch, "--image-size", "32", "-b", "8", "--largest-batch", "--num-classes", "10", "--iters",
+            "1", "--warmup", "1", "--repeats", "1", "--device", "cpu", "--paths", "eager", "-o", str(output)]
+    assert benchmark.main(argv) == 0
+    config = json.loads(output.read_text())["config"]
+    assert config["batch_size"] == 2
+    assert config["largest_batch"] == {"tried_from": 8, "out_of_memory_at": [8, 4]}

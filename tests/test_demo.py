@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from image_classification import demo
 from image_classification.cli import run
@@ -17,3 +18,44 @@ def test_the_demo_without_scikit_learn_is_one_line_naming_the_extra(tmp_path, mo
     assert err.startswith("error: the demo needs scikit-learn") and err.count("\n") == 1, err
     assert "pip install .[demo]" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_changed_recipe_trains_in_a_workspace_of_its_own(tmp_path, monkeypatch, capsys):
+    """`python -m image_classification.demo --epochs 1` must not replace the default recipe's model, which the
+    README's next commands classify and evaluate: flags beyond the recipe get a workspace named by them,
+    said at the start and the end; `make demo` (no flags) keeps workspace/digits."""
+    default = tmp_path / "workspace" / "digits"
+    monkeypatch.setattr(demo, "DATA_DIR", tmp_path / "data")
+    monkeypatch.setattr(demo, "WORKSPACE", default)
+    (tmp_path / "data" / "val").mkdir(parents=True)  # the digits, written already
+    runs = []
+    monkeypatch.setattr("image_classification.training.train", lambda args: runs.append(args) or 0)
+
+    def workspace_of(*flags: str) -> Path:
+        assert run(demo.main, list(flags)) == 0
+        out = capsys.readouterr().out
+        workspace = Path(runs[-1].workspace)
+        assert out.count(f"{workspace}/") >= 2, out  # at the start and at the end
+        return workspace
+
+    assert workspace_of() == default
+    one_epoch = workspace_of("--epochs", "1")
+    assert one_epoch.parent == default.parent and one_epoch != default
+    assert workspace_of("--epochs", "1") == one_epoch and not runs[-1].overwrite  # the same flags, the same place
+    assert workspace_of("--epochs", "2") not in (default, one_epoch)
+    (one_epoch / "checkpoint.pth.tar").parent.mkdir(parents=True)
+    (one_epoch / "checkpoint.pth.tar").write_bytes(b"")
+    assert workspace_of("--epochs", "1") == one_epoch and runs[-1].overwrite  # its own earlier run, replaced
+    (one_epoch / "checkpoint.pth.tar").unlink()
+    (one_epoch / "experiment_raport.json").write_text("DLLL {}\n")  # a run killed before its first checkpoint
+    assert workspace_of("--epochs", "1") == one_epoch and runs[-1].overwrite
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "checkpoint.pth.tar").write_bytes(b"")
+    assert workspace_of("--epochs", "1", "--workspace", str(mine)) == mine and not runs[-1].overwrite
+
+
+def test_a_mistyped_flag_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(demo, "DATA_DIR", tmp_path / "digits")
+    assert run(demo.main, ["--epoch", "1", "--no-such-flag"]) == 2
+    assert "--no-such-flag" in capsys.readouterr().err and list(tmp_path.iterdir()) == []

@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 from conftest import load_script
+from helpers import refused
 from image_classification import inference, machine
 from image_classification.arguments import parse_args
 from image_classification.cli import run
@@ -20,6 +21,7 @@ from image_classification.inference import image_transform, imagenet_class_names
 from image_classification.inference import main as classify_main
 from image_classification.models import build_model
 from image_classification.runtime import Runtime
+from image_classification.tool_arguments import classify_parser
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["class_00", "class_01", "class_02"]
@@ -100,6 +102,52 @@ def test_classify_photo_without_weights_prints_falling_percentages(photo):
     assert "Traceback" not in result.stderr
 
 
+def test_a_folder_with_unreadable_images_still_gets_its_predictions(colour_checkpoint, image_folder, tmp_path,
+                                                                    capsys):
+    """As training does: each unreadable image (no image at all, or a body cut short behind a good header) is
+    named on stderr and left out, the others are classified; only a folder of none readable is an error."""
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    good = sorted((image_folder / "val" / "class_02").iterdir())[:2]
+    for path in good:
+        (folder / path.name).write_bytes(path.read_bytes())
+    (folder / "a_garbage.jpg").write_bytes(b"not a jpeg at all")
+    whole = good[0].read_bytes()
+    (folder / "z_cut.jpg").write_bytes(whole[:len(whole) // 2])  # the header reads, the pixels do not
+    argv = ["--weights", str(colour_checkpoint), "--precision", "FP32", "--json"]
+    assert run(classify_main, [*argv, "--image", str(folder)]) == 0
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["path"] for line in out.splitlines()] == [str(folder / p.name) for p in good]
+    assert [line.split(": ")[:2] for line in err.splitlines()] == [["warning", "skipped"]] * 2, err
+    assert "a_garbage.jpg" in err and "z_cut.jpg" in err
+
+    for path in good:
+        (folder / path.name).unlink()
+    assert run(classify_main, [*argv, "--image", str(folder)]) == 2
+    out, err = capsys.readouterr()
+    *skips, last = err.splitlines()
+    assert out == "" and last == "error: none of the images could be read (each is named above)"
+    assert len(skips) == 2 and "a_garbage.jpg" in skips[0] and "z_cut.jpg" in skips[1]  # cut: found decoding
+    assert "error: " in refused(run(classify_main, [*argv, "--image", str(folder / "a_garbage.jpg")]), capsys)
+
+
+def test_an_image_too_elongated_to_resize_is_refused_in_one_line_or_skipped(colour_checkpoint, tmp_path, capsys):
+    """The weights record no size: 224 px crops of a 256 px short side.  A 1,366 x 1 strip passes the size rule,
+    but its resize would make 89,522,176 pixels (a 200,000 x 1 one, 13 billion: a MemoryError); it is named from
+    its header before any prediction, alone in one line, in a folder as a skipped image."""
+    Image.new("L", (1366, 1)).save(tmp_path / "past.png")
+    Image.new("L", (1365, 1)).save(tmp_path / "within.png")
+    argv = ["--weights", str(colour_checkpoint), "--precision", "FP32", "--topk", "1", "--json", "--image"]
+    error = refused(run(classify_main, [*argv, str(tmp_path / "past.png")]), capsys)
+    assert error == (f"error: {tmp_path / 'past.png'} could not be read as an image (more than 89,478,485 pixels "
+                     "once resized to a 256 px short side (a 349,696 px long side))")
+    assert run(classify_main, [*argv, str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["path"] for line in out.splitlines()] == [str(tmp_path / "within.png")]
+    assert err.splitlines() == [f"warning: skipped: {tmp_path / 'past.png'} could not be read as an image (more "
+                                "than 89,478,485 pixels once resized to a 256 px short side (a 349,696 px long side))"]
+
+
 def test_classify_names_the_trained_class(colour_checkpoint, image_folder, tmp_path):
     labels = tmp_path / "labels.txt"
     labels.write_text("red\ngreen\nblue\n")
@@ -159,29 +207,66 @@ def test_fast_paths_predict_what_the_plain_fp32_path_does(colour_checkpoint, ima
     assert {r["predictions"][0]["index"] for r in plain} == {0, 1, 2}  # a trained model, not a constant
 
 
-def classify_runtime_of(monkeypatch, photo, argv: list[str], native: bool) -> Runtime:
-    """The runtime classify.py's main classifies with, on a CPU whose bf16 is native or not."""
+def classify_runtime_of(monkeypatch, photo, argv: list[str], native: bool, flags: set[str] | None = None,
+                        vendor: str = "GenuineIntel") -> Runtime:
+    """The runtime classify.py's main classifies with, on an x86 CPU made by ``vendor`` whose /proc/cpuinfo lists
+    ``flags`` (by default AVX512-BF16 and AMX-BF16 where ``native``, else AVX2 alone: what the help reads) and
+    whose bf16 oneDNN computes natively or not (``native``: what the run asks)."""
     monkeypatch.setattr(machine, "cpu_bf16_is_native", lambda: native)
+    monkeypatch.setattr(machine, "_is_x86", lambda: True)
+    flags = ({"avx512f", "avx512_bf16", "amx_bf16"} if native else {"avx2"}) if flags is None else flags
+    monkeypatch.setattr(machine, "_cpu_flags", lambda: flags)
+    monkeypatch.setattr(machine, "cpu_vendor", lambda: vendor)
     seen = []
-    monkeypatch.setattr(inference, "classify_paths", lambda model, paths, runtime, *rest: seen.append(runtime) or [])
+    monkeypatch.setattr(inference, "classify_paths",
+                        lambda model, paths, runtime, *rest: seen.append(runtime) or [(paths[0], [])])
     assert classify_main(["-a", "resnet18", "--num-classes", "3", "--image", str(photo), "--cpu", *argv]) == 0
     return seen[0]
 
 
-@pytest.mark.parametrize("native, dtype, words", [(True, torch.bfloat16, "here AMP: this CPU"),
-                                                  (False, None, "here FP32: this CPU")])
-def test_cpu_default_is_bf16_only_where_it_is_native(monkeypatch, photo, native, dtype, words):
-    """Emulated bf16 (an AVX2 CPU) runs slower than FP32, so the CPU default is FP32 channels-last there;
-    the help says which default this machine gets."""
-    runtime = classify_runtime_of(monkeypatch, photo, [], native)
+def _help() -> str:
+    return " ".join(classify_parser().format_help().split())
+
+
+AVX512_BF16 = {"avx512f", "avx512_bf16"}
+
+
+@pytest.mark.parametrize("native, flags, vendor, dtype, words", [
+    (True, None, "GenuineIntel", torch.bfloat16,  # AMX
+     "here AMP where this torch's oneDNN computes bf16: this CPU lists AVX512-BF16, AMX-BF16)"),
+    (True, AVX512_BF16, "AuthenticAMD", torch.bfloat16,
+     "here AMP where this torch's oneDNN computes bf16: this CPU lists AVX512-BF16)"),
+    (True, AVX512_BF16, "GenuineIntel", None,  # measured no faster than FP32
+     "here FP32: this CPU lists AVX512-BF16 but no AMX, and computes bf16 no faster than FP32)"),
+    (False, None, "AuthenticAMD", None,
+     "here FP32: this CPU lists no bf16 instructions and would emulate bf16, slower than FP32)"),
+])
+def test_cpu_default_is_bf16_only_where_it_is_faster(monkeypatch, photo, native, flags, vendor, dtype, words, capsys):
+    """Emulated bf16 (an AVX2 CPU), and native bf16 without AMX on an Intel CPU, run slower than FP32, so the
+    CPU default is FP32 channels-last there; the help says which default this machine gets and why."""
+    runtime = classify_runtime_of(monkeypatch, photo, [], native, flags, vendor)
     assert (runtime.device.type, runtime.amp_dtype, runtime.memory_format) == ("cpu", dtype, torch.channels_last)
-    assert words in " ".join(inference.build_parser().format_help().split())
+    assert words in _help() and "note:" not in capsys.readouterr().err
+
+
+def test_a_bf16_cpu_under_a_torch_without_onednn_bf16_runs_fp32_as_the_help_allows_and_says_so(monkeypatch, photo,
+                                                                                             capsys):
+    """The help reads /proc/cpuinfo only (no torch): on a CPU whose bf16 runs faster it promises AMP where oneDNN
+    computes bf16.  Under a torch build whose oneDNN does not, the run takes FP32, and says why, on stderr."""
+    runtime = classify_runtime_of(monkeypatch, photo, [], native=False, flags=AVX512_BF16, vendor="AuthenticAMD")
+    assert runtime.amp_dtype is None
+    assert "here AMP where this torch's oneDNN computes bf16: this CPU lists AVX512-BF16)" in _help()
+    assert ("note: FP32 by default: this CPU lists AVX512-BF16, but this torch's oneDNN computes no bf16 with it "
+            "(--precision AMP would emulate bf16, slower than FP32)") in capsys.readouterr().err.splitlines()
 
 
 def test_an_explicit_precision_or_layout_wins_over_the_cpu_default(monkeypatch, photo, capsys):
     runtime = classify_runtime_of(monkeypatch, photo, ["--precision", "AMP"], native=False)
     assert runtime.amp_dtype == torch.bfloat16
-    assert "emulates bf16" in capsys.readouterr().err
+    assert "emulates bf16: --precision AMP runs slower than FP32 here" in capsys.readouterr().err
+    runtime = classify_runtime_of(monkeypatch, photo, ["--precision", "AMP"], native=True, flags=AVX512_BF16)
+    assert runtime.amp_dtype == torch.bfloat16
+    assert "no AMX) computes bf16 no faster than FP32: --precision AMP runs slower" in capsys.readouterr().err
     runtime = classify_runtime_of(monkeypatch, photo, ["--precision", "FP32", "--memory-format", "nchw"], native=True)
     assert (runtime.amp_dtype, runtime.memory_format) == (None, torch.contiguous_format)
 
@@ -294,7 +379,7 @@ def test_benchmark_writes_markdown_csv_and_png(benchmark, tmp_path):
     assert "#### FP32 Inference Latency" in report and "Mixed Precision" in report
     assert "| 2 | 1000 img/s | 2.00 ms | 2.18 ms | 2.19 ms | 2.20 ms |" in report
     assert "Intel" in report or "torch" in report
-    assert f"{machine.cpu_capability()}, " in report and "bf16" in report.splitlines()[2]
+    assert f"* Machine: {machine.description()}; " in report and "bf16" in report.splitlines()[2]
     rows = list(csv.DictReader(open(tmp_path / "inference_resnet50_cpu.csv")))
     assert [(r["precision"], r["batch_size"]) for r in rows] == [
         ("FP32", "1"), ("FP32", "2"), ("AMP", "1"), ("AMP", "2")]
@@ -313,6 +398,9 @@ def test_benchmark_stops_a_precision_at_the_first_failure(benchmark, tmp_path, c
 
 
 def test_benchmark_runs_main_for_real(benchmark, tmp_path):
+    (tmp_path / "runs").mkdir()
+    for stale in ("resnet18_FP32_b1.json", "resnet18_AMP_b2_warmup.json"):  # an earlier sweep's, measured again
+        (tmp_path / "runs" / stale).write_text("DLLL {}\n")
     code = benchmark.main(["-a", "resnet18", "--device", "cpu", "--batch-sizes", "1", "2",
                            "--iterations", "2", "--warmup", "1", "--image-size", "32", "--num-classes", "10",
                            "--output-dir", str(tmp_path)])
@@ -331,7 +419,9 @@ def test_benchmark_runs_main_for_real(benchmark, tmp_path):
     ("x86_64", True, {"avx512f", "avx512bw"}, False),  # AVX512 alone: oneDNN emulates bf16
     ("x86_64", True, {"avx512f", "avx512_bf16"}, True),
     ("x86_64", True, {"avx512f", "amx_tile", "amx_bf16"}, True),
-    ("aarch64", True, set(), True),  # oneDNN's check is the BF16 extension itself
+    ("aarch64", True, {"fp", "asimd", "bf16"}, True),  # oneDNN's check is the BF16 extension itself
+    ("aarch64", True, {"fp", "asimd"}, False),
+    ("x86_64", True, None, True),  # no /proc/cpuinfo to read: oneDNN's word
 ])
 def test_cpu_bf16_is_native_needs_bf16_hardware(monkeypatch, arch, kernels, flags, native):
     from types import SimpleNamespace
@@ -341,3 +431,18 @@ def test_cpu_bf16_is_native_needs_bf16_hardware(monkeypatch, arch, kernels, flag
     monkeypatch.setattr(machine.platform, "machine", lambda: arch)
     monkeypatch.setattr(machine, "_cpu_flags", lambda: flags)
     assert machine.cpu_bf16_is_native() is native
+
+
+@pytest.mark.parametrize("arch, native, flags, vendor, faster", [
+    ("x86_64", False, {"avx2"}, "AuthenticAMD", False),  # the AVX2 EPYC: emulated
+    ("x86_64", True, {"avx512f", "avx512_bf16"}, "AuthenticAMD", True),  # the AVX512-BF16 EPYC
+    ("x86_64", True, {"avx512f", "avx512_bf16", "avx512_fp16"}, "GenuineIntel", False),  # the Xeon, AMX hidden
+    ("x86_64", True, {"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}, "GenuineIntel", True),
+    ("aarch64", True, {"asimd", "bf16"}, None, True),
+])
+def test_bf16_is_the_faster_cpu_precision_where_it_was_measured_so(monkeypatch, arch, native, flags, vendor, faster):
+    monkeypatch.setattr(machine, "cpu_bf16_is_native", lambda: native)
+    monkeypatch.setattr(machine.platform, "machine", lambda: arch)
+    monkeypatch.setattr(machine, "_cpu_flags", lambda: flags)
+    monkeypatch.setattr(machine, "cpu_vendor", lambda: vendor)
+    assert machine.cpu_bf16_is_faster() is faster

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import threading
 from typing import NamedTuple
 
 import pytest
@@ -26,12 +28,14 @@ COMBINATIONS = [
 
 
 class DryRun(NamedTuple):
-    """What ``launch.py --dry-run`` printed: the preset as written, the run on this machine, the changes."""
+    """What ``launch.py --dry-run`` printed: the preset as written, the run on this machine, the changes,
+    and the class count the run will use."""
 
     written: argparse.Namespace
     run: argparse.Namespace
     notices: list[str]
     text: str
+    classes: str
 
 
 def _main_py(line: str) -> argparse.Namespace:
@@ -46,13 +50,15 @@ def _dry_run(argv: list[str], capsys, cuda_available: bool = True) -> DryRun:
     assert err == ""
     lines = out.splitlines()
     assert lines[0].startswith("# ") and "as written" in lines[0], out
+    classes = lines.pop()
+    assert classes.startswith("# classes: "), out
     written = _main_py(lines[1])
     if lines[2:] == ["# on this machine it runs as written"]:
-        return DryRun(written, written, [], out)
+        return DryRun(written, written, [], out, classes)
     assert lines[2] == "# on this machine, launch.py would change it:", out
     notices = [line.removeprefix("#   ") for line in lines[3:-1]]
     assert notices and all(line.startswith("#   ") for line in lines[3:-1]), out
-    return DryRun(written, _main_py(lines[-1]), notices, out)
+    return DryRun(written, _main_py(lines[-1]), notices, out, classes)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -160,6 +166,43 @@ def test_flags_may_come_before_the_launch_flags(capsys):
     assert args.epochs == 5 and args.arch == "resnet50"
 
 
+def test_the_dry_run_shows_the_class_count_the_run_will_use(image_folder, tmp_path, capsys, monkeypatch):
+    """The presets' num_classes 1000 is ImageNet's default: on a 3-class dataset the run takes the dataset's
+    count, and the dry run says so instead of printing --num-classes=1000."""
+    seen = {}
+    monkeypatch.setattr("image_classification.training.train", lambda args: seen.setdefault("args", args) and 0)
+    argv = [*RN50_A100, str(image_folder)]
+    dry = _dry_run(argv, capsys)
+    assert "--num-classes" not in dry.text and dry.written.num_classes is None
+    assert dry.classes == f"# classes: 3, one per class folder of {image_folder}"
+    assert launch.main(argv, cuda_available=True) == 0
+    assert seen.pop("args").num_classes == dry.run.num_classes  # main.py then counts the 3 folders
+
+    assert _dry_run([*argv, "--num-class", "1000"], capsys).classes == "# classes: 1000 (--num-classes)"
+    assert _dry_run(RN50_A100, capsys).classes == "# classes: one per class folder of DIR"
+    missing = _dry_run([*RN50_A100, str(tmp_path / "nowhere")], capsys).classes
+    assert missing.endswith(f"main.py would stop here: dataset directory {tmp_path / 'nowhere'} does not exist")
+    resumed = _dry_run([*argv, "--resume", "auto"], capsys).classes
+    assert resumed.startswith("# classes: the checkpoint's (--resume)")
+
+
+def test_the_dry_run_s_class_count_is_the_run_s_own_rule(capsys):
+    """The dry run reads the order of plan.class_count_sources, which the run follows: after a checkpoint that
+    records no count, synthetic data has 1000 classes, not one per class folder of a dataset it has none of."""
+    import argparse
+
+    from image_classification.plan import resolve_num_classes
+
+    argv = [*RN50_A100, "--data-backend", "synthetic", "--resume", "auto"]
+    dry = _dry_run(argv, capsys)
+    assert dry.classes == "# classes: the checkpoint's (--resume), else 1000 (synthetic data)"
+    assert resolve_num_classes(dry.run, None, [], print) == 1000  # --resume auto found no checkpoint
+    evaluated = _dry_run([*RN50_A100, "--evaluate", "--pretrained-weights", "w.pth", "/data"], capsys).classes
+    assert evaluated == "# classes: the weights' (--pretrained-weights), else one per class folder of the dataset"
+    assert resolve_num_classes(argparse.Namespace(num_classes=None, resume=None, evaluate=True, pretrained_weights="w",
+                                                  data_backend=None), None, ["a", "b"], print) == 2
+
+
 def test_yaml_num_classes_reaches_the_run(tmp_path, capsys, monkeypatch):
     config = yaml.safe_load((REPO / "configs.yml").read_text())
     config["models"]["resnet50"]["CPU"]["FP32"]["num_classes"] = 7
@@ -263,6 +306,25 @@ LAUNCH_CPU = ["--model", "resnet50", "--precision", "FP32", "--mode", "convergen
 def _refused_presets(cfg_file, capsys) -> str:
     """The one line ``launch.py`` prints for the presets file ``cfg_file`` (exit 2)."""
     return refused(run(launch.main, [*LAUNCH_CPU, "--cfg_file", str(cfg_file), "/data", "--dry-run"]), capsys)
+
+
+def test_a_presets_file_past_a_megabyte_or_not_a_regular_file_is_refused_before_it_is_read(tmp_path, capsys):
+    """``--cfg_file /dev/zero`` (or a 10 GB file) was read whole; a FIFO would wait for a writer forever."""
+    large = tmp_path / "large.yml"
+    with open(large, "wb") as handle:
+        handle.truncate(launch.MAX_CFG_BYTES + 1)  # sparse: no disk used
+    assert _refused_presets(large, capsys) == f"error: {large} holds more than 1,048,576 bytes (configs.yml: " \
+                                              "about 8 KB): it is not a presets file"
+    fifo = tmp_path / "fifo.yml"
+    os.mkfifo(fifo)
+    for special in ("/dev/null", tmp_path, fifo):
+        outcome = []  # in a thread: a regression that blocks on the FIFO fails here, instead of hanging
+        reading = threading.Thread(target=lambda: outcome.append(_refused_presets(special, capsys)), daemon=True)
+        reading.start()
+        reading.join(timeout=30)
+        assert outcome == [f"error: {special} is not a regular file (a folder, a device or a pipe): it is not a "
+                           "presets file"]
+    assert launch.MAX_CFG_BYTES > 100 * (REPO / "configs.yml").stat().st_size
 
 
 def test_a_presets_file_that_is_not_utf8_is_one_line_naming_it(tmp_path, capsys):
@@ -392,6 +454,7 @@ def test_dry_run_prints_the_preset_as_written_on_any_machine(capsys):
     on_cpu = _dry_run([*RN50_A100, "/data", "-b", "64"], capsys, cuda_available=False)
     assert on_gpu.text.splitlines()[:2] == on_cpu.text.splitlines()[:2]
     preset = launch.resolve("resnet50", "AMP", "convergence", "DGXA100", REPO / "configs.yml")
+    preset = launch.without_imagenet_count(preset, ["/data", "-b", "64"])  # the dataset's count, as the run
     assert parse_args(["/data", "-b", "64"], defaults=preset) == on_cpu.written
     assert on_cpu.written.amp_dtype == "float16" and on_cpu.written.gpu_affinity == "socket_unique_contiguous"
     assert on_cpu.written.device == "auto" and on_cpu.written.batch_size == 64

@@ -153,6 +153,47 @@ def test_a_packed_set_counts_what_data_check_counts_on_its_folder(tmp_path, caps
     assert seen[0] == seen[1] and seen[0][1] == 4, seen
 
 
+@pytest.mark.parametrize("backend", ["pytorch", "dali-cpu"])
+def test_validation_and_data_check_skip_the_elongated_images_of_packed_val_as_on_the_folder(tmp_path, backend,
+                                                                                             capsys):
+    """Validation resizes an image whole to its short side: a 65,361 x 1 strip, within the size rule, would make
+    89.5 million pixels at 32 px crops (37 px short side).  Read from the shards, validation names and leaves
+    out the same strips as from the folder, and data.check names them for the resize it is told."""
+    if backend == "dali-cpu":
+        pytest.importorskip("nvidia.dali")
+    from image_classification.data import get_loaders
+    from image_classification.data.common import DataConfig
+    from test_data_files import KEPT_STRIP, STRIPS
+
+    source = write_image_folder(tmp_path / "src", num_classes=2, train_per_class=2, val_per_class=2)
+    for name, (width, height) in (*STRIPS.items(), KEPT_STRIP):
+        write_black_png(source / "val" / "class_00" / name, width, height)
+    assert pack(source, tmp_path / "dst", capsys=capsys).returncode == 0
+    words = "(ImageTooLarge: more than 89,478,485 pixels once resized to a {} px short side (a "
+
+    def named(text: str, short_side: int) -> list[str]:
+        return sorted(name for line in text.splitlines() if words.format(short_side) in line
+                      for name in (*STRIPS, KEPT_STRIP[0]) if name in line)
+
+    passes = []
+    for root in (source, tmp_path / "dst"):
+        config = DataConfig(data=str(root), backend=backend, image_size=SIZE, batch_size=3, workers=0)
+        _, val = get_loaders(config, cpu_runtime(), want_train=False, want_val=True)
+        capsys.readouterr()
+        val.set_epoch(0)
+        seen = sum(len(targets) for _, targets in val)
+        passes.append((seen, val.skipped, named(capsys.readouterr().err, 37)))
+    assert passes[0] == passes[1] == (4 + 1, 2, sorted(STRIPS)), passes
+    for flags, short_side, flagged in (((), 256, sorted([*STRIPS, KEPT_STRIP[0]])),
+                                       (("--val-resize-size", "37"), 37, sorted(STRIPS))):
+        for root in (source, tmp_path / "dst"):
+            report = run_script(["-m", "image_classification.data.check", root, "-j", "1", *flags], capsys,
+                                cwd=REPO)
+            assert report.returncode == 1 and "train/ unreadable images" not in report.stdout, report.stdout
+            assert f"val/ unreadable images: {len(flagged)}" in report.stdout
+            assert named(report.stdout, short_side) == flagged, report.stdout
+
+
 def test_odd_names_are_kept_for_messages_and_never_reach_the_tar(tmp_path):
     source = write_image_folder(tmp_path / "src", num_classes=2, train_per_class=2, val_per_class=1)
     odd = ["new\nline.jpg", os.fsdecode(b"caf\xe9 .jpg"), "-rf ..jpg"]

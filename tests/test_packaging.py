@@ -43,6 +43,15 @@ def test_dependencies_are_the_runtime_requirements():
     assert declared == pinned
 
 
+def test_the_test_tools_pin_a_setuptools_that_builds_the_package():
+    """The build below runs on this environment's setuptools: torch 2.3 brings none, and Python 3.11's venv
+    holds 65.5, which cannot build a wheel without the `wheel` package."""
+    lines = [line.split("#")[0].strip() for line in (REPO / "requirements-dev.txt").read_text().splitlines()]
+    pins = {_name(name): version for name, version in (line.split("==") for line in lines if "==" in line)}
+    (floor,) = [r.split(">=")[1] for r in PYPROJECT["build-system"]["requires"] if _name(r) == "setuptools"]
+    assert [int(part) for part in pins["setuptools"].split(".")] >= [int(part) for part in floor.split(".")]
+
+
 def test_console_commands():
     scripts = PYPROJECT["project"]["scripts"]
     assert set(scripts) == COMMANDS
@@ -58,7 +67,7 @@ def installed(tmp_path_factory) -> Path:
 
     def ignore(folder: str, names: list[str]) -> set[str]:
         # at the root only: image_classification/data is a subpackage
-        at_root = {".venv", "workspace", "data"} if Path(folder) == REPO else set()
+        at_root = {".venv", ".venv-pins", "workspace", "data"} if Path(folder) == REPO else set()
         return anywhere(folder, names) | (at_root & set(names))
 
     shutil.copytree(REPO, source, symlinks=True, ignore=ignore)

@@ -118,3 +118,16 @@ def test_odd_records_and_values_that_are_not_finite_are_left_out_with_a_note(plo
     drawn = plot_raport.plot_raports([odd], tmp_path / "again")
     assert drawn["train_loss.png"] == {"raport": ([0, 2], [2.0, 1.5])}
     assert drawn["val_loss.png"] == {"raport": ([3], [0.5])}
+
+
+def test_loss_charts_use_a_log_scale_and_say_so(plot_raport):
+    """A first epoch's loss many times the later ones would flatten them on a linear axis."""
+    runs = [plot_raport.Run("run", {"val.loss": {0: 40.0, 1: 1.2, 2: 1.1, 3: 1.05}, "val.top1": {0: 10.0, 1: 60.0}})]
+    plots = {plot.metric: plot for plot in plot_raport.plots_for({"val.loss", "val.top1"})}
+    loss = plot_raport.chart(runs, plots["val.loss"]).axes[0]
+    assert loss.get_yscale() == "log" and "log scale" in loss.get_ylabel()
+    top1 = plot_raport.chart(runs, plots["val.top1"]).axes[0]
+    assert top1.get_yscale() == "linear" and "log" not in top1.get_ylabel()
+    zero = [plot_raport.Run("run", {"val.loss": {0: 2.0, 1: 0.0}})]  # nothing a log axis could show
+    flat = plot_raport.chart(zero, plots["val.loss"]).axes[0]
+    assert flat.get_yscale() == "linear" and flat.get_ylabel() == "loss"

@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from conftest import REPO, write_image_folder
-from helpers import score_validations
+from helpers import refused, score_validations
 from image_classification import checkpoint as ckpt
 from image_classification.cli import run as cli_run
 from image_classification.errors import TrainingDiverged
 from image_classification.raport import read_raport
 from image_classification.training import main
+from image_classification.workspace import Workspace
 
 TINY = ["-a", "resnet18", "--image-size", "64", "-b", "8", "--device", "cpu", "-p", "2", "--lr", "0.02", "--num-classes", "3"]
 
@@ -125,6 +126,50 @@ def test_evaluate_a_checkpoint_exits_zero(image_folder, tmp_path):
     data = summary(evaluation / "experiment_raport.json")
     assert data["val.top1"] is not None and "train.loss" not in data
     assert not (evaluation / "checkpoint.pth.tar").exists()
+
+
+def test_an_evaluation_writes_a_raport_of_its_own_and_says_where(tmp_path, tiny_arch, monkeypatch, capsys):
+    """An evaluation never appends to (nor cuts) a raport that holds another run's or evaluation's records:
+    the training raport stays byte for byte, each evaluation gets a file of its own, named at the start and
+    the end; one without --workspace writes into the current folder, and no lock there."""
+    common = ["-a", tiny_arch, "--image-size", "32", "-b", "4", "--device", "cpu", "--data-backend", "synthetic",
+              "--prof", "1", "--num-classes", "3", "--seed", "1"]
+    run_dir = tmp_path / "run"
+    assert main([*common, "--epochs", "1", "--workspace", str(run_dir)]) == 0
+    trained = (run_dir / "experiment_raport.json").read_bytes()
+    evaluate = [*common, "--evaluate", "--resume", str(run_dir / "model_best.pth.tar")]
+    capsys.readouterr()
+    assert main([*evaluate, "--workspace", str(run_dir)]) == 0
+    with Workspace(run_dir, "checkpoint.pth.tar", "experiment_raport.json"):  # a run training there now
+        assert main([*evaluate, "--workspace", str(run_dir)]) == 0  # an evaluation takes no lock
+    assert (run_dir / "experiment_raport.json").read_bytes() == trained
+    raports = sorted(run_dir.glob("experiment_raport.evaluate-*.json"))
+    assert len(raports) == 2
+    for raport in raports:
+        assert summary(raport)["val.top1"] is not None
+        assert sum(r.get("step") == "PARAMETER" and "run_id" in r["data"] for r in read_raport(raport)) == 1
+    out = capsys.readouterr().out
+    for raport in raports:
+        assert f"holds earlier records: this evaluation's raport is {raport}\n" in out
+        assert f"raport: {raport}\n" in out
+
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert main(evaluate) == 0
+    assert "=> raport of this evaluation: experiment_raport.json" in capsys.readouterr().out
+    assert sorted(p.name for p in here.iterdir()) == ["experiment_raport.json"]
+
+    # a name of the user's choosing is never swapped for another: a script would read the earlier numbers
+    assert main([*evaluate, "--raport-file", "eval.json"]) == 0
+    first = (here / "eval.json").read_bytes()
+    line = refused(cli_run(main, [*evaluate, "--raport-file", "eval.json"]), capsys)
+    assert "--raport-file eval.json already holds records" in line
+    assert (here / "eval.json").read_bytes() == first and len(list(here.iterdir())) == 2
+    # the default's name, typed, is a name of the user's choosing too (it was taken for the default, and swapped)
+    line = refused(cli_run(main, [*evaluate, "--raport-file", "experiment_raport.json"]), capsys)
+    assert "--raport-file experiment_raport.json already holds records" in line
+    assert len(list(here.iterdir())) == 2
 
 
 def test_pretrained_weights_with_another_head_are_fine_tuned(image_folder, tmp_path, capsys):
@@ -302,15 +347,22 @@ def _bad(tmp_path, image_folder):
         "weights of another arch": TINY + ["--data-backend", "pytorch", "--pretrained-weights", str(wrong_arch), ok],
         "not a checkpoint": TINY + ["--data-backend", "pytorch", "--resume", str(garbage), ok],
         "bad accumulation": TINY + ["--data-backend", "pytorch", "--optimizer-batch-size", "12", ok],
+        "fewer images than a batch": TINY + ["--data-backend", "pytorch", "-j", "0", "-b", "64", ok],
     }
 
 
-def test_bad_inputs_give_one_line_and_exit_2(tmp_path, image_folder, capsys):
+def test_bad_inputs_give_one_line_and_exit_2_and_leave_no_workspace(tmp_path, image_folder, capsys):
+    """Every check comes before the workspace is created or locked: a refused start leaves nothing behind,
+    in a new workspace folder (not made) or in an existing one (no lock file)."""
+    existing = tmp_path / "existing"
+    existing.mkdir()
     for name, argv in _bad(tmp_path, image_folder).items():
-        code = cli_run(main, argv + ["--workspace", str(tmp_path / "ws")])
-        err = capsys.readouterr().err.strip().splitlines()
-        assert code == 2, name
-        assert len(err) == 1 and err[0].startswith("error: "), (name, err)
+        for workspace in (tmp_path / "ws", existing):
+            code = cli_run(main, argv + ["--workspace", str(workspace)])
+            err = capsys.readouterr().err.strip().splitlines()
+            assert code == 2, name
+            assert len(err) == 1 and err[0].startswith("error: "), (name, err)
+        assert not (tmp_path / "ws").exists() and list(existing.iterdir()) == [], name
 
 
 def test_main_py_prints_no_traceback_for_a_user_error(tmp_path):

@@ -172,3 +172,49 @@ def test_a_writer_stamp_is_dead_only_when_proven():
     assert not workspace_module.stamp_is_dead(f"{dead}-{start}-{other}")  # another machine: cannot tell
     for garbage in ("", "12", f"{dead}--{machine}", f"-1-{start}-{machine}", f"{dead}-{start}-{machine}-x"):
         assert not workspace_module.stamp_is_dead(garbage)
+
+
+# -- checked before anything is written ------------------------------------------------------------------
+def test_check_refuses_a_workspace_in_use_without_writing(workspace):
+    """A run checks its workspace (and every other part of its set-up) before it creates or locks it: the
+    check names the run that holds the lock as lock() would, and writes nothing."""
+    workspace.lock()
+    before = sorted(workspace.path.iterdir())
+    with pytest.raises(UserError, match=rf"in use by another run \(pid {os.getpid()} on "):
+        Workspace(workspace.path, CHECKPOINT, RAPORT).check(True)
+    assert sorted(workspace.path.iterdir()) == before
+    workspace.unlock()
+    Workspace(workspace.path, CHECKPOINT, RAPORT).check(True)  # free again
+
+
+def test_check_refuses_what_prepare_would_and_creates_nothing(tmp_path):
+    (tmp_path / "file").write_text("x")
+    cases = {
+        "under a file": (Workspace(tmp_path / "file" / "ws", CHECKPOINT, RAPORT), "is a file"),
+        "a file": (Workspace(tmp_path / "file", CHECKPOINT, RAPORT), "is a file, not a folder"),
+        "raport in a file": (Workspace(tmp_path / "ws", CHECKPOINT, "file/raport.json"), "is a file, so"),
+    }
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "file").write_text("x")
+    for name, (workspace, words) in cases.items():
+        with pytest.raises(UserError, match=words):
+            workspace.check(True)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["file", "file", "ws"]
+
+
+def test_a_workspace_not_made_yet_has_nothing_to_resume(tmp_path):
+    workspace = Workspace(tmp_path / "new", CHECKPOINT, RAPORT)
+    workspace.check(True)
+    assert workspace.resume_candidates() == [] and not workspace.path.exists()
+
+
+def test_each_evaluation_raport_is_a_file_of_its_own(tmp_path):
+    workspace = Workspace(tmp_path / "ws", CHECKPOINT, "sub/raport.json")
+    workspace.prepare(False)
+    first = workspace.claim_evaluation_raport()
+    assert first == tmp_path / "ws" / "sub" / "raport.json" and first.read_bytes() == b""
+    first.write_text("an earlier evaluation's records\n")
+    claimed = [Workspace(tmp_path / "ws", CHECKPOINT, "sub/raport.json").claim_evaluation_raport() for _ in range(2)]
+    assert len({first, *claimed}) == 3 and all(p.parent == first.parent for p in claimed)
+    assert all(p.name.startswith("raport.evaluate-") and p.suffix == ".json" for p in claimed)
+    assert first.read_text() == "an earlier evaluation's records\n"

@@ -10,12 +10,14 @@ named, its images left unchecked); then its images are decoded and its links rep
 was packed from, so both give the same counts.  The images are listed exactly as training lists
 them and each is decoded (at reduced scale for JPEGs, which still reads the whole file); an image whose
 header declares more than 89,478,485 pixels, or a JPEG whose frame header cannot be read with certainty,
-is unreadable here as on every backend.  Exit code 0
+is unreadable here as on every backend, and so is an image of ``val/`` that validation's resize (its short
+side to ``--val-resize-size``, main.py's 256 unless told) would make larger than that.  Exit code 0
 when nothing is wrong, 1 when something is, 2 when DIR is not a dataset.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -24,15 +26,18 @@ from pathlib import Path
 from typing import TextIO
 
 from .. import machine
-from ..cli import UserErrorParser
+from ..cli import UserErrorParser, positive_int
 from ..cli import run
 from ..errors import UserError
-from .files import decode_problem
+from ..models import default_image_size
+from .common import val_resize_size
+from .files import MAX_IMAGE_PIXELS, decode_problem
 from .layout import class_folders, walk_split
 from .packed import (BLOCK, MANIFEST, TABLE, SampleNames, index_name, is_packed, open_plain, read_manifest,
                      read_table, shard_starts)
 
 SPLITS = ("train", "val")
+DEFAULT_RESIZE = val_resize_size(default_image_size("resnet50"))  # main.py's validation resize by default: 256
 
 
 @dataclass
@@ -48,7 +53,9 @@ class SplitReport:
         return sum(self.classes.values())
 
 
-def check_split(split_dir: Path, workers: int) -> SplitReport:
+def check_split(split_dir: Path, workers: int, resize: int | None = None) -> SplitReport:
+    """What is wrong in one split; ``resize``: the short side validation resizes its images to (None for
+    train/, whose images are cropped before they are resized)."""
     report = SplitReport()
     classes = class_folders(split_dir)
     # the rule of every backend: an image counted once, under its own class
@@ -58,15 +65,16 @@ def check_split(split_dir: Path, workers: int) -> SplitReport:
         report.classes[classes[label]] += 1
     files = [path for path, _ in samples]
     with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _InProcess() as pool:
-        for path, problem in zip(files, pool.map(decode_problem, files, chunksize=64)):
+        problems = pool.map(functools.partial(decode_problem, short_side=resize), files, chunksize=64)
+        for path, problem in zip(files, problems):
             if problem is not None:
                 report.unreadable.append(f"{path} ({problem})")
     return report
 
 
-def check_packed_split(split_dir: Path, workers: int) -> SplitReport:
+def check_packed_split(split_dir: Path, workers: int, resize: int | None = None) -> SplitReport:
     """A packed split against its manifest: each shard whole (size, SHA-256, members), then each image of the
-    shards that are decoded."""
+    shards that are whole decoded, under the same resize rule as :func:`check_split`."""
     import numpy as np
 
     manifest = read_manifest(split_dir)
@@ -94,7 +102,7 @@ def check_packed_split(split_dir: Path, workers: int) -> SplitReport:
         report.unreadable += [f"{names(index)} in {shard['file']} (OSError: unreadable when it was packed: "
                               f"{unreadable[index]})" for index in range(first, end) if index in unreadable]
     with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _InProcess() as pool:
-        found_by_task = pool.map(_decode_problems, [(split_dir / file, rows) for file, rows in tasks])
+        found_by_task = pool.map(_decode_problems, [(split_dir / file, rows, resize) for file, rows in tasks])
         for (file, _), found in zip(tasks, found_by_task):
             report.unreadable += [f"{names(index)} in {file} ({problem})" for index, problem in found]
     return report
@@ -136,14 +144,14 @@ def _shard_problem(split_dir: Path, shard: dict, rows, first: int) -> str | None
     return None
 
 
-def _decode_problems(task: tuple[Path, list[tuple[int, int, int]]]) -> list[tuple[int, str]]:
-    """(sample, problem) of every sample of ``task`` (a shard's path and its samples' index, offset and size)
-    that cannot be decoded."""
-    path, rows = task
+def _decode_problems(task: tuple[Path, list[tuple[int, int, int]], int | None]) -> list[tuple[int, str]]:
+    """(sample, problem) of every sample of ``task`` (a shard's path, its samples' index, offset and size, and
+    the validation resize's short side or None) that cannot be decoded."""
+    path, rows, resize = task
     found = []
     with open(path, "rb") as handle:
         for index, offset, size in rows:
-            problem = decode_problem(os.pread(handle.fileno(), size, offset))
+            problem = decode_problem(os.pread(handle.fileno(), size, offset), resize)
             if problem is not None:
                 found.append((index, problem))
     return found
@@ -163,9 +171,10 @@ class _InProcess:
         return map(function, items)
 
 
-def check(root: Path, workers: int, out: TextIO | None = None) -> int:
+def check(root: Path, workers: int, out: TextIO | None = None, resize: int = DEFAULT_RESIZE) -> int:
     """Print the report of the dataset at ``root`` to ``out`` (sys.stdout as it is at the call, so a
-    redirect or capture made after import sees it); the number of problems found."""
+    redirect or capture made after import sees it), its val/ images checked for a validation resize to a
+    ``resize`` px short side; the number of problems found."""
     out = sys.stdout if out is None else out
     if not root.is_dir():
         raise UserError(f"dataset directory {root} does not exist")
@@ -177,7 +186,7 @@ def check(root: Path, workers: int, out: TextIO | None = None) -> int:
     if not splits:
         raise UserError(f"{root} has neither train/ nor val/; expected train/<class>/<image> and val/<class>/<image>")
     check_one = check_packed_split if packed else check_split
-    reports = {split: check_one(path, workers) for split, path in splits.items()}
+    reports = {split: check_one(path, workers, resize if split == "val" else None) for split, path in splits.items()}
     problems = 0
     print(f"{root}" + (" (packed)" if packed else ""), file=out)
     for split, report in reports.items():
@@ -219,10 +228,14 @@ def main(argv: list[str] | None = None) -> int:
                         "or a set packed from one (DIR/train/manifest.json)")
     parser.add_argument("-j", "--workers", type=int, default=machine.cores(),
                         help="processes decoding the images (default: this machine's cores)")
+    parser.add_argument("--val-resize-size", metavar="S", type=positive_int, default=DEFAULT_RESIZE,
+                        help="the short side validation resizes val/ images to, as main.py's flag: an image that "
+                        f"this resize would make larger than {MAX_IMAGE_PIXELS:,} pixels is unreadable (default: "
+                        f"{DEFAULT_RESIZE}, main.py's for 224 px crops)")
     args = parser.parse_args(argv)
     if args.workers < 1:
         raise UserError(f"-j/--workers must be at least 1, got {args.workers}")
-    return 1 if check(Path(args.data), args.workers) else 0
+    return 1 if check(Path(args.data), args.workers, resize=args.val_resize_size) else 0
 
 
 if __name__ == "__main__":

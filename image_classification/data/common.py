@@ -279,7 +279,7 @@ def train_sampler(size: int, config: DataConfig, runtime: Runtime) -> ShardSampl
         raise UserError(f"--ra-reps {config.ra_reps}: each image that many times in a row fills an epoch's "
                         f"{shown} images (over {runtime.world_size} process(es)) with one image; give fewer than "
                         f"{shown}")
-    if config.ra_reps > 1 and len(sampler) < config.batch_size:  # without repeats split_samples checked it
+    if config.ra_reps > 1 and len(sampler) < config.batch_size:  # without repeats open_split checked it
         raise UserError(f"--ra-reps {config.ra_reps}: an epoch gives each of the {runtime.world_size} process(es) "
                         f"{len(sampler)} of the {size} training images (whole multiples of 256 in all), fewer than "
                         f"one batch of {config.batch_size}; lower -b/--batch-size")

@@ -11,7 +11,8 @@ same order for a given seed, from a folder or from its shards.  Training drops t
 batch; validation keeps it, and every validation image is read by exactly one rank.  A file DALI cannot
 read (a dangling link) or decode is reported once and left out, as the pytorch backend does (the pipeline
 is rebuilt then: DALI's state after an error is not reusable); so is an image past the size rule of
-``files.MAX_IMAGE_PIXELS``, which the pipeline finds from its header and never decodes.
+``files.MAX_IMAGE_PIXELS`` (in validation, for its resize as well), which the pipeline finds from its header
+and never decodes.
 
 The training pipeline's random operators (the crop, the flip, ``--augmentation``) do not draw from their own
 generators, whose state depends on how many samples the pipeline has made since it was built: with every
@@ -35,7 +36,7 @@ import torch
 from ..errors import UserError
 from ..runtime import Runtime
 from .common import CROP_RATIO, MEAN_255, STD_255, DataConfig, ShardSampler, Unreadable, train_sampler, val_resize_size
-from .files import MAX_IMAGE_PIXELS, ImageTooLarge
+from .files import MAX_IMAGE_PIXELS, ImageTooLarge, size_problem
 from .layout import Split, open_split
 from .packed import PackedSplit
 
@@ -269,6 +270,7 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
             portrait = fn.cast(height > width, dtype=types.INT64)
             out_h = portrait * (short * height // width) + (1 - portrait) * short
             out_w = (1 - portrait) * (short * width // height) + portrait * short
+            fits = fits & _resize_fits(height, width, portrait, short)
         if fits:
             if spec.train:
                 # Decoding only the random crop window is what makes CPU decoding fast.
@@ -307,6 +309,19 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
         return images, labels_, fits
 
     return pipeline()
+
+
+def _resize_fits(height, width, portrait, short: int):
+    """The size rule for the resize of a ``height`` x ``width`` image to a ``short`` px short side, as
+    :func:`files.check_size` applies it: ``short * (short * long // shorter)`` pixels at most
+    ``MAX_IMAGE_PIXELS``, that is ``short * long < (MAX_IMAGE_PIXELS // short + 1) * shorter`` (no division;
+    a side of 0 counts as 1, as there)."""
+    from nvidia.dali import fn, types
+
+    long = portrait * height + (1 - portrait) * width
+    shorter = portrait * width + (1 - portrait) * height
+    shorter = shorter + fn.cast(shorter == 0, dtype=types.INT64)
+    return short * long < (MAX_IMAGE_PIXELS // short + 1) * shorter
 
 
 def _auto_augment(images, spec: PipelineSpec):
@@ -355,6 +370,8 @@ class DaliLoader:
         self.broken: set[int] = set()  # their sample indices
         self.feed = Feed(spec.batch_size, RANDOM_SLOTS if spec.train else 0, samples, encoded=spec.encoded,
                          threads=spec.num_threads)
+        # validation resizes each image whole to this short side, under the size rule too
+        self.resize = None if spec.train else val_resize_size(spec.image_size, spec.crop_ratio)
         self.builds = 0  # pipelines built so far: one per run, plus one after each unreadable image
         self._batches = None  # the DALI iterator over the pipeline, once built
         self._in_pass = False  # a pass was started and not read to its end
@@ -374,6 +391,14 @@ class DaliLoader:
     def _leave_out(self, index: int, reason: str) -> None:
         self.broken.add(index)
         self.unreadable.add(self.samples.name(index), reason)
+
+    def _size_problem(self, index: int) -> str | None:
+        """How sample ``index``, which the pipeline found past the size rule, breaks it (from its header, the
+        same words as the pytorch backend's); None when its bytes cannot be read again."""
+        try:
+            return size_problem(self.samples.read(index), self.resize)
+        except OSError:
+            return None
 
     def _pass_order(self):
         """This rank's samples for the current pass, in order, with their sample seeds (two int64 arrays);
@@ -404,7 +429,8 @@ class DaliLoader:
                     fed, done = indices[done:done + len(targets)], done + len(targets)
                     if not bool(fits.all()):  # images past the size rule: blanks, left out here
                         for index in (index for index, fit in zip(fed.tolist(), fits.tolist()) if not fit):
-                            self._leave_out(index, f"{ImageTooLarge.__name__}: {ImageTooLarge()}")
+                            self._leave_out(index, self._size_problem(index)
+                                            or f"{ImageTooLarge.__name__}: {ImageTooLarge()}")
                         keep = fits.to(images.device)
                         images = images[keep].contiguous(memory_format=self.runtime.memory_format)
                         targets = targets[keep.to(targets.device)]

@@ -33,8 +33,8 @@ _INTERPOLATION = {
 }
 
 
-def _open_rgb_bytes(raw: bytes) -> Image.Image:
-    return open_rgb(io.BytesIO(raw))
+def _open_rgb_bytes(raw: bytes, short_side: int | None = None) -> Image.Image:
+    return open_rgb(io.BytesIO(raw), short_side)
 
 
 class ImageFiles(Dataset):
@@ -42,13 +42,14 @@ class ImageFiles(Dataset):
     broken one yields None.
 
     With ``tensors`` the image is decoded into a uint8 tensor and ``transform`` works on tensors (the
-    training path); otherwise it is a PIL image (validation, the same pipeline classify.py uses).
+    training path); otherwise it is a PIL image (validation, the same pipeline classify.py uses), which
+    ``transform`` resizes whole to a ``resize`` px short side: an image too large for that is broken too.
     """
 
-    def __init__(self, samples: Split, transform, tensors: bool = False):
+    def __init__(self, samples: Split, transform, tensors: bool = False, resize: int | None = None):
         self.samples = samples
         self.transform = transform
-        self.decode = decode_rgb_tensor if tensors else _open_rgb_bytes
+        self.decode = decode_rgb_tensor if tensors else functools.partial(_open_rgb_bytes, short_side=resize)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -201,7 +202,8 @@ def _worker_init(_worker_id: int) -> None:
 
 
 def _loader(samples: Split, transform, config: DataConfig, runtime: Runtime, train: bool) -> DeviceLoader:
-    dataset = ImageFiles(samples, transform, tensors=train)
+    resize = None if train else val_resize_size(config.image_size, config.crop_ratio)
+    dataset = ImageFiles(samples, transform, tensors=train, resize=resize)
     sampler = train_sampler(len(samples), config, runtime) if train else \
         ShardSampler(len(samples), runtime.rank, runtime.world_size, shuffle=False, seed=config.seed)
     workers = config.workers

@@ -17,6 +17,7 @@ finishes the rest.  One pack at a time per DST.  The images are read by ``-j`` t
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import io
 import json
@@ -33,9 +34,10 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from ..cli import UserErrorParser, positive_int, run
+from ..cli import run
 from ..errors import UserError
 from ..signals import stop_raises
+from ..tool_arguments import pack_parser
 from .files import SPLITS
 from .layout import _report_links, check_dataset, walk_split
 from .packed import (BLOCK, FORMAT, MANIFEST, NAMES, SHARD, TABLE, TABLE_DTYPE, VERSION, index_name, is_packed,
@@ -479,15 +481,11 @@ def pack(source: Path, destination: Path, shard_size: int = DEFAULT_SHARD_SIZE, 
 
 def main(argv: list[str] | None = None, *, prog: str = "python -m image_classification.data.pack") -> int:
     """The command's entry (``prog``: its name in usage lines); returns the exit code."""
-    parser = UserErrorParser(prog=prog, description=__doc__.split("\n\n")[0])
-    parser.add_argument("source", metavar="SRC",
-                        help="the ImageFolder: SRC/train/<class>/<image>, SRC/val/<class>/<image>")
-    parser.add_argument("destination", metavar="DST", help="where the shards go: DST/train/, DST/val/")
-    parser.add_argument("--shard-size", default="1GB", metavar="SIZE",
-                        help="about how large a shard grows, e.g. 64KB, 500MB, 1GB (default: 1GB)")
-    parser.add_argument("-j", "--workers", type=positive_int, default=8,
-                        help="threads reading the images (default: 8)")
-    args = parser.parse_args(argv)
+    return pack_command(pack_parser(prog).parse_args(argv))
+
+
+def pack_command(args: argparse.Namespace) -> int:
+    """The command, its arguments parsed by :func:`tool_arguments.pack_parser`; returns the exit code."""
     with stop_raises(f"packing {args.destination}",
                      "the shards finished are kept: run the same command again to finish"):
         pack(Path(args.source), Path(args.destination), parse_size(args.shard_size), args.workers)

@@ -1,12 +1,18 @@
-"""Model registry: every architecture by name, built with one call, plus weight loading."""
+"""Model registry: every architecture by name, built with one call, plus weight loading.
+
+Importing it imports no torch (the names come from :mod:`.archs`): the command lines list the
+architectures before torch is loaded.  The builder and the weight loaders import it when first used.
+"""
 
 from __future__ import annotations
 
-from torch import nn
+from typing import TYPE_CHECKING
 
 from image_classification.errors import UserError
-from image_classification.models.resnet import ARCHS, MODEL_CONFIGS, resnet
-from image_classification.models.weights import load_checkpoint_file, load_weights
+from image_classification.models.archs import ARCHS, MODEL_CONFIGS
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["MODEL_CONFIGS", "build_model", "default_image_size", "list_models", "load_checkpoint_file",
            "load_weights"]
@@ -49,4 +55,16 @@ def build_model(arch: str, num_classes: int = 1000, model_config: str = "classic
                         f"choose one of: {', '.join(CONV_INIT_MODES)}.")
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise UserError(f"The number of classes must be a positive integer, got {num_classes!r}.")
+    from image_classification.models.resnet import resnet
+
     return resnet(arch, num_classes, settings["conv_init"], bool(settings.get("last_bn_0_init", False)))
+
+
+def __getattr__(name: str):
+    """``load_checkpoint_file`` and ``load_weights``, from :mod:`.weights` (which imports torch) when first
+    asked for."""
+    if name in ("load_checkpoint_file", "load_weights"):
+        from image_classification.models import weights
+
+        return getattr(weights, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,15 +1,8 @@
 """ResNet, ResNeXt and SE-ResNeXt (v1.5: a bottleneck's stride sits on its 3x3 conv).
 
-Every variant is one row of ``ARCHS`` fed to ``ResNet``. State-dict keys follow torchvision
-(``conv1``, ``bn1``, ``layer1``..``layer4``, ``fc``), so torchvision weights load as they are.
-
-Columns: block, layers per stage, inner width per stage, expansion (block output = width * expansion),
-groups of the 3x3 convs, and whether every block ends in squeeze-and-excitation.
-
-``resnext101-32x8d-basic`` is a ResNeXt made of basic blocks, read from its name: 32 groups of 8
-channels in the first stage, doubling per stage (widths 256, 512, 1024, 2048, expansion 1), on both 3x3
-convs of every block; layers [3, 4, 23, 3]. Its head sees 2048 features like the bottleneck models;
-25,521,448 parameters at 1000 classes. No published weights exist for it.
+Every variant is one row of ``archs.ARCHS`` fed to ``ResNet``; the blocks are the only other classes.
+State-dict keys follow torchvision (``conv1``, ``bn1``, ``layer1``..``layer4``, ``fc``), so torchvision
+weights load as they are.
 """
 
 from typing import Optional
@@ -17,13 +10,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-# conv_init mode of each legacy --model-config preset; all of them use ReLU and no zero-init of BN.
-MODEL_CONFIGS: dict[str, dict[str, str]] = {
-    "classic": {"conv_init": "fan_out"},
-    "fanin": {"conv_init": "fan_in"},
-    "grp-fanin": {"conv_init": "fan_in"},
-    "grp-fanout": {"conv_init": "fan_out"},
-}
+from .archs import ARCHS
 
 SE_HIDDEN = 16  # fixed, not C/16: the published SE-ResNeXt weights use 16
 
@@ -92,19 +79,7 @@ class Bottleneck(nn.Module):
         return self.relu(out + identity)
 
 
-#   name                      block        layers          widths                  exp groups  se
-ARCHS: dict[str, tuple[type[nn.Module], tuple[int, ...], tuple[int, ...], int, int, bool]] = {
-    "resnet18":               (BasicBlock, (2, 2, 2, 2),  (64, 128, 256, 512),    1, 1,  False),
-    "resnet34":               (BasicBlock, (3, 4, 6, 3),  (64, 128, 256, 512),    1, 1,  False),
-    "resnet50":               (Bottleneck, (3, 4, 6, 3),  (64, 128, 256, 512),    4, 1,  False),
-    "resnet101":              (Bottleneck, (3, 4, 23, 3), (64, 128, 256, 512),    4, 1,  False),
-    "resnet152":              (Bottleneck, (3, 8, 36, 3), (64, 128, 256, 512),    4, 1,  False),
-    "resnext50-32x4d":        (Bottleneck, (3, 4, 6, 3),  (128, 256, 512, 1024),  2, 32, False),
-    "resnext101-32x4d":       (Bottleneck, (3, 4, 23, 3), (128, 256, 512, 1024),  2, 32, False),
-    "resnext101-32x8d":       (Bottleneck, (3, 4, 23, 3), (256, 512, 1024, 2048), 1, 32, False),
-    "resnext101-32x8d-basic": (BasicBlock, (3, 4, 23, 3), (256, 512, 1024, 2048), 1, 32, False),
-    "se-resnext101-32x4d":    (Bottleneck, (3, 4, 23, 3), (128, 256, 512, 1024),  2, 32, True),
-}
+BLOCK_CLASSES: dict[str, type[nn.Module]] = {"basic": BasicBlock, "bottleneck": Bottleneck}
 
 
 class ResNet(nn.Module):
@@ -161,6 +136,6 @@ def resnet(arch: str, num_classes: int = 1000, conv_init: str = "fan_out",
            last_bn_0_init: bool = False) -> ResNet:
     """Build the ``ARCHS`` row ``arch`` (the name is assumed valid; see ``models.build_model``)."""
     block, layers, widths, expansion, groups, se = ARCHS[arch]
-    model = ResNet(block, layers, widths, expansion, groups, se, num_classes)
+    model = ResNet(BLOCK_CLASSES[block], layers, widths, expansion, groups, se, num_classes)
     init_weights(model, conv_init, last_bn_0_init)
     return model

@@ -1,0 +1,126 @@
+"""The command lines of classify.py, checkpoint2model.py, model2onnx.py and data.pack, defined once.
+
+No torch here (nor in what this imports), as in :mod:`.arguments`: ``-h`` and a mistyped flag answer
+before torch is loaded.  The default precision's help names this machine's choice from /proc/cpuinfo.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from . import machine
+from .cli import UserErrorParser, positive_int
+from .models import MODEL_CONFIGS, list_models
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, default_arch: str | None) -> None:
+    """The flags that pick a model and its weights, shared by classify.py and model2onnx.py."""
+    group = parser.add_argument_group("model")
+    group.add_argument("--arch", "-a", metavar="ARCH", default=default_arch, choices=list_models(),
+                       help="model architecture: " + " | ".join(list_models())
+                       + " (default: the checkpoint's, else resnet50)")
+    group.add_argument("--model-config", "-c", metavar="CONF", default="classic", choices=list(MODEL_CONFIGS),
+                       help="model config: " + " | ".join(MODEL_CONFIGS)
+                       + " (initialisation only; default: classic)")
+    group.add_argument("--weights", "--pretrained-weights", "--pretrained-from-file", metavar="PATH",
+                       dest="weights", default=None,
+                       help="model weights: an NGC or torchvision file, checkpoint2model.py's output or a "
+                       "training checkpoint")
+    group.add_argument("--pretrained", action="store_true",
+                       help="download NVIDIA's published NGC weights for --arch (needs network access once)")
+    group.add_argument("--num-classes", "--num_classes", metavar="N", dest="num_classes", type=positive_int,
+                       default=None, help="number of classes (default: the weights', else 1000)")
+    group.add_argument("--image-size", metavar="S", type=positive_int, default=None,
+                       help="crop size (default: the size the weights were trained at when they record it, "
+                       "else the architecture's, 224)")
+
+
+def precision_default_text() -> str:
+    """--precision's default in words, naming what this machine's CPU gets and why, as far as /proc/cpuinfo
+    tells without torch: whether oneDNN computes bf16 with those instructions only the run can ask (it says
+    so when not, see ``inference.classify_runtime``)."""
+    rule = ("AMP on CUDA; on the CPU AMP only where bf16 runs faster than FP32 (AMX, or AVX512-BF16 on AMD) "
+            "and oneDNN computes it, else FP32")
+    features = machine.cpu_bf16_features()
+    if features is None:
+        return rule
+    if machine.bf16_faster_by_flags():
+        here = f"here AMP where this torch's oneDNN computes bf16: this CPU lists {', '.join(features)}"
+    elif features:
+        here = f"here FP32: this CPU lists {', '.join(features)} but no AMX, and computes bf16 no faster than FP32"
+    else:
+        here = "here FP32: this CPU lists no bf16 instructions and would emulate bf16, slower than FP32"
+    return f"{rule}; {here}"
+
+
+def classify_parser() -> argparse.ArgumentParser:
+    parser = UserErrorParser(prog="classify.py", description="Classify images with a trained model.")
+    parser.add_argument("--image", metavar="PATH", nargs="+", action="extend", required=True,
+                        help="image file, or folder whose images are all classified; may be repeated")
+    add_model_arguments(parser, default_arch=None)
+    run = parser.add_argument_group("inference")
+    run.add_argument("--precision", choices=("AMP", "FP32"), default=None,
+                     help="AMP: fp16 autocast on CUDA, bf16 on CPU; FP32: full precision (default: "
+                     + precision_default_text() + ")")
+    run.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                     help="where to run; auto takes CUDA when present (default: auto)")
+    run.add_argument("--memory-format", choices=("nhwc", "nchw"), default="nhwc",
+                     help="nhwc: channels-last model and images, the faster layout for oneDNN and cuDNN; "
+                     "nchw: the plain layout (default: nhwc)")
+    run.add_argument("--cpu", dest="device", action="store_const", const="cpu", help="same as --device cpu")
+    run.add_argument("--runtime", choices=("torch", "onnxruntime"), default="torch",
+                     help="onnxruntime: export the model to ONNX once (cached by a hash of its weights) and run "
+                     "it with ONNX Runtime, FP32 on the CPU; needs the onnx extra (default: torch)")
+    run.add_argument("--topk", metavar="K", type=positive_int, default=5,
+                     help="how many classes to show per image (default: 5)")
+    run.add_argument("--labels", metavar="FILE", default=None,
+                     help="class names, one per line in class-index order (default: the names the checkpoint "
+                     "records, else ImageNet's for 1000 classes, else the class index)")
+    run.add_argument("--json", action="store_true",
+                     help="print one JSON object per image: "
+                     "{path, predictions: [{label, index, probability}]}")
+    return parser
+
+
+def checkpoint2model_parser() -> argparse.ArgumentParser:
+    parser = UserErrorParser(prog="checkpoint2model.py",
+                             description="Extract the model weights of a training checkpoint as a plain state "
+                             "dict, loadable with --weights / --pretrained-weights.")
+    parser.add_argument("--checkpoint-path", metavar="PATH", required=True,
+                        help="training checkpoint to read")
+    parser.add_argument("--weight-path", metavar="PATH", required=True, help="where to write the weights")
+    parser.add_argument("--ema", action="store_true",
+                        help="extract the exponential moving average of the weights (runs with --use-ema)")
+    return parser
+
+
+def model2onnx_parser() -> argparse.ArgumentParser:
+    parser = UserErrorParser(prog="model2onnx.py",
+                             description="Export a model to ONNX and check the file against PyTorch with "
+                             "onnxruntime.")
+    add_model_arguments(parser, default_arch=None)
+    group = parser.add_argument_group("export")
+    group.add_argument("--output", metavar="FILE", default=None,
+                       help="ONNX file to write (default: the weights' path with .onnx, or <arch>.onnx)")
+    group.add_argument("-b", "--batch-size", metavar="N", type=positive_int, default=256,
+                       help="batch size of the exported graph; with --dynamic-batch only the example's "
+                       "(default: 256)")
+    group.add_argument("--dynamic-batch", action="store_true",
+                       help="leave the batch dimension free (named 'batch') instead of fixing it to -b")
+    group.add_argument("--opset", metavar="N", type=positive_int, default=17,
+                       help="ONNX opset version (default: 17)")
+    return parser
+
+
+def pack_parser(prog: str = "python -m image_classification.data.pack") -> argparse.ArgumentParser:
+    """``prog``: the command's name in usage lines (``ic-pack`` installed)."""
+    parser = UserErrorParser(prog=prog, description="Pack an ImageFolder into WebDataset shards that training "
+                             "reads as it reads the folder.")
+    parser.add_argument("source", metavar="SRC",
+                        help="the ImageFolder: SRC/train/<class>/<image>, SRC/val/<class>/<image>")
+    parser.add_argument("destination", metavar="DST", help="where the shards go: DST/train/, DST/val/")
+    parser.add_argument("--shard-size", default="1GB", metavar="SIZE",
+                        help="about how large a shard grows, e.g. 64KB, 500MB, 1GB (default: 1GB)")
+    parser.add_argument("-j", "--workers", type=positive_int, default=8,
+                        help="threads reading the images (default: 8)")
+    return parser
