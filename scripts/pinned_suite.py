@@ -31,6 +31,10 @@ PINS_DIR = REPO / ".venv-pins"
 # available"), so those pins get the last numpy 1, which every other pin in requirements.txt accepts
 NUMPY_1_BEFORE_TORCH = (2, 4)
 NUMPY_1 = "numpy==1.26.4"
+# requirements-dev.txt pins the setuptools that builds the package (tests/test_packaging.py), but a torch may
+# cap it (torch 2.11: setuptools<82): other pins get pyproject.toml's own build requirement instead, and pip
+# picks a setuptools that both accept
+SETUPTOOLS = "setuptools"
 VERSION = re.compile(r"\d+(\.\d+)*([a-z]+\d*)?(\+[a-z0-9]+)?")  # 2.11.0, 2.6.0rc1, 2.3.0+cu121
 
 
@@ -51,10 +55,20 @@ def declared_floor(pyproject: Path = REPO / "pyproject.toml") -> dict[str, str]:
     return floor
 
 
+def build_requirement(name: str, pyproject: Path = REPO / "pyproject.toml") -> str:
+    """pyproject.toml's ``[build-system] requires`` entry for ``name`` (``setuptools>=70.1``)."""
+    for requirement in tomllib.loads(pyproject.read_text())["build-system"]["requires"]:
+        if requirement_name(requirement) == name:
+            return requirement.strip()
+    raise ValueError(f"{pyproject} does not require {name} to build")
+
+
 def pinned_requirements(lines: Sequence[str], torch: str, torchvision: str, dali: bool) -> list[str]:
     """``lines`` (requirement files' lines, ``-r`` includes left out) as pip should install them: torch and
-    torchvision at the versions given, DALI dropped unless ``dali``, numpy 1 under a torch before 2.4."""
-    replaced = {"torch": f"torch=={torch}", "torchvision": f"torchvision=={torchvision}"}
+    torchvision at the versions given, DALI dropped unless ``dali``, numpy 1 under a torch before 2.4,
+    setuptools as the build needs it rather than pinned."""
+    replaced = {"torch": f"torch=={torch}", "torchvision": f"torchvision=={torchvision}",
+                SETUPTOOLS: build_requirement(SETUPTOOLS)}
     if release(torch) < NUMPY_1_BEFORE_TORCH:
         replaced["numpy"] = NUMPY_1
     pinned = []

@@ -23,7 +23,7 @@ def _requirement_lines() -> list[str]:
 
 def _pins(requirements) -> dict[str, str]:
     """{name: version} of ``name==version`` lines."""
-    return dict(line.split("==", 1) for line in requirements)
+    return dict(line.split("==", 1) for line in requirements if "==" in line)
 
 
 PINNED = _pins(line for line in (line.split("#")[0].strip() for line in _requirement_lines())
@@ -43,8 +43,9 @@ def test_an_old_torch_gets_numpy_1_no_dali_and_every_other_pin(pinned_suite):
     pins = _pins(requirements)
     assert (pins["torch"], pins["torchvision"], pins["numpy"]) == ("2.3", "0.18", "1.26.4")
     assert not any(name.startswith("nvidia-dali") for name in pins)
-    assert len(requirements) == len(pins)  # each package once
-    rest = set(PINNED) - {"torch", "torchvision", "numpy", *DALI}
+    assert len(requirements) == len(pins) + 1  # each package once: setuptools as the build requires it
+    assert "setuptools>=70.1" in requirements
+    rest = set(PINNED) - {"torch", "torchvision", "numpy", "setuptools", *DALI}
     assert {name: pins[name] for name in rest} == {name: PINNED[name] for name in rest}  # test tools included
     assert "pytest-xdist" in rest
 
@@ -53,6 +54,15 @@ def test_a_newer_torch_keeps_numpy_2_and_dali_when_asked(pinned_suite):
     pins = _pins(pinned_suite.pinned_requirements(_requirement_lines(), "2.11.0", "0.26.0", dali=True))
     assert (pins["torch"], pins["torchvision"]) == ("2.11.0", "0.26.0")
     assert pins["numpy"] == PINNED["numpy"] and DALI and {name: pins[name] for name in DALI} == DALI
+
+
+def test_setuptools_is_left_to_what_the_build_and_the_torch_pin_accept(pinned_suite):
+    """torch 2.11 requires setuptools<82, below requirements-dev.txt's pin: the pins take pyproject.toml's build
+    requirement instead, which pip resolves with the torch pin."""
+    build = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
+    requirements = pinned_suite.pinned_requirements(_requirement_lines(), "2.11.0", "0.26.0", dali=False)
+    setuptools = [line for line in requirements if line.startswith("setuptools")]
+    assert setuptools == [r for r in build if r.startswith("setuptools")] and "==" not in setuptools[0]
 
 
 def test_an_environment_is_reused_only_for_the_same_requirements(pinned_suite, tmp_path, monkeypatch):
