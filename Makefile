@@ -4,9 +4,16 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # the suite runs on one pytest-xdist worker per CPU core, at most 4 (each worker imports torch), a test
 # module on one worker in its own order (tests/conftest.py hands out the longest modules first)
-PYTEST := $(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadscope
+PYTEST_ARGS := -q -n auto --maxprocesses 4 --dist loadscope
+PYTEST := $(PY) -m pytest $(PYTEST_ARGS)
+# test-pins and test-oldest: a venv per torch/torchvision pair under .venv-pins/, made with $(PYTHON)
+PINNED_SUITE = $(PYTHON) scripts/pinned_suite.py$(if $(filter 1,$(DALI)), --dali)
+# what test-oldest runs: the modules that exercise torch's API most (training, the engine, the models,
+# inference, checkpoints, optimizers, EMA, losses)
+CORE_TESTS := tests/test_training.py tests/test_engine.py tests/test_models.py tests/test_inference.py \
+	tests/test_checkpoint.py tests/test_optim.py tests/test_ema.py tests/test_losses.py
 
-.PHONY: demo test test-all coverage clean
+.PHONY: demo test test-all test-pins test-oldest coverage clean
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,8 +34,15 @@ test: $(VENV)/.installed-dev  ## the fast suite (slow and GPU tests excluded)
 test-all: $(VENV)/.installed-dev  ## everything that can run here, slow tests included
 	$(PYTEST) -m "not gpu"
 
+# e.g. make test-pins TORCH=2.11.0 TORCHVISION=0.26.0 [PYTHON=python3.12] [DALI=1]
+test-pins:  ## the fast suite on other torch and torchvision versions (TORCH=, TORCHVISION=)
+	$(PINNED_SUITE) --torch "$(TORCH)" --torchvision "$(TORCHVISION)" -- $(PYTEST_ARGS)
+
+test-oldest:  ## the suite's core on the oldest torch and torchvision that pyproject.toml accepts
+	$(PINNED_SUITE) --oldest -- $(PYTEST_ARGS) $(CORE_TESTS)
+
 coverage: $(VENV)/.installed-dev  ## the fast suite with line coverage of image_classification/ (slower than `make test`)
 	$(PYTEST) --cov=image_classification --cov-report=term
 
 clean:
-	rm -rf $(VENV) data/digits workspace
+	rm -rf $(VENV) .venv-pins data/digits workspace

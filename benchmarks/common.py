@@ -2,44 +2,40 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 import torch
 
 from image_classification import machine
+from image_classification.runtime import compile_unsupported
+from image_classification.errors import UserError
+
+T = TypeVar("T")
 
 
 def environment(device: torch.device) -> dict:
-    """The device, the host CPU and the versions of the software that produced a figure."""
-    import torchvision
-
-    info = {
-        "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else machine.cpu_model(),
-        "cpu_model": machine.cpu_model(),
-        "cpu_cores": machine.cores(),
-        "cpu_capability": machine.cpu_capability(),
-        "cpu_bf16_native": machine.cpu_bf16_is_native(),
-        # when the run ends: on a shared machine, other work on the cores slows every path down
-        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
-    }
+    """The machine (:func:`image_classification.machine.facts`: CPU model, cores, instruction sets, the GPU
+    and its driver where ``device`` is one), the software that produced a figure, and ``machine``, all of
+    it in one line."""
+    info = {"device": str(device), **machine.facts(device.type)}
+    info["device_name"] = info["gpu"]["name"] if info["gpu"] else info["cpu_model"]
+    # when the run ends: on a shared machine, other work on the cores slows every path down
+    info["load_average"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    info["torch_threads"] = torch.get_num_threads()
     try:
         import onnxruntime
 
         info["onnxruntime"] = onnxruntime.__version__
     except ImportError:
         pass
+    info["machine"] = machine.describe(info)
     return info
 
 
@@ -77,6 +73,8 @@ def ratio_text(ratio: float, spread: float | None, bold: bool = False) -> str:
 def compiler_missing(device: torch.device) -> str | None:
     """Why torch.compile cannot run here, or None: inductor builds its CPU kernels with a C++ compiler, and
     on CUDA Triton builds its kernel launcher with a C compiler, so a GPU host needs one too."""
+    if reason := compile_unsupported():
+        return reason
     if device.type == "cpu":
         names, what = (os.environ.get("CXX"), "c++", "g++", "clang++"), "a C++ compiler"
     else:
@@ -111,3 +109,40 @@ def command_line() -> str:
     import shlex
 
     return "python " + shlex.join([os.path.relpath(sys.argv[0])] + sys.argv[1:])
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` says the device ran out of memory: torch's ``OutOfMemoryError``, or cuDNN and
+    cuBLAS failing to allocate a workspace, which reach Python as a plain ``RuntimeError``."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and any(
+        sign in str(error) for sign in ("out of memory", "ALLOC_FAILED", "NOT_ENOUGH_WORKSPACE"))
+
+
+def release_device_memory() -> None:
+    """Give back what a failed attempt held: its objects (collected), its compiled graphs, CUDA's cache."""
+    gc.collect()
+    torch._dynamo.reset()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def largest_fitting(attempt: Callable[[int], T], batch_size: int,
+                    release: Callable[[], None] = release_device_memory) -> tuple[int, T, list[int]]:
+    """Call ``attempt(batch)`` at ``batch_size``, and at half the batch each time it runs out of device
+    memory, until one fits.  Returns that batch, what ``attempt`` returned, and the batches that did not
+    fit.  Any other error goes up as it is; where not even a batch of one fits, :class:`UserError`."""
+    too_large: list[int] = []
+    while True:
+        try:
+            return batch_size, attempt(batch_size), too_large
+        except RuntimeError as error:  # torch.OutOfMemoryError is one
+            if not is_out_of_memory(error):
+                raise
+        # out of the except block: the traceback, and the tensors its frames held, are gone
+        too_large.append(batch_size)
+        release()
+        if batch_size == 1:
+            raise UserError("not even a batch of 1 fits in the device's memory")
+        batch_size //= 2

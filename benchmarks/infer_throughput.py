@@ -32,10 +32,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import shutil
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -413,10 +412,9 @@ def draw_chart(result: dict, path: str) -> None:
         axis.set_ylabel("images/s")
         axis.tick_params(axis="x", labelrotation=30)
         axis.grid(True, axis="y", alpha=0.3)
-    env = result["environment"]
-    figure.suptitle(f"{result['config']['arch']} {result['config']['image_size']} px inference, "
-                    f"{env['device_name']} ({env['cpu_cores']} cores, {env['cpu_capability']}), "
-                    f"torch {env['torch']}", fontsize=10)
+    config = result["config"]
+    title = f"{config['arch']} {config['image_size']} px inference on {result['environment']['machine']}"
+    figure.suptitle(textwrap.fill(title, width=60 * len(batch_sizes)), fontsize=9)
     figure.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100)
@@ -487,9 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not callable(getattr(torchvision.models, args.arch, None)):
         raise UserError(f"torchvision has no model {args.arch!r} to compare with")
     result = measure(args)
-    env = result["environment"]
-    print(f"{args.arch} {args.image_size} px on {env['device_name']} ({env['cpu_cores']} cores, "
-          f"{env['cpu_capability']}), torch {env['torch']}")
+    print(f"{args.arch} {args.image_size} px on {result['environment']['machine']}")
     default = result["classify_default"]
     for name, entry in result["paths"].items():
         label = f"{name}{'*' if name == default else ''}"

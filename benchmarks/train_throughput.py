@@ -12,7 +12,9 @@ side, interleaved (the order rotates from round to round), each synchronised wit
 end. The JSON holds every round's images/s per side, their median and spread, each path's ratio of
 medians over ``plain`` with its verdict (none when the rounds' spread is larger than the difference), the
 device and the software versions; on the CPU also a profile of the plain loop: the share of its operator
-time spent in convolutions, and so the most any path that runs the same convolutions could gain. Example::
+time spent in convolutions, and so the most any path that runs the same convolutions could gain.
+With ``--largest-batch``, ``-b`` is the largest batch tried: a run that runs out of device memory is made
+again at half the batch until one fits, and the JSON lists the batches that did not. Example::
 
     python benchmarks/train_throughput.py -a resnet50 --image-size 128 -b 16 -o /tmp/train_resnet50_128.json
 """
@@ -35,8 +37,8 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from benchmarks.common import (command_line, compiler_missing, environment, ratio_spread,  # noqa: E402
-                               ratio_text, summarise, verdict, write_json)
+from benchmarks.common import (command_line, compiler_missing, environment, largest_fitting,  # noqa: E402
+                               ratio_spread, ratio_text, summarise, verdict, write_json)
 from image_classification.cli import UserErrorParser, positive_int  # noqa: E402
 from image_classification.cli import run  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
@@ -57,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="model architecture (default: resnet18)")
     parser.add_argument("--image-size", type=positive_int, default=64, metavar="S", help="input size (default: 64)")
     parser.add_argument("-b", "--batch-size", type=positive_int, default=16, metavar="N", help="batch (default: 16)")
+    parser.add_argument("--largest-batch", action="store_true",
+                        help="-b is the largest batch tried: where a run of it runs out of device memory, it is "
+                        "run again at half the batch, until one fits (the JSON lists the batches that did not)")
     parser.add_argument("--num-classes", type=positive_int, default=1000, metavar="N",
                         help="classifier size (default: 1000)")
     parser.add_argument("--iters", type=positive_int, default=10, metavar="N",
@@ -224,12 +229,24 @@ def measure(args: argparse.Namespace) -> dict:
     }
 
 
+def measure_largest(args: argparse.Namespace) -> dict:
+    """:func:`measure` at ``-b``, halved on out-of-memory until it fits; the config records the batches
+    that did not fit."""
+    batch_size, result, too_large = largest_fitting(
+        lambda batch: measure(argparse.Namespace(**{**vars(args), "batch_size": batch})), args.batch_size)
+    result["config"]["largest_batch"] = {"tried_from": args.batch_size, "out_of_memory_at": too_large}
+    return result
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    result = measure(args)
+    result = measure_largest(args) if args.largest_batch else measure(args)
     config, plain = result["config"], result["plain"]
     print(f"{config['arch']} {config['image_size']} px, batch {config['batch_size']}, {config['precision']} on "
-          f"{result['environment']['device_name']} (torch {result['environment']['torch']})")
+          f"{result['environment']['machine']}")
+    too_large = config.get("largest_batch", {}).get("out_of_memory_at")
+    if too_large:
+        print(f"  batches {', '.join(map(str, too_large))} ran out of device memory")
     for name, stats in (("plain", plain), *result["paths"].items()):
         line = (f"  {name:>13}: {stats['median']:8.1f} img/s median of {len(stats['values'])} "
                 f"(spread {100 * stats['relative_spread']:.1f}%), warm-up {result['warmup_seconds'][name]:.2f} s")

@@ -221,7 +221,7 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     precision.add_argument("--dist-timeout", metavar="SECONDS", type=positive_float, default=300.0,
                            help="a process that waits longer than this for the others of a distributed run "
                            "(one is gone or hung) stops with one line and exit code 5; raise it when saving "
-                           "a checkpoint takes longer (default: 300)")
+                           "a checkpoint takes longer, up to a year (default: 300)")
 
     deployed = parser.add_argument_group("evaluation of the deployed model (with --evaluate)")
     deployed.add_argument("--runtime", choices=("torch", "onnxruntime"), default="torch",
@@ -251,8 +251,8 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     run.add_argument("--checkpoint-filename", "--checkpoint", metavar="NAME", default="checkpoint.pth.tar",
                      help="name of the latest checkpoint in the workspace (default: checkpoint.pth.tar)")
     run.add_argument("--overwrite", action="store_true",
-                     help="let a new run (no --resume) replace the run whose checkpoints the workspace holds "
-                     "(default: refuse, naming --resume auto and --workspace)")
+                     help="let a new run (no --resume) replace the run whose checkpoints or --raport-file the "
+                     "workspace holds (default: refuse, naming --resume auto, --raport-file and --workspace)")
     run.add_argument("--no-checkpoints", dest="save_checkpoints", action="store_false",
                      help="do not store any checkpoints, useful for benchmarking")
     run.add_argument("--checkpoint-interval", metavar="N|Nm", default=None,
@@ -261,7 +261,7 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     run.add_argument("--gather-checkpoints", metavar="N", type=int, nargs="?", const=-1, default=0,
                      help="also keep per-epoch checkpoints: alone, all of them; with N, the last N "
                      "(default: only the latest and the best are kept)")
-    run.add_argument("--raport-file", metavar="FILE", default=DEFAULT_RAPORT_FILE,
+    run.add_argument("--raport-file", metavar="FILE", default=None,
                      help="file in which to store JSON experiment raport, inside the workspace "
                      "(default: experiment_raport.json)")
     run.add_argument("--tensorboard", metavar="DIR", default=None,
@@ -361,6 +361,13 @@ def _bare_gather_flag(argv: list[str]) -> list[str]:
     return out
 
 
+def raport_file(args: argparse.Namespace) -> str:
+    """The raport's name: ``--raport-file`` as given, else the default.  The flag's default is None, so that a
+    name the user typed, the default's included, can be told from none (an evaluation refuses a typed name
+    that exists, and picks a new one beside the default)."""
+    return DEFAULT_RAPORT_FILE if args.raport_file is None else args.raport_file
+
+
 @dataclass(frozen=True)
 class CheckpointInterval:
     """``--checkpoint-interval``: every ``iterations`` train iterations, or every ``seconds`` of wall time."""
@@ -370,17 +377,20 @@ class CheckpointInterval:
 
     @classmethod
     def parse(cls, text: str) -> "CheckpointInterval":
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", str(text))
+        match = re.fullmatch(r"\s*(\d+)(?:\.(\d+))?\s*([smh]?)\s*", str(text))
         if not match:
-            raise ValueError(f"expected N (iterations) or Nm / Ns / Nh (minutes, seconds, hours), got {text!r}")
-        number, unit = float(match.group(1)), match.group(2)
-        if number <= 0:
-            raise ValueError(f"must be positive, got {text!r}")
+            raise ValueError(f"expected N (iterations) or Nm / Ns / Nh (minutes, seconds, hours), got {shown(text)}")
+        whole, fraction, unit = match.group(1), match.group(2) or "", match.group(3)
+        if not int(whole) and not fraction.strip("0"):
+            raise ValueError(f"must be positive, got {shown(text)}")
         if not unit:
-            if number != int(number):
-                raise ValueError(f"a number of iterations is a whole number, got {text!r}")
-            return cls(iterations=int(number))
-        return cls(seconds=number * {"s": 1, "m": 60, "h": 3600}[unit])
+            if fraction.strip("0"):
+                raise ValueError(f"a number of iterations is a whole number, got {shown(text)}")
+            return cls(iterations=int(whole))  # read as an integer: a float would round a long count
+        seconds = float(f"{whole}.{fraction or 0}") * {"s": 1, "m": 60, "h": 3600}[unit]
+        if seconds > MAX_WAIT_S:
+            raise ValueError(f"is a time of at most a year ({MAX_WAIT_S // 3600:,}h), got {shown(text)}")
+        return cls(seconds=seconds)
 
     def __str__(self) -> str:
         if self.iterations is not None:
@@ -389,6 +399,9 @@ class CheckpointInterval:
 
 
 MIN_IMAGE_SIZE = 32  # a ResNet reduces its input 32-fold
+# The longest wait a flag may ask for, in seconds: far beyond any run, and far within what Python's clocks,
+# threading's waits (TIMEOUT_MAX, about 292 years on Linux) and timedelta (the process group's timeout) hold.
+MAX_WAIT_S = 365 * 24 * 3600
 # Every float flag ends up in float32 tensors (the optimizers' steps, the loss scale): a larger value overflows
 # there, in some optimizers as a crash, in others as weights that go non-finite, so it is a flag error.
 FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, written out: the parser imports no torch
@@ -444,6 +457,8 @@ def check_values(args: argparse.Namespace) -> None:
          f"--optimizer-batch-size must be -1 (off) or positive, got {args.optimizer_batch_size}"),
         (args.gather_checkpoints < -1,
          f"--gather-checkpoints must be -1 (all), 0 (none) or a count, got {args.gather_checkpoints}"),
+        (args.dist_timeout > MAX_WAIT_S,
+         f"--dist-timeout must be at most a year ({MAX_WAIT_S:,} seconds), got {args.dist_timeout:g}"),
     )
     for failed, message in checks:
         if failed:
@@ -469,6 +484,11 @@ def validate_args(args: argparse.Namespace, *, require_data: bool = True) -> Non
     if args.resume and args.pretrained_weights:
         raise UserError("--resume and --pretrained-weights exclude each other: a checkpoint already holds weights")
     _check_runtime_flags(args)
+    if args.compile:
+        from .runtime import compile_unsupported
+
+        if reason := compile_unsupported():
+            raise UserError(f"--compile: {reason} (or leave --compile out)")
 
 
 def _check_runtime_flags(args: argparse.Namespace) -> None:

@@ -1,7 +1,8 @@
 """The entry points of the repository's scripts and of the installed package's console commands
 (``[project.scripts]`` in pyproject.toml): ``ic-train`` = main.py, ``ic-launch`` = launch.py,
 ``ic-classify`` = classify.py, ``ic-multiproc`` = multiproc.py, ``ic-checkpoint2model`` =
-checkpoint2model.py, ``ic-model2onnx`` = model2onnx.py.
+checkpoint2model.py, ``ic-model2onnx`` = model2onnx.py, ``ic-pack`` = ``python -m
+image_classification.data.pack``.
 
 Each parses its command line before it imports the module that does the work: the parsers import no
 torch, so ``-h`` and a mistyped flag answer at once instead of after seconds of imports, and
@@ -18,7 +19,7 @@ from typing import Callable
 from .arguments import parse_args
 from .cli import run
 from .signals import catch_early
-from .tool_arguments import checkpoint2model_parser, classify_parser, model2onnx_parser
+from .tool_arguments import checkpoint2model_parser, classify_parser, model2onnx_parser, pack_parser
 
 
 def _parse_then_run(parse: Callable[[], argparse.Namespace], module: str, function: str) -> int:
@@ -64,3 +65,8 @@ def checkpoint2model() -> int:
 def model2onnx() -> int:
     """model2onnx.py: export a model to ONNX, checked against PyTorch."""
     return _parse_then_run(lambda: model2onnx_parser().parse_args(), "export", "model2onnx")
+
+
+def pack() -> int:
+    """``python -m image_classification.data.pack``: an ImageFolder packed into WebDataset shards."""
+    return _parse_then_run(lambda: pack_parser(prog="ic-pack").parse_args(), "data.pack", "pack_command")

@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
-from .arguments import parse_args
+from .arguments import parse_args, raport_file
 from .cli import run
 from .errors import UserError
 
@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = list(argv or [])
     chosen = workspace_for(extra)
     command = [*RECIPE, "--workspace", str(chosen), *extra, str(DATA_DIR)]
-    workspace = Path(parse_args(command).workspace)  # a mistyped flag stops here, before anything is written
+    args = parse_args(command)  # a mistyped flag stops here, before anything is written
+    workspace = Path(args.workspace)
     if workspace == WORKSPACE:
         where = f"=> the run goes to {workspace}/"
     elif workspace == chosen:
@@ -79,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     if not (DATA_DIR / "val").is_dir():
         print(f"=> writing scikit-learn's handwritten digits to {DATA_DIR}/", flush=True)
         write_digits(DATA_DIR)
-    if workspace == chosen and (workspace / "checkpoint.pth.tar").exists():
+    raport = workspace / raport_file(args)  # all that a run killed before its first checkpoint leaves
+    earlier = (workspace / "checkpoint.pth.tar").exists() or (raport.is_file() and raport.stat().st_size > 0)
+    if workspace == chosen and earlier:
         print(f"=> replacing the earlier run of this recipe in {workspace}/ (copy it elsewhere first to keep it)",
               flush=True)
         command.insert(0, "--overwrite")

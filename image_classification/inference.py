@@ -60,19 +60,20 @@ def image_transform(preprocessing: Preprocessing | int) -> Callable[[Image.Image
 def calibrate(request: Int8Request, preprocessing: Preprocessing, log: Callable[[str], None] = warn) -> Quantization:
     """The int8 calibration set ``request`` names, each image prepared as validation prepares it."""
     transform = image_transform(preprocessing)
-    return read_calibration(request, lambda path: transform(load_image(path)), log)
+    return read_calibration(request, lambda path: transform(load_image(path, short_side=preprocessing.resize_size)), log)
 
 
-def load_image(path: str | os.PathLike, decode: bool = True) -> Image.Image | None:
-    """Open ``path`` as an RGB image; anything that is not one is a :class:`UserError`.
+def load_image(path: str | os.PathLike, decode: bool = True, short_side: int | None = None) -> Image.Image | None:
+    """Open ``path`` as an RGB image; anything that is not one is a :class:`UserError`, and so is one too large to
+    resize whole to a ``short_side`` px short side when given (the size rule of validation).
 
     With ``decode=False`` only the header is read: a cheap check before any work starts.
     """
     try:
         if not decode:
-            with open_image(path):  # the size rule of training, from the header
+            with open_image(path, short_side):  # the size rule, from the header
                 return None
-        return open_rgb(path)
+        return open_rgb(path, short_side)
     except FileNotFoundError:
         raise UserError(f"image file {path} does not exist") from None
     except (UnidentifiedImageError, OSError, ValueError) as error:
@@ -99,10 +100,17 @@ def expand_image_paths(paths: Sequence[str]) -> list[Path]:
             found.append(path)
         else:
             raise UserError(f"image file {path} does not exist")
+    return readable_images(found)
+
+
+def readable_images(paths: Sequence[Path], short_side: int | None = None) -> list[Path]:
+    """``paths`` whose headers read and keep to the size rule (for the image, and for its resize to a
+    ``short_side`` px short side when given); each other one is named on stderr and left out, and a
+    :class:`UserError` names the first when none is left."""
     readable, problems = [], []
-    for path in found:
+    for path in paths:
         try:
-            load_image(path, decode=False)
+            load_image(path, decode=False, short_side=short_side)
         except UserError as error:
             problems.append(str(error))
             continue
@@ -235,12 +243,14 @@ def classify_paths(model: nn.Module, paths: Sequence[Path], runtime: Runtime, pr
                    names: Sequence[str], topk: int) -> Iterator[tuple[Path, list[dict]]]:
     """(path, top-k predictions) for every image, classified ``BATCH_SIZE`` at a time; an image that cannot be
     decoded (a header that reads, a body that does not) is named on stderr and left out."""
+    if isinstance(preprocessing, int):
+        preprocessing = Preprocessing(preprocessing)
     transform = image_transform(preprocessing)
     for start in range(0, len(paths), BATCH_SIZE):
         chunk, images = [], []
         for path in paths[start:start + BATCH_SIZE]:
             try:
-                images.append(transform(load_image(path)))
+                images.append(transform(load_image(path, short_side=preprocessing.resize_size)))
             except UserError as error:
                 skipped(str(error))
                 continue
@@ -255,9 +265,17 @@ def classify_paths(model: nn.Module, paths: Sequence[Path], runtime: Runtime, pr
 # classify.py
 # ------------------------------------------------------------------------------------------------
 def default_precision(device_type: str) -> str:
-    """The faster precision on ``device_type``: AMP (fp16) on CUDA; on the CPU AMP (bf16) only where bf16 is
-    native, since emulated bf16 runs slower than FP32 (the layout, channels-last, is faster either way)."""
-    return "AMP" if device_type == "cuda" or machine.cpu_bf16_is_native() else "FP32"
+    """The faster precision on ``device_type``: AMP (fp16) on CUDA; on the CPU AMP (bf16) only where bf16
+    was measured faster than FP32 on that class of CPU (:func:`machine.cpu_bf16_is_faster`: AMX, AMD's
+    AVX512-BF16), FP32 elsewhere (the layout, channels-last, is faster either way)."""
+    return "AMP" if device_type == "cuda" or machine.cpu_bf16_is_faster() else "FP32"
+
+
+def _slower_bf16() -> str:
+    """Why bf16 runs slower than FP32 on this CPU."""
+    if machine.cpu_bf16_is_native():
+        return f"this CPU ({machine.cpu_capability()}, no AMX) computes bf16 no faster than FP32"
+    return f"this CPU ({machine.cpu_capability()}) emulates bf16"
 
 
 def classify_runtime(device: str, precision: str | None, memory_format: str) -> Runtime:
@@ -265,12 +283,17 @@ def classify_runtime(device: str, precision: str | None, memory_format: str) -> 
     if precision is None:
         wants_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
         precision = default_precision("cuda" if wants_cuda else "cpu")
+        listed = [] if wants_cuda else machine.cpu_bf16_features()
+        promised = not wants_cuda and machine.bf16_faster_by_flags()
+        if precision == "FP32" and promised:  # what -h could not know: it promised AMP only where oneDNN agrees
+            warn(f"note: FP32 by default: this CPU lists {', '.join(listed)}, but this torch's oneDNN computes no "
+                 "bf16 with it (--precision AMP would emulate bf16, slower than FP32)")
     # no cuDNN autotuning: a one-off run would re-tune at every new batch shape (the last batch is
     # usually smaller) for no gain
     runtime = make_runtime(device, amp=precision == "AMP", memory_format=memory_format, log=lambda *_: None,
                            cudnn_benchmark=False)
-    if runtime.device.type == "cpu" and runtime.amp_dtype is not None and not machine.cpu_bf16_is_native():
-        warn(f"note: this CPU ({machine.cpu_capability()}) emulates bf16: --precision AMP runs slower than FP32 here")
+    if runtime.device.type == "cpu" and runtime.amp_dtype is not None and not machine.cpu_bf16_is_faster():
+        warn(f"note: {_slower_bf16()}: --precision AMP runs slower than FP32 here")
     return runtime
 
 
@@ -296,6 +319,7 @@ def classify(args: argparse.Namespace) -> int:
     loaded = load_model(args.arch, args.weights, args.num_classes, args.model_config, args.pretrained)
     names = class_names_for(loaded.num_classes, args.labels, loaded.class_names)
     preprocessing = loaded.resolve_preprocessing(args.image_size)
+    paths = readable_images(paths, preprocessing.resize_size)  # the resize's size rule, known from the weights
     if args.runtime == "onnxruntime":
         device = onnx_device(args.device)
         request = int8_request(args)

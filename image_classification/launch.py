@@ -14,7 +14,9 @@ The presets file is package data (``image_classification/configs.yml``, a link t
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import stat
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -29,6 +31,9 @@ from .errors import UserError
 DEFAULT_CFG_FILE = (Path(__file__).parent / "configs.yml").resolve()
 DIR_PLACEHOLDER = "DIR"  # stands for the dataset folder in a --dry-run command given none
 SECTIONS = ("precision", "platform", "mode", "models")
+# Larger than a presets file by far (configs.yml: about 8 KB), smaller than what would take long to read or
+# parse; a larger file, or one that is no regular file (/dev/zero, a FIFO), is refused before it is read.
+MAX_CFG_BYTES = 1 << 20
 # More values than a presets file holds by far (configs.yml: about 2,000 once its aliases are written out),
 # far fewer than a YAML alias bomb (a few lines that expand to billions, or a value that holds itself).
 MAX_VALUES = 100_000
@@ -47,7 +52,7 @@ MAX_NESTING = 32
 def load_config(cfg_file: str | Path = DEFAULT_CFG_FILE) -> dict:
     """Read and sanity-check a presets file; raises :class:`UserError` for a bad file."""
     try:
-        text = Path(cfg_file).read_bytes().decode("utf-8")
+        text = _read_presets_file(cfg_file).decode("utf-8")
         _check_nesting(text, cfg_file)
         config = yaml.load(text, Loader=YAML_LOADER)
     except OSError as error:
@@ -69,6 +74,32 @@ def load_config(cfg_file: str | Path = DEFAULT_CFG_FILE) -> dict:
     if missing:
         raise UserError(f"{cfg_file} lacks the section(s) {', '.join(missing)}")
     return config
+
+
+def _read_presets_file(cfg_file: str | Path) -> bytes:
+    """The bytes of ``cfg_file``, a regular file of at most :data:`MAX_CFG_BYTES`, else a :class:`UserError`.
+
+    What is opened is what is checked (fstat of the open file, not a stat of the name, which could be
+    swapped in between), and no more than one byte past the limit is read even from a file that grows; the
+    open does not wait for a writer, as it would on a FIFO."""
+    handle = os.open(cfg_file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        info = os.fstat(handle)
+        if not stat.S_ISREG(info.st_mode):
+            raise UserError(f"{cfg_file} is not a regular file (a folder, a device or a pipe): it is not a presets "
+                            "file")
+        text = b""
+        while info.st_size <= MAX_CFG_BYTES and len(text) <= MAX_CFG_BYTES:
+            chunk = os.read(handle, MAX_CFG_BYTES + 1 - len(text))
+            if not chunk:
+                break
+            text += chunk
+    finally:
+        os.close(handle)
+    if info.st_size > MAX_CFG_BYTES or len(text) > MAX_CFG_BYTES:
+        raise UserError(f"{cfg_file} holds more than {MAX_CFG_BYTES:,} bytes (configs.yml: about 8 KB): it is not a "
+                        "presets file")
+    return text
 
 
 def _check_nesting(text: str, cfg_file: str | Path) -> None:
@@ -286,16 +317,21 @@ def without_imagenet_count(preset: dict, rest: Sequence[str]) -> dict:
 
 
 def class_count_note(args: argparse.Namespace, placeholder: bool) -> str:
-    """What the run's class count will be, in the order main.py decides it (``plan.resolve_num_classes``):
-    --num-classes, else the checkpoint's (or the evaluated weights'), else the dataset's class folders."""
-    if args.num_classes is not None:
+    """What the run's class count will be, from the sources main.py asks, in its order
+    (``plan.class_count_sources``): the first that is known here, and what follows a checkpoint or weights
+    that may record none."""
+    from .plan import DEFAULT_NUM_CLASSES, class_count_sources  # torch: as main() does before a dry run
+
+    first, *then = class_count_sources(args)
+    if first == "--num-classes":
         return f"# classes: {args.num_classes} (--num-classes)"
-    if args.resume:
-        return "# classes: the checkpoint's (--resume), else one per class folder of the dataset"
-    if args.evaluate and args.pretrained_weights:
-        return "# classes: the weights' (--pretrained-weights), else one per class folder of the dataset"
-    if args.data_backend == "synthetic":
-        return f"# classes: {IMAGENET_CLASSES} (synthetic data)"
+    if first == "default":
+        return f"# classes: {DEFAULT_NUM_CLASSES} (synthetic data)"
+    if first in ("checkpoint", "weights"):
+        recorded = "the checkpoint's (--resume)" if first == "checkpoint" else "the weights' (--pretrained-weights)"
+        rest = f"{DEFAULT_NUM_CLASSES} (synthetic data)" if then == ["default"] else \
+            "one per class folder of the dataset"
+        return f"# classes: {recorded}, else {rest}"
     if placeholder:
         return f"# classes: one per class folder of {DIR_PLACEHOLDER}"
     from .data.layout import check_dataset

@@ -1,27 +1,44 @@
-"""What a measurement ran on, named the way the docs name it: CPU model, cores, GPU, software, and
-what the CPU computes natively (which decides the fastest CPU precision).
+"""What a measurement ran on, named the way the docs name it: CPU model, cores, the instruction sets
+the CPU has, the GPU and its driver, software, and whether the CPU computes bf16 natively and faster than
+FP32 (which decides the CPU's default precision).  A figure without these cannot be compared with
+another: the same code ranks its paths differently on an AVX2-only CPU and on one with AVX512-BF16.
 
-torch is imported by the functions that ask it, not here: :func:`cpu_has_bf16` answers from /proc/cpuinfo
-alone, for help texts written before torch is loaded.
+:func:`facts` gathers them into a dict (what the benchmarks record in their JSON); :func:`describe` turns
+such a dict, recorded here or elsewhere, into the one line that sits beside a figure.
+
+torch is imported by the functions that ask it, not here: :func:`cpu_has_bf16` and
+:func:`bf16_faster_by_flags` answer from /proc/cpuinfo alone, for help texts written before torch is loaded.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import re
 import sys
 from pathlib import Path
 
 
-def cpu_model() -> str:
-    """The CPU's marketing name (``model name`` of /proc/cpuinfo), or what the platform reports."""
+def _cpuinfo(*keys: str) -> str | None:
+    """The value of /proc/cpuinfo's first line that starts with one of ``keys``; None where there is none
+    (or no such file: not Linux)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith(keys):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name (``model name`` of /proc/cpuinfo), or what the platform reports."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
+
+
+def cpu_vendor() -> str | None:
+    """``GenuineIntel`` or ``AuthenticAMD`` (/proc/cpuinfo's ``vendor_id``); None where it does not say."""
+    return _cpuinfo("vendor_id")
 
 
 def cores() -> int:
@@ -40,26 +57,47 @@ def cpu_capability() -> str:
 def _cpu_flags() -> set[str] | None:
     """The feature flags of /proc/cpuinfo (x86's ``flags``, Arm's ``Features``); None where there is no such
     file (not Linux)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
+    if not Path("/proc/cpuinfo").exists():
         return None
-    return set()
+    return set((_cpuinfo("flags", "Features") or "").split())
+
+
+# /proc/cpuinfo flag -> the name the README gives it, in the order they are listed.  AMX-TILE is left out:
+# every CPU with AMX has it, and AMX-BF16 / AMX-INT8 say what it computes.
+INSTRUCTION_SETS = (
+    ("avx2", "AVX2"), ("avx512f", "AVX512F"), ("avx512_vnni", "AVX512-VNNI"), ("avx_vnni", "AVX-VNNI"),
+    ("avx512_bf16", "AVX512-BF16"), ("avx512_fp16", "AVX512-FP16"), ("amx_bf16", "AMX-BF16"),
+    ("amx_int8", "AMX-INT8"), ("amx_fp16", "AMX-FP16"),
+    ("asimd", "NEON"), ("sve", "SVE"), ("sve2", "SVE2"), ("bf16", "BF16"), ("i8mm", "I8MM"),  # Arm
+)
+
+
+def instruction_sets(flags: set[str] | None = None) -> list[str]:
+    """The vector and matrix instruction sets the CPU has (``["AVX2", "AVX512F", "AVX512-BF16"]``), from
+    /proc/cpuinfo's flags (or ``flags``).  What the CPU has, which a hypervisor may hide (AMX often is),
+    not what torch dispatches for (:func:`cpu_capability`)."""
+    flags = _cpu_flags() if flags is None else flags
+    return [name for flag, name in INSTRUCTION_SETS if flag in (flags or ())]
 
 
 def _is_x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64")
 
 
-def cpu_has_bf16() -> bool | None:
-    """Whether the CPU lists bf16 instructions (x86: AVX512-BF16 or AMX-BF16; Arm: the BF16 extension), from
+def cpu_bf16_features() -> list[str] | None:
+    """The bf16 instructions the CPU lists (x86: AVX512-BF16, AMX-BF16; Arm: the BF16 extension, "BF16"), from
     /proc/cpuinfo alone, without torch; None where that file cannot tell (not Linux)."""
     flags = _cpu_flags()
     if flags is None:
         return None
-    return bool(flags & ({"avx512_bf16", "amx_bf16"} if _is_x86() else {"bf16"}))
+    names = {"avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX-BF16"} if _is_x86() else {"bf16": "BF16"}
+    return [name for flag, name in names.items() if flag in flags]
+
+
+def cpu_has_bf16() -> bool | None:
+    """Whether the CPU lists bf16 instructions (:func:`cpu_bf16_features`); None where /proc/cpuinfo cannot tell."""
+    features = cpu_bf16_features()
+    return None if features is None else bool(features)
 
 
 def cpu_bf16_is_native() -> bool:
@@ -81,27 +119,127 @@ def cpu_bf16_is_native() -> bool:
     return cpu_has_bf16() is not False  # no /proc/cpuinfo: oneDNN's word
 
 
-def software() -> str:
-    """Python, torch and torchvision versions, e.g. ``Python 3.11.7, torch 2.14.1, torchvision 0.29.1``."""
-    import torch
+def cpu_bf16_is_faster() -> bool:
+    """Whether bf16 autocast runs faster than FP32 here: what makes bf16 the CPU's default precision.
 
-    parts = [f"Python {platform.python_version()}", f"torch {torch.__version__}"]
+    Native bf16 is not enough.  resnet50 inference against torchvision's FP32 eager, batch 1 / batch 16
+    (``benchmarks/infer_throughput.py``), per CPU class:
+
+    * AVX2-only AMD EPYC (bf16 emulated): bf16 0.52x / 0.25x;
+    * AMD EPYC with AVX512-BF16, 2 cores: bf16 channels-last 1.43x / 2.75x, FP32 channels-last 0.91x / 1.40x;
+    * Intel Xeon with AMX-BF16, 2 vCPUs (``scripts/inference_benchmark.py``, main.py --evaluate): bf16
+      channels-last 27.8 / 58.1 images/s against FP32 NCHW's 18.6 / 16.0, 1.5x / 3.6x;
+    * Intel Xeon (family 6, model 207) with AVX512-BF16, AVX512-VNNI and AVX512-FP16 but its AMX hidden by
+      the hypervisor, 2 cores shared with other work, one thread, CPU time per image (median of 4 rounds):
+      bf16 channels-last 0.73x / 1.05x, FP32 channels-last 1.19x / 1.13x; the benchmark's own wall-clock
+      run, one thread: bf16 0.54x at batch 1 (at batch 16 within the rounds' spread).  oneDNN runs its
+      AVX512-BF16 kernels there (``brg_conv_fwd:avx512_core_bf16``), and they are no faster than FP32.
+
+    So bf16 is the default where AMX computes it, on AMD's AVX512-BF16 and on Arm's BF16 extension (not
+    measured here: oneDNN's own check decides), and FP32 on an Intel CPU with AVX512-BF16 alone.
+    """
+    if not cpu_bf16_is_native():
+        return False
+    return bf16_faster_by_flags() is not False  # no /proc/cpuinfo: oneDNN's word
+
+
+def bf16_faster_by_flags() -> bool | None:
+    """:func:`cpu_bf16_is_faster` from /proc/cpuinfo alone, without torch (for help texts): the CPU lists
+    AMX-BF16, AVX512-BF16 on a CPU not made by Intel, or Arm's BF16 extension; None where that file cannot
+    tell.  The run also needs oneDNN's bf16 kernels, which some torch builds lack (:func:`cpu_bf16_is_native`)."""
+    flags = _cpu_flags()
+    if flags is None:
+        return None
+    if not _is_x86():
+        return "bf16" in flags
+    return "amx_bf16" in flags or ("avx512_bf16" in flags and cpu_vendor() != "GenuineIntel")
+
+
+def _torchvision_version() -> str | None:
     torchvision = sys.modules.get("torchvision")
     if torchvision is None:
         try:
             import torchvision
         except ImportError:
-            torchvision = None
-    if torchvision is not None:
-        parts.append(f"torchvision {torchvision.__version__}")
-    return ", ".join(parts)
+            return None
+    return torchvision.__version__
+
+
+def gpu_driver() -> str | None:
+    """The NVIDIA driver's version (``580.159.04``): from NVML (nvidia-ml-py), else the kernel module's
+    /proc/driver/nvidia/version; None where neither answers."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:  # noqa: BLE001 - no NVML library, no driver, or an old binding: try the next source
+        pass
+    try:
+        return kernel_module_version(Path("/proc/driver/nvidia/version").read_text())
+    except OSError:
+        return None
+
+
+def kernel_module_version(text: str) -> str | None:
+    """The driver version in /proc/driver/nvidia/version's text, proprietary or open kernel module."""
+    match = re.search(r"Kernel Module(?: for \S+)?\s+(\d[\d.]*)", text)
+    return match.group(1) if match else None
+
+
+def gpu(index: int | None = None) -> dict | None:
+    """CUDA device ``index`` (default: the current one): name, memory, compute capability, how many devices
+    there are, the driver and torch's CUDA version; None where CUDA is not available."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    properties = torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index)
+    return {"name": properties.name, "memory_gib": round(properties.total_memory / 2**30, 1),
+            "capability": f"{properties.major}.{properties.minor}", "count": torch.cuda.device_count(),
+            "driver": gpu_driver(), "cuda": torch.version.cuda}
+
+
+def facts(device: str = "cpu") -> dict:
+    """What :func:`describe` names, as a dict to record beside a figure: the GPU only when ``device`` is
+    cuda (a CPU figure on a GPU machine used none)."""
+    import torch
+
+    return {
+        "cpu_model": cpu_model(), "cpu_cores": cores(), "cpu_instruction_sets": instruction_sets(),
+        "cpu_capability": cpu_capability(), "cpu_bf16_native": cpu_bf16_is_native(),
+        "gpu": gpu() if device == "cuda" else None,
+        "python": platform.python_version(), "torch": torch.__version__, "torchvision": _torchvision_version(),
+    }
+
+
+def describe(recorded: dict) -> str:
+    """One line naming the machine of ``recorded`` (:func:`facts`' keys; ``onnxruntime`` where present)::
+
+        1x NVIDIA H100 80GB HBM3 (79.1 GiB, compute capability 9.0, driver 580.159.04, CUDA 13.0), host
+        Intel(R) Xeon(R) Processor (16 cores; AVX2, AVX512F, AVX512-BF16; torch's CPU kernels AVX512); Python ...
+    """
+    sets = ", ".join(recorded.get("cpu_instruction_sets") or []) or "instruction sets not recorded"
+    capability = recorded.get("cpu_capability")
+    kernels = f"; torch's CPU kernels {capability}" if capability else ""
+    host = f"{recorded['cpu_model']} ({recorded['cpu_cores']} cores; {sets}{kernels})"
+    software = ", ".join(f"{label} {recorded[key]}" for key, label in (
+        ("python", "Python"), ("torch", "torch"), ("torchvision", "torchvision"), ("onnxruntime", "onnxruntime"))
+        if recorded.get(key))
+    device = recorded.get("gpu")
+    if not device:
+        return f"{host}, no GPU used; {software}"
+    others = f"; one of {device['count']} GPUs" if device.get("count", 1) > 1 else ""
+    return (f"1x {device['name']} ({device['memory_gib']} GiB, compute capability {device['capability']}, "
+            f"driver {device.get('driver') or 'unknown'}, CUDA {device.get('cuda')}{others}), host {host}; "
+            f"{software}")
 
 
 def description(device: str = "cpu") -> str:
-    """One line: the GPU when ``device`` is cuda, the host CPU and its cores, the software."""
-    import torch
-
-    host = f"{cpu_model()} ({cores()} cores)"
-    if device == "cuda" and torch.cuda.is_available():
-        return f"1x {torch.cuda.get_device_name()}, host {host}; {software()}, CUDA {torch.version.cuda}"
-    return f"{host}, no GPU used; {software()}"
+    """One line: the GPU and its driver when ``device`` is cuda, the host CPU with its cores and instruction
+    sets, the software."""
+    return describe(facts(device))

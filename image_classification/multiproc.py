@@ -17,6 +17,7 @@ only when it starts the workers, so ``-h`` and its errors are immediate; each wo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shlex
@@ -25,7 +26,7 @@ import signal
 import sys
 import sysconfig
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from . import worker_shim
 from .cli import UserErrorParser
@@ -208,6 +209,31 @@ def _relay_to_workers(signum: int, frame) -> None:
             pass
 
 
+def _has_signals_option(torchrun) -> bool:
+    """Whether torchrun takes ``--signals-to-handle`` (torch 2.9 on), so that SIGTERM can be left to us."""
+    options = (action.option_strings for action in torchrun.get_args_parser()._actions)
+    return any("--signals-to-handle" in strings for strings in options)
+
+
+@contextlib.contextmanager
+def _sigterm_stays_ours() -> Iterator[None]:
+    """A torch without torchrun's ``--signals-to-handle`` (before 2.9) takes SIGTERM for itself each time it
+    starts the workers: it would exit 143 and kill a worker still saving after 30 s.  Take it back then."""
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    start = PContext.start
+
+    def start_then_take_sigterm_back(self) -> None:
+        start(self)
+        signal.signal(signal.SIGTERM, _relay_to_workers)
+
+    PContext.start = start_then_take_sigterm_back
+    try:
+        yield
+    finally:
+        PContext.start = start
+
+
 def _stopped_early(failures) -> bool:
     """Whether the workers stopped on a SIGTERM / SIGUSR1 after saving (exit 75), rather than failed.
 
@@ -248,15 +274,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         agent_logger.addFilter(_restart_notice)
         agent_logger.setLevel(min(agent_logger.getEffectiveLevel(), logging.INFO))  # the filter sees INFO
     # torchrun would turn a SIGTERM into its own exit (143) and SIGUSR1 would kill us and orphan the
-    # workers: both go to the workers instead, which save and stop (where torchrun lets SIGTERM be ours)
+    # workers: both go to the workers instead, which save and stop
     argv = torchrun_argv(ns)
-    if any("--signals-to-handle" in action.option_strings for action in torchrun.get_args_parser()._actions):
+    signals_option = _has_signals_option(torchrun)
+    if signals_option:
         argv = ["--signals-to-handle", "SIGINT,SIGHUP,SIGQUIT", *argv]
     for name in ("SIGTERM", "SIGUSR1"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), _relay_to_workers)
     try:
-        torchrun.run(torchrun.parse_args(argv))
+        with contextlib.nullcontext() if signals_option else _sigterm_stays_ours():
+            torchrun.run(torchrun.parse_args(argv))
     except ChildFailedError as failed:
         if _stopped_early(failed.failures.values()):
             print(f"multiproc.py: the processes stopped early after saving a checkpoint (exit code "

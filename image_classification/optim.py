@@ -187,15 +187,27 @@ def make_optimizer(optimizer_class: type[torch.optim.Optimizer], groups: list[di
     LAMB and LARS, foreach throughout) is built as it is.
     """
     accepted = inspect.signature(optimizer_class).parameters
-    if "fused" in accepted:
-        try:
-            return optimizer_class(groups, fused=True, **options)
-        except RuntimeError:  # no fused kernel for this device or dtype
-            pass
+    if "fused" in accepted and _fused_kernel_steps(optimizer_class, groups, options):
+        return optimizer_class(groups, fused=True, **options)
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
     if "foreach" in accepted or takes_any:
         return optimizer_class(groups, foreach=True, **options)
     return optimizer_class(groups, **options)
+
+
+def _fused_kernel_steps(optimizer_class: type[torch.optim.Optimizer], groups: list[dict],
+                        options: dict) -> bool:
+    """Whether ``optimizer_class(fused=True)`` takes a step on one element of each device and dtype in
+    ``groups``.  Its constructor is not enough: torch 2.3's SGD accepts ``fused=True`` for CPU tensors and
+    only fails at the first step, where it has no CPU kernel."""
+    for device, dtype in {(p.device, p.dtype) for group in groups for p in group["params"]}:
+        probe = torch.zeros(1, device=device, dtype=dtype, requires_grad=True)
+        probe.grad = torch.zeros_like(probe)
+        try:
+            optimizer_class([probe], fused=True, **options).step()
+        except RuntimeError:  # NotImplementedError included: no fused kernel for this device or dtype
+            return False
+    return True
 
 
 ADAM_BETAS = (0.9, 0.999)  # AdamW's and LAMB's (torch's default, the LAMB paper's)

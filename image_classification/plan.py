@@ -23,7 +23,7 @@ from torch import nn
 
 from . import checkpoint as ckpt
 from . import machine
-from .arguments import DEFAULT_WORKERS, CheckpointInterval
+from .arguments import DEFAULT_RAPORT_FILE, DEFAULT_WORKERS, CheckpointInterval, raport_file
 from .data import DataConfig, resolve_backend
 from .errors import UserError
 from .models import build_model, default_image_size, load_weights
@@ -110,7 +110,7 @@ class RunConfig:
     # what it writes
     run_id: str = ""  # names the run in its raport and checkpoints; kept across resumes
     resumed_from: str | None = None  # the checkpoint this run continues
-    raport_file: str = "experiment_raport.json"
+    raport_file: str = DEFAULT_RAPORT_FILE
     save_checkpoints: bool = True
     gather_checkpoints: int = 0
     checkpoint_interval: CheckpointInterval | None = None
@@ -245,18 +245,39 @@ def data_config(args: argparse.Namespace, image_size: int, **overrides) -> DataC
     return DataConfig(**fields)
 
 
-def resolve_num_classes(args, weights: dict | None, classes: list[str], log) -> int:
-    """--num-classes, else the checkpoint's (or evaluated weights'), else the dataset's folders, else 1000."""
-    known = recorded_num_classes(weights)
+DEFAULT_NUM_CLASSES = 1000  # ImageNet's: the count of a run with no class folders to count (synthetic data)
+
+
+def class_count_sources(args: argparse.Namespace) -> list[str]:
+    """Where the run takes its class count from, in the order it asks them, the first that knows winning:
+    ``--num-classes``; ``checkpoint`` (``--resume``) or ``weights`` (``--pretrained-weights`` under
+    ``--evaluate``), either of which may record none; then the ``dataset``'s class folders, or ``default``
+    (:data:`DEFAULT_NUM_CLASSES`) for synthetic data.  :func:`resolve_num_classes` and ``launch.py --dry-run``
+    both follow it."""
     if args.num_classes is not None:
-        number = args.num_classes
-    elif known is not None:
-        number = int(known)
-    elif classes:
-        number = len(classes)
+        return ["--num-classes"]
+    recorded = ["checkpoint"] if args.resume else ["weights"] if args.evaluate and args.pretrained_weights else []
+    return recorded + (["default"] if args.data_backend == "synthetic" else ["dataset"])
+
+
+def resolve_num_classes(args, weights: dict | None, classes: list[str], log) -> int:
+    """The class count, from the first of :func:`class_count_sources` that knows it; ``weights``: the checkpoint
+    or weights that source reads, ``classes``: the dataset's class folders."""
+    number = source = None
+    for source in class_count_sources(args):
+        if source == "--num-classes":
+            number = args.num_classes
+        elif source in ("checkpoint", "weights"):
+            number = recorded_num_classes(weights)
+        elif source == "dataset":
+            number = len(classes) or None
+        else:
+            number = DEFAULT_NUM_CLASSES
+        if number is not None:
+            break
+    number = int(number if number is not None else DEFAULT_NUM_CLASSES)
+    if source == "dataset":
         log(f"=> {number} classes: the dataset's class folders")
-    else:
-        number = 1000
     if classes and len(classes) > number:
         raise UserError(f"the dataset has {len(classes)} classes but the model has {number}; pass --num-classes "
                         f"{len(classes)}")
@@ -314,7 +335,7 @@ def build_config(args: argparse.Namespace, *, seed: int, num_classes: int, prepr
         mixup_switch_prob=0.5 if args.mixup_switch_prob is None else args.mixup_switch_prob,
         seed=seed, run_epochs=args.run_epochs,
         early_stopping_patience=args.early_stopping_patience, prof=args.prof, print_freq=args.print_freq,
-        topk=topk, evaluate=args.evaluate, runtime=args.runtime, int8=int8_request(args), raport_file=args.raport_file,
+        topk=topk, evaluate=args.evaluate, runtime=args.runtime, int8=int8_request(args), raport_file=raport_file(args),
         save_checkpoints=args.save_checkpoints and not args.evaluate, gather_checkpoints=args.gather_checkpoints,
         checkpoint_interval=interval, tensorboard=args.tensorboard,
     )
@@ -367,17 +388,32 @@ def check_progress(state: dict, path: str) -> None:
 
 
 def _check_fresh_start(args: argparse.Namespace, workspace: Workspace, log) -> None:
-    """A new run must not silently replace the run whose checkpoints the workspace already holds."""
-    if args.resume or args.evaluate or not args.save_checkpoints:
+    """A new run must not silently replace the run whose checkpoints, or whose raport (a run without
+    checkpoints leaves only that), the workspace already holds."""
+    if args.resume or args.evaluate:
         return
-    existing = [path for path in (workspace.latest, workspace.best) if path.exists()]
-    if not existing:
+    checkpoints = [path for path in (workspace.latest, workspace.best) if args.save_checkpoints and path.exists()]
+    raport = workspace.raport if _holds_records(workspace.raport) else None
+    if not checkpoints and raport is None:
         return
     if args.overwrite:
-        log(f"=> --overwrite: this run replaces the one in {workspace.path} ({existing[0].name})")
+        replaced = ", ".join(path.name for path in [*checkpoints[:1], *([raport] if raport else [])])
+        log(f"=> --overwrite: this run replaces the one in {workspace.path} ({replaced})")
         return
-    raise UserError(f"{workspace.path} already holds another run ({existing[0].name}); pass --resume auto to "
-                    "continue it, a new --workspace for a new run, or --overwrite to replace it")
+    if checkpoints:
+        raise UserError(f"{workspace.path} already holds another run ({checkpoints[0].name}); pass --resume auto to "
+                        "continue it, a new --workspace for a new run, or --overwrite to replace it")
+    raise UserError(f"--raport-file {raport} already holds another run's records; give this run another "
+                    "--raport-file or a new --workspace, or pass --overwrite to replace them")
+
+
+def _holds_records(path) -> bool:
+    """Whether ``path`` is a file with something in it (a raport that holds records, or a file of the user's
+    that a raport would overwrite); an empty file holds nothing to lose."""
+    try:
+        return path.is_file() and path.stat().st_size > 0
+    except OSError:
+        return False
 
 
 def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, log) -> Plan | None:

@@ -1,4 +1,4 @@
-"""The command lines of classify.py, checkpoint2model.py and model2onnx.py, defined once.
+"""The command lines of classify.py, checkpoint2model.py, model2onnx.py and data.pack, defined once.
 
 No torch here (nor in what this imports), as in :mod:`.arguments`: ``-h`` and a mistyped flag answer
 before torch is loaded.  The default precision's help names this machine's choice from /proc/cpuinfo.
@@ -77,14 +77,20 @@ def check_int8_flags(args: argparse.Namespace, needs_runtime: bool) -> None:
 
 
 def precision_default_text() -> str:
-    """--precision's default in words, naming what this machine's CPU gets and why (from /proc/cpuinfo: no
-    torch; the run itself also asks oneDNN, see ``inference.default_precision``)."""
-    rule = "AMP on CUDA; on the CPU AMP only where it computes bf16 natively (AVX512-BF16, AMX), else FP32"
-    has_bf16 = machine.cpu_has_bf16()
-    if has_bf16 is None:
+    """--precision's default in words, naming what this machine's CPU gets and why, as far as /proc/cpuinfo
+    tells without torch: whether oneDNN computes bf16 with those instructions only the run can ask (it says
+    so when not, see ``inference.classify_runtime``)."""
+    rule = ("AMP on CUDA; on the CPU AMP only where bf16 runs faster than FP32 (AMX, or AVX512-BF16 on AMD) "
+            "and oneDNN computes it, else FP32")
+    features = machine.cpu_bf16_features()
+    if features is None:
         return rule
-    here = "here AMP: this CPU computes bf16 natively" if has_bf16 else \
-        "here FP32: this CPU would emulate bf16, slower than FP32"
+    if machine.bf16_faster_by_flags():
+        here = f"here AMP where this torch's oneDNN computes bf16: this CPU lists {', '.join(features)}"
+    elif features:
+        here = f"here FP32: this CPU lists {', '.join(features)} but no AMX, and computes bf16 no faster than FP32"
+    else:
+        here = "here FP32: this CPU lists no bf16 instructions and would emulate bf16, slower than FP32"
     return f"{rule}; {here}"
 
 
@@ -158,4 +164,18 @@ def model2onnx_parser() -> argparse.ArgumentParser:
                         "under --quantize int8)")
     triton.add_argument("--max-batch-size", metavar="N", type=positive_int, default=None,
                         help=f"--triton-repository: the largest batch Triton forms (default: {DEFAULT_MAX_BATCH_SIZE})")
+    return parser
+
+
+def pack_parser(prog: str = "python -m image_classification.data.pack") -> argparse.ArgumentParser:
+    """``prog``: the command's name in usage lines (``ic-pack`` installed)."""
+    parser = UserErrorParser(prog=prog, description="Pack an ImageFolder into WebDataset shards that training "
+                             "reads as it reads the folder.")
+    parser.add_argument("source", metavar="SRC",
+                        help="the ImageFolder: SRC/train/<class>/<image>, SRC/val/<class>/<image>")
+    parser.add_argument("destination", metavar="DST", help="where the shards go: DST/train/, DST/val/")
+    parser.add_argument("--shard-size", default="1GB", metavar="SIZE",
+                        help="about how large a shard grows, e.g. 64KB, 500MB, 1GB (default: 1GB)")
+    parser.add_argument("-j", "--workers", type=positive_int, default=8,
+                        help="threads reading the images (default: 8)")
     return parser

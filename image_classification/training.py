@@ -18,7 +18,7 @@ from typing import NoReturn
 
 import torch.distributed as dist
 
-from .arguments import DEFAULT_RAPORT_FILE, parse_args
+from .arguments import parse_args, raport_file
 from .cli import report
 from .data import get_loaders
 from .distributed import lost_peer_reason
@@ -52,7 +52,7 @@ def _train(args: argparse.Namespace, signals: StopSignal) -> int:
     runtime = make_runtime(args.device, args.amp, args.amp_dtype, args.memory_format, args.tf32,
                            gpu_affinity=args.gpu_affinity, dist_timeout=args.dist_timeout)
     log = runtime.print
-    workspace = Workspace(args.workspace, args.checkpoint_filename, args.raport_file)
+    workspace = Workspace(args.workspace, args.checkpoint_filename, raport_file(args))
     try:
         code = _run(args, runtime, workspace, signals, log)
         if runtime.distributed and dist.is_initialized():
@@ -92,7 +92,7 @@ def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signa
     saving = args.save_checkpoints and not args.evaluate
     if runtime.is_main:
         workspace.check(saving, locking=not args.evaluate,
-                        raport_must_be_new=args.evaluate and args.raport_file != DEFAULT_RAPORT_FILE)
+                        raport_must_be_new=args.evaluate and args.raport_file is not None)
     # Every check of the set-up (flags, dataset, weights, the checkpoint against the flags) comes before the
     # workspace is created and locked: a run refused for any of them leaves nothing behind.
     plan = resolve_run(args, runtime, workspace, log)

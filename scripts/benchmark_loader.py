@@ -12,6 +12,10 @@ the loader's threads and worker processes; it is the steadier figure on a machin
 and normalise operators of ``--data-backend dali-cpu`` after DALI's file reader (the backend reads the files
 its sampler orders with ``fn.io.file.read``), each stage timed on its own by cutting the pipeline after
 it, in CPU milliseconds per image.
+``--packed DST`` times the loader on DIR and on DST, DIR packed by ``python -m image_classification.data.pack``,
+alternating epochs, and counts the files each opens per epoch (Python's opens, in the process and its loader
+workers: DALI's own file reader opens a file per image unseen); it prints the packed copy's speed over the
+folder's, with the spread, as ``--baseline`` does.
 ``--make-dataset`` first writes a small JPEG dataset into DIR (photos from scikit-image, cropped and
 resized to 500x375); ``--photos`` uses DIR as the photo set, writing it first where it is not there yet.
 """
@@ -30,9 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
-
 from benchmarks.common import ratio_spread, ratio_text  # noqa: E402
+from image_classification import machine  # noqa: E402
 from image_classification.arguments import DATA_BACKENDS, parse_args  # noqa: E402
 from image_classification.cli import run  # noqa: E402
 from image_classification.data import get_loaders  # noqa: E402
@@ -61,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="where batches end up (default: auto, CUDA when available)")
     parser.add_argument("--baseline", action="store_true", help="also time the plain torchvision loader")
+    parser.add_argument("--packed", metavar="DST",
+                        help="also time the loader on DST, DIR packed by image_classification.data.pack, alternating "
+                        "epochs, and count the files each opens per epoch")
     parser.add_argument("--dali-stages", action="store_true",
                         help="profile the CPU DALI pipeline stage by stage instead (CPU ms per image)")
     parser.add_argument("--make-dataset", metavar="N", type=int, nargs="?", const=200, default=0,
@@ -152,8 +158,9 @@ class TorchvisionLoader:
             yield images.contiguous(memory_format=self.runtime.memory_format), targets.to(self.runtime.device)
 
 
-def project_loader(opts: argparse.Namespace, runtime: Runtime):
-    argv = [opts.data, "--data-backend", opts.data_backend, "-b", str(opts.batch_size), "-j", str(opts.workers),
+def project_loader(opts: argparse.Namespace, runtime: Runtime, data: str | None = None):
+    """The training loader of ``--data-backend`` on ``data`` (DIR when None)."""
+    argv = [data or opts.data, "--data-backend", opts.data_backend, "-b", str(opts.batch_size), "-j", str(opts.workers),
             "--seed", "0", "--memory-format", opts.memory_format]
     args = parse_args(argv)
     train, _ = get_loaders(data_config(args, opts.image_size), runtime, want_train=True, want_val=False)
@@ -265,13 +272,17 @@ def main(argv: list[str] | None = None) -> int:
     write_data(opts)
     if opts.dali_stages:
         shares = profile_dali_stages(opts)
+        print(f"machine: {machine.description()}", flush=True)
         print(f"CPU DALI pipeline, batch {opts.batch_size}, {opts.workers} threads, {opts.image_size} px crops: "
               + ", ".join(f"{stage} {ms:.2f}" for stage, ms in shares.items())
               + f" CPU ms per image; {sum(shares.values()):.2f} in all", flush=True)
         return 0
     runtime = make_runtime(opts.device, memory_format=opts.memory_format)
-    print(f"device: {runtime.device}, batch {opts.batch_size}, workers {opts.workers}, "
-          f"{opts.image_size} px crops, torch {torch.__version__}", flush=True)
+    print(f"device: {runtime.device}, batch {opts.batch_size}, workers {opts.workers}, {opts.image_size} px crops",
+          flush=True)
+    print(f"machine: {machine.description(runtime.device.type)}", flush=True)
+    if opts.packed:
+        return compare_packed(opts, runtime)
     if opts.data_backend == "torchvision":
         runs = [(Timing("torchvision"), TorchvisionLoader(opts, runtime))]
     else:
@@ -296,6 +307,63 @@ def main(argv: list[str] | None = None) -> int:
               f"CPU per image {base_cpu / cpu_ms:.2f}x less", flush=True)
         print(f"verdict: {ratio_text(speedup, spread)}", flush=True)
     print(f"images/s: {rate:.1f}", flush=True)
+    return 0
+
+
+class FileOpens:
+    """Files opened under some folders, counted by an audit hook in this process and in the loader workers it
+    forks (the count and the switch live in shared memory); a hook cannot be removed, so it counts only while
+    switched on."""
+
+    def __init__(self, folders: list[str]):
+        import multiprocessing
+
+        self.folders = tuple(os.path.realpath(folder) + os.sep for folder in folders)
+        context = multiprocessing.get_context("fork")
+        self.count, self.active = context.Value("q", 0), context.RawValue("b", 0)
+        sys.addaudithook(self._hook)
+
+    def _hook(self, event: str, args) -> None:
+        if self.active.value and event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+            if os.path.realpath(os.fsdecode(args[0])).startswith(self.folders):
+                with self.count.get_lock():
+                    self.count.value += 1
+
+    def during(self, function, *args):
+        """``function(*args)`` and the files opened while it ran."""
+        before, self.active.value = self.count.value, 1
+        try:
+            result = function(*args)
+        finally:
+            self.active.value = 0
+        return result, self.count.value - before
+
+
+def compare_packed(opts: argparse.Namespace, runtime: Runtime) -> int:
+    """``--packed``: the loader on DIR and on its packed copy, epochs alternating; speeds, their ratio and the
+    files each opens per epoch."""
+    opens = FileOpens([opts.data, opts.packed])
+    runs = []
+    for name, data in (("folder", opts.data), ("packed", opts.packed)):
+        loader, count = opens.during(project_loader, opts, runtime, data)
+        runs.append((Timing(f"{opts.data_backend} {name}"), loader))
+        print(f"{name}: {count} files opened while the loader was built", flush=True)
+    per_epoch: dict[str, list[int]] = {timing.name: [] for timing, _ in runs}
+    for number in range(opts.epochs):
+        for timing, loader in runs:
+            per_epoch[timing.name].append(opens.during(timing.epoch, loader, number, runtime)[1])
+    (folder, _), (packed, _) = runs
+    ratios = [ours / plain for ours, plain in zip(packed.rates, folder.rates)]
+    ratio, spread = packed.median(ratios), ratio_spread(packed.rates[1:], folder.rates[1:])
+    spread_text = "spread unknown" if spread is None else f"spread {spread:.1%} over {len(ratios) - 1} epochs"
+    for timing in (folder, packed):
+        counted = statistics.median(per_epoch[timing.name][1:] or per_epoch[timing.name])
+        unseen = timing is folder and opts.data_backend.startswith("dali")  # DALI's C++ reader opens them
+        print(f"{timing.name}: {timing.median(timing.rates):.1f} images/s, {timing.median(timing.cpu_ms):.2f} CPU "
+              f"ms/image, files opened per epoch: "
+              + ("one per image (DALI's own reader, not counted here)" if unseen else f"{counted:.0f}"), flush=True)
+    print(f"packed / folder: {ratio:.3f}x ({spread_text})", flush=True)
+    print(f"verdict: {ratio_text(ratio, spread)}", flush=True)
     return 0
 
 

@@ -36,17 +36,20 @@ def _provided(name: str, installed: set[str]) -> bool:
     return name in installed or (name.startswith(DALI) and any(i.startswith(DALI) for i in installed))
 
 
+def requirement_name(requirement: str) -> str:
+    """The canonical distribution name of a requirement line without its comment (``torch==2.14.1``)."""
+    match = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement)
+    if match is None:
+        raise ValueError(f"not a requirement: {requirement}")
+    return canonical(match.group())
+
+
 def missing_requirements(lines: Iterable[str], installed: set[str]) -> list[str]:
     """The requirement lines, as written, whose distribution is not in ``installed`` (canonical names)."""
     missing = []
     for line in lines:
         requirement = line.split("#", 1)[0].strip()
-        if not requirement:
-            continue
-        match = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement)
-        if match is None:
-            raise ValueError(f"not a requirement: {line.strip()}")
-        if not _provided(canonical(match.group()), installed):
+        if requirement and not _provided(requirement_name(requirement), installed):
             missing.append(requirement)
     return missing
 

@@ -164,13 +164,10 @@ def resolved_device(device: str) -> str:
 
 
 def machine_description(device: str) -> str:
-    """What the numbers were measured on, in one line; the CPU's capability says whether its bf16 is native."""
+    """What the numbers were measured on, in one line: :func:`machine.description`, the threads, and whether
+    the CPU's bf16 is native."""
     bf16 = "native bf16" if machine.cpu_bf16_is_native() else "bf16 emulated"
-    host = (f"{machine.cpu_model()} ({machine.cores()} cores, {torch.get_num_threads()} torch threads, "
-            f"{machine.cpu_capability()}, {bf16})")
-    if device == "cuda":
-        return f"1x {torch.cuda.get_device_name()}, host {host}, torch {torch.__version__}"
-    return f"{host}, torch {torch.__version__}"
+    return f"{machine.description(device)}; {torch.get_num_threads()} torch threads, CPU {bf16}"
 
 
 def precision_title(precision: str, device: str) -> str:

@@ -78,12 +78,9 @@ def _benchmark(script: str, *argv: str) -> tuple[dict, str]:
 
 
 def _environment(record: dict) -> str:
-    env = record["environment"]
-    where = env["device_name"] if env["device"] == "cuda" else f"{env['cpu_model']} ({env['cpu_cores']} cores), no GPU"
-    software = f"Python {env['python']}, torch {env['torch']}, torchvision {env['torchvision']}"
-    if env.get("onnxruntime"):
-        software += f", onnxruntime {env['onnxruntime']}"
-    return f"{where}; {software}"
+    """The machine a benchmark's record was measured on: its CPU with cores and instruction sets, the GPU
+    and driver where one was used, the software."""
+    return machine.describe(record["environment"])
 
 
 TRAIN_STEP_RUNS = (
@@ -100,7 +97,7 @@ def train_step() -> str:
         rows.append(train_step_row(record, command))
         profiles.append(profile_text(record))
     return "\n".join([
-        f"Measured on {_environment(record)}; {_cpu_note(record['environment'])}. Batch 16, FP32, 1000 classes;",
+        f"Measured on {_environment(record)}{_cpu_note(record['environment'])}. Batch 16, FP32, 1000 classes;",
         "median images/s of the rounds (spread of the rounds, max - min over median, in brackets). A ratio over",
         "the plain loop is bold only where it differs from 1 by more than the spread of the rounds' own ratios;",
         "otherwise the table says so.",
@@ -149,16 +146,16 @@ INFERENCE_PATHS = (
 
 
 def _cpu_note(env: dict) -> str:
-    """The CPU's capability (and bf16), and the load the figure was measured under."""
-    if env["device"] == "cuda":
-        cpu = f"host CPU capability {env['cpu_capability']}"
-    else:
-        bf16 = "computes bf16 natively" if env["cpu_bf16_native"] else "has no native bf16: it emulates bf16"
-        cpu = f"CPU capability {env['cpu_capability']}, {bf16}"
+    """``; `` and what the machine's line leaves out: whether the CPU computes bf16 natively (for a CPU
+    figure) and the load the figure was measured under; empty where there is neither."""
+    notes = []
+    if env["device"] != "cuda":
+        notes.append("the CPU computes bf16 natively" if env["cpu_bf16_native"]
+                     else "the CPU has no native bf16: it emulates bf16")
     load = env.get("load_average")
     if load:
-        cpu += f"; load average at the end of the run {' / '.join(f'{v:.1f}' for v in load)} (1 / 5 / 15 min)"
-    return cpu
+        notes.append(f"load average at the end of the run {' / '.join(f'{v:.1f}' for v in load)} (1 / 5 / 15 min)")
+    return "".join(f"; {note}" for note in notes)
 
 
 def inference() -> str:
@@ -197,7 +194,7 @@ def inference_block(record: dict, command: str) -> str:
     cpu = _cpu_note(record["environment"])
     return "\n".join([
         "```bash", command, "```", "",
-        f"Measured on {_environment(record)}; {cpu}; {record['config']['image_size']} px, random weights.", "",
+        f"Measured on {_environment(record)}{cpu}; {record['config']['image_size']} px, random weights.", "",
         header, "|---|" + "---|" * (3 * len(sizes) + 2), *rows, *_ceiling_note(record, sizes),
     ]) + "\n"
 
@@ -216,7 +213,8 @@ def _ceiling_note(record: dict, sizes: list[str]) -> list[str]:
         f"per image (convolutions and fc, counted by `torch.utils.flop_counter`) and an FP32 matrix product "
         f"runs at {ceiling['gemm_gflops']:.0f} GFLOP/s on the same threads, so no FP32 path can much exceed "
         f"{ceiling['images_per_s']:.1f} images/s; {reached}. Beyond it lie fewer bits per operation (bf16 "
-        f"where the CPU computes it natively, int8), not a faster FP32 path.", width=105)]
+        f"where the CPU computes it faster than FP32, with AMX or AMD's AVX512-BF16; int8), not a faster FP32 "
+        f"path.", width=105)]
 
 
 LOADER_SUMMARY = re.compile(r"torchvision: ([\d.]+) images/s, ([\d.]+) CPU ms/image; (\S+): ([\d.]+) images/s, "
@@ -291,7 +289,7 @@ def draw_loader_chart(bars: list[tuple[str, float, float, str]], path: Path) -> 
     axis.set_ylim(0, 1.25 * max(max(b[1], b[2]) for b in bars))  # room for the labels and the legend
     axis.legend(fontsize=8, loc="upper left", ncol=2)
     axis.set_title(f"Training data loaders (224 px crops, 2 workers)\n{machine.cpu_model()}, "
-                   f"{machine.cores()} cores", fontsize=9)
+                   f"{machine.cores()} cores; {', '.join(machine.instruction_sets())}", fontsize=9)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100)

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from helpers import REPO, refused
-from image_classification.arguments import build_parser, parse_args
+from image_classification.arguments import build_parser, parse_args, raport_file
 from image_classification.errors import UserError
 
 SEED_FLAGS = [
@@ -56,7 +56,7 @@ def test_defaults_match_the_reference():
     assert (args.momentum, args.weight_decay, args.print_freq) == (0.9, 1e-4, 10)
     # the reference's 1 was where its always-dynamic scaler started; ours starts at 65536 unless told
     assert args.static_loss_scale is None and not args.dynamic_loss_scale
-    assert (args.raport_file, args.checkpoint_filename, args.workspace) == ("experiment_raport.json",
+    assert (raport_file(args), args.checkpoint_filename, args.workspace) == ("experiment_raport.json",
                                                                             "checkpoint.pth.tar", "./")
     assert (args.memory_format, args.arch, args.model_config) == ("nchw", "resnet50", "classic")
     assert args.gather_checkpoints == 0 and args.save_checkpoints is True
@@ -101,6 +101,10 @@ BAD_FLAGS = {
     "tiny image": ["--image-size", "1"],
     "zero topk": ["--topk", "0"],
     "bad interval": ["--checkpoint-interval", "ten"],
+    "dist timeout past a year": ["--dist-timeout", "1e39"],  # timedelta: OverflowError in a distributed run
+    "interval past a year": ["--checkpoint-interval", "525601m"],
+    "interval past float": ["--checkpoint-interval", "9" * 400 + "m"],
+    "interval of iterations past float": ["--checkpoint-interval", "9" * 400 + ".5"],  # was an OverflowError
     "nesterov without momentum": ["--nesterov", "--momentum", "0"],
     "zero optimizer batch": ["--optimizer-batch-size", "0"],
 }
@@ -116,6 +120,16 @@ BAD_PRESETS = {
     "crop scale of one number": {"crop_scale": 0.5},
     "negative lr": {"lr": -1.0},
 }
+
+
+def test_waits_of_up_to_a_year_are_taken_as_typed():
+    from image_classification.arguments import CheckpointInterval
+
+    args = parse_args(["--dist-timeout", "31536000", "--checkpoint-interval", "8760h", "DIR"])
+    assert (args.dist_timeout, CheckpointInterval.parse(args.checkpoint_interval).seconds) == (31536000, 31536000)
+    # a count of iterations is read as an integer: through a float, this one became 100000000000000000000
+    assert CheckpointInterval.parse("99999999999999999999").iterations == 99999999999999999999
+    assert CheckpointInterval.parse("12.0").iterations == 12
 
 
 @pytest.mark.parametrize("name", BAD_FLAGS)
@@ -164,17 +178,22 @@ def test_one_image_batches_that_batchnorm_cannot_train_are_refused(tmp_path, cap
     assert "-b 1 cannot train at 32 px" in refused(code, capsys)
 
 
-# Every entry script with -h, and with a mistake in its flags, run one after another in one fresh interpreter.
+# Every entry script with -h, and with a mistake in its flags, run one after another in one fresh interpreter;
+# a name without .py is an installed console command (ic-NAME: image_classification.commands.NAME).
 ANSWERS_WITHOUT_TORCH = textwrap.dedent("""
-    import contextlib, io, json, runpy, sys
+    import contextlib, importlib, io, json, runpy, sys
     answers = []
     for argv in json.loads(sys.argv[1]):
         sys.argv = argv
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                runpy.run_path(argv[0], run_name="__main__")
-                code = 0
+                if argv[0].endswith(".py"):
+                    runpy.run_path(argv[0], run_name="__main__")
+                    code = 0
+                else:
+                    commands = importlib.import_module("image_classification.commands")
+                    code = getattr(commands, argv[0].removeprefix("ic-"))()
             except SystemExit as end:
                 code = end.code
         answers.append([argv, code, out.getvalue(), err.getvalue()])
@@ -183,7 +202,7 @@ ANSWERS_WITHOUT_TORCH = textwrap.dedent("""
 PRESET = ["--model", "resnet50", "--precision", "AMP", "--mode", "convergence", "--platform", "DGXA100"]
 SCRIPTS = {"main.py": ["/data"], "launch.py": [*PRESET, "/data"], "classify.py": ["--image", "x.jpg"],
            "multiproc.py": ["main.py"], "checkpoint2model.py": ["--checkpoint-path", "c", "--weight-path", "w"],
-           "model2onnx.py": ["--output", "m.onnx"]}
+           "model2onnx.py": ["--output", "m.onnx"], "ic-pack": ["src", "dst"]}
 
 
 def test_help_and_a_mistyped_flag_answer_before_torch_is_imported():
@@ -203,3 +222,22 @@ def test_help_and_a_mistyped_flag_answer_before_torch_is_imported():
             assert code == 0 and out and err == "", argv
             assert "--list" in argv or out.startswith("usage: "), argv
     assert report["torch"] == []
+
+
+def test_compile_on_a_python_that_this_torch_cannot_compile_for_is_refused(tmp_path, capsys, monkeypatch,
+                                                                            tiny_arch):
+    """torch 2.3's torch.compile refuses Python 3.12: one line before the run, not a traceback at the first
+    step."""
+    import torch._dynamo
+
+    from image_classification.cli import run
+    from image_classification.training import main
+
+    def compile_as_torch_2_3_on_python_3_12(*args, **kwargs):
+        raise RuntimeError("Python 3.12+ not yet supported for torch.compile")
+
+    monkeypatch.setattr(torch._dynamo, "is_dynamo_supported", lambda: False)
+    monkeypatch.setattr(torch, "compile", compile_as_torch_2_3_on_python_3_12)
+    code = run(main, ["--compile", "-a", tiny_arch, "--image-size", "32", "-b", "8", "--prof", "1", "--epochs", "1",
+                      "--data-backend", "synthetic", "--device", "cpu", "--workspace", str(tmp_path)])
+    assert "--compile: torch " in refused(code, capsys) and not any(tmp_path.iterdir())

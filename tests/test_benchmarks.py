@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import shutil
 import time
 
 import pytest
@@ -91,7 +92,7 @@ def test_infer_throughput_reports_every_path_and_skips_what_cannot_run(tmp_path,
     assert paths["bf16"]["max_abs_diff"] > 0  # bfloat16 rounds; it is measured, not assumed
     assert paths["eager"]["compared_images"] == 3  # the measured batches of 1 and 2
     assert (paths["eager"]["dtype"], paths["bf16"]["dtype"]) == ("float32", "bfloat16")
-    assert result["classify_default"] == ("bf16" if machine.cpu_bf16_is_native() else "channels_last")
+    assert result["classify_default"] == ("bf16" if machine.cpu_bf16_is_faster() else "channels_last")
     assert {"cpu_capability", "cpu_bf16_native", "load_average"} <= result["environment"].keys()
     assert set(result["best"]) == {"1", "2"} and result["best"]["1"] in paths
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -189,7 +190,7 @@ def test_compile_builds_a_static_graph_for_each_batch_size(state, tmp_path, monk
         return model
 
     monkeypatch.setattr(torch, "compile", compile_)
-    monkeypatch.setattr(benchmark.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
     path = benchmark.build_path("compile", state, "resnet18", 10, torch.device("cpu"), 32, tmp_path)
     benchmark.measure_paths([path], [1, 2], 32, torch.device("cpu"), iters=1, warmup=0, repeats=1)
     assert compiled == [{"dynamic": False}, {"dynamic": False}]
@@ -198,7 +199,7 @@ def test_compile_builds_a_static_graph_for_each_batch_size(state, tmp_path, monk
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_compile_without_a_compiler_is_skipped_on_every_device(state, tmp_path, monkeypatch, device):
     """A GPU host without a C compiler records compile as skipped instead of failing in its warm-up."""
-    monkeypatch.setattr(benchmark.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.delenv("CXX", raising=False)
     path = benchmark.build_path("compile", state, "resnet18", 10, torch.device(device), 32, tmp_path)
@@ -278,3 +279,66 @@ def test_the_int8_path_times_the_quantized_export_on_the_cpu_only(state, tmp_pat
     assert "QuantizeLinear" in {node.op_type for node in graph.node}
     assert benchmark.build_path("int8", state, "resnet18", 10, torch.device("meta"), 32, tmp_path).skipped == \
         "the ONNX Runtime paths are measured on the CPU only"
+
+
+def test_the_largest_batch_that_fits_is_found_by_halving_on_out_of_memory():
+    from benchmarks.common import largest_fitting
+
+    tried, released = [], []
+
+    def attempt(batch: int) -> str:
+        tried.append(batch)
+        if batch > 24:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {batch} GiB")
+        return f"measured at {batch}"
+
+    assert largest_fitting(attempt, 64, release=lambda: released.append(True)) == (16, "measured at 16", [64, 32])
+    assert tried == [64, 32, 16] and len(released) == 2  # memory given back after each failed attempt
+
+
+def test_a_workspace_that_cudnn_cannot_allocate_counts_as_out_of_memory_and_other_errors_do_not():
+    from benchmarks.common import largest_fitting
+    from image_classification.errors import UserError
+
+    def cudnn(batch: int) -> int:
+        if batch > 4:
+            raise RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED")
+        return batch
+
+    assert largest_fitting(cudnn, 16, release=lambda: None)[0] == 4
+
+    def broken(batch: int) -> int:
+        raise RuntimeError("Expected all tensors to be on the same device")
+
+    with pytest.raises(RuntimeError, match="same device"):
+        largest_fitting(broken, 16, release=lambda: None)  # not a reason to try a smaller batch
+
+    def never(batch: int) -> int:
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    with pytest.raises(UserError, match="not even a batch of 1"):
+        largest_fitting(never, 4, release=lambda: None)
+
+
+def test_train_throughput_measures_at_the_largest_batch_that_fits(tmp_path, tiny_arch, monkeypatch):
+    """A model whose forward runs out of memory above batch 2: the benchmark halves -b until it trains."""
+    benchmark = importlib.import_module("benchmarks.train_throughput")
+    real_build = benchmark.build_model
+
+    def build_model(arch, num_classes):
+        def out_of_memory_above_2(module, inputs):
+            if inputs[0].shape[0] > 2:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+        model = real_build(arch, num_classes=num_classes)
+        model.register_forward_pre_hook(out_of_memory_above_2)
+        return model
+
+    monkeypatch.setattr(benchmark, "build_model", build_model)
+    output = tmp_path / "train.json"
+    argv = ["-a", tiny_arch, "--image-size", "32", "-b", "8", "--largest-batch", "--num-classes", "10", "--iters",
+            "1", "--warmup", "1", "--repeats", "1", "--device", "cpu", "--paths", "eager", "-o", str(output)]
+    assert benchmark.main(argv) == 0
+    config = json.loads(output.read_text())["config"]
+    assert config["batch_size"] == 2
+    assert config["largest_batch"] == {"tried_from": 8, "out_of_memory_at": [8, 4]}

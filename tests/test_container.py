@@ -72,6 +72,7 @@ def test_torch_is_not_reinstalled():
 
 def test_dockerignore_keeps_out_runs_data_and_environments():
     for path in ("workspace", "workspace/rn50/checkpoint.pth.tar", "data/train/a.JPEG", ".venv/bin/python",
+                 ".venv-pins/torch-2.3-tv-0.18-py3.11/bin/python",
                  "model_best.pth.tar", "results/rn50/model_best.pth.tar", "image_classification.egg-info"):
         assert docker_ignores(path), path
     for path in ("image_classification/data/folder.py", "configs.yml", "image_classification/configs.yml",

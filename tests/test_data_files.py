@@ -333,21 +333,29 @@ def _warned(err: str) -> list[str]:
 def test_images_past_the_size_rule_are_skipped_alike_by_every_backend(oversized, backend, capsys):
     """Each image past 89,478,485 pixels is named once, in training and validation, and left out; the
     rest are all seen.  (Before the rule, the pytorch backend trained on the JPEGs and DALI on all.)"""
+    seen, err, skipped = _two_epochs(oversized, backend, capsys)
+    assert seen == [(15 - 3, 4)] * 2  # training: 5 batches of 3, less the 3 skipped
+    assert _warned(err) == sorted(OVERSIZED * 2)
+    assert skipped == (3, 3)
+
+
+def _two_epochs(root, backend: str, capsys) -> tuple[list[tuple[int, int]], str, tuple[int, int]]:
+    """Two epochs of training and validation at 32 px, batches of 3: the images each pass saw, (train, val) per
+    epoch; what was said on stderr; how many images each loader skipped."""
     if backend == "dali-cpu":
         pytest.importorskip("nvidia.dali")
     from image_classification.data import get_loaders
 
     runtime = make_runtime("cpu", False, None, "nchw", False)
-    config = DataConfig(data=str(oversized), backend=backend, image_size=32, batch_size=3, workers=0)
+    config = DataConfig(data=str(root), backend=backend, image_size=32, batch_size=3, workers=0)
     train, val = get_loaders(config, runtime, want_train=True, want_val=True)
     capsys.readouterr()
+    seen = []
     for epoch in (0, 1):
         train.set_epoch(epoch)
         val.set_epoch(epoch)
-        assert sum(len(targets) for _, targets in train) == 15 - 3  # 5 batches of 3, less the 3 skipped
-        assert sum(len(targets) for _, targets in val) == 4
-    assert _warned(capsys.readouterr().err) == sorted(OVERSIZED * 2)
-    assert train.skipped == val.skipped == 3
+        seen.append(tuple(sum(len(targets) for _, targets in loader) for loader in (train, val)))
+    return seen, capsys.readouterr().err, (train.skipped, val.skipped)
 
 
 def test_data_check_applies_the_same_size_rule(oversized, data_check):
@@ -366,6 +374,68 @@ def test_classify_refuses_an_image_past_the_size_rule_in_one_line(oversized):
     for decode in (False, True):
         with pytest.raises(UserError, match="more than 89,478,485 pixels"):
             load_image(path, decode=decode)
+
+
+# -- the size rule for the resize of validation and classify.py -----------------------------------------------
+# At 32 px crops validation resizes the short side to 37 px: a 65,361 x 1 strip would become 37 x 2,418,357,
+# 89,479,209 pixels, past the rule; 65,360 x 1 makes 89,477,840, within it.  Both decode to a few hundred KB.
+STRIPS = {"wide_65361.png": (65361, 1), "tall_65361.png": (1, 65361)}
+KEPT_STRIP = ("wide_65360.png", (65360, 1))
+
+
+@pytest.fixture(scope="module")
+def strips(tmp_path_factory):
+    """A two-class dataset whose class_00 holds, in train/ and val/, the strips of STRIPS and KEPT_STRIP."""
+    root = write_image_folder(tmp_path_factory.mktemp("strips"), num_classes=2, train_per_class=6,
+                              val_per_class=2)
+    for split in ("train", "val"):
+        for name, (width, height) in (*STRIPS.items(), KEPT_STRIP):
+            write_black_png(root / split / "class_00" / name, width, height)
+    return root
+
+
+def _warned_resize(err: str, short_side: int) -> list[str]:
+    """The names of the images skipped in ``err`` as too large once resized to ``short_side``."""
+    words = f"(ImageTooLarge: more than 89,478,485 pixels once resized to a {short_side} px short side (a "
+    return sorted(line.split("/")[-1].split(" ")[0] for line in err.splitlines()
+                  if line.startswith("warning: skipped unreadable image") and words in line)
+
+
+@pytest.mark.parametrize("backend", ["pytorch", "dali-cpu"])
+def test_validation_skips_an_image_whose_resize_breaks_the_size_rule_on_every_backend(strips, backend, capsys):
+    """A strip of 65,361 x 1 pixels passes the size rule, but resized to a 37 px short side it would make 89.5
+    million pixels (a 200,000 x 1 one, 13 billion at 256 px: a MemoryError); validation names it once and leaves
+    it out, on either backend, to the pixel the same rule.  Training crops before it resizes: it keeps them."""
+    seen, err, skipped = _two_epochs(strips, backend, capsys)
+    assert seen == [(15, 4 + 1)] * 2  # training: all 15 images; validation keeps the 65,360-pixel strip
+    assert _warned_resize(err, 37) == sorted(STRIPS)
+    assert skipped == (0, 2)
+
+
+def test_data_check_names_the_strips_validation_could_not_resize(strips, data_check):
+    """Only val/ is resized whole; its resize is main.py's for 224 px crops (256) unless told."""
+    for flags, short_side, flagged in (((), 256, sorted([*STRIPS, KEPT_STRIP[0]])),
+                                       (("--val-resize-size", "37"), 37, sorted(STRIPS))):
+        result = data_check(str(strips), "-j", "1", *flags)
+        assert result.returncode == 1 and "train/ unreadable images" not in result.stdout, result.stdout
+        assert f"val/ unreadable images: {len(flagged)}" in result.stdout
+        words = f"(ImageTooLarge: more than 89,478,485 pixels once resized to a {short_side} px short side (a "
+        named = [line.strip() for line in result.stdout.splitlines() if words in line]
+        assert sorted(line.split("/")[-1].split(" ")[0] for line in named) == flagged
+
+
+def test_classify_s_reader_applies_the_resize_s_size_rule_to_the_pixel(tmp_path):
+    """At 224 px crops classify.py resizes the short side to 256: 1,366 x 1 pixels would make 89,522,176,
+    1,365 x 1 makes 89,456,640; the first is refused from its header, the second read."""
+    from image_classification.errors import UserError
+
+    write_black_png(tmp_path / "past.png", 1366, 1)
+    write_black_png(tmp_path / "within.png", 1365, 1)
+    for decode in (False, True):
+        with pytest.raises(UserError, match=r"past.png could not be read as an image \(more than 89,478,485 "
+                                            r"pixels once resized to a 256 px short side \(a 349,696 px long side"):
+            load_image(tmp_path / "past.png", decode=decode, short_side=256)
+        load_image(tmp_path / "within.png", decode=decode, short_side=256)
 
 
 # -- the frame header found is the one libjpeg decodes -----------------------------------------------------

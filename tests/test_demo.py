@@ -46,6 +46,9 @@ def test_a_changed_recipe_trains_in_a_workspace_of_its_own(tmp_path, monkeypatch
     (one_epoch / "checkpoint.pth.tar").parent.mkdir(parents=True)
     (one_epoch / "checkpoint.pth.tar").write_bytes(b"")
     assert workspace_of("--epochs", "1") == one_epoch and runs[-1].overwrite  # its own earlier run, replaced
+    (one_epoch / "checkpoint.pth.tar").unlink()
+    (one_epoch / "experiment_raport.json").write_text("DLLL {}\n")  # a run killed before its first checkpoint
+    assert workspace_of("--epochs", "1") == one_epoch and runs[-1].overwrite
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "checkpoint.pth.tar").write_bytes(b"")

@@ -131,6 +131,23 @@ def test_a_folder_with_unreadable_images_still_gets_its_predictions(colour_check
     assert "error: " in refused(run(classify_main, [*argv, "--image", str(folder / "a_garbage.jpg")]), capsys)
 
 
+def test_an_image_too_elongated_to_resize_is_refused_in_one_line_or_skipped(colour_checkpoint, tmp_path, capsys):
+    """The weights record no size: 224 px crops of a 256 px short side.  A 1,366 x 1 strip passes the size rule,
+    but its resize would make 89,522,176 pixels (a 200,000 x 1 one, 13 billion: a MemoryError); it is named from
+    its header before any prediction, alone in one line, in a folder as a skipped image."""
+    Image.new("L", (1366, 1)).save(tmp_path / "past.png")
+    Image.new("L", (1365, 1)).save(tmp_path / "within.png")
+    argv = ["--weights", str(colour_checkpoint), "--precision", "FP32", "--topk", "1", "--json", "--image"]
+    error = refused(run(classify_main, [*argv, str(tmp_path / "past.png")]), capsys)
+    assert error == (f"error: {tmp_path / 'past.png'} could not be read as an image (more than 89,478,485 pixels "
+                     "once resized to a 256 px short side (a 349,696 px long side))")
+    assert run(classify_main, [*argv, str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["path"] for line in out.splitlines()] == [str(tmp_path / "within.png")]
+    assert err.splitlines() == [f"warning: skipped: {tmp_path / 'past.png'} could not be read as an image (more "
+                                "than 89,478,485 pixels once resized to a 256 px short side (a 349,696 px long side))"]
+
+
 def test_classify_names_the_trained_class(colour_checkpoint, image_folder, tmp_path):
     labels = tmp_path / "labels.txt"
     labels.write_text("red\ngreen\nblue\n")
@@ -190,11 +207,16 @@ def test_fast_paths_predict_what_the_plain_fp32_path_does(colour_checkpoint, ima
     assert {r["predictions"][0]["index"] for r in plain} == {0, 1, 2}  # a trained model, not a constant
 
 
-def classify_runtime_of(monkeypatch, photo, argv: list[str], native: bool) -> Runtime:
-    """The runtime classify.py's main classifies with, on a CPU whose bf16 is native or not (as /proc/cpuinfo
-    says it, for the help, and as oneDNN does, for the run)."""
+def classify_runtime_of(monkeypatch, photo, argv: list[str], native: bool, flags: set[str] | None = None,
+                        vendor: str = "GenuineIntel") -> Runtime:
+    """The runtime classify.py's main classifies with, on an x86 CPU made by ``vendor`` whose /proc/cpuinfo lists
+    ``flags`` (by default AVX512-BF16 and AMX-BF16 where ``native``, else AVX2 alone: what the help reads) and
+    whose bf16 oneDNN computes natively or not (``native``: what the run asks)."""
     monkeypatch.setattr(machine, "cpu_bf16_is_native", lambda: native)
-    monkeypatch.setattr(machine, "cpu_has_bf16", lambda: native)
+    monkeypatch.setattr(machine, "_is_x86", lambda: True)
+    flags = ({"avx512f", "avx512_bf16", "amx_bf16"} if native else {"avx2"}) if flags is None else flags
+    monkeypatch.setattr(machine, "_cpu_flags", lambda: flags)
+    monkeypatch.setattr(machine, "cpu_vendor", lambda: vendor)
     seen = []
     monkeypatch.setattr(inference, "classify_paths",
                         lambda model, paths, runtime, *rest: seen.append(runtime) or [(paths[0], [])])
@@ -202,20 +224,49 @@ def classify_runtime_of(monkeypatch, photo, argv: list[str], native: bool) -> Ru
     return seen[0]
 
 
-@pytest.mark.parametrize("native, dtype, words", [(True, torch.bfloat16, "here AMP: this CPU"),
-                                                  (False, None, "here FP32: this CPU")])
-def test_cpu_default_is_bf16_only_where_it_is_native(monkeypatch, photo, native, dtype, words):
-    """Emulated bf16 (an AVX2 CPU) runs slower than FP32, so the CPU default is FP32 channels-last there;
-    the help says which default this machine gets."""
-    runtime = classify_runtime_of(monkeypatch, photo, [], native)
+def _help() -> str:
+    return " ".join(classify_parser().format_help().split())
+
+
+AVX512_BF16 = {"avx512f", "avx512_bf16"}
+
+
+@pytest.mark.parametrize("native, flags, vendor, dtype, words", [
+    (True, None, "GenuineIntel", torch.bfloat16,  # AMX
+     "here AMP where this torch's oneDNN computes bf16: this CPU lists AVX512-BF16, AMX-BF16)"),
+    (True, AVX512_BF16, "AuthenticAMD", torch.bfloat16,
+     "here AMP where this torch's oneDNN computes bf16: this CPU lists AVX512-BF16)"),
+    (True, AVX512_BF16, "GenuineIntel", None,  # measured no faster than FP32
+     "here FP32: this CPU lists AVX512-BF16 but no AMX, and computes bf16 no faster than FP32)"),
+    (False, None, "AuthenticAMD", None,
+     "here FP32: this CPU lists no bf16 instructions and would emulate bf16, slower than FP32)"),
+])
+def test_cpu_default_is_bf16_only_where_it_is_faster(monkeypatch, photo, native, flags, vendor, dtype, words, capsys):
+    """Emulated bf16 (an AVX2 CPU), and native bf16 without AMX on an Intel CPU, run slower than FP32, so the
+    CPU default is FP32 channels-last there; the help says which default this machine gets and why."""
+    runtime = classify_runtime_of(monkeypatch, photo, [], native, flags, vendor)
     assert (runtime.device.type, runtime.amp_dtype, runtime.memory_format) == ("cpu", dtype, torch.channels_last)
-    assert words in " ".join(classify_parser().format_help().split())
+    assert words in _help() and "note:" not in capsys.readouterr().err
+
+
+def test_a_bf16_cpu_under_a_torch_without_onednn_bf16_runs_fp32_as_the_help_allows_and_says_so(monkeypatch, photo,
+                                                                                             capsys):
+    """The help reads /proc/cpuinfo only (no torch): on a CPU whose bf16 runs faster it promises AMP where oneDNN
+    computes bf16.  Under a torch build whose oneDNN does not, the run takes FP32, and says why, on stderr."""
+    runtime = classify_runtime_of(monkeypatch, photo, [], native=False, flags=AVX512_BF16, vendor="AuthenticAMD")
+    assert runtime.amp_dtype is None
+    assert "here AMP where this torch's oneDNN computes bf16: this CPU lists AVX512-BF16)" in _help()
+    assert ("note: FP32 by default: this CPU lists AVX512-BF16, but this torch's oneDNN computes no bf16 with it "
+            "(--precision AMP would emulate bf16, slower than FP32)") in capsys.readouterr().err.splitlines()
 
 
 def test_an_explicit_precision_or_layout_wins_over_the_cpu_default(monkeypatch, photo, capsys):
     runtime = classify_runtime_of(monkeypatch, photo, ["--precision", "AMP"], native=False)
     assert runtime.amp_dtype == torch.bfloat16
-    assert "emulates bf16" in capsys.readouterr().err
+    assert "emulates bf16: --precision AMP runs slower than FP32 here" in capsys.readouterr().err
+    runtime = classify_runtime_of(monkeypatch, photo, ["--precision", "AMP"], native=True, flags=AVX512_BF16)
+    assert runtime.amp_dtype == torch.bfloat16
+    assert "no AMX) computes bf16 no faster than FP32: --precision AMP runs slower" in capsys.readouterr().err
     runtime = classify_runtime_of(monkeypatch, photo, ["--precision", "FP32", "--memory-format", "nchw"], native=True)
     assert (runtime.amp_dtype, runtime.memory_format) == (None, torch.contiguous_format)
 
@@ -328,7 +379,7 @@ def test_benchmark_writes_markdown_csv_and_png(benchmark, tmp_path):
     assert "#### FP32 Inference Latency" in report and "Mixed Precision" in report
     assert "| 2 | 1000 img/s | 2.00 ms | 2.18 ms | 2.19 ms | 2.20 ms |" in report
     assert "Intel" in report or "torch" in report
-    assert f"{machine.cpu_capability()}, " in report and "bf16" in report.splitlines()[2]
+    assert f"* Machine: {machine.description()}; " in report and "bf16" in report.splitlines()[2]
     rows = list(csv.DictReader(open(tmp_path / "inference_resnet50_cpu.csv")))
     assert [(r["precision"], r["batch_size"]) for r in rows] == [
         ("FP32", "1"), ("FP32", "2"), ("AMP", "1"), ("AMP", "2")]
@@ -380,3 +431,18 @@ def test_cpu_bf16_is_native_needs_bf16_hardware(monkeypatch, arch, kernels, flag
     monkeypatch.setattr(machine.platform, "machine", lambda: arch)
     monkeypatch.setattr(machine, "_cpu_flags", lambda: flags)
     assert machine.cpu_bf16_is_native() is native
+
+
+@pytest.mark.parametrize("arch, native, flags, vendor, faster", [
+    ("x86_64", False, {"avx2"}, "AuthenticAMD", False),  # the AVX2 EPYC: emulated
+    ("x86_64", True, {"avx512f", "avx512_bf16"}, "AuthenticAMD", True),  # the AVX512-BF16 EPYC
+    ("x86_64", True, {"avx512f", "avx512_bf16", "avx512_fp16"}, "GenuineIntel", False),  # the Xeon, AMX hidden
+    ("x86_64", True, {"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}, "GenuineIntel", True),
+    ("aarch64", True, {"asimd", "bf16"}, None, True),
+])
+def test_bf16_is_the_faster_cpu_precision_where_it_was_measured_so(monkeypatch, arch, native, flags, vendor, faster):
+    monkeypatch.setattr(machine, "cpu_bf16_is_native", lambda: native)
+    monkeypatch.setattr(machine.platform, "machine", lambda: arch)
+    monkeypatch.setattr(machine, "_cpu_flags", lambda: flags)
+    monkeypatch.setattr(machine, "cpu_vendor", lambda: vendor)
+    assert machine.cpu_bf16_is_faster() is faster

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import threading
 from typing import NamedTuple
 
 import pytest
@@ -184,6 +186,23 @@ def test_the_dry_run_shows_the_class_count_the_run_will_use(image_folder, tmp_pa
     assert resumed.startswith("# classes: the checkpoint's (--resume)")
 
 
+def test_the_dry_run_s_class_count_is_the_run_s_own_rule(capsys):
+    """The dry run reads the order of plan.class_count_sources, which the run follows: after a checkpoint that
+    records no count, synthetic data has 1000 classes, not one per class folder of a dataset it has none of."""
+    import argparse
+
+    from image_classification.plan import resolve_num_classes
+
+    argv = [*RN50_A100, "--data-backend", "synthetic", "--resume", "auto"]
+    dry = _dry_run(argv, capsys)
+    assert dry.classes == "# classes: the checkpoint's (--resume), else 1000 (synthetic data)"
+    assert resolve_num_classes(dry.run, None, [], print) == 1000  # --resume auto found no checkpoint
+    evaluated = _dry_run([*RN50_A100, "--evaluate", "--pretrained-weights", "w.pth", "/data"], capsys).classes
+    assert evaluated == "# classes: the weights' (--pretrained-weights), else one per class folder of the dataset"
+    assert resolve_num_classes(argparse.Namespace(num_classes=None, resume=None, evaluate=True, pretrained_weights="w",
+                                                  data_backend=None), None, ["a", "b"], print) == 2
+
+
 def test_yaml_num_classes_reaches_the_run(tmp_path, capsys, monkeypatch):
     config = yaml.safe_load((REPO / "configs.yml").read_text())
     config["models"]["resnet50"]["CPU"]["FP32"]["num_classes"] = 7
@@ -287,6 +306,25 @@ LAUNCH_CPU = ["--model", "resnet50", "--precision", "FP32", "--mode", "convergen
 def _refused_presets(cfg_file, capsys) -> str:
     """The one line ``launch.py`` prints for the presets file ``cfg_file`` (exit 2)."""
     return refused(run(launch.main, [*LAUNCH_CPU, "--cfg_file", str(cfg_file), "/data", "--dry-run"]), capsys)
+
+
+def test_a_presets_file_past_a_megabyte_or_not_a_regular_file_is_refused_before_it_is_read(tmp_path, capsys):
+    """``--cfg_file /dev/zero`` (or a 10 GB file) was read whole; a FIFO would wait for a writer forever."""
+    large = tmp_path / "large.yml"
+    with open(large, "wb") as handle:
+        handle.truncate(launch.MAX_CFG_BYTES + 1)  # sparse: no disk used
+    assert _refused_presets(large, capsys) == f"error: {large} holds more than 1,048,576 bytes (configs.yml: " \
+                                              "about 8 KB): it is not a presets file"
+    fifo = tmp_path / "fifo.yml"
+    os.mkfifo(fifo)
+    for special in ("/dev/null", tmp_path, fifo):
+        outcome = []  # in a thread: a regression that blocks on the FIFO fails here, instead of hanging
+        reading = threading.Thread(target=lambda: outcome.append(_refused_presets(special, capsys)), daemon=True)
+        reading.start()
+        reading.join(timeout=30)
+        assert outcome == [f"error: {special} is not a regular file (a folder, a device or a pipe): it is not a "
+                           "presets file"]
+    assert launch.MAX_CFG_BYTES > 100 * (REPO / "configs.yml").stat().st_size
 
 
 def test_a_presets_file_that_is_not_utf8_is_one_line_naming_it(tmp_path, capsys):

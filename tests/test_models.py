@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import pickle
 import urllib.error
 import warnings
 from pathlib import Path
@@ -349,6 +350,22 @@ def test_a_malicious_pickle_is_refused_in_one_complete_line_of_ours(tmp_path, re
         weights_module.load_checkpoint_file(path)
     assert str(error.value) == f"'{path}' " + words.format(system=f"{os.system.__module__}.system")
     assert not marker.exists() and not [w for w in recwarn if "pickle protocol" in str(w.message)]
+
+
+def test_a_refusal_in_torch_2_3s_words_names_the_global_too(tmp_path, monkeypatch):
+    """torch 2.3 words the refusal "Unsupported class posix.system" where later versions say "GLOBAL"."""
+    path = tmp_path / "evil.pth.tar"
+    path.write_bytes(b"stands for a pickle that asks for posix.system")
+
+    def refuse_as_torch_2_3(*args, **kwargs):
+        raise pickle.UnpicklingError(
+            "Weights only load failed. Re-running `torch.load` with `weights_only` set to `False` will likely "
+            "succeed, but it can result in arbitrary code execution.Do it only if you get the file from a trusted "
+            "source. WeightsUnpickler error: Unsupported class posix.system")
+
+    monkeypatch.setattr(torch, "load", refuse_as_torch_2_3)
+    with pytest.raises(UserError, match=r"was refused: it would build posix\.system, which is neither a"):
+        weights_module.load_checkpoint_file(path)
 
 
 def test_torch_load_is_always_safe(tmp_path, resnet18_state, monkeypatch):

@@ -22,7 +22,8 @@ import pytest
 from helpers import REPO, free_port, one_error_line
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
-COMMANDS = {"ic-train", "ic-launch", "ic-classify", "ic-multiproc", "ic-checkpoint2model", "ic-model2onnx"}
+COMMANDS = {"ic-train", "ic-launch", "ic-classify", "ic-multiproc", "ic-checkpoint2model", "ic-model2onnx",
+            "ic-pack"}
 # a build writes these into the tree it builds, so the test builds a copy
 BUILD_LEFTOVERS = ("build", "*.egg-info")
 
@@ -42,6 +43,15 @@ def test_dependencies_are_the_runtime_requirements():
     assert declared == pinned
 
 
+def test_the_test_tools_pin_a_setuptools_that_builds_the_package():
+    """The build below runs on this environment's setuptools: torch 2.3 brings none, and Python 3.11's venv
+    holds 65.5, which cannot build a wheel without the `wheel` package."""
+    lines = [line.split("#")[0].strip() for line in (REPO / "requirements-dev.txt").read_text().splitlines()]
+    pins = {_name(name): version for name, version in (line.split("==") for line in lines if "==" in line)}
+    (floor,) = [r.split(">=")[1] for r in PYPROJECT["build-system"]["requires"] if _name(r) == "setuptools"]
+    assert [int(part) for part in pins["setuptools"].split(".")] >= [int(part) for part in floor.split(".")]
+
+
 def test_console_commands():
     scripts = PYPROJECT["project"]["scripts"]
     assert set(scripts) == COMMANDS
@@ -57,7 +67,7 @@ def installed(tmp_path_factory) -> Path:
 
     def ignore(folder: str, names: list[str]) -> set[str]:
         # at the root only: image_classification/data is a subpackage
-        at_root = {".venv", "workspace", "data"} if Path(folder) == REPO else set()
+        at_root = {".venv", ".venv-pins", "workspace", "data"} if Path(folder) == REPO else set()
         return anywhere(folder, names) | (at_root & set(names))
 
     shutil.copytree(REPO, source, symlinks=True, ignore=ignore)
@@ -98,10 +108,11 @@ def test_pip_install_gives_the_package_and_its_commands(installed, tmp_path):
                                   cwd=tmp_path),
         "mistake": lambda: _run(installed, "ic-launch", "--model", "resnet51", "--precision", "AMP", "--mode",
                                 "evaluate", "--platform", "CPU", "--dry-run", cwd=tmp_path),
+        "pack": lambda: _run(installed, "ic-pack", "src", "dst", cwd=tmp_path),
     }
     with ThreadPoolExecutor(len(runs)) as pool:  # each is mostly a Python importing torch: side by side
         futures = {name: pool.submit(start) for name, start in runs.items()}
-    result, train, presets, multiproc, mistake = (futures[name].result() for name in runs)
+    result, train, presets, multiproc, mistake, pack = (futures[name].result() for name in runs)
     assert result.returncode == 0, result.stderr
     package_file, commands = json.loads(result.stdout)
     assert package_file.startswith(str(installed)) and set(commands) == COMMANDS
@@ -118,6 +129,7 @@ def test_pip_install_gives_the_package_and_its_commands(installed, tmp_path):
     assert f"{installed / 'bin' / 'ic-train'} -h" in multiproc.stdout and "--raport-file" in multiproc.stdout
 
     one_error_line(mistake)
+    assert one_error_line(pack) == "error: SRC src does not exist"
 
 
 def test_the_presets_are_package_data_with_one_source():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers import refused
 from image_classification.plan import DEFAULT_LOSS_SCALE, choose_loss_scale
 
 FP16, BF16 = torch.float16, torch.bfloat16
@@ -52,6 +53,35 @@ def test_a_new_run_never_silently_replaces_the_run_in_its_workspace(tmp_path, ca
     assert (tmp_path / "checkpoint.pth.tar").read_bytes() == before
     assert train("--epochs", "2", "--resume", "auto") == 0
     assert train("--overwrite") == 0 and "replaces the one in" in capsys.readouterr().out
+
+
+def test_a_new_run_never_silently_replaces_the_raport_in_its_workspace(tmp_path, capsys):
+    """A run without checkpoints leaves only its raport: the next new run there, with or without checkpoints,
+    stops with one line (before writing anything) instead of overwriting it; --overwrite replaces it, another
+    --raport-file goes beside it, and --resume auto (a restart, with no checkpoint to continue) goes on."""
+    from image_classification.cli import run
+    from image_classification.training import main
+
+    def train(seed: int, *extra):
+        return run(main, ["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "32", "-b", "4",
+                          "--prof", "1", "--epochs", "1", "--num-classes", "4", "--lr", "0.01", "--seed", str(seed),
+                          "--workspace", str(tmp_path), *extra])
+
+    raport = tmp_path / "experiment_raport.json"
+    assert train(1, "--no-checkpoints") == 0
+    before, files = raport.read_bytes(), sorted(tmp_path.iterdir())
+    capsys.readouterr()
+    for extra in (["--no-checkpoints"], []):
+        assert refused(train(2, *extra), capsys) == (
+            f"error: --raport-file {raport} already holds another run's records; give this run another "
+            "--raport-file or a new --workspace, or pass --overwrite to replace them")
+        assert raport.read_bytes() == before and sorted(tmp_path.iterdir()) == files
+    assert train(2, "--no-checkpoints", "--raport-file", "second.json") == 0 and raport.read_bytes() == before
+    assert train(2, "--no-checkpoints", "--resume", "auto") == 0
+    capsys.readouterr()
+    assert train(3, "--no-checkpoints", "--overwrite") == 0
+    assert f"=> --overwrite: this run replaces the one in {tmp_path} (experiment_raport.json)" in capsys.readouterr().out
+    assert '"seed": 3' in raport.read_text() and '"seed": 2' not in raport.read_text()
 
 
 def test_a_preset_s_imagenet_class_count_gives_way_to_the_dataset_s(image_folder, monkeypatch):
@@ -121,7 +151,7 @@ def test_a_crafted_checkpoint_with_a_valid_hash_is_one_line(trained, tmp_path, c
 
 def test_evaluate_normalises_and_crops_as_the_weights_recorded(trained, tmp_path):
     """--evaluate takes the checkpoint's mean, std and crop ratio, as classify.py does."""
-    from image_classification.arguments import parse_args
+    from image_classification.arguments import parse_args, raport_file
     from image_classification.plan import resolve_run
     from image_classification.runtime import make_runtime
     from image_classification.workspace import Workspace
@@ -131,7 +161,7 @@ def test_evaluate_normalises_and_crops_as_the_weights_recorded(trained, tmp_path
     args = parse_args(["--data-backend", "synthetic", "-a", "resnet18", "-b", "4", "--evaluate", "--resume", path,
                        "--workspace", str(tmp_path / "ws")])
     plan = resolve_run(args, make_runtime("cpu"), Workspace(args.workspace, args.checkpoint_filename,
-                                                               args.raport_file), log=lambda *_: None)
+                                                               raport_file(args)), log=lambda *_: None)
     assert (plan.data.mean, plan.data.std, plan.data.crop_ratio) == ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0), 0.5)
 
 

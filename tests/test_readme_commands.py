@@ -62,7 +62,11 @@ NOT_RUN = {
     r"^bash \S+\.sh": "the recipes: tests/test_recipes.py runs every one of them",
     r"^until python main\.py --resume auto": "a re-queue loop: tests/faults resumes with --resume auto after kills",
     r"-m pytest -q tests/faults": "the fault suite is part of `make test` already",
+    r"scripts/gpu_report\.py": "needs a CUDA device, and --smoke takes minutes: tests/test_gpu_report.py runs --smoke "
+                               "(slow) and checks every step's command against its script's parser",
     r"prepare_imagenet\.py": "needs the ImageNet archives: tests/test_prepare_imagenet.py runs it on archives it builds",
+    r"benchmarks/startup\.py --make": "writes 1.28 M files and starts main.py four times: tests/test_pack.py runs its "
+                                      "parts on a small set",
 }
 
 SMOKE = r"^python main\.py --evaluate --resume workspace/digits/"

@@ -73,12 +73,14 @@ def inference_record(native: bool) -> dict:
             "classify_default": "bf16" if native else "channels_last",
             "environment": {"device": "cpu", "cpu_model": "AMD EPYC", "cpu_cores": 2, "python": "3.11.7",
                             "torch": "2.14.1", "torchvision": "0.29.1", "cpu_capability": "AVX2",
+                            "cpu_instruction_sets": ["AVX2"], "gpu": None,
                             "cpu_bf16_native": native, "load_average": [1.04, 0.5, 0.25]}}
 
 
 def test_inference_block_names_the_cpu_capability_and_classifys_default_row():
     block = figures.inference_block(inference_record(native=False), "python benchmarks/infer_throughput.py")
-    assert "AMD EPYC (2 cores), no GPU" in block and "CPU capability AVX2, has no native bf16" in block
+    assert "Measured on AMD EPYC (2 cores; AVX2; torch's CPU kernels AVX2), no GPU used; Python 3.11.7, " \
+        "torch 2.14.1, torchvision 0.29.1; the CPU has no native bf16: it emulates bf16" in block
     assert "load average at the end of the run 1.0 / 0.5 / 0.2 (1 / 5 / 15 min)" in block
     rows = [line for line in block.splitlines() if line.startswith("| ") and "path" not in line]
     assert [row.split(" | ")[0] for row in rows] == [
@@ -89,6 +91,17 @@ def test_inference_block_names_the_cpu_capability_and_classifys_default_row():
     assert rows[-1] == "| `torch.compile` | skipped: torch.compile on cpu needs a C++ compiler; none found | | | | |"  # 5 cells
     native = figures.inference_block(inference_record(native=True), "python benchmarks/infer_throughput.py")
     assert "computes bf16 natively" in native and "| bf16 autocast, channels-last (**`classify.py`" in native
+
+
+def test_a_gpu_figure_names_the_gpu_and_its_driver():
+    record = inference_record(native=True)
+    record["environment"].update(device="cuda", load_average=None, gpu={
+        "name": "NVIDIA H100 80GB HBM3", "memory_gib": 79.1, "capability": "9.0", "count": 1,
+        "driver": "580.159.04", "cuda": "13.0"})
+    block = figures.inference_block(record, "python benchmarks/infer_throughput.py")
+    assert "Measured on 1x NVIDIA H100 80GB HBM3 (79.1 GiB, compute capability 9.0, driver 580.159.04, CUDA " \
+        "13.0), host AMD EPYC (2 cores; AVX2; torch's CPU kernels AVX2); Python 3.11.7, torch 2.14.1, " \
+        "torchvision 0.29.1; 224 px" in block
 
 
 def test_inference_block_states_the_fp32_ceiling_and_how_near_the_fastest_fp32_row_comes():

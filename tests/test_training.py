@@ -166,6 +166,10 @@ def test_an_evaluation_writes_a_raport_of_its_own_and_says_where(tmp_path, tiny_
     line = refused(cli_run(main, [*evaluate, "--raport-file", "eval.json"]), capsys)
     assert "--raport-file eval.json already holds records" in line
     assert (here / "eval.json").read_bytes() == first and len(list(here.iterdir())) == 2
+    # the default's name, typed, is a name of the user's choosing too (it was taken for the default, and swapped)
+    line = refused(cli_run(main, [*evaluate, "--raport-file", "experiment_raport.json"]), capsys)
+    assert "--raport-file experiment_raport.json already holds records" in line
+    assert len(list(here.iterdir())) == 2
 
 
 def test_pretrained_weights_with_another_head_are_fine_tuned(image_folder, tmp_path, capsys):

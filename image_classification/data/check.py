@@ -1,18 +1,24 @@
-"""Check an ImageFolder dataset before training on it.
+"""Check an ImageFolder dataset, or a set packed from one, before training on it.
 
     python -m image_classification.data.check DIR [-j N]
 
 Prints, for ``DIR/train`` and ``DIR/val``, the class and image counts; then every image that cannot be
 decoded, every link that training would not follow (loops, links into another class or split, images counted twice), empty
-class folders, and the classes found in only one split.  The images are listed exactly as training lists
+class folders, and the classes found in only one split.  A packed set (:mod:`.packed`) is checked against
+its manifest: every shard's size and SHA-256 and its members against the sample table (a damaged shard is
+named, its images left unchecked); then its images are decoded and its links reported as on the folder it
+was packed from, so both give the same counts.  The images are listed exactly as training lists
 them and each is decoded (at reduced scale for JPEGs, which still reads the whole file); an image whose
 header declares more than 89,478,485 pixels, or a JPEG whose frame header cannot be read with certainty,
-is unreadable here as on every backend.  Exit code 0
+is unreadable here as on every backend, and so is an image of ``val/`` that validation's resize (its short
+side to ``--val-resize-size``, main.py's 256 unless told) would make larger than that.  Exit code 0
 when nothing is wrong, 1 when something is, 2 when DIR is not a dataset.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -20,13 +26,18 @@ from pathlib import Path
 from typing import TextIO
 
 from .. import machine
-from ..cli import UserErrorParser
+from ..cli import UserErrorParser, positive_int
 from ..cli import run
 from ..errors import UserError
-from .files import SplitWalk, decode_problem, walk_class
-from .layout import class_folders
+from ..models import default_image_size
+from .common import val_resize_size
+from .files import MAX_IMAGE_PIXELS, decode_problem
+from .layout import class_folders, walk_split
+from .packed import (BLOCK, MANIFEST, TABLE, SampleNames, index_name, is_packed, open_plain, read_manifest,
+                     read_table, shard_starts)
 
 SPLITS = ("train", "val")
+DEFAULT_RESIZE = val_resize_size(default_image_size("resnet50"))  # main.py's validation resize by default: 256
 
 
 @dataclass
@@ -34,26 +45,116 @@ class SplitReport:
     classes: dict[str, int] = field(default_factory=dict)  # class folder -> images
     unreadable: list[str] = field(default_factory=list)  # "path (reason)"
     links: list[str] = field(default_factory=list)  # links not followed, with the reason
+    damaged: list[str] = field(default_factory=list)  # a packed set's files that are not as its manifest says
+    shards: int = 0  # a packed set's shards
 
     @property
     def images(self) -> int:
         return sum(self.classes.values())
 
 
-def check_split(split_dir: Path, workers: int) -> SplitReport:
+def check_split(split_dir: Path, workers: int, resize: int | None = None) -> SplitReport:
+    """What is wrong in one split; ``resize``: the short side validation resizes its images to (None for
+    train/, whose images are cropped before they are resized)."""
     report = SplitReport()
-    files: list[str] = []
-    shared = SplitWalk()  # the rule of every backend: an image counted once, under its own class
-    for name in class_folders(split_dir):
-        walk = walk_class(split_dir / name, split_dir, shared)
-        report.classes[name] = len(walk.files)
-        report.links += walk.skipped_links
-        files += walk.files
+    classes = class_folders(split_dir)
+    # the rule of every backend: an image counted once, under its own class
+    samples, report.links = walk_split(split_dir, classes)
+    report.classes = {name: 0 for name in classes}
+    for _, label in samples:
+        report.classes[classes[label]] += 1
+    files = [path for path, _ in samples]
     with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _InProcess() as pool:
-        for path, problem in zip(files, pool.map(decode_problem, files, chunksize=64)):
+        problems = pool.map(functools.partial(decode_problem, short_side=resize), files, chunksize=64)
+        for path, problem in zip(files, problems):
             if problem is not None:
                 report.unreadable.append(f"{path} ({problem})")
     return report
+
+
+def check_packed_split(split_dir: Path, workers: int, resize: int | None = None) -> SplitReport:
+    """A packed split against its manifest: each shard whole (size, SHA-256, members), then each image of the
+    shards that are whole decoded, under the same resize rule as :func:`check_split`."""
+    import numpy as np
+
+    manifest = read_manifest(split_dir)
+    report = SplitReport(links=list(manifest["links_not_followed"]), shards=len(manifest["shards"]))
+    try:
+        table = read_table(split_dir, manifest["samples"], manifest["table"]["sha256"])
+    except UserError as error:
+        report.damaged.append(f"{TABLE}: {error}")
+        report.classes = {name: 0 for name in manifest["classes"]}
+        return report
+    counts = np.bincount(table["label"], minlength=len(manifest["classes"]))
+    report.classes = dict(zip(manifest["classes"], counts.tolist()))
+    names, starts = SampleNames(split_dir, manifest), shard_starts(manifest)
+    unreadable = dict(manifest["unreadable"])
+    tasks = []
+    for number, shard in enumerate(manifest["shards"]):
+        first, end = int(starts[number]), int(starts[number + 1])
+        problem = _shard_problem(split_dir, shard, table[first:end], first)
+        if problem is not None:
+            report.damaged.append(f"{shard['file']}: {problem}")
+            continue
+        rows = [(index, int(table["block"][index]) * BLOCK, int(table["size"][index]))
+                for index in range(first, end) if index not in unreadable]
+        tasks += [(shard["file"], rows[i:i + 256]) for i in range(0, len(rows), 256)]
+        report.unreadable += [f"{names(index)} in {shard['file']} (OSError: unreadable when it was packed: "
+                              f"{unreadable[index]})" for index in range(first, end) if index in unreadable]
+    with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _InProcess() as pool:
+        found_by_task = pool.map(_decode_problems, [(split_dir / file, rows, resize) for file, rows in tasks])
+        for (file, _), found in zip(tasks, found_by_task):
+            report.unreadable += [f"{names(index)} in {file} ({problem})" for index, problem in found]
+    return report
+
+
+def _shard_problem(split_dir: Path, shard: dict, rows, first: int) -> str | None:
+    """What is wrong with one shard, read whole: its size, SHA-256 and members against the manifest and the
+    table's ``rows`` (its samples, from sample ``first`` on), and its DALI index's presence; None when nothing."""
+    import hashlib
+    import tarfile
+
+    path = split_dir / shard["file"]
+    if os.path.islink(path) or not path.is_file():
+        return "a symbolic link, not the shard" if os.path.islink(path) else "missing"
+    with open(open_plain(split_dir, shard["file"]), "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size != shard["bytes"]:
+            return f"{size:,} bytes, the manifest says {shard['bytes']:,} (cut short or changed since it was packed)"
+        hasher = hashlib.sha256()
+        while chunk := handle.read(1 << 20):
+            hasher.update(chunk)
+        if hasher.hexdigest() != shard["sha256"]:
+            return "its SHA-256 differs from the manifest's (changed or damaged since it was packed)"
+        handle.seek(0)
+        members = []
+        try:
+            with tarfile.open(fileobj=handle, mode="r:") as tar:
+                members = [(member.name, member.offset_data, member.size) for member in tar]
+        except tarfile.TarError as error:
+            return f"not a readable tar ({error})"
+    images = [member for member in members if not member[0].endswith(".cls")]
+    expected = [(offset, size) for offset, size in zip(rows["block"].astype(int) * BLOCK, rows["size"].tolist())]
+    if len(images) != shard["samples"] or len(members) != 2 * shard["samples"] \
+            or [(offset, size) for _, offset, size in images] != expected \
+            or [name.split(".")[0] for name, _, _ in images] != [f"{first + i:09d}" for i in range(len(images))]:
+        return f"its members are not the {shard['samples']} samples its manifest and sample table list"
+    if not (split_dir / index_name(shard["file"])).is_file():
+        return f"its DALI index {index_name(shard['file'])} is missing"
+    return None
+
+
+def _decode_problems(task: tuple[Path, list[tuple[int, int, int]], int | None]) -> list[tuple[int, str]]:
+    """(sample, problem) of every sample of ``task`` (a shard's path, its samples' index, offset and size, and
+    the validation resize's short side or None) that cannot be decoded."""
+    path, rows, resize = task
+    found = []
+    with open(path, "rb") as handle:
+        for index, offset, size in rows:
+            problem = decode_problem(os.pread(handle.fileno(), size, offset), resize)
+            if problem is not None:
+                found.append((index, problem))
+    return found
 
 
 class _InProcess:
@@ -70,23 +171,31 @@ class _InProcess:
         return map(function, items)
 
 
-def check(root: Path, workers: int, out: TextIO | None = None) -> int:
+def check(root: Path, workers: int, out: TextIO | None = None, resize: int = DEFAULT_RESIZE) -> int:
     """Print the report of the dataset at ``root`` to ``out`` (sys.stdout as it is at the call, so a
-    redirect or capture made after import sees it); the number of problems found."""
+    redirect or capture made after import sees it), its val/ images checked for a validation resize to a
+    ``resize`` px short side; the number of problems found."""
     out = sys.stdout if out is None else out
     if not root.is_dir():
         raise UserError(f"dataset directory {root} does not exist")
-    splits = {split: root / split for split in SPLITS if (root / split).is_dir()}
+    packed = is_packed(root)
+    if packed:
+        splits = {split: root / split for split in SPLITS if os.path.lexists(root / split / MANIFEST)}
+    else:
+        splits = {split: root / split for split in SPLITS if (root / split).is_dir()}
     if not splits:
         raise UserError(f"{root} has neither train/ nor val/; expected train/<class>/<image> and val/<class>/<image>")
-    reports = {split: check_split(path, workers) for split, path in splits.items()}
+    check_one = check_packed_split if packed else check_split
+    reports = {split: check_one(path, workers, resize if split == "val" else None) for split, path in splits.items()}
     problems = 0
-    print(f"{root}", file=out)
+    print(f"{root}" + (" (packed)" if packed else ""), file=out)
     for split, report in reports.items():
-        print(f"  {split}/: {len(report.classes)} classes, {report.images:,} images", file=out)
+        shards = f" in {report.shards} shard(s)" if packed else ""
+        print(f"  {split}/: {len(report.classes)} classes, {report.images:,} images{shards}", file=out)
     for split, report in reports.items():
         empty = [name for name, count in report.classes.items() if count == 0]
         sections = (
+            ("damaged files", report.damaged),
             ("unreadable images", report.unreadable),
             ("links not followed", report.links),
             ("class folders without images", empty),
@@ -106,7 +215,8 @@ def check(root: Path, workers: int, out: TextIO | None = None) -> int:
     else:
         missing = next(split for split in SPLITS if split not in reports)
         problems += 1
-        print(f"  no {missing}/ folder", file=out)
+        print(f"  no {missing}/{MANIFEST} (its pack did not finish?)" if packed else f"  no {missing}/ folder",
+              file=out)
     print("ok: nothing to fix" if problems == 0 else f"{problems} problem(s) found", file=out)
     return problems
 
@@ -114,13 +224,18 @@ def check(root: Path, workers: int, out: TextIO | None = None) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = UserErrorParser(prog="python -m image_classification.data.check",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("data", metavar="DIR", help="the dataset: DIR/train/<class>/<image>, DIR/val/<class>/<image>")
+    parser.add_argument("data", metavar="DIR", help="the dataset: DIR/train/<class>/<image>, DIR/val/<class>/<image>, "
+                        "or a set packed from one (DIR/train/manifest.json)")
     parser.add_argument("-j", "--workers", type=int, default=machine.cores(),
                         help="processes decoding the images (default: this machine's cores)")
+    parser.add_argument("--val-resize-size", metavar="S", type=positive_int, default=DEFAULT_RESIZE,
+                        help="the short side validation resizes val/ images to, as main.py's flag: an image that "
+                        f"this resize would make larger than {MAX_IMAGE_PIXELS:,} pixels is unreadable (default: "
+                        f"{DEFAULT_RESIZE}, main.py's for 224 px crops)")
     args = parser.parse_args(argv)
     if args.workers < 1:
         raise UserError(f"-j/--workers must be at least 1, got {args.workers}")
-    return 1 if check(Path(args.data), args.workers) else 0
+    return 1 if check(Path(args.data), args.workers, resize=args.val_resize_size) else 0
 
 
 if __name__ == "__main__":

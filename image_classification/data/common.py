@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
+import numpy as np
 import torch
 from torch.utils.data import Sampler
 
 from ..errors import UserError
 from ..preprocessing import CROP_RATIO, IMAGENET_MEAN_255 as MEAN_255, IMAGENET_STD_255 as STD_255
 from ..runtime import Runtime
-from ..seeding import mix_seed
+from ..seeding import SEED_MODULUS, WEIGHTS, mix_seed
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,13 @@ def sample_seed(seed: int, epoch: int, position: int) -> int:
     return mix_seed(0, seed, epoch, position)
 
 
+def sample_seeds(seed: int, epoch: int, positions: np.ndarray) -> np.ndarray:
+    """:func:`sample_seed` of every position of ``positions`` (non-negative, under 2**40), as int64, at once."""
+    base = np.uint64(mix_seed(0, seed, epoch))  # under 2**63: adding position * weight stays under 2**64
+    weight = np.uint64(WEIGHTS[2])
+    return ((base + positions.astype(np.uint64) * weight) % np.uint64(SEED_MODULUS)).astype(np.int64)
+
+
 RA_ROUND = 256  # torchvision's RASampler rounds an epoch down to whole multiples of 256 images
 
 
@@ -173,7 +181,7 @@ class RepeatedShare(Sequence):
     ``p``-th position is that list's item ``p * world_size + rank``.  ``limit`` cuts the share shorter.
     """
 
-    def __init__(self, order: list[int], repeats: int, rank: int, world_size: int, limit: int | None = None):
+    def __init__(self, order: Sequence[int], repeats: int, rank: int, world_size: int, limit: int | None = None):
         self.order, self.repeats, self.rank, self.world_size = order, repeats, rank, world_size
         self.length = len(order) * repeats
         padded = self.length + min(-self.length % world_size, self.length)
@@ -193,7 +201,7 @@ class RepeatedShare(Sequence):
         item = position * self.world_size + self.rank
         if item >= self.length:  # the padding repeats the list's start
             item -= self.length
-        return self.order[item // self.repeats]
+        return int(self.order[item // self.repeats])
 
 
 class ShardSampler(Sampler):
@@ -220,9 +228,10 @@ class ShardSampler(Sampler):
         """Pick ``epoch``'s order; the next pass begins at this rank's ``start``-th sample."""
         self.epoch, self.start = epoch, start
 
-    def _permutation(self) -> list[int]:
+    def _permutation(self) -> np.ndarray:
+        """The epoch's shuffle, as an int64 array (a list of Python ints would take 36 bytes an image)."""
         generator = torch.Generator().manual_seed(mix_seed(self.epoch, self.seed))
-        return torch.randperm(self.size, generator=generator).tolist()
+        return torch.randperm(self.size, generator=generator).numpy()
 
     def _indices(self) -> Sequence[int]:
         if not self.shuffle:
@@ -233,14 +242,21 @@ class ShardSampler(Sampler):
         usable = len(order) - len(order) % self.world_size
         return order[self.rank:usable:self.world_size]
 
-    def _repeated(self, order: list[int], limit: int | None = None) -> RepeatedShare:
+    def _repeated(self, order: Sequence[int], limit: int | None = None) -> RepeatedShare:
         """This rank's share of ``order`` repeated and padded, its first ``limit`` positions (all without)."""
         return RepeatedShare(order, self.repeats, self.rank, self.world_size, limit)
 
     def __iter__(self):
         indices = self._indices()
         for position in range(self.start, len(indices)):
-            yield indices[position], sample_seed(self.seed, self.epoch, position * self.world_size + self.rank)
+            yield int(indices[position]), sample_seed(self.seed, self.epoch, position * self.world_size + self.rank)
+
+    def pass_order(self) -> tuple[np.ndarray, np.ndarray]:
+        """What iterating yields, as two int64 arrays: the indices and their sample seeds."""
+        indices = self._indices()
+        positions = np.arange(self.start, len(indices), dtype=np.int64)
+        chosen = np.asarray(indices[self.start:], dtype=np.int64)
+        return chosen, sample_seeds(self.seed, self.epoch, positions * self.world_size + self.rank)
 
     def __len__(self) -> int:
         if not self.shuffle:
@@ -263,7 +279,7 @@ def train_sampler(size: int, config: DataConfig, runtime: Runtime) -> ShardSampl
         raise UserError(f"--ra-reps {config.ra_reps}: each image that many times in a row fills an epoch's "
                         f"{shown} images (over {runtime.world_size} process(es)) with one image; give fewer than "
                         f"{shown}")
-    if config.ra_reps > 1 and len(sampler) < config.batch_size:  # without repeats split_samples checked it
+    if config.ra_reps > 1 and len(sampler) < config.batch_size:  # without repeats open_split checked it
         raise UserError(f"--ra-reps {config.ra_reps}: an epoch gives each of the {runtime.world_size} process(es) "
                         f"{len(sampler)} of the {size} training images (whole multiples of 256 in all), fewer than "
                         f"one batch of {config.batch_size}; lower -b/--batch-size")

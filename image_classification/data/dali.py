@@ -2,14 +2,17 @@
 
 This module is the only one that imports DALI, and it does so lazily, so the package works without it.
 Each split's pipeline is built once per run (its decoders' buffers are large and slow to allocate) and
-fed through an external source: every pass hands it the paths of this rank's files in that epoch's order,
-and DALI's own threads read the files (``fn.io.file.read``), in parallel and off Python's main thread,
-which only slices the list.  The order and the sharding come from the shared :class:`ShardSampler`, so
-both backends see the same images in the same order for a given seed.  Training drops the last partial
+fed through an external source: every pass hands it this rank's samples in that epoch's order.  From a
+folder it hands their paths and DALI's own threads read the files (``fn.io.file.read``); from the shards of
+a packed set it hands their bytes, read ahead by the feed's thread pool (``os.pread`` on the open shards).
+Either way the reads run in parallel and off Python's main thread, which only slices arrays.  The order
+and the sharding come from the shared :class:`ShardSampler`, so both backends see the same images in the
+same order for a given seed, from a folder or from its shards.  Training drops the last partial
 batch; validation keeps it, and every validation image is read by exactly one rank.  A file DALI cannot
 read (a dangling link) or decode is reported once and left out, as the pytorch backend does (the pipeline
 is rebuilt then: DALI's state after an error is not reusable); so is an image past the size rule of
-``files.MAX_IMAGE_PIXELS``, which the pipeline finds from its header and never decodes.
+``files.MAX_IMAGE_PIXELS`` (in validation, for its resize as well), which the pipeline finds from its header
+and never decodes.
 
 The training pipeline's random operators (the crop, the flip, ``--augmentation``) do not draw from their own
 generators, whose state depends on how many samples the pipeline has made since it was built: with every
@@ -21,8 +24,10 @@ draws exactly what an uninterrupted one does.
 from __future__ import annotations
 
 import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -31,8 +36,9 @@ import torch
 from ..errors import UserError
 from ..runtime import Runtime
 from .common import CROP_RATIO, MEAN_255, STD_255, DataConfig, ShardSampler, Unreadable, train_sampler, val_resize_size
-from .files import MAX_IMAGE_PIXELS, ImageTooLarge, decode_problem
-from .layout import split_samples
+from .files import MAX_IMAGE_PIXELS, ImageTooLarge, size_problem
+from .layout import Split, open_split
+from .packed import PackedSplit
 
 # Words in DALI's error when a file could not be read (a dangling link), its header parsed or its data
 # decoded: those are skipped.
@@ -83,6 +89,7 @@ class PipelineSpec:
     device_id: int | None  # None: no GPU at all, every operator on the CPU
     gpu_decode: bool  # dali-gpu: nvJPEG ("mixed") decode and GPU resize
     channels_last: bool
+    encoded: bool = False  # the feed hands the images' bytes (shards), not their paths (a folder)
     crop_ratio: float = CROP_RATIO  # validation: the short side is image_size / crop_ratio
     augmentation: str | None = None  # training: one of DALI_AUGMENTATIONS
     randaugment_magnitude: int = 9
@@ -110,43 +117,80 @@ def random_states(seeds: list[int], slots: int):
     return states
 
 
-@dataclass
 class Feed:
-    """A pipeline's external source: the paths of the pass under way, in order, a batch per call, and
-    for training the random states of each sample (:func:`random_states`).
+    """A pipeline's external source: the samples of the pass under way, in order, a batch per call, with
+    their labels and, for training, the random states of each (:func:`random_states`).
 
-    It hands out paths, not contents: reading the files here, one per sample, would put the I/O and the
-    GIL on the training loop's thread.  Raising StopIteration at the end is what ends a pass for DALI's
-    iterator.
+    From a folder it hands out paths: DALI's file reader reads them in the pipeline's threads.  From shards
+    it hands out the images' bytes, read ahead (``ahead`` batches) by its own pool of ``threads`` with one
+    ``os.pread`` each; the call, on the training loop's thread, only collects reads already under way.
+    Reading here, one file or sample at a time, would put the I/O and the GIL on that thread.  Raising
+    StopIteration at the end is what ends a pass for DALI's iterator.
     """
 
-    batch_size: int
-    random_slots: int = 0  # random states per sample: RANDOM_SLOTS for training, none for validation
-    files: list[str] = field(default_factory=list)
-    labels: list[int] = field(default_factory=list)
-    seeds: list[int] = field(default_factory=list)
-    position: int = 0  # files handed to the pipeline so far (it reads ahead of the batches delivered)
+    def __init__(self, batch_size: int, random_slots: int = 0, samples: Split | None = None, *,
+                 encoded: bool = False, threads: int = 1, ahead: int = 4):
+        import numpy as np
 
-    def start(self, files: list[str], labels: list[int], seeds: list[int]) -> None:
-        self.files, self.labels, self.seeds, self.position = list(files), list(labels), list(seeds), 0
+        self.batch_size, self.random_slots, self.samples = batch_size, random_slots, samples
+        self.encoded, self.ahead = encoded, ahead  # random_slots: RANDOM_SLOTS for training, none for validation
+        self.indices = self.seeds = np.empty(0, dtype=np.int64)
+        self.position = 0  # samples handed to the pipeline so far (it reads ahead of the batches delivered)
+        self.submitted = 0  # samples whose reads were started
+        self.pending: deque[list[Future]] = deque()  # the reads of the next batches, a list per batch
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="shard-read") if encoded else None
+
+    def start(self, indices, seeds) -> None:
+        """Hand out the samples ``indices`` (with their sample seeds) from the next call on."""
+        self._forget_reads()
+        self.indices, self.seeds, self.position, self.submitted = indices, seeds, 0, 0
+        self._read_ahead()
 
     def stop(self) -> None:
         """Hand out nothing more this pass."""
-        del self.files[self.position:], self.labels[self.position:], self.seeds[self.position:]
+        self._forget_reads()
+        self.indices, self.seeds = self.indices[:self.position], self.seeds[:self.position]
+
+    def _forget_reads(self) -> None:
+        for future in (future for batch in self.pending for future in batch):
+            future.cancel()
+        self.pending.clear()
+        self.submitted = self.position
+
+    def _read_ahead(self) -> None:
+        while self.pool is not None and len(self.pending) < self.ahead and self.submitted < len(self.indices):
+            batch = self.indices[self.submitted:self.submitted + self.batch_size]
+            self.pending.append([self.pool.submit(self.samples.read, int(index)) for index in batch])
+            self.submitted += len(batch)
+
+    @staticmethod
+    def _bytes(read: Future):
+        """A read's bytes as DALI takes them; none where it failed, which DALI then refuses to decode, and the
+        loader finds the sample and leaves it out."""
+        import numpy as np
+
+        try:
+            return np.frombuffer(read.result(), dtype=np.uint8)
+        except OSError:
+            return np.empty(0, dtype=np.uint8)
 
     def __call__(self):
         import numpy as np
 
-        if self.position >= len(self.files):
+        if self.position >= len(self.indices):
             raise StopIteration
         start, end = self.position, self.position + self.batch_size
-        # fn.io.file.read takes a path as its bytes; fsencode keeps names that are not UTF-8 intact.
-        paths = [np.frombuffer(os.fsencode(path), dtype=np.uint8) for path in self.files[start:end]]
-        labels = [np.array([label], dtype=np.int32) for label in self.labels[start:end]]
-        self.position += len(paths)
+        batch = [int(index) for index in self.indices[start:end]]
+        if self.encoded:
+            data = [self._bytes(read) for read in self.pending.popleft()]
+        else:  # fn.io.file.read takes a path as its bytes; fsencode keeps names that are not UTF-8 intact.
+            data = [np.frombuffer(os.fsencode(self.samples.path(index)), dtype=np.uint8) for index in batch]
+        labels = [np.array([self.samples.label(index)], dtype=np.int32) for index in batch]
+        self.position += len(batch)
+        self._read_ahead()
         if not self.random_slots:
-            return paths, labels
-        return paths, labels, list(random_states(self.seeds[start:end], self.random_slots))
+            return data, labels
+        return data, labels, list(random_states(self.seeds[start:end], self.random_slots))
 
 
 class _RandomStates:
@@ -183,7 +227,7 @@ def _drawing_from(states: _RandomStates):
 
 
 def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
-    """A DALI pipeline yielding ("images", "labels") for the files ``feed`` hands it, in that order."""
+    """A DALI pipeline yielding ("images", "labels") for the samples ``feed`` hands it, in that order."""
     from nvidia.dali import fn, pipeline_def, types
 
     decode_device = "mixed" if spec.gpu_decode else "cpu"
@@ -199,20 +243,21 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
     )
     def pipeline():
         if spec.train:
-            paths, labels_, states = fn.external_source(
+            fed, labels_, states = fn.external_source(
                 source=feed, num_outputs=3, batch=True, dtype=[types.UINT8, types.INT32, types.UINT32]
             )
             draw = _RandomStates(states)
         else:
-            paths, labels_ = fn.external_source(
+            fed, labels_ = fn.external_source(
                 source=feed, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT32]
             )
-        # Read by the pipeline's thread pool, a file per task.  A plain read rather than DALI's default
-        # mmap: faster for files this small, and a file truncated while mapped would be a SIGBUS, not
-        # an error to skip.  A per-sample parallel external source would read in worker processes
-        # instead, but it wants a stateless callback (each pass's order is state) and its own processes,
-        # spawned (never forked after CUDA is up) and copying every file through shared memory.
-        encoded = fn.io.file.read(paths, dont_use_mmap=True)
+        # From shards the feed hands the images' bytes.  From a folder it hands paths, read by the pipeline's
+        # thread pool, a file per task: a plain read rather than DALI's default mmap, faster for files this
+        # small, and a file truncated while mapped would be a SIGBUS, not an error to skip.  A per-sample
+        # parallel external source would read in worker processes instead, but it wants a stateless callback
+        # (each pass's order is state) and its own processes, spawned (never forked after CUDA is up) and
+        # copying every file through shared memory.
+        encoded = fed if spec.encoded else fn.io.file.read(fed, dont_use_mmap=True)
         # The size rule of every backend, from the header: an image past it is not decoded at all (the
         # branch below splits the batch) and comes out as a blank flagged unfit, which the loader drops.
         shape = fn.peek_image_shape(encoded)
@@ -225,6 +270,7 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
             portrait = fn.cast(height > width, dtype=types.INT64)
             out_h = portrait * (short * height // width) + (1 - portrait) * short
             out_w = (1 - portrait) * (short * width // height) + portrait * short
+            fits = fits & _resize_fits(height, width, portrait, short)
         if fits:
             if spec.train:
                 # Decoding only the random crop window is what makes CPU decoding fast.
@@ -265,6 +311,19 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
     return pipeline()
 
 
+def _resize_fits(height, width, portrait, short: int):
+    """The size rule for the resize of a ``height`` x ``width`` image to a ``short`` px short side, as
+    :func:`files.check_size` applies it: ``short * (short * long // shorter)`` pixels at most
+    ``MAX_IMAGE_PIXELS``, that is ``short * long < (MAX_IMAGE_PIXELS // short + 1) * shorter`` (no division;
+    a side of 0 counts as 1, as there)."""
+    from nvidia.dali import fn, types
+
+    long = portrait * height + (1 - portrait) * width
+    shorter = portrait * width + (1 - portrait) * height
+    shorter = shorter + fn.cast(shorter == 0, dtype=types.INT64)
+    return short * long < (MAX_IMAGE_PIXELS // short + 1) * shorter
+
+
 def _auto_augment(images, spec: PipelineSpec):
     """``--augmentation`` by DALI's auto_aug, on the uint8 crops: translations relative to the image as
     torchvision's, black fill as torchvision's default."""
@@ -292,14 +351,14 @@ def _centre(length, crop: int):
 
 
 class DaliLoader:
-    """A :class:`Loader` over one split, with one pipeline that every pass feeds this rank's files for
+    """A :class:`Loader` over one split, with one pipeline that every pass feeds this rank's samples for
     that epoch.
 
     ``set_epoch(epoch, start_batch)`` can skip the first batches of an epoch without decoding them: a
     mid-epoch resume sees exactly the images it had left, in the crops it would have seen.
     """
 
-    def __init__(self, samples: list[tuple[str, int]], spec: PipelineSpec, runtime: Runtime, seed: int,
+    def __init__(self, samples: Split, spec: PipelineSpec, runtime: Runtime, seed: int,
                  sampler: ShardSampler | None = None):
         self.samples, self.spec, self.runtime, self.seed = samples, spec, runtime, seed
         self.sampler = sampler or ShardSampler(len(samples), runtime.rank, runtime.world_size, shuffle=spec.train,
@@ -307,9 +366,13 @@ class DaliLoader:
         share = len(self.sampler)
         self.num_samples = share - share % spec.batch_size if spec.train else share
         self.epoch = 0
-        self.unreadable = Unreadable()  # files DALI could not read or decode, left out of every later pass
-        self.feed = Feed(spec.batch_size, RANDOM_SLOTS if spec.train else 0)
-        self.builds = 0  # pipelines built so far: one per run, plus one after each unreadable file
+        self.unreadable = Unreadable()  # images DALI could not read or decode, left out of every later pass
+        self.broken: set[int] = set()  # their sample indices
+        self.feed = Feed(spec.batch_size, RANDOM_SLOTS if spec.train else 0, samples, encoded=spec.encoded,
+                         threads=spec.num_threads)
+        # validation resizes each image whole to this short side, under the size rule too
+        self.resize = None if spec.train else val_resize_size(spec.image_size, spec.crop_ratio)
+        self.builds = 0  # pipelines built so far: one per run, plus one after each unreadable image
         self._batches = None  # the DALI iterator over the pipeline, once built
         self._in_pass = False  # a pass was started and not read to its end
 
@@ -325,26 +388,49 @@ class DaliLoader:
         self.epoch = epoch
         self.sampler.set_epoch(epoch, start=start_batch * self.spec.batch_size)
 
-    def _pass_files(self) -> tuple[list[str], list[int], list[int]]:
-        """This rank's files for the current pass, in order, with their labels and sample seeds; training
-        keeps only whole batches."""
-        order = list(self.sampler)[: max(0, self.num_samples - self.sampler.start)]
-        order = [(i, seed) for i, seed in order if self.samples[i][0] not in self.unreadable]
-        return ([self.samples[i][0] for i, _ in order], [self.samples[i][1] for i, _ in order],
-                [seed for _, seed in order])
+    def _leave_out(self, index: int, reason: str) -> None:
+        self.broken.add(index)
+        self.unreadable.add(self.samples.name(index), reason)
+
+    def _size_problem(self, index: int) -> str | None:
+        """How sample ``index``, which the pipeline found past the size rule, breaks it (from its header, the
+        same words as the pytorch backend's); None when its bytes cannot be read again."""
+        try:
+            return size_problem(self.samples.read(index), self.resize)
+        except OSError:
+            return None
+
+    def _pass_order(self):
+        """This rank's samples for the current pass, in order, with their sample seeds (two int64 arrays);
+        training keeps only whole batches.  The samples known to be unreadable are left out."""
+        import numpy as np
+
+        indices, seeds = self.sampler.pass_order()
+        keep = max(0, self.num_samples - self.sampler.start)
+        indices, seeds = indices[:keep], seeds[:keep]
+        for index, reason in self.samples.known_unreadable.items():
+            if index not in self.broken and index in indices:
+                self._leave_out(index, f"OSError: unreadable when it was packed: {reason}")
+        if self.broken:
+            usable = ~np.isin(indices, np.fromiter(self.broken, dtype=np.int64))
+            indices, seeds = indices[usable], seeds[usable]
+        return indices, seeds
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The pass's batches.  A file DALI cannot read or decode is found, reported once and left out, and
+        """The pass's batches.  An image DALI cannot read or decode is found, reported once and left out, and
         the pass goes on from the batch it stopped at, as the pytorch backend skips what PIL cannot read."""
-        files, labels, seeds = self._pass_files()
-        done = 0  # files already delivered in batches
-        while done < len(files):
+        import numpy as np
+
+        indices, seeds = self._pass_order()
+        done = 0  # samples already delivered in batches
+        while done < len(indices):
             try:
-                for images, targets, fits in self._run(files[done:], labels[done:], seeds[done:]):
-                    fed, done = files[done:done + len(targets)], done + len(targets)
+                for images, targets, fits in self._run(indices[done:], seeds[done:]):
+                    fed, done = indices[done:done + len(targets)], done + len(targets)
                     if not bool(fits.all()):  # images past the size rule: blanks, left out here
-                        for path in (path for path, fit in zip(fed, fits.tolist()) if not fit):
-                            self.unreadable.add(path, f"{ImageTooLarge.__name__}: {ImageTooLarge()}")
+                        for index in (index for index, fit in zip(fed.tolist(), fits.tolist()) if not fit):
+                            self._leave_out(index, self._size_problem(index)
+                                            or f"{ImageTooLarge.__name__}: {ImageTooLarge()}")
                         keep = fits.to(images.device)
                         images = images[keep].contiguous(memory_format=self.runtime.memory_format)
                         targets = targets[keep.to(targets.device)]
@@ -357,26 +443,25 @@ class DaliLoader:
                 if not any(sign in str(error) for sign in _FILE_ERRORS):
                     raise
                 # The error surfaces up to a prefetch queue later than the batch that failed.
-                window = files[done:done + 4 * self.spec.batch_size]
-                broken = [path for path in window if decode_problem(path) is not None]
+                window = indices[done:done + 4 * self.spec.batch_size].tolist()
+                problems = {index: self.samples.problem(index) for index in window}
+                broken = {index: problem for index, problem in problems.items() if problem is not None}
                 if not broken:
-                    raise UserError(_undecodable_message(window)) from None
-                for path in broken:
-                    self.unreadable.add(path, decode_problem(path) or "")
-                kept = [i for i in range(done, len(files)) if files[i] not in self.unreadable]
-                files = files[:done] + [files[i] for i in kept]
-                labels = labels[:done] + [labels[i] for i in kept]
-                seeds = seeds[:done] + [seeds[i] for i in kept]
+                    raise UserError(_undecodable_message([self.samples.name(index) for index in window])) from None
+                for index, problem in broken.items():
+                    self._leave_out(index, problem)
+                rest = ~np.isin(indices[done:], np.fromiter(broken, dtype=np.int64))
+                indices = np.concatenate([indices[:done], indices[done:][rest]])
+                seeds = np.concatenate([seeds[:done], seeds[done:][rest]])
 
-    def _run(self, files: list[str], labels: list[int], seeds: list[int],
-             ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """The batches of ``files``, in order, from the split's pipeline (built on first use), each with the
+    def _run(self, indices, seeds) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The batches of ``indices``, in order, from the split's pipeline (built on first use), each with the
         flags of the images that kept to the size rule."""
         if self._in_pass:  # the last pass was left part-way (--prof, an early stop): empty the queue
             self.feed.stop()
             for _ in self._batches:
                 pass
-        self.feed.start(files, labels, seeds)
+        self.feed.start(indices, seeds)
         if self._batches is None:
             self._batches = self._build()  # reads the first batches at once: decoding errors can start here
         else:
@@ -401,11 +486,10 @@ class DaliLoader:
 
 
 def _undecodable_message(candidates: list[str]) -> str:
-    """DALI failed on a file PIL reads: say where, and the way around it."""
-    return (
-        f"DALI could not decode an image under {Path(candidates[0]).parent.parent if candidates else 'the dataset'}; "
-        "check the dataset or use --data-backend pytorch, which skips unreadable images"
-    )
+    """DALI failed on an image PIL reads: say where, and the way around it."""
+    where = candidates[0] if candidates else "the dataset"
+    return (f"DALI could not decode an image among the batches from {where} on; check the dataset or use "
+            "--data-backend pytorch, which skips unreadable images")
 
 
 def dali_loaders(
@@ -434,11 +518,13 @@ def dali_loaders(
     root = Path(config.data)
     train = val = None
     if want_train:
-        samples = split_samples(root, "train", classes, batch_size=config.batch_size, world_size=runtime.world_size)
-        train_spec = PipelineSpec(train=True, **{**spec, "image_size": config.train_size})
+        samples = open_split(root, "train", classes, batch_size=config.batch_size, world_size=runtime.world_size)
+        train_spec = PipelineSpec(train=True, encoded=isinstance(samples, PackedSplit),
+                                  **{**spec, "image_size": config.train_size})
         train = DaliLoader(samples, train_spec, runtime, config.seed,
                            sampler=train_sampler(len(samples), config, runtime))
     if want_val:
-        samples = split_samples(root, "val", classes)
-        val = DaliLoader(samples, PipelineSpec(train=False, **spec), runtime, config.seed)
+        samples = open_split(root, "val", classes)
+        val = DaliLoader(samples, PipelineSpec(train=False, encoded=isinstance(samples, PackedSplit), **spec),
+                         runtime, config.seed)
     return train, val

@@ -7,7 +7,10 @@ reported instead.  Images are opened as 8-bit RGB; 16-bit greyscale (PNG ``I;16`
 clipped.  One size rule holds everywhere (every backend, ``data.check``, classify.py): an image whose header
 declares more than :data:`MAX_IMAGE_PIXELS` pixels is unreadable, before any of it is decoded.  A JPEG's
 header is walked as libjpeg walks it, so the size checked is the size decoded; one in which libjpeg would
-find no frame header is unreadable under the same rule.
+find no frame header is unreadable under the same rule.  Where an image is resized whole (validation,
+``--evaluate``, classify.py: its short side to the resize size, its long side in proportion), the rule also
+holds for the resized image, found from the same header: a 200,000 x 1 strip keeps to the rule itself, but
+would make 13 gigapixels at a 256 px short side.  Training crops before it resizes, so it needs no more.
 """
 
 from __future__ import annotations
@@ -131,16 +134,33 @@ def walk_class(class_dir: Path, split_dir: Path | None = None, shared: SplitWalk
 
 
 class ImageTooLarge(ValueError):
-    """An image whose header declares more than MAX_IMAGE_PIXELS pixels (the same words on every backend)."""
+    """An image past the size rule: more than MAX_IMAGE_PIXELS pixels in its header or, resized to a short side of
+    ``resized[0]``, in the ``resized`` image (the same words on every backend)."""
 
-    def __init__(self):
-        super().__init__(f"more than {MAX_IMAGE_PIXELS:,} pixels")
+    def __init__(self, resized: tuple[int, int] | None = None):
+        if resized is None:
+            super().__init__(f"more than {MAX_IMAGE_PIXELS:,} pixels")
+        else:
+            short, long = resized
+            super().__init__(f"more than {MAX_IMAGE_PIXELS:,} pixels once resized to a {short} px short side "
+                             f"(a {long:,} px long side)")
 
 
-def check_size(width: int, height: int) -> None:
-    """Raise ImageTooLarge when a ``width`` x ``height`` image breaks the size rule."""
+def resized_long_side(width: int, height: int, short_side: int) -> int:
+    """The long side of a ``width`` x ``height`` image whose short side is resized to ``short_side``, as
+    torchvision's ``Resize(short_side)`` and the DALI pipeline scale it (in proportion, rounded down)."""
+    return short_side * max(width, height) // max(min(width, height), 1)
+
+
+def check_size(width: int, height: int, short_side: int | None = None) -> None:
+    """Raise ImageTooLarge when a ``width`` x ``height`` image breaks the size rule, or its resize to a
+    ``short_side`` px short side would (None: it is not resized whole)."""
     if width * height > MAX_IMAGE_PIXELS:
         raise ImageTooLarge()
+    if short_side is not None:
+        long_side = resized_long_side(width, height, short_side)
+        if short_side * long_side > MAX_IMAGE_PIXELS:
+            raise ImageTooLarge((short_side, long_side))
 
 
 class UnreadableHeader(ValueError):
@@ -249,26 +269,28 @@ def is_jpeg(prefix: bytes) -> bool:
     return prefix[:3] == b"\xff\xd8\xff"
 
 
-def check_jpeg_header(source) -> None:
-    """The size rule from the frame header libjpeg would decode, for a path or a binary file that holds a
-    JPEG (nothing otherwise); a file is left where it stood.  Raises ImageTooLarge or UnreadableHeader."""
+def check_jpeg_header(source, short_side: int | None = None) -> None:
+    """The size rule (see :func:`check_size`) from the frame header libjpeg would decode, for a path or a binary
+    file that holds a JPEG (nothing otherwise); a file is left where it stood.  Raises ImageTooLarge or
+    UnreadableHeader."""
     if isinstance(source, (str, os.PathLike)):
         with open(source, "rb") as handle:
-            check_jpeg_header(handle)
+            check_jpeg_header(handle, short_side)
         return
     start = source.tell()
     try:
         if is_jpeg(source.read(3)):
             source.seek(start + 2)
-            check_size(*jpeg_size(source))
+            check_size(*jpeg_size(source), short_side)
     finally:
         source.seek(start)
 
 
-def open_image(source) -> Image.Image:
-    """``Image.open`` (which reads the header only) under the size rule: ImageTooLarge past the limit, and
-    UnreadableHeader for a JPEG whose frame header cannot be found for sure."""
-    check_jpeg_header(source)
+def open_image(source, short_side: int | None = None) -> Image.Image:
+    """``Image.open`` (which reads the header only) under the size rule: ImageTooLarge past the limit (for the
+    image, and for its resize to a ``short_side`` px short side when given), and UnreadableHeader for a JPEG
+    whose frame header cannot be found for sure."""
+    check_jpeg_header(source, short_side)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the rule below decides
         try:
@@ -276,20 +298,21 @@ def open_image(source) -> Image.Image:
         except Image.DecompressionBombError:  # PIL refuses past twice its limit, before saying the size
             raise ImageTooLarge() from None
     try:
-        check_size(*image.size)
+        check_size(*image.size, short_side)
     except ImageTooLarge:
         image.close()
         raise
     return image
 
 
-def open_rgb(source) -> Image.Image:
-    """Open a path or binary file as an 8-bit RGB image (16-bit greyscale scaled by 255/65535).
+def open_rgb(source, short_side: int | None = None) -> Image.Image:
+    """Open a path or binary file as an 8-bit RGB image (16-bit greyscale scaled by 255/65535), to be resized
+    whole to a ``short_side`` px short side when given (validation, classify.py).
 
     Raises what PIL raises for a file that is not a readable image (OSError, ValueError, ...), ImageTooLarge
     and UnreadableHeader.
     """
-    with open_image(source) as image:
+    with open_image(source, short_side) as image:
         if image.mode in _SIXTEEN_BIT_MODES:
             pixels = np.asarray(image, dtype=np.float64)
             eight_bit = np.clip(np.rint(pixels * (255 / 65535)), 0, 255).astype(np.uint8)
@@ -297,26 +320,59 @@ def open_rgb(source) -> Image.Image:
         return image.convert("RGB")
 
 
-def decode_problem(path: str) -> str | None:
-    """Why ``path`` cannot be decoded as an image, or None when it can."""
+def decode_problem(source: str | bytes, short_side: int | None = None) -> str | None:
+    """Why the image at ``source`` (a path, or an image file's bytes) cannot be decoded (nor resized whole to a
+    ``short_side`` px short side, when given), or None when it can."""
     try:
-        with open_image(path) as image:
+        with open_image(_readable(source), short_side) as image:
             image.draft("RGB", (1, 1))  # JPEG: decode at 1/8 scale; every byte is still read
             image.load()
     except Exception as error:  # anything PIL raises makes the file unusable for training
-        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'unreadable'}"
+        return _named(error)
     return None
 
 
+def size_problem(source: str | bytes, short_side: int | None = None) -> str | None:
+    """How the image at ``source`` (a path, or an image file's bytes) breaks the size rule (see
+    :func:`check_size`), from its header alone; None when it does not, or when its header cannot be read at all."""
+    try:
+        with open_image(_readable(source), short_side):
+            pass
+    except (ImageTooLarge, UnreadableHeader) as error:
+        return _named(error)
+    except Exception:  # not an image PIL reads: not the size rule's to say
+        return None
+    return None
+
+
+def _readable(source: str | bytes):
+    """What :func:`open_image` reads: a path as it is, an image file's bytes as a binary file."""
+    return io.BytesIO(source) if isinstance(source, bytes) else source
+
+
+def _named(error: Exception) -> str:
+    """An image's problem as every path reports it: the error's type and the first line of its message."""
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'unreadable'}"
+
+
+def read_bytes(path: str) -> bytes:
+    """The whole file at ``path``: what every reader of a folder hands the decoders."""
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
 def read_rgb_tensor(path: str) -> torch.Tensor:
-    """A CHW uint8 RGB tensor of the image at ``path``, for augmentation on tensors.
+    """A CHW uint8 RGB tensor of the image at ``path``, for augmentation on tensors."""
+    return decode_rgb_tensor(read_bytes(path))
+
+
+def decode_rgb_tensor(raw: bytes) -> torch.Tensor:
+    """A CHW uint8 RGB tensor of an image file's bytes (from a folder or a shard alike).
 
     JPEGs are decoded by torchvision's libjpeg-turbo decoder straight into a tensor (faster than PIL
     plus a conversion), once their header passes the size rule; anything it refuses, and every other
     format, goes through :func:`open_rgb`, so a broken file raises what PIL raises.
     """
-    with open(path, "rb") as handle:
-        raw = handle.read()
     if is_jpeg(raw):
         check_jpeg_header(io.BytesIO(raw))
         from torchvision.io import ImageReadMode, decode_jpeg

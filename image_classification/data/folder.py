@@ -1,4 +1,5 @@
-"""The ``pytorch`` backend: an ImageFolder read with PIL, augmented with torchvision, batched as uint8.
+"""The ``pytorch`` backend: an ImageFolder (or the shards packed from it) read with PIL, augmented with
+torchvision, batched as uint8.
 
 Every sample's augmentation is seeded from (seed, epoch, position in the epoch), so a batch is the
 same whatever the number of workers, and an epoch can be replayed exactly after a resume.
@@ -7,6 +8,7 @@ same whatever the number of workers, and an epoch can be replayed exactly after 
 from __future__ import annotations
 
 import functools
+import io
 import random
 from pathlib import Path
 
@@ -20,8 +22,8 @@ from torchvision.transforms import v2
 from ..runtime import Runtime
 from ..signals import ignore_in_worker
 from .common import CROP_RATIO, DataConfig, DeviceLoader, ShardSampler, Unreadable, train_sampler, val_resize_size
-from .files import open_rgb, read_rgb_tensor
-from .layout import split_samples
+from .files import decode_rgb_tensor, open_rgb
+from .layout import Split, open_split
 
 _INTERPOLATION = {
     "bilinear": transforms.InterpolationMode.BILINEAR,
@@ -31,28 +33,34 @@ _INTERPOLATION = {
 }
 
 
+def _open_rgb_bytes(raw: bytes, short_side: int | None = None) -> Image.Image:
+    return open_rgb(io.BytesIO(raw), short_side)
+
+
 class ImageFiles(Dataset):
-    """Reads one image and augments it under its own seed; a broken file yields None.
+    """Reads one image (a file of a folder, or its bytes in a shard) and augments it under its own seed; a
+    broken one yields None.
 
     With ``tensors`` the image is decoded into a uint8 tensor and ``transform`` works on tensors (the
-    training path); otherwise it is a PIL image (validation, the same pipeline classify.py uses).
+    training path); otherwise it is a PIL image (validation, the same pipeline classify.py uses), which
+    ``transform`` resizes whole to a ``resize`` px short side: an image too large for that is broken too.
     """
 
-    def __init__(self, samples: list[tuple[str, int]], transform, tensors: bool = False):
+    def __init__(self, samples: Split, transform, tensors: bool = False, resize: int | None = None):
         self.samples = samples
         self.transform = transform
-        self.read = read_rgb_tensor if tensors else open_rgb
+        self.decode = decode_rgb_tensor if tensors else functools.partial(_open_rgb_bytes, short_side=resize)
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, item: tuple[int, int]):
         index, seed = item
-        path, label = self.samples[index]
+        label = self.samples.label(index)
         try:
-            image = self.read(path)
+            image = self.decode(self.samples.read(index))
         except (OSError, ValueError, Image.DecompressionBombError) as error:
-            return None, label, (path, f"{error.__class__.__name__}: {error}")
+            return None, label, (self.samples.name(index), f"{error.__class__.__name__}: {error}")
         if get_worker_info() is not None:  # a worker process: its generators are its own
             return self._augment(image, seed), label, None
         # -j 0: the training process itself; its generators (MixUp, dropout) must not see the reseeding
@@ -193,8 +201,9 @@ def _worker_init(_worker_id: int) -> None:
     ignore_in_worker()
 
 
-def _loader(samples, transform, config: DataConfig, runtime: Runtime, train: bool) -> DeviceLoader:
-    dataset = ImageFiles(samples, transform, tensors=train)
+def _loader(samples: Split, transform, config: DataConfig, runtime: Runtime, train: bool) -> DeviceLoader:
+    resize = None if train else val_resize_size(config.image_size, config.crop_ratio)
+    dataset = ImageFiles(samples, transform, tensors=train, resize=resize)
     sampler = train_sampler(len(samples), config, runtime) if train else \
         ShardSampler(len(samples), runtime.rank, runtime.world_size, shuffle=False, seed=config.seed)
     workers = config.workers
@@ -224,10 +233,10 @@ def folder_loaders(
     root = Path(config.data)
     train = val = None
     if want_train:
-        samples = split_samples(root, "train", classes, batch_size=config.batch_size, world_size=runtime.world_size)
+        samples = open_split(root, "train", classes, batch_size=config.batch_size, world_size=runtime.world_size)
         train = _loader(samples, train_transform(config), config, runtime, train=True)
     if want_val:
-        samples = split_samples(root, "val", classes)
+        samples = open_split(root, "val", classes)
         transform = val_transform(config.image_size, config.interpolation, config.crop_ratio)
         val = _loader(samples, transform, config, runtime, False)
     return train, val

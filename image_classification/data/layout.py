@@ -1,18 +1,23 @@
-"""The dataset on disk: ``DIR/train/<class>/<image>`` and ``DIR/val/<class>/<image>``.
+"""The dataset on disk: ``DIR/train/<class>/<image>`` and ``DIR/val/<class>/<image>``, or the shards packed
+from such a folder (:mod:`.packed`: ``DIR/train/manifest.json`` says which).
 
 Which class folders there are (their sorted names are the labels), which images each split holds, and
 the checks a dataset must pass before a run starts.  Every backend and ``data.check`` read the layout
-through this module, so they count the same images under the same labels.
+through this module, so they count the same images under the same labels, from a folder or its shards.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
+from typing import Protocol
 
 from ..errors import UserError
-from .files import SplitWalk, is_image_file, walk_class
+from .files import SplitWalk, decode_problem, is_image_file, read_bytes, walk_class
+from .packed import check_packed, is_packed, open_packed_split
 
 
 def class_folders(split_dir: Path) -> list[str]:
@@ -31,32 +36,85 @@ def _report_links(problems: list[str]) -> None:
             print(f"warning: not following {problem}", file=sys.stderr, flush=True)
 
 
-def split_samples(root: Path, split: str, classes: list[str], *, batch_size: int = 1,
-                  world_size: int = 1) -> list[tuple[str, int]]:
-    """(path, label) of every image of ``root/split`` (train/ or val/), what every backend reads.
+class Split(Protocol):
+    """The images of one split as every backend reads them: sample ``i`` has a label, a name for messages and
+    the bytes of its image file.  The sample numbering is the folder's (:func:`list_samples`), whether the
+    split is read from its folder or from the shards packed from it, so the samplers order both alike."""
+
+    known_unreadable: Mapping[int, str]  # samples known to be unreadable before any read, with the reason
+
+    def __len__(self) -> int: ...
+
+    def label(self, index: int) -> int: ...
+
+    def name(self, index: int) -> str: ...
+
+    def read(self, index: int) -> bytes: ...
+
+    def problem(self, index: int) -> str | None: ...
+
+
+class FolderSplit:
+    """A split read from its folder, a file per image."""
+
+    known_unreadable: Mapping[int, str] = MappingProxyType({})  # a file is found unreadable when it is read
+
+    def __init__(self, samples: list[tuple[str, int]]):
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def label(self, index: int) -> int:
+        return self.samples[index][1]
+
+    def name(self, index: int) -> str:
+        return self.samples[index][0]
+
+    path = name  # what DALI's file reader is handed
+
+    def read(self, index: int) -> bytes:
+        return read_bytes(self.samples[index][0])
+
+    def problem(self, index: int) -> str | None:
+        """Why sample ``index`` cannot be decoded, or None."""
+        return decode_problem(self.samples[index][0])
+
+
+def open_split(root: Path, split: str, classes: list[str], *, batch_size: int = 1, world_size: int = 1) -> Split:
+    """The images of ``root/split`` (train/ or val/), from the shards of a packed set or from the folder.
 
     Training refuses a set too small for one batch of ``batch_size`` per process.
     """
-    samples = list_samples(root / split, classes)
-    if split == "train" and len(samples) // world_size < batch_size:
+    source = open_packed_split(root / split, classes) if is_packed(root) else \
+        FolderSplit(list_samples(root / split, classes))
+    if split == "train" and len(source) // world_size < batch_size:
         raise UserError(
-            f"train/ holds {len(samples)} images, fewer than one batch of {batch_size} per process; "
+            f"train/ holds {len(source)} images, fewer than one batch of {batch_size} per process; "
             "lower -b/--batch-size"
         )
-    return samples
+    return source
 
 
-def list_samples(split_dir: Path, classes: list[str]) -> list[tuple[str, int]]:
-    """(path, label) for every image under ``split_dir/<class>/``, in a stable order (see :func:`walk_class`)."""
-    samples = []
+def walk_split(split_dir: Path, classes: list[str]) -> tuple[list[tuple[str, int]], list[str]]:
+    """(path, label) for every image under ``split_dir/<class>/``, in a stable order (see :func:`walk_class`),
+    and the links not followed ("path: why")."""
+    samples, links = [], []
     shared = SplitWalk()
     for label, name in enumerate(classes):
         class_dir = split_dir / name
         if not class_dir.is_dir():
             continue
         walk = walk_class(class_dir, split_dir, shared)
-        _report_links(walk.skipped_links)
+        links += walk.skipped_links
         samples.extend((path, label) for path in walk.files)
+    return samples, links
+
+
+def list_samples(split_dir: Path, classes: list[str]) -> list[tuple[str, int]]:
+    """(path, label) for every image under ``split_dir/<class>/``, each link not followed warned about once."""
+    samples, links = walk_split(split_dir, classes)
+    _report_links(links)
     return samples
 
 
@@ -65,6 +123,8 @@ def check_dataset(data_dir: str, num_classes: int | None, *, want_train: bool, w
     root = Path(data_dir)
     if not root.is_dir():
         raise UserError(f"dataset directory {data_dir} does not exist")
+    if is_packed(root):
+        return check_packed(root, num_classes, want_train=want_train, want_val=want_val)
     splits = [s for s, wanted in (("train", want_train), ("val", want_val)) if wanted]
     found: dict[str, list[str]] = {}
     for split in splits:

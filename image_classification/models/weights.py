@@ -65,8 +65,10 @@ def load_checkpoint_file(path: Union[str, Path]) -> dict:
 
 def _refused_global(error: Exception) -> str | None:
     """The function or class that a file asked torch's data-only unpickler to build (``posix.system`` in
-    a malicious file), when that is what it refused."""
-    found = re.search(r"GLOBAL ([\w.]+\w)", str(error)) if isinstance(error, pickle.UnpicklingError) else None
+    a malicious file), when that is what it refused: "GLOBAL posix.system" in the words of newer torch,
+    "Unsupported class posix.system" in torch 2.3's."""
+    text = str(error) if isinstance(error, pickle.UnpicklingError) else ""
+    found = re.search(r"(?:GLOBAL|Unsupported class) ([\w.]+\w)", text)
     return found.group(1)[:80] if found else None
 
 

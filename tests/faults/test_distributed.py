@@ -59,11 +59,25 @@ def test_ranks_stopped_by_a_signal_make_multiproc_exit_75(data, tmp_path):
     TALLY["stops"] += 1
 
 
+# multiproc.py as on a torch whose torchrun has no --signals-to-handle (before 2.9): torchrun takes SIGTERM
+OLD_TORCHRUN = f"""import sys
+sys.path.insert(0, {str(REPO)!r})
+from image_classification import cli, multiproc
+multiproc._has_signals_option = lambda torchrun: False
+sys.exit(cli.run(multiproc.main))
+"""
+
+
 @needs_linux
-@pytest.mark.parametrize("name", ["SIGUSR1", "SIGTERM"])
-def test_a_stop_signal_to_multiproc_reaches_the_workers_which_save_and_exit_75(data, tmp_path, name):
+@pytest.mark.parametrize("name, launcher", [("SIGUSR1", "multiproc.py"), ("SIGTERM", "multiproc.py"),
+                                            ("SIGTERM", "torchrun before 2.9")])
+def test_a_stop_signal_to_multiproc_reaches_the_workers_which_save_and_exit_75(data, tmp_path, name, launcher):
     """SLURM's --signal warns the launched task, multiproc.py, not its workers; scancel sends it SIGTERM."""
-    command = [sys.executable, str(REPO / "multiproc.py"), "--nproc_per_node", "2", "--master_port",
+    script = REPO / "multiproc.py"
+    if launcher != "multiproc.py":
+        script = tmp_path / "multiproc_old_torchrun.py"
+        script.write_text(OLD_TORCHRUN)
+    command = [sys.executable, str(script), "--nproc_per_node", "2", "--master_port",
                str(free_port()), "--log_dir", str(tmp_path), str(RUNNER), *COMMON, "--workspace",
                str(tmp_path / "ws"), "--epochs", "100", "-j", "0", str(data)]
     job = start_process(command, tmp_path / "out.txt", cwd=REPO, env=environment())

@@ -1,0 +1,496 @@
+"""Pack an ImageFolder into WebDataset shards that training reads as it reads the folder.
+
+    python -m image_classification.data.pack SRC DST [--shard-size SIZE] [-j N]
+
+For each split of SRC (``train/``, ``val/``), ``DST/<split>/`` gets tar shards of about ``--shard-size``
+(default 1GB), a DALI index beside each, the sample table and, last, the manifest (the layout is
+described in :mod:`.packed`).  The images are listed exactly as training lists the folder (links
+followed or not by the same rules; an image that cannot be read, a dangling link, is packed as an
+unreadable sample, so the numbering stays the folder's) and stored byte for byte.
+
+Packing is deterministic: the same folder packs into byte-identical shards.  Every file appears under its
+name only once complete (written under a temporary name, synced, renamed), and the manifest last, so an
+interrupted pack (SIGTERM, SIGKILL, a full disk) never leaves a set that passes for complete; run the same
+command again and it keeps the shards already done (their sources unchanged: names, sizes, times) and
+finishes the rest.  One pack at a time per DST.  The images are read by ``-j`` threads, in order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import re
+import sys
+import tarfile
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+
+from ..cli import run
+from ..errors import UserError
+from ..signals import stop_raises
+from ..tool_arguments import pack_parser
+from .files import SPLITS
+from .layout import _report_links, check_dataset, walk_split
+from .packed import (BLOCK, FORMAT, MANIFEST, NAMES, SHARD, TABLE, TABLE_DTYPE, VERSION, index_name, is_packed,
+                     sample_key, shard_name)
+
+DEFAULT_SHARD_SIZE = 10**9
+PROGRESS = ".pack-progress.jsonl"  # the shards finished so far, until the manifest holds them
+LOCK = ".pack.lock"
+_TEMPORARY = re.compile(r"\.(shard-\d{6}\.(tar|idx)|samples\.npy|names\.bin|manifest\.json)\.tmp")
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_HEADER = dict(mode=0o644, uid=0, gid=0, uname="", gname="", mtime=0, type=tarfile.REGTYPE)
+_END = 2 * BLOCK  # a tar ends with two zero blocks, padded to a whole record
+MAX_SIZE = 2**32 - 1  # the table's field for a sample's size
+
+
+def parse_size(text: str) -> int:
+    """``64KB``, ``500MB``, ``1GB``, ``2GiB`` or a byte count, as an integer number of bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    unit = match[2].upper() if match else None
+    if match is None or unit not in _UNITS:
+        raise UserError(f"--shard-size {text!r}: give a size such as 64KB, 500MB or 1GB")
+    size = int(float(match[1]) * _UNITS[unit])
+    if size < 4 * BLOCK:
+        raise UserError(f"--shard-size {text}: at least 2KB")
+    return size
+
+
+def _padded(size: int) -> int:
+    return -(-size // BLOCK) * BLOCK
+
+
+def _cls_text(label: int) -> bytes:
+    return str(label).encode("ascii")
+
+
+def sample_bytes(size: int, label: int) -> int:
+    """What a sample of ``size`` image bytes takes in a shard: two headers and two padded members."""
+    return 2 * BLOCK + _padded(size) + _padded(len(_cls_text(label)))
+
+
+def _header(name: str, size: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    for key, value in _HEADER.items():
+        setattr(info, key, value)
+    return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict")
+
+
+# ------------------------------------------------------------------------------------------------
+# What to pack
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class SplitPlan:
+    """One split's samples in the folder's order, with what the file system says of each when listed."""
+
+    source_dir: Path  # SRC/<split>
+    target_dir: Path  # DST/<split>
+    classes: list[str]
+    paths: list[str]
+    names: list[str]  # the paths relative to source_dir: what names.bin and the messages hold
+    labels: np.ndarray
+    sizes: np.ndarray  # bytes when listed; -1 where the file cannot even be looked at (a dangling link)
+    mtimes: np.ndarray
+    problems: dict[int, str]  # samples that cannot be read, with the reason
+    links: list[str]  # links not followed, as training reports them
+    shards: list[range] = field(default_factory=list)
+
+    def extension(self, index: int) -> str:
+        return os.path.splitext(self.paths[index])[1].lower().lstrip(".")
+
+    def sources(self, rows: range) -> str:
+        """A digest of what shard ``rows`` is packed from: a kept shard must have the same."""
+        hasher = hashlib.sha256(f"{FORMAT} {VERSION}\n".encode())
+        for index in rows:
+            hasher.update(os.fsencode(self.names[index]) + b"\0")
+            hasher.update(f"{self.labels[index]} {self.sizes[index]} {self.mtimes[index]}\n".encode())
+        return hasher.hexdigest()
+
+
+def plan_split(source_dir: Path, target_dir: Path, classes: list[str], shard_size: int) -> SplitPlan:
+    """List ``source_dir`` as training does, look at every file, and cut the samples into shards."""
+    samples, links = walk_split(source_dir, classes)
+    _report_links(links)
+    sizes = np.full(len(samples), -1, dtype=np.int64)
+    mtimes = np.zeros(len(samples), dtype=np.int64)
+    problems = {}
+    for index, (path, _) in enumerate(samples):
+        try:
+            info = os.stat(path)
+        except OSError as error:
+            problems[index] = f"{type(error).__name__}: {error}"
+            continue
+        if info.st_size > MAX_SIZE:
+            problems[index] = f"larger than {MAX_SIZE:,} bytes, more than a packed set holds"
+            continue
+        sizes[index], mtimes[index] = info.st_size, info.st_mtime_ns
+    paths = [path for path, _ in samples]
+    prefix = str(source_dir) + os.sep  # where the walk starts every path it lists
+    names = [path[len(prefix):] if path.startswith(prefix) else os.path.relpath(path, source_dir) for path in paths]
+    plan = SplitPlan(source_dir, target_dir, classes, paths, names,
+                     np.array([label for _, label in samples], dtype=np.int64), sizes, mtimes, problems, links)
+    first, used = 0, 0
+    for index in range(len(samples)):
+        cost = sample_bytes(max(int(sizes[index]), 0), int(plan.labels[index]))
+        if index > first and used + cost + _END > shard_size:
+            plan.shards.append(range(first, index))
+            first, used = index, 0
+        used += cost
+    if len(samples):
+        plan.shards.append(range(first, len(samples)))
+    return plan
+
+
+# ------------------------------------------------------------------------------------------------
+# Writing
+# ------------------------------------------------------------------------------------------------
+READ_CHUNK = 32  # files a thread reads per task: a task per file would cost more than reading a small one
+
+
+def _read_ahead(plan: SplitPlan, rows: range, pool: ThreadPoolExecutor, window: int) -> Iterator[bytes | str]:
+    """What :func:`_read_source` gives for each sample of ``rows``, in order, read by ``pool`` in chunks of
+    READ_CHUNK, at most ``window`` chunks ahead of the one handed out."""
+    pending: deque[Future] = deque()
+    for start in range(rows.start, rows.stop, READ_CHUNK):
+        chunk = range(start, min(start + READ_CHUNK, rows.stop))
+        pending.append(pool.submit(lambda part: [_read_source(plan, index) for index in part], chunk))
+        if len(pending) >= window:
+            yield from pending.popleft().result()
+    while pending:
+        yield from pending.popleft().result()
+
+
+def _read_source(plan: SplitPlan, index: int) -> bytes | str:
+    """The bytes of sample ``index``'s file, or why there are none."""
+    if index in plan.problems:
+        return plan.problems[index]
+    try:
+        with open(plan.paths[index], "rb") as handle:
+            data = handle.read()
+    except OSError as error:
+        return f"{type(error).__name__}: {error}"
+    if len(data) != plan.sizes[index]:
+        raise UserError(f"{plan.paths[index]} changed while it was packed ({plan.sizes[index]} bytes when listed, "
+                        f"{len(data)} when read); run the pack again")
+    return data
+
+
+def _write_durably(path: Path, chunks: Iterable[bytes]) -> str:
+    """Write ``path`` under a temporary name, sync it and rename it into place; its SHA-256."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    hasher = hashlib.sha256()
+    try:
+        with open(temporary, "wb") as handle:
+            for chunk in chunks:
+                handle.write(chunk)
+                hasher.update(chunk)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return hasher.hexdigest()
+
+
+@dataclass
+class ShardRecord:
+    """A finished shard: what the manifest lists, and what a later pack needs to keep it."""
+
+    file: str
+    first: int
+    samples: int
+    bytes: int
+    sha256: str
+    index_sha256: str
+    sources: str
+    unreadable: list[list] = field(default_factory=list)  # [sample, reason] of those packed without bytes
+
+    def entry(self) -> dict:
+        return {"file": self.file, "index": index_name(self.file), **{key: getattr(self, key) for key in (
+            "samples", "bytes", "sha256", "first", "index_sha256", "sources", "unreadable")}}
+
+
+def write_shard(plan: SplitPlan, number: int, pool: ThreadPoolExecutor, window: int, table: np.ndarray,
+                advance: Callable[[int], None]) -> ShardRecord:
+    """Write shard ``number`` and its index, filling its rows of ``table``."""
+    rows = plan.shards[number]
+    lines = [f"v1.2 {len(rows)}\n"]
+    unreadable: list[list] = []
+    offset = 0
+
+    def chunks() -> Iterator[bytes]:
+        nonlocal offset
+        for index, data in zip(rows, _read_ahead(plan, rows, pool, window)):
+            if isinstance(data, str):
+                unreadable.append([index, data])
+                data = b""
+            key, extension, label = sample_key(index), plan.extension(index), int(plan.labels[index])
+            members = ((f"{key}.{extension}", data), (f"{key}.cls", _cls_text(label)))
+            parts, pieces = [], []
+            for member, content in members:
+                parts.append((member.rsplit(".", 1)[1], offset + BLOCK, len(content), member))
+                pieces += [_header(member, len(content)), content, bytes(_padded(len(content)) - len(content))]
+                offset += BLOCK + _padded(len(content))
+            yield b"".join(pieces)
+            table[index] = (parts[0][1] // BLOCK, parts[0][2], label)
+            lines.append(" ".join(f"{ext} {start} {size} {member}" for ext, start, size, member in parts) + "\n")
+            advance(1)
+        end = offset + _END
+        end += -end % tarfile.RECORDSIZE
+        yield bytes(end - offset)
+        offset = end
+
+    file = shard_name(number)
+    digest = _write_durably(plan.target_dir / file, chunks())
+    index_digest = _write_durably(plan.target_dir / index_name(file), [line.encode() for line in lines])
+    return ShardRecord(file, rows.start, len(rows), offset, digest, index_digest, plan.sources(rows), unreadable)
+
+
+def kept_shard(plan: SplitPlan, number: int, record: dict | None, table: np.ndarray) -> ShardRecord | None:
+    """The record of shard ``number`` when the file on disk is the one this plan would write (packed from
+    the same sources, its size and its index's hash as recorded), its rows of ``table`` filled from its
+    index; None when it must be written."""
+    rows = plan.shards[number]
+    file = shard_name(number)
+    try:
+        kept = ShardRecord(**{key: record[key] for key in ShardRecord.__dataclass_fields__})
+        if kept.file != file or kept.first != rows.start or kept.samples != len(rows) \
+                or kept.sources != plan.sources(rows) or os.stat(plan.target_dir / file).st_size != kept.bytes:
+            return None
+        index = (plan.target_dir / index_name(file)).read_bytes()
+        if hashlib.sha256(index).hexdigest() != kept.index_sha256:
+            return None
+        lines = index.decode().splitlines()
+        if lines[0] != f"v1.2 {len(rows)}" or len(lines) != len(rows) + 1:
+            return None
+        for index_row, line in zip(rows, lines[1:]):
+            _, start, size = line.split(" ", 3)[:3]
+            table[index_row] = (int(start) // BLOCK, int(size), int(plan.labels[index_row]))
+    except (TypeError, KeyError, ValueError, OSError):
+        return None
+    return kept
+
+
+def _known_records(split_dir: Path) -> dict[str, dict]:
+    """The finished shards a previous pack recorded: in its manifest, then in its progress file."""
+    records: dict[str, dict] = {}
+    try:
+        manifest = json.loads((split_dir / MANIFEST).read_text(encoding="utf-8"))
+        records.update({shard["file"]: shard for shard in manifest["shards"]})
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        lines = (split_dir / PROGRESS).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+            records[record["file"]] = record
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short by a kill
+    return records
+
+
+def _append_progress(split_dir: Path, record: ShardRecord) -> None:
+    with open(split_dir / PROGRESS, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record.entry()) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def pack_split(plan: SplitPlan, workers: int, progress) -> dict:
+    """Write (or keep) every shard of ``plan``, then the table, the names and the manifest; returns the
+    manifest, with the number of shards written under ``written`` (not in the file)."""
+    split_dir = plan.target_dir
+    records = _known_records(split_dir)
+    table = np.zeros(len(plan.paths), dtype=TABLE_DTYPE)
+    done: list[ShardRecord | None] = [kept_shard(plan, number, records.get(shard_name(number)), table)
+                                      for number in range(len(plan.shards))]
+    written = sum(record is None for record in done)
+    names = b"".join(os.fsencode(name) + b"\0" for name in plan.names)
+    if written and (split_dir / MANIFEST).exists():
+        for record in done:  # what the manifest knew, kept for a pack killed before it writes the next one
+            if record is not None:
+                _append_progress(split_dir, record)
+        (split_dir / MANIFEST).unlink()  # the set is not complete until the new manifest is written
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for number, record in enumerate(done):
+            if record is None:
+                done[number] = write_shard(plan, number, pool, 2 * workers, table, progress.update)
+                _append_progress(split_dir, done[number])
+            else:
+                progress.update(len(plan.shards[number]))
+    for entry in os.listdir(split_dir):  # shards of an earlier, longer pack
+        match = SHARD.fullmatch(entry.replace(".idx", ".tar"))
+        if match and int(match[1]) >= len(plan.shards):
+            (split_dir / entry).unlink()
+    table_bytes = _npy_bytes(table)
+    manifest = {
+        "format": FORMAT, "version": VERSION, "split": split_dir.name, "classes": plan.classes,
+        "samples": len(plan.paths),
+        "table": {"file": TABLE, "sha256": hashlib.sha256(table_bytes).hexdigest()},
+        "names": {"file": NAMES, "sha256": hashlib.sha256(names).hexdigest()},
+        "shards": [record.entry() for record in done],
+        "unreadable": sorted(item for record in done for item in record.unreadable),
+        "links_not_followed": plan.links,
+    }
+    text = json.dumps(manifest, indent=1, ensure_ascii=True).encode() + b"\n"
+    files = {TABLE: table_bytes, NAMES: names, MANIFEST: text}
+    if written or any(_read_bytes(split_dir / name) != content for name, content in files.items()):
+        (split_dir / MANIFEST).unlink(missing_ok=True)
+        for name, content in files.items():  # the manifest last
+            _write_durably(split_dir / name, [content])
+    (split_dir / PROGRESS).unlink(missing_ok=True)
+    return {**manifest, "written": written}
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+# ------------------------------------------------------------------------------------------------
+# The destination
+# ------------------------------------------------------------------------------------------------
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def prepare_destination(source: Path, destination: Path, splits: list[str]) -> None:
+    """Refuse a DST that is SRC, lies inside one of its splits, or holds files a pack does not write; then
+    make the split folders."""
+    real_source, real_destination = source.resolve(), destination.resolve()
+    if real_destination == real_source or any(_inside(real_destination, (source / split).resolve())
+                                               for split in SPLITS):
+        raise UserError(f"DST {destination} is SRC or inside one of its splits; pack into another folder")
+    if destination.exists() and not destination.is_dir():
+        raise UserError(f"DST {destination} is not a folder")
+    for split in splits:
+        split_dir = destination / split
+        if split_dir.is_symlink() or (split_dir.exists() and not split_dir.is_dir()):
+            raise UserError(f"{split_dir} is not a folder of its own; pack into an empty or new folder")
+        if not split_dir.is_dir():
+            continue
+        foreign = sorted(entry for entry in os.listdir(split_dir) if not _ours(entry))
+        if foreign:
+            raise UserError(f"{split_dir} holds {foreign[0]!r}, which a pack does not write; pack into an empty or "
+                            "new folder")
+    destination.mkdir(parents=True, exist_ok=True)
+    for split in splits:
+        (destination / split).mkdir(exist_ok=True)
+
+
+def remove_temporaries(destination: Path, splits: list[str]) -> None:
+    """Remove the files a killed pack left half written (call with the lock held: none is being written)."""
+    for split in splits:
+        for entry in os.listdir(destination / split):
+            if _TEMPORARY.fullmatch(entry):
+                (destination / split / entry).unlink()
+
+
+def _ours(entry: str) -> bool:
+    return entry in (MANIFEST, TABLE, NAMES, PROGRESS) or bool(_TEMPORARY.fullmatch(entry)) \
+        or bool(SHARD.fullmatch(entry.replace(".idx", ".tar")))
+
+
+class PackLock:
+    """One pack at a time per DST: an flock on ``DST/.pack.lock``, held until the pack ends (a killed pack's
+    dies with it)."""
+
+    def __init__(self, destination: Path):
+        self.path, self.handle = destination / LOCK, None
+
+    def __enter__(self) -> "PackLock":
+        from ..workspace import _try_flock
+
+        handle = open(self.path, "a+", encoding="utf-8")
+        locked = _try_flock(handle)
+        if locked is False:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise UserError(f"another pack is writing {self.path.parent} ({holder}); wait for it to end")
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+        self.handle = handle
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.handle is not None:
+            self.handle.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# The command
+# ------------------------------------------------------------------------------------------------
+def pack(source: Path, destination: Path, shard_size: int = DEFAULT_SHARD_SIZE, workers: int = 8) -> int:
+    """Pack every split of ``source`` into ``destination``; the number of images packed."""
+    if not source.is_dir():
+        raise UserError(f"SRC {source} does not exist")
+    if is_packed(source):
+        raise UserError(f"SRC {source} is a packed set already; give the ImageFolder it was packed from")
+    splits = [split for split in SPLITS if (source / split).is_dir()]
+    if not splits:
+        raise UserError(f"SRC {source} has neither train/ nor val/; expected train/<class>/<image> files")
+    classes = check_dataset(str(source), None, want_train="train" in splits, want_val="val" in splits)
+    prepare_destination(source, destination, splits)
+    started, total = time.perf_counter(), 0
+    with PackLock(destination):
+        remove_temporaries(destination, splits)
+        plans = [plan_split(source / split, destination / split, classes, shard_size) for split in splits]
+        from tqdm import tqdm
+
+        for split, plan in zip(splits, plans):
+            with tqdm(total=len(plan.paths), unit="img", desc=f"{split}/", file=sys.stderr,
+                      disable=not sys.stderr.isatty(), dynamic_ncols=True) as progress:
+                manifest = pack_split(plan, workers, progress)
+            for index, reason in manifest["unreadable"]:
+                print(f"warning: {plan.paths[index]} cannot be read ({reason}); packed as an unreadable image",
+                      file=sys.stderr, flush=True)
+            written, size = manifest["written"], sum(shard["bytes"] for shard in manifest["shards"])
+            print(f"{destination / split}: {len(classes)} classes, {len(plan.paths):,} images in "
+                  f"{len(plan.shards)} shard(s), {size / 1e6:,.1f} MB ({written} written, {len(plan.shards) - written} kept)",
+                  flush=True)
+            total += len(plan.paths)
+    elapsed = time.perf_counter() - started
+    print(f"packed {total:,} images in {elapsed:.1f} s ({total / max(elapsed, 1e-9):,.0f} images/s)", flush=True)
+    return total
+
+
+def main(argv: list[str] | None = None, *, prog: str = "python -m image_classification.data.pack") -> int:
+    """The command's entry (``prog``: its name in usage lines); returns the exit code."""
+    return pack_command(pack_parser(prog).parse_args(argv))
+
+
+def pack_command(args: argparse.Namespace) -> int:
+    """The command, its arguments parsed by :func:`tool_arguments.pack_parser`; returns the exit code."""
+    with stop_raises(f"packing {args.destination}",
+                     "the shards finished are kept: run the same command again to finish"):
+        pack(Path(args.source), Path(args.destination), parse_size(args.shard_size), args.workers)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(main, sys.argv[1:]))
