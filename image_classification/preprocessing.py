@@ -32,6 +32,11 @@ IMAGE_SIZES = range(32, 8192 + 1)
 MIN_CROP_RATIO = 0.1
 
 
+def val_resize_size(image_size: int, crop_ratio: float = CROP_RATIO) -> int:
+    """Short side before the centre crop: 256 for 224, in proportion at other sizes."""
+    return round(image_size / crop_ratio)
+
+
 @dataclass(frozen=True)
 class Preprocessing:
     image_size: int
@@ -53,7 +58,7 @@ class Preprocessing:
     @property
     def resize_size(self) -> int:
         """The short side before the centre crop: 256 for 224."""
-        return round(self.image_size / self.crop_ratio)
+        return val_resize_size(self.image_size, self.crop_ratio)
 
     def to_dict(self) -> dict:
         record = asdict(self)

@@ -179,7 +179,8 @@ def test_one_image_batches_that_batchnorm_cannot_train_are_refused(tmp_path, cap
 
 
 # Every entry script with -h, and with a mistake in its flags, run one after another in one fresh interpreter;
-# a name without .py is an installed console command (ic-NAME: image_classification.commands.NAME).
+# a dotted name is a module run with python -m; another name without .py is an installed console command
+# (ic-NAME: image_classification.commands.NAME).
 ANSWERS_WITHOUT_TORCH = textwrap.dedent("""
     import contextlib, importlib, io, json, runpy, sys
     answers = []
@@ -190,6 +191,9 @@ ANSWERS_WITHOUT_TORCH = textwrap.dedent("""
             try:
                 if argv[0].endswith(".py"):
                     runpy.run_path(argv[0], run_name="__main__")
+                    code = 0
+                elif argv[0].startswith("image_classification."):  # python -m NAME
+                    runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
                     code = 0
                 else:
                     commands = importlib.import_module("image_classification.commands")
@@ -202,7 +206,8 @@ ANSWERS_WITHOUT_TORCH = textwrap.dedent("""
 PRESET = ["--model", "resnet50", "--precision", "AMP", "--mode", "convergence", "--platform", "DGXA100"]
 SCRIPTS = {"main.py": ["/data"], "launch.py": [*PRESET, "/data"], "classify.py": ["--image", "x.jpg"],
            "multiproc.py": ["main.py"], "checkpoint2model.py": ["--checkpoint-path", "c", "--weight-path", "w"],
-           "model2onnx.py": ["--output", "m.onnx"], "ic-pack": ["src", "dst"]}
+           "model2onnx.py": ["--output", "m.onnx"], "ic-pack": ["src", "dst"],
+           "image_classification.data.pack": ["src", "dst"], "image_classification.data.check": ["/data"]}
 
 
 def test_help_and_a_mistyped_flag_answer_before_torch_is_imported():

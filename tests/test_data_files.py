@@ -569,3 +569,13 @@ def test_data_check_writes_to_the_stdout_of_the_moment_it_runs(folder):
     with contextlib.redirect_stdout(io.StringIO()) as report:
         assert check(folder, workers=0) == 0
     assert "ok: nothing to fix" in report.getvalue()
+
+
+def test_the_image_extensions_are_torchvision_imagefolders():
+    """The folder walk names its own list (so that data.pack and data.check need no torch): it must take the
+    files torchvision's ImageFolder takes, and no others."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    from image_classification.data.files import IMG_EXTENSIONS as ours
+
+    assert ours == IMG_EXTENSIONS

@@ -1,16 +1,35 @@
-"""Data backends.  ``get_loaders`` is the one entry point; each backend returns :class:`Loader` objects."""
+"""Data backends.  ``get_loaders`` is the one entry point; each backend returns :class:`Loader` objects.
+
+The package imports torch only when a name that needs it is first asked for (PEP 562), so that the modules
+that need none, ``python -m image_classification.data.pack -h`` among them, answer without it.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+from typing import TYPE_CHECKING
 
 from .. import machine
 from ..errors import UserError
-from ..runtime import Runtime
-from .common import DataConfig, DeviceLoader, Loader, ShardSampler, val_resize_size
+
+if TYPE_CHECKING:
+    from ..runtime import Runtime
+    from .common import DataConfig, Loader
 
 __all__ = ["get_loaders", "resolve_backend", "DataConfig", "Loader", "DeviceLoader", "ShardSampler", "val_resize_size",
            "dali_available"]
+_FROM_COMMON = ("DataConfig", "DeviceLoader", "Loader", "ShardSampler")
+
+
+def __getattr__(name: str):
+    if name in _FROM_COMMON:
+        return getattr(importlib.import_module(".common", __name__), name)
+    if name == "val_resize_size":
+        from ..preprocessing import val_resize_size
+
+        return val_resize_size
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def dali_available() -> bool:

@@ -30,7 +30,7 @@ from ..cli import UserErrorParser, positive_int
 from ..cli import run
 from ..errors import UserError
 from ..models import default_image_size
-from .common import val_resize_size
+from ..preprocessing import val_resize_size
 from .files import MAX_IMAGE_PIXELS, decode_problem
 from .layout import class_folders, walk_split
 from .packed import (BLOCK, MANIFEST, TABLE, SampleNames, index_name, is_packed, open_plain, read_manifest,

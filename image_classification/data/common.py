@@ -50,11 +50,6 @@ class DataConfig:
         return self.train_crop_size or self.image_size
 
 
-def val_resize_size(image_size: int, crop_ratio: float = CROP_RATIO) -> int:
-    """Short side before the centre crop: 256 for 224, in proportion at other sizes."""
-    return round(image_size / crop_ratio)
-
-
 class Loader(Protocol):
     """What the training loop receives from every backend: (images, targets) ready on the device.
 

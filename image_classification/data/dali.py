@@ -35,7 +35,8 @@ import torch
 
 from ..errors import UserError
 from ..runtime import Runtime
-from .common import CROP_RATIO, MEAN_255, STD_255, DataConfig, ShardSampler, Unreadable, train_sampler, val_resize_size
+from .common import CROP_RATIO, MEAN_255, STD_255, DataConfig, ShardSampler, Unreadable, train_sampler
+from ..preprocessing import val_resize_size
 from .files import MAX_IMAGE_PIXELS, ImageTooLarge, size_problem
 from .layout import Split, open_split
 from .packed import PackedSplit

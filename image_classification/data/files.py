@@ -22,10 +22,18 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 from PIL import Image
-from torchvision.datasets.folder import IMG_EXTENSIONS
+
+if TYPE_CHECKING:
+    import torch
+
+# the image files torchvision's ImageFolder takes (torchvision.datasets.folder.IMG_EXTENSIONS, the same
+# from torchvision 0.18 to 0.29; tests/test_data_files.py compares them), written out so that the modules
+# that only walk and check folders (data.pack, data.check) answer without importing torch
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 SPLITS = ("train", "val")  # a dataset's split folders, beside each other
 
@@ -373,6 +381,8 @@ def decode_rgb_tensor(raw: bytes) -> torch.Tensor:
     plus a conversion), once their header passes the size rule; anything it refuses, and every other
     format, goes through :func:`open_rgb`, so a broken file raises what PIL raises.
     """
+    import torch
+
     if is_jpeg(raw):
         check_jpeg_header(io.BytesIO(raw))
         from torchvision.io import ImageReadMode, decode_jpeg

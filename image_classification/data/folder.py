@@ -21,7 +21,8 @@ from torchvision.transforms import v2
 
 from ..runtime import Runtime
 from ..signals import ignore_in_worker
-from .common import CROP_RATIO, DataConfig, DeviceLoader, ShardSampler, Unreadable, train_sampler, val_resize_size
+from .common import CROP_RATIO, DataConfig, DeviceLoader, ShardSampler, Unreadable, train_sampler
+from ..preprocessing import val_resize_size
 from .files import decode_rgb_tensor, open_rgb
 from .layout import Split, open_split
 
