@@ -221,7 +221,7 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     precision.add_argument("--dist-timeout", metavar="SECONDS", type=positive_float, default=300.0,
                            help="a process that waits longer than this for the others of a distributed run "
                            "(one is gone or hung) stops with one line and exit code 5; raise it when saving "
-                           "a checkpoint takes longer, up to a year (default: 300)")
+                           "a checkpoint takes longer; from 1 second to a year (default: 300)")
 
     deployed = parser.add_argument_group("evaluation of the deployed model (with --evaluate)")
     deployed.add_argument("--runtime", choices=("torch", "onnxruntime"), default="torch",
@@ -459,6 +459,8 @@ def check_values(args: argparse.Namespace) -> None:
          f"--gather-checkpoints must be -1 (all), 0 (none) or a count, got {args.gather_checkpoints}"),
         (args.dist_timeout > MAX_WAIT_S,
          f"--dist-timeout must be at most a year ({MAX_WAIT_S:,} seconds), got {args.dist_timeout:g}"),
+        (args.dist_timeout < 1,  # shorter, the processes' own start-up or the first save times out
+         f"--dist-timeout must be at least 1 second, got {args.dist_timeout:g}"),
     )
     for failed, message in checks:
         if failed:

@@ -102,6 +102,7 @@ BAD_FLAGS = {
     "zero topk": ["--topk", "0"],
     "bad interval": ["--checkpoint-interval", "ten"],
     "dist timeout past a year": ["--dist-timeout", "1e39"],  # timedelta: OverflowError in a distributed run
+    "dist timeout under a second": ["--dist-timeout", "1e-9"],  # every process would time out at its start
     "interval past a year": ["--checkpoint-interval", "525601m"],
     "interval past float": ["--checkpoint-interval", "9" * 400 + "m"],
     "interval of iterations past float": ["--checkpoint-interval", "9" * 400 + ".5"],  # was an OverflowError
