@@ -19,16 +19,13 @@ if TYPE_CHECKING:
 
 __all__ = ["get_loaders", "resolve_backend", "DataConfig", "Loader", "DeviceLoader", "ShardSampler", "val_resize_size",
            "dali_available"]
-_FROM_COMMON = ("DataConfig", "DeviceLoader", "Loader", "ShardSampler")
+_LAZY = {"DataConfig": ".common", "DeviceLoader": ".common", "Loader": ".common", "ShardSampler": ".common",
+         "val_resize_size": "..preprocessing"}  # name: the module that defines it
 
 
 def __getattr__(name: str):
-    if name in _FROM_COMMON:
-        return getattr(importlib.import_module(".common", __name__), name)
-    if name == "val_resize_size":
-        from ..preprocessing import val_resize_size
-
-        return val_resize_size
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
