@@ -40,9 +40,9 @@ from .data.files import SplitWalk, is_image_file, walk_class
 from .errors import UserError
 from .tool_arguments import DEFAULT_CALIBRATION_IMAGES
 
-# the int8 dot-product instructions ONNX Runtime's int8 kernels use without saturating: /proc/cpuinfo's flag
-# -> the name the docs give it
-INT8_DOT_PRODUCTS = {"avx512_vnni": "AVX512-VNNI", "avx_vnni": "AVX-VNNI", "amx_int8": "AMX-INT8"}
+# the int8 dot-product instructions ONNX Runtime's int8 kernels use without saturating, named as
+# machine.INSTRUCTION_SETS names them
+INT8_DOT_PRODUCTS = ("AVX512-VNNI", "AVX-VNNI", "AMX-INT8")
 CALIBRATION_BATCH = 8  # images per calibration run: what is held at once is every activation of one batch
 EXTRA_OPTIONS = {
     # one batch per collection, its activations reduced before the next (ONNX Runtime otherwise keeps every
@@ -100,7 +100,7 @@ def int8_dot_products() -> list[str] | None:
     """The int8 dot-product instructions the CPU lists in /proc/cpuinfo (``AVX512-VNNI``, ``AVX-VNNI``,
     ``AMX-INT8``); None where that file cannot tell."""
     flags = machine._cpu_flags()
-    return None if flags is None else [name for flag, name in INT8_DOT_PRODUCTS.items() if flag in flags]
+    return None if flags is None else [name for name in machine.instruction_sets(flags) if name in INT8_DOT_PRODUCTS]
 
 
 def cpu_has_int8_dot_product() -> bool | None:
