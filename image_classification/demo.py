@@ -80,9 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     if not (DATA_DIR / "val").is_dir():
         print(f"=> writing scikit-learn's handwritten digits to {DATA_DIR}/", flush=True)
         write_digits(DATA_DIR)
-    raport = workspace / raport_file(args)  # all that a run killed before its first checkpoint leaves
-    earlier = (workspace / "checkpoint.pth.tar").exists() or (raport.is_file() and raport.stat().st_size > 0)
-    if workspace == chosen and earlier:
+    from .plan import earlier_run
+    from .workspace import Workspace
+
+    checkpoints, raport = earlier_run(args, Workspace(workspace, args.checkpoint_filename, raport_file(args)))
+    if workspace == chosen and (checkpoints or raport):
         print(f"=> replacing the earlier run of this recipe in {workspace}/ (copy it elsewhere first to keep it)",
               flush=True)
         command.insert(0, "--overwrite")

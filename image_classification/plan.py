@@ -15,6 +15,7 @@ import os
 import random
 import sys
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -392,8 +393,7 @@ def _check_fresh_start(args: argparse.Namespace, workspace: Workspace, log) -> N
     checkpoints leaves only that), the workspace already holds."""
     if args.resume or args.evaluate:
         return
-    checkpoints = [path for path in (workspace.latest, workspace.best) if args.save_checkpoints and path.exists()]
-    raport = workspace.raport if _holds_records(workspace.raport) else None
+    checkpoints, raport = earlier_run(args, workspace)
     if not checkpoints and raport is None:
         return
     if args.overwrite:
@@ -405,6 +405,13 @@ def _check_fresh_start(args: argparse.Namespace, workspace: Workspace, log) -> N
                         "continue it, a new --workspace for a new run, or --overwrite to replace it")
     raise UserError(f"--raport-file {raport} already holds another run's records; give this run another "
                     "--raport-file or a new --workspace, or pass --overwrite to replace them")
+
+
+def earlier_run(args: argparse.Namespace, workspace: Workspace) -> tuple[list[Path], Path | None]:
+    """What a run with ``args`` would replace in ``workspace``: the checkpoints it would write over (the latest
+    first), and its raport where that holds records (a run without checkpoints leaves only that)."""
+    checkpoints = [path for path in (workspace.latest, workspace.best) if args.save_checkpoints and path.exists()]
+    return checkpoints, workspace.raport if _holds_records(workspace.raport) else None
 
 
 def _holds_records(path) -> bool:
