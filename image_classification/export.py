@@ -20,7 +20,7 @@ from .errors import UserError
 from .inference import calibrate, class_names_for, load_model, warn
 from .integrity import recorded_description
 from .models.weights import checked_arch, extract_state_dict, recorded_num_classes
-from .onnx_runtime import INT8, ONNX_TOLERANCE, export_onnx, logit_limit, require_onnxruntime
+from .onnx_runtime import INT8, ONNX_TOLERANCE, export_onnx, logit_limit, require_finite, require_onnxruntime
 from .quantization import Quantization, int8_request, quantize
 from .signals import stop_raises
 from .tool_arguments import DEFAULT_MAX_BATCH_SIZE, check_int8_flags, checkpoint2model_parser, model2onnx_parser
@@ -84,22 +84,29 @@ class Agreement:
     images: int = 0
 
 
-def onnx_agreement(path: str | os.PathLike, model: nn.Module, inputs: Sequence[torch.Tensor]) -> Agreement:
-    """Check the file with the ONNX checker, run it with onnxruntime on the CPU and compare its outputs on
-    ``inputs`` with PyTorch's FP32 ones."""
+def onnx_agreement(path: str | os.PathLike, model: nn.Module, *inputs: Sequence[torch.Tensor]) -> list[Agreement]:
+    """Check the file with the ONNX checker, run it with onnxruntime on the CPU and compare its outputs with
+    PyTorch's FP32 ones: an :class:`Agreement` for each sequence of batches in ``inputs``, from one session."""
     import onnx
     import onnxruntime
 
     onnx.checker.check_model(str(path))
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return [_agreement(session, model, batches) for batches in inputs]
+
+
+def _agreement(session, model: nn.Module, inputs: Sequence[torch.Tensor]) -> Agreement:
     found = Agreement()
     with torch.no_grad():
         for batch in inputs:
             expected = model(batch).numpy()
+            require_finite(expected, f"{len(batch)} check images")
             (got,) = session.run(["output"], {"input": batch.numpy()})
             if got.shape != expected.shape:
                 raise RuntimeError(f"ONNX output shape {got.shape} differs from PyTorch's {expected.shape}")
-            found.max_difference = max(found.max_difference, float(np.abs(got - expected).max()))
+            # a NaN or inf from the graph is the largest difference there is (max() would pass over a NaN)
+            difference = float(np.abs(got - expected).max()) if np.isfinite(got).all() else float("inf")
+            found.max_difference = max(found.max_difference, difference)
             found.scale = max(found.scale, float(np.abs(expected).max()))
             found.agreeing += int((got.argmax(1) == expected.argmax(1)).sum())
             found.images += len(expected)
@@ -181,7 +188,7 @@ def model2onnx(args: argparse.Namespace) -> int:
             print(f"Exporting {loaded.arch} ({loaded.num_classes} classes) at {size}x{size}, batch "
                   f"{'dynamic' if dynamic else args.batch_size}, opset {args.opset}", flush=True)
             export_onnx(model, example, tmp, dynamic_batch=dynamic, opset=args.opset)
-            found = onnx_agreement(tmp, model, checks)
+            (found,) = onnx_agreement(tmp, model, checks)
             limit = logit_limit(ONNX_TOLERANCE, found.scale)
             print(f"onnxruntime vs PyTorch, max abs difference of the logits: {found.max_difference:.3g} "
                   f"(limit {limit:.3g}; largest logit {found.scale:.3g})", flush=True)
@@ -214,8 +221,8 @@ def _int8_is_close(path: Path, model: nn.Module, quantization: Quantization, out
     """Say how the int8 graph's predictions compare with PyTorch's FP32 ones on the calibration images; False
     (said) where those of the first image differ by more than the ONNX cache accepts of an int8 model."""
     images = torch.from_numpy(quantization.images)
-    found = onnx_agreement(path, model, [images[start:start + 32] for start in range(0, len(images), 32)])
-    probe = onnx_agreement(path, model, [quantization.probe()])
+    found, probe = onnx_agreement(path, model, [images[start:start + 32] for start in range(0, len(images), 32)],
+                                  [quantization.probe()])
     limit = logit_limit(INT8.tolerance, probe.scale, INT8.floor)
     print(f"int8 vs PyTorch FP32 on the {found.images} calibration images: top-1 agreement "
           f"{100 * found.agreeing / found.images:.1f}%, max abs difference of the logits {found.max_difference:.3g} "

@@ -221,6 +221,13 @@ def _run(runner, probe: torch.Tensor) -> np.ndarray:
     return runner.run(["output"], {"input": probe.numpy()})[0]
 
 
+def require_finite(logits: np.ndarray, inputs: str) -> None:
+    """A :class:`UserError` where PyTorch's ``logits`` on ``inputs`` hold NaN or inf: nothing could be compared
+    with them, and the model's predictions would mean nothing."""
+    if not np.isfinite(logits).all():
+        raise UserError(f"the model's outputs are NaN or inf on {inputs}; its predictions would mean nothing")
+
+
 def _disagreement(got: np.ndarray, expected: np.ndarray, whose: str, tolerance: float, floor: float = 1.0,
                   probe: str = "probe image") -> str | None:
     """How logits ``got`` for the ``probe`` differ from ``expected`` (``whose``) beyond ``tolerance`` (see
@@ -364,8 +371,7 @@ def cached_model(model: nn.Module, image_size: int, log: Callable[[str], None],
     probe = probe_image(image_size) if quantization is None else quantization.probe()
     with torch.no_grad():
         expected = model(probe).double().numpy()
-    if not np.isfinite(expected).all():
-        raise UserError("the model's outputs are NaN or inf on a probe image; its predictions would mean nothing")
+    require_finite(expected, "a probe image")
     remove_stale_temporaries(folder)
 
     reason = None

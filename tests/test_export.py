@@ -117,7 +117,7 @@ def test_onnx_mismatch_fails_and_writes_nothing(tmp_path, monkeypatch, capsys):
         Path(path).write_bytes(b"onnx")
 
     monkeypatch.setattr(export, "export_onnx", fake_export)
-    monkeypatch.setattr(export, "onnx_agreement", lambda *_: export.Agreement(0.5, 20.0, 1, 1))  # limit 0.02
+    monkeypatch.setattr(export, "onnx_agreement", lambda *_: [export.Agreement(0.5, 20.0, 1, 1)])  # limit 0.02
     output = tmp_path / "model.onnx"
     argv = ["-a", "resnet18", "--output", str(output), "-b", "1", "--image-size", "32"]
     code = export.model2onnx_main(argv)
@@ -156,3 +156,26 @@ def test_model2onnx_without_the_onnx_extra_is_one_line_naming_it(tmp_path, monke
     assert err.startswith("error: model2onnx needs the onnx extra"), err
     assert "pip install .[onnx]" in err and missing in err and "Exporting" not in out
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_nan_on_either_side_of_the_onnx_check_fails_it(tmp_path):
+    """max() passes over a NaN: logits that are NaN in PyTorch are refused, and NaN from the graph counts as
+    the largest difference, so model2onnx.py never writes such a model as agreeing."""
+    pytest.importorskip("onnxruntime")
+    from image_classification.errors import UserError
+    from image_classification.onnx_runtime import OPSET, export_onnx
+
+    def linear(bias: float) -> torch.nn.Module:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3).eval()
+        with torch.no_grad():
+            model.bias.fill_(bias)
+        return model
+
+    inputs = [torch.randn(2, 4)]
+    path = tmp_path / "nan.onnx"
+    export_onnx(linear(float("nan")), inputs[0], path, dynamic_batch=True, opset=OPSET)
+    (found,) = export.onnx_agreement(path, linear(0.0), inputs)
+    assert found.max_difference == float("inf")
+    with pytest.raises(UserError, match="NaN or inf"):
+        export.onnx_agreement(path, linear(float("nan")), inputs)
