@@ -12,6 +12,7 @@ torch is imported by the functions that ask it, not here: :func:`cpu_has_bf16` a
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
@@ -19,15 +20,22 @@ import sys
 from pathlib import Path
 
 
+@functools.lru_cache(maxsize=1)
+def _cpuinfo_lines() -> tuple[str, ...] | None:
+    """The lines of /proc/cpuinfo, read once per process (a many-core host's file runs to hundreds of KB, and
+    the CPU does not change); None where there is no such file (not Linux)."""
+    try:
+        return tuple(Path("/proc/cpuinfo").read_text().splitlines())
+    except OSError:
+        return None
+
+
 def _cpuinfo(*keys: str) -> str | None:
     """The value of /proc/cpuinfo's first line that starts with one of ``keys``; None where there is none
     (or no such file: not Linux)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(keys):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    for line in _cpuinfo_lines() or ():
+        if line.startswith(keys):
+            return line.split(":", 1)[1].strip()
     return None
 
 
@@ -57,7 +65,7 @@ def cpu_capability() -> str:
 def _cpu_flags() -> set[str] | None:
     """The feature flags of /proc/cpuinfo (x86's ``flags``, Arm's ``Features``); None where there is no such
     file (not Linux)."""
-    if not Path("/proc/cpuinfo").exists():
+    if _cpuinfo_lines() is None:
         return None
     return set((_cpuinfo("flags", "Features") or "").split())
 
