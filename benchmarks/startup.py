@@ -78,6 +78,7 @@ def write_synthetic_split(split: Path, count: int, shards: int = 16, classes: in
     the tar headers of their first and last samples only (everything to open and check, nothing to read); its
     class names."""
     import hashlib
+    import tarfile
 
     import numpy as np
 
@@ -97,8 +98,10 @@ def write_synthetic_split(split: Path, count: int, shards: int = 16, classes: in
         with open(split / shard_name(number), "wb") as handle:
             handle.truncate(samples * 1024)
             for position in {0, samples - 1}:  # a header, then the sample's 300 bytes, in every 1024
+                header = tarfile.TarInfo(f"{sample_key(number * per_shard + position)}.jpg")
+                header.size = 300
                 handle.seek(position * 1024)
-                handle.write(f"{sample_key(number * per_shard + position)}.jpg".encode())
+                handle.write(header.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict"))
         entries.append({"file": shard_name(number), "index": index_name(shard_name(number)), "samples": samples,
                         "bytes": samples * 1024, "sha256": "0" * 64})
     names = [f"n{label:08d}" for label in range(classes)]

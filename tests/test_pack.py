@@ -457,6 +457,25 @@ def test_a_sample_whose_header_is_not_its_own_is_not_read(packed, tmp_path):
         split.read(3)
 
 
+def test_a_sample_whose_header_records_another_size_is_not_read(packed, tmp_path):
+    """The header names the right sample but records another size (a shard of a re-pack in which that image
+    changed, the next ones kept in place): the read is refused, not cut to the table's size."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(packed, copy)
+    classes = check_dataset(str(copy), None, want_train=True, want_val=False)
+    split = open_split(copy, "train", classes)
+    shard = copy / "train" / "shard-000000.tar"
+    data = bytearray(shard.read_bytes())
+    header = int(split.blocks[3]) * 512 - 512
+    data[header + 124:header + 136] = b"%011o\0" % (int(split.sizes[3]) - 1)  # checksum not redone: not read
+    shard.write_bytes(bytes(data))
+    split.read(2)
+    with pytest.raises(OSError, match="does not hold sample 3 where its table places it"):
+        split.read(3)
+
+
 def test_data_check_names_a_damaged_shard_in_one_line(packed, tmp_path, capsys):
     """A shard of the right size with other bytes trains (only sizes are checked at start-up); data.check reads
     every shard whole and names it."""

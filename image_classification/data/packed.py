@@ -282,8 +282,10 @@ class PackedSplit:
         self._descriptors = descriptors
 
     def _check_ends(self, number: int, descriptor: int) -> None:
-        """The first and the last sample of shard ``number`` are where the table places them: a shard swapped
-        with another of the same size, or written by another pack, is refused before the run starts."""
+        """The first and the last sample of shard ``number`` are where the table places them, with the sizes it
+        records: a shard swapped with another of the same size, or written by a pack of other files, is refused
+        before the run starts (where a re-pack changed neither sample's place nor size, the shard hashes of
+        ``data.check`` tell it apart)."""
         first, end = int(self.starts[number]), int(self.starts[number + 1])
         try:
             for index in sorted({first, end - 1} - set(self.known_unreadable)) if end > first else []:
@@ -329,7 +331,10 @@ class PackedSplit:
                 raise OSError(f"{self.shard_files[shard]} ends inside sample {index}: it was cut short after the "
                               "run started")
             data += more
-        if not data.startswith(f"{sample_key(index)}.".encode()):
+        # the header names the sample and records the table's size (ustar's octal field, as tarfile writes it
+        # at the pack): a shard of a re-pack, or an entry moved onto another member, is told apart
+        if not (data.startswith(f"{sample_key(index)}.".encode())
+                and data[124:136] == b"%011o\0" % (size - BLOCK)):
             raise OSError(f"{self.shard_files[shard]} does not hold sample {index} where its table places it: the "
                           "shard was changed since it was packed")
         return data
