@@ -409,9 +409,11 @@ class DaliLoader:
         indices, seeds = self.sampler.pass_order()
         keep = max(0, self.num_samples - self.sampler.start)
         indices, seeds = indices[:keep], seeds[:keep]
-        for index, reason in self.samples.known_unreadable.items():
-            if index not in self.broken and index in indices:
-                self._leave_out(index, f"OSError: unreadable when it was packed: {reason}")
+        known = self.samples.known_unreadable
+        if known:  # those of this pass, found in one sorted intersection rather than a scan of the pass for each
+            for index in np.intersect1d(np.fromiter(known, dtype=np.int64, count=len(known)), indices).tolist():
+                if index not in self.broken:
+                    self._leave_out(index, f"OSError: unreadable when it was packed: {known[index]}")
         if self.broken:
             usable = ~np.isin(indices, np.fromiter(self.broken, dtype=np.int64))
             indices, seeds = indices[usable], seeds[usable]
