@@ -135,11 +135,11 @@ def stamp_is_dead(stamp: str) -> bool:
     return holder_is_dead({**here, "pid": int(match[1]), "start": start})
 
 
-def _try_flock(handle: TextIO) -> bool | None:
-    """Lock ``handle``'s file: True when done, False when another process holds it, None when the file
-    system has no locks."""
+def _try_flock(handle: TextIO, mode: int | None = None) -> bool | None:
+    """Lock ``handle``'s file (``mode``: exclusively unless given): True when done, False when another process
+    holds it, None when the file system has no locks."""
     try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(handle.fileno(), (fcntl.LOCK_EX if mode is None else mode) | fcntl.LOCK_NB)
     except OSError as error:
         return False if error.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK) else None
     return True
@@ -271,12 +271,8 @@ class Workspace:
         try:
             fcntl.flock(guard, fcntl.LOCK_EX)
             with open(path, encoding="utf-8") as handle:
-                try:
-                    fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
-                except OSError as error:
-                    held = error.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
-                    if held and not _recorded_holder_is_dead(path):
-                        raise self._in_use(path) from None
+                if _try_flock(handle, fcntl.LOCK_SH) is False and not _recorded_holder_is_dead(path):
+                    raise self._in_use(path)
         except OSError:
             return  # a file system without locks, or a lock file that cannot be read: lock() decides
         finally:
