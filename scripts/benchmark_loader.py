@@ -204,6 +204,14 @@ class Timing:
         """The median over the epochs after the first, which pays for start-up."""
         return statistics.median(values[1:] if len(values) > 1 else values)
 
+    def against(self, base: "Timing") -> tuple[float, float | None, str]:
+        """This loader's speed over ``base``'s, epochs side by side: the median of the epochs' own ratios,
+        their spread, and the spread in words."""
+        ratio = self.median([ours / plain for ours, plain in zip(self.rates, base.rates)])
+        spread = ratio_spread(self.rates[1:], base.rates[1:])
+        return ratio, spread, ("spread unknown" if spread is None
+                               else f"spread {spread:.1%} over {len(self.rates) - 1} epochs")
+
 
 DALI_STAGES = ("read", "decode", "resize", "normalise")
 
@@ -299,9 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         base = runs[0][0]
         base_rate, base_cpu = base.median(base.rates), base.median(base.cpu_ms)
         # Each epoch's ratio pairs two neighbouring epochs, so load that comes and goes cancels out.
-        ratios = [ours / plain for ours, plain in zip(timing.rates, base.rates)]
-        speedup, spread = timing.median(ratios), ratio_spread(timing.rates[1:], base.rates[1:])
-        spread_text = "spread unknown" if spread is None else f"spread {spread:.1%} over {len(ratios) - 1} epochs"
+        speedup, spread, spread_text = timing.against(base)
         print(f"torchvision: {base_rate:.1f} images/s, {base_cpu:.2f} CPU ms/image; {timing.name}: "
               f"{rate:.1f} images/s, {cpu_ms:.2f} CPU ms/image; speed-up {speedup:.2f}x ({spread_text}), "
               f"CPU per image {base_cpu / cpu_ms:.2f}x less", flush=True)
@@ -353,11 +359,9 @@ def compare_packed(opts: argparse.Namespace, runtime: Runtime) -> int:
         for timing, loader in runs:
             per_epoch[timing.name].append(opens.during(timing.epoch, loader, number, runtime)[1])
     (folder, _), (packed, _) = runs
-    ratios = [ours / plain for ours, plain in zip(packed.rates, folder.rates)]
-    ratio, spread = packed.median(ratios), ratio_spread(packed.rates[1:], folder.rates[1:])
-    spread_text = "spread unknown" if spread is None else f"spread {spread:.1%} over {len(ratios) - 1} epochs"
+    ratio, spread, spread_text = packed.against(folder)
     for timing in (folder, packed):
-        counted = statistics.median(per_epoch[timing.name][1:] or per_epoch[timing.name])
+        counted = timing.median(per_epoch[timing.name])
         unseen = timing is folder and opts.data_backend.startswith("dali")  # DALI's C++ reader opens them
         print(f"{timing.name}: {timing.median(timing.rates):.1f} images/s, {timing.median(timing.cpu_ms):.2f} CPU "
               f"ms/image, files opened per epoch: "
