@@ -90,22 +90,29 @@ def check_packed_split(split_dir: Path, workers: int, resize: int | None = None)
     names, starts = SampleNames(split_dir, manifest), shard_starts(manifest)
     unreadable = dict(manifest["unreadable"])
     tasks = []
-    for number, shard in enumerate(manifest["shards"]):
-        first, end = int(starts[number]), int(starts[number + 1])
-        problem = _shard_problem(split_dir, shard, table[first:end], first)
-        if problem is not None:
-            report.damaged.append(f"{shard['file']}: {problem}")
-            continue
-        rows = [(index, int(table["block"][index]) * BLOCK, int(table["size"][index]))
-                for index in range(first, end) if index not in unreadable]
-        tasks += [(shard["file"], rows[i:i + 256]) for i in range(0, len(rows), 256)]
-        report.unreadable += [f"{names(index)} in {shard['file']} (OSError: unreadable when it was packed: "
-                              f"{unreadable[index]})" for index in range(first, end) if index in unreadable]
+    bounds = [(int(starts[number]), int(starts[number + 1])) for number in range(len(manifest["shards"]))]
     with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _InProcess() as pool:
+        # the shards are hashed by the workers too, one a task (each is read whole; on one core it was the
+        # longest part of checking a large set), their problems in the manifest's order
+        checks = [(split_dir, shard, table[first:end], first) for shard, (first, end) in zip(manifest["shards"], bounds)]
+        shard_problems = pool.map(_shard_problem_task, checks)
+        for shard, (first, end), problem in zip(manifest["shards"], bounds, shard_problems):
+            if problem is not None:
+                report.damaged.append(f"{shard['file']}: {problem}")
+                continue
+            rows = [(index, int(table["block"][index]) * BLOCK, int(table["size"][index]))
+                    for index in range(first, end) if index not in unreadable]
+            tasks += [(shard["file"], rows[i:i + 256]) for i in range(0, len(rows), 256)]
+            report.unreadable += [f"{names(index)} in {shard['file']} (OSError: unreadable when it was packed: "
+                                  f"{unreadable[index]})" for index in range(first, end) if index in unreadable]
         found_by_task = pool.map(_decode_problems, [(split_dir / file, rows, resize) for file, rows in tasks])
         for (file, _), found in zip(tasks, found_by_task):
             report.unreadable += [f"{names(index)} in {file} ({problem})" for index, problem in found]
     return report
+
+
+def _shard_problem_task(task: tuple) -> str | None:
+    return _shard_problem(*task)
 
 
 def _shard_problem(split_dir: Path, shard: dict, rows, first: int) -> str | None:
