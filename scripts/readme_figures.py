@@ -35,9 +35,10 @@ DOCS = REPO / "docs"  # the charts lie here, beside the page that shows them (do
 SUMMARY_FIELDS = ("train.loss", "train.total_ips", "val.top1", "val.top5")
 
 
-def _python(*argv: str, cwd: Path) -> tuple[str, float]:
-    """Run ``python argv`` in ``cwd`` with this repository importable; its output and wall time."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MPLBACKEND": "Agg"}
+def _python(*argv: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[str, float]:
+    """Run ``python argv`` in ``cwd`` with this repository importable (and ``env`` added to the environment);
+    its output and wall time."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MPLBACKEND": "Agg", **(env or {})}
     start = time.perf_counter()
     result = subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
@@ -68,11 +69,11 @@ def demo() -> str:
     return demo_block(output, seconds, machine.description())
 
 
-def _benchmark(script: str, *argv: str) -> tuple[dict, str]:
+def _benchmark(script: str, *argv: str, env: dict[str, str] | None = None) -> tuple[dict, str]:
     """Run ``benchmarks/<script>`` with a JSON output; its record and the command as the page shows it."""
     with tempfile.TemporaryDirectory() as folder:
         output = Path(folder) / "result.json"
-        _python(str(REPO / "benchmarks" / script), *argv, "-o", str(output), cwd=REPO)
+        _python(str(REPO / "benchmarks" / script), *argv, "-o", str(output), cwd=REPO, env=env)
         record = json.loads(output.read_text())
     return record, f"python benchmarks/{script} {' '.join(argv)} -o FILE.json"
 
@@ -335,40 +336,37 @@ def int8_accuracy() -> str:
 
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
-        previous = os.environ.get(CACHE_ENV)
-        os.environ[CACHE_ENV] = str(root / "cache")  # exports of its own, not the user's cache
-        try:
-            _python("-m", "image_classification.demo", cwd=root)
-            rows = []
-            for index, (label, extra) in enumerate(INT8_EVALUATIONS):
-                workspace = root / f"evaluation-{index}"
-                _python(*[str(REPO / EVALUATE[0]), *EVALUATE[1:]], "--workspace", str(workspace), *extra,
-                        "data/digits", cwd=root)
-                summary = next(r["data"] for r in read_raport(workspace / "experiment_raport.json")
-                               if r.get("type") == "LOG" and r["step"] == [] and "val.top1" in r["data"])
-                rows.append((label, " ".join(extra), summary["val.top1"], summary["val.loss"]))
-            top1 = [[json.loads(line)["predictions"][0]["index"] for line in _python(
-                str(REPO / CLASSIFY[0]), *CLASSIFY[1:], *extra, cwd=root)[0].splitlines()]
-                for extra in (["--precision", "FP32", "--memory-format", "nchw"], CLASSIFY_INT8)]
-        finally:
-            if previous is None:
-                os.environ.pop(CACHE_ENV)
-            else:
-                os.environ[CACHE_ENV] = previous
+        env = {CACHE_ENV: str(root / "cache")}  # exports of its own, not the user's cache
+        _python("-m", "image_classification.demo", cwd=root, env=env)
+        rows = []
+        for index, (label, extra) in enumerate(INT8_EVALUATIONS):
+            workspace = root / f"evaluation-{index}"
+            _python(*[str(REPO / EVALUATE[0]), *EVALUATE[1:]], "--workspace", str(workspace), *extra,
+                    "data/digits", cwd=root, env=env)
+            summary = next(r["data"] for r in read_raport(workspace / "experiment_raport.json")
+                           if r.get("type") == "LOG" and r["step"] == [] and "val.top1" in r["data"])
+            rows.append((label, " ".join(extra), summary["val.top1"], summary["val.loss"]))
+        top1 = [[json.loads(line)["predictions"][0]["index"] for line in _python(
+            str(REPO / CLASSIFY[0]), *CLASSIFY[1:], *extra, cwd=root, env=env)[0].splitlines()]
+            for extra in (["--precision", "FP32", "--memory-format", "nchw"], CLASSIFY_INT8)]
     agreeing = sum(a == b for a, b in zip(*top1))
     return int8_accuracy_block(rows, agreeing, len(top1[0]), _int8_machine())
 
 
-def _int8_machine() -> str:
-    """The machine, and whether its CPU computes int8 dot products (which decides reduce_range)."""
-    import onnxruntime
-
+def _int8_note() -> str:
+    """Whether the CPU computes int8 dot products, which decides reduce_range."""
     from image_classification.quantization import int8_dot_products
 
     found = int8_dot_products()
-    int8 = (f"int8 dot products: {', '.join(found)}, so no reduce_range" if found
+    return (f"int8 dot products: {', '.join(found)}, so no reduce_range" if found
             else "no int8 dot-product instructions: 7-bit weights (reduce_range)")
-    return f"{machine.description()}, onnxruntime {onnxruntime.__version__}; {int8}"
+
+
+def _int8_machine() -> str:
+    """The machine, and whether its CPU computes int8 dot products."""
+    import onnxruntime
+
+    return f"{machine.description()}, onnxruntime {onnxruntime.__version__}; {_int8_note()}"
 
 
 def int8_accuracy_block(rows: list[tuple[str, str, float, float]], agreeing: int, images: int, where: str) -> str:
@@ -396,16 +394,9 @@ def int8_speed() -> str:
     """ONNX Runtime FP32 and int8 against torchvision eager FP32 for ResNet-50 at batch 1 and 16, each path on
     one thread: on a shared machine a second thread that waits for a busy core stalls torch's eager batch 1
     tenfold (ONNX Runtime's far less), which would inflate every ratio over the baseline."""
-    previous = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        record, command = _benchmark("infer_throughput.py", "-a", "resnet50", "--batch-sizes", "1", "16", "--iters",
-                                     "5", "--repeats", "3", "--warmup", "2", "--paths", "onnxruntime", "int8")
-    finally:
-        if previous is None:
-            os.environ.pop("OMP_NUM_THREADS")
-        else:
-            os.environ["OMP_NUM_THREADS"] = previous
+    record, command = _benchmark("infer_throughput.py", "-a", "resnet50", "--batch-sizes", "1", "16", "--iters", "5",
+                                 "--repeats", "3", "--warmup", "2", "--paths", "onnxruntime", "int8",
+                                 env={"OMP_NUM_THREADS": "1"})
     int8 = record["paths"]["int8"]
     goal = ", ".join(f"{ratio_text(int8[b]['speedup'], int8[b].get('speedup_spread'))} at batch {b}"
                      for b in ("1", "16"))
@@ -413,7 +404,7 @@ def int8_speed() -> str:
     return inference_block(record, f"OMP_NUM_THREADS=1 {command}") + "\n" + textwrap.fill(
         f"Each path on {record['environment']['torch_threads']} thread (torch's and ONNX Runtime's), as the "
         f"machine is shared. int8 runs at {goal} of torchvision eager FP32 here "
-        f"({_int8_machine().split('; ')[-1]}); its logit difference and top-1 agreement are those of random "
+        f"({_int8_note()}); its logit difference and top-1 agreement are those of random "
         "weights on random images.", width=105) + "\n"
 
 
