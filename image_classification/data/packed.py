@@ -228,7 +228,7 @@ class PackedSplit:
     one ``os.pread`` on its shard, which stays open."""
 
     def __init__(self, split_dir: Path, manifest: dict):
-        self.directory, self.manifest = split_dir, manifest
+        self.directory = split_dir
         shards = manifest["shards"]
         self.shard_files = [split_dir / shard["file"] for shard in shards]
         self.shard_bytes = [shard["bytes"] for shard in shards]
