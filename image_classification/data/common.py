@@ -187,8 +187,10 @@ class RepeatedShare(Sequence):
         return self.count
 
     def __getitem__(self, position: int | slice) -> int | list[int]:
-        if isinstance(position, slice):
-            return [self[p] for p in range(*position.indices(self.count))]
+        if isinstance(position, slice):  # the same formula over an array: a pass's order in one step
+            items = np.arange(*position.indices(self.count), dtype=np.int64) * self.world_size + self.rank
+            items[items >= self.length] -= self.length
+            return np.asarray(self.order, dtype=np.int64)[items // self.repeats].tolist()
         if position < 0:
             position += self.count
         if not 0 <= position < self.count:
