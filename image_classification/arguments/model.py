@@ -1,0 +1,44 @@
+"""The ``model`` group: the architecture, its initialisation, the weights it starts from and how it is run."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..cli import positive_int
+from ..errors import UserError
+from ..models import MODEL_CONFIGS, list_models
+from .values import str2bool
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``model`` group."""
+    model = parser.add_argument_group("model")
+    model.add_argument("--arch", "-a", metavar="ARCH", default="resnet50", choices=list_models(),
+                       help="model architecture: " + " | ".join(list_models()) + " (default: resnet50)")
+    model.add_argument("--model-config", "-c", metavar="CONF", default="classic", choices=list(MODEL_CONFIGS),
+                       help="model configs: " + " | ".join(MODEL_CONFIGS) + " (default: classic)")
+    model.add_argument("--num-classes", "--num_classes", metavar="N", dest="num_classes",
+                       type=positive_int, default=None,
+                       help="number of classes (default: the checkpoint's, else the dataset's class folders, "
+                       "else 1000)")
+    model.add_argument("--conv_init", choices=("fan_in", "fan_out"), default=None,
+                       help="kaiming init mode of the convolutions (default: the model config's)")
+    model.add_argument("--last_bn_0_init", metavar="BOOL", type=str2bool, nargs="?", const=True, default=False,
+                       help="zero-initialise the last BatchNorm of every residual block (default: false)")
+    model.add_argument("--pretrained-weights", "--pretrained-from-file", metavar="PATH",
+                       dest="pretrained_weights", default=None,
+                       help="load model weights from here (NGC, torchvision or our files); "
+                       "a head of another size is replaced to fit --num-classes (default: none)")
+    model.add_argument("--jit", choices=("no", "script"), default="no",
+                       help="script the model with TorchScript (default: no)")
+    model.add_argument("--compile", action="store_true",
+                       help="compile the model with torch.compile (default: false)")
+
+
+def check_compile_supported(args: argparse.Namespace) -> None:
+    """--compile on a torch and Python that can compile. Imports torch: the last check of all."""
+    if args.compile:
+        from ..runtime import compile_unsupported
+
+        if reason := compile_unsupported():
+            raise UserError(f"--compile: {reason} (or leave --compile out)")

@@ -1,0 +1,131 @@
+"""The ``optimisation`` group: the schedule, the optimizer, the loss's regularisers and the weights' EMA."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..cli import positive_int
+from ..errors import UserError
+from .values import check_float32, probability, raise_first
+
+LR_SCHEDULES = ("step", "linear", "cosine")
+OPTIMIZERS = ("sgd", "rmsprop", "adamw", "lamb", "lars")
+MIN_MIXUP = 1e-3
+# the float flags of this group, checked to be finite and within float32
+FLOAT_FLAGS = ("lr", "end_lr", "momentum", "weight_decay", "label_smoothing", "mixup", "cutmix", "rmsprop_alpha",
+               "rmsprop_eps", "use_ema", "norm_weight_decay", "bias_weight_decay", "model_ema_decay")
+
+
+def add_optimisation_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``optimisation`` group."""
+    optim = parser.add_argument_group("optimisation")
+    optim.add_argument("--epochs", metavar="N", type=positive_int, default=90,
+                       help="number of total epochs to run; the length of the LR schedule (default: 90)")
+    optim.add_argument("--run-epochs", metavar="N", type=int, default=-1,
+                       help="run only N epochs, used for checkpointing runs (default: -1, all)")
+    optim.add_argument("--early-stopping-patience", metavar="N", type=int, default=-1,
+                       help="stop after N epochs in a row without a new best top1 (default: -1, never)")
+    optim.add_argument("-b", "--batch-size", metavar="N", type=positive_int, default=256,
+                       help="mini-batch size (default: 256) per gpu")
+    optim.add_argument("--optimizer-batch-size", metavar="N", type=int, default=-1,
+                       help="size of a total batch size, for simulating bigger batches using gradient "
+                       "accumulation; a multiple of world size x batch size (default: -1, off)")
+    optim.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd",
+                       help="optimizer: sgd | rmsprop | adamw | lamb | lars; AdamW and LAMB use betas 0.9, 0.999 and "
+                       "take no --momentum (default: sgd)")
+    optim.add_argument("--lr", "--learning-rate", metavar="LR", type=float, default=0.1,
+                       help="initial learning rate (default: 0.1)")
+    optim.add_argument("--lr-schedule", metavar="SCHEDULE", choices=LR_SCHEDULES, default="step",
+                       help="type of LR schedule: step, linear, cosine (default: step)")
+    optim.add_argument("--end-lr", metavar="LR", type=float, default=0.0,
+                       help="final learning rate of the cosine schedule (default: 0)")
+    optim.add_argument("--warmup", metavar="E", type=int, default=0,
+                       help="number of warmup epochs (default: 0)")
+    optim.add_argument("--label-smoothing", metavar="S", type=float, default=0.0,
+                       help="label smoothing (default: 0)")
+    optim.add_argument("--mixup", metavar="ALPHA", type=float, default=0.0, help="mixup alpha (default: 0, off)")
+    optim.add_argument("--cutmix", metavar="ALPHA", type=float, default=0.0,
+                       help="cutmix alpha: paste a box of another image, the labels mixed by its area (default: 0, off)")
+    optim.add_argument("--mixup-switch-prob", metavar="P", type=probability, default=None,
+                       help="with both --mixup and --cutmix, the probability that a batch is mixed by CutMix rather "
+                       "than MixUp (default: 0.5)")
+    optim.add_argument("--momentum", metavar="M", type=float, default=0.9, help="momentum (default: 0.9)")
+    optim.add_argument("--weight-decay", "--wd", metavar="W", type=float, default=1e-4,
+                       help="weight decay (default: 1e-4)")
+    optim.add_argument("--bn-weight-decay", action="store_true",
+                       help="use weight_decay on batch normalization learnable parameters, (default: false)")
+    optim.add_argument("--norm-weight-decay", metavar="W", type=float, default=None,
+                       help="weight decay of the normalisation layers' parameters (default: 0, or --weight-decay "
+                       "with --bn-weight-decay)")
+    optim.add_argument("--bias-weight-decay", metavar="W", type=float, default=None,
+                       help="weight decay of every bias, normalisation layers' included (default: as the layer's "
+                       "other parameters)")
+    optim.add_argument("--nesterov", action="store_true", help="use nesterov momentum, (default: false)")
+    optim.add_argument("--rmsprop-alpha", metavar="A", type=float, default=0.9,
+                       help="RMSprop smoothing constant (default: 0.9)")
+    optim.add_argument("--rmsprop-eps", metavar="EPS", type=float, default=1e-3,
+                       help="RMSprop epsilon (default: 1e-3)")
+    optim.add_argument("--use-ema", metavar="DECAY", type=float, default=None,
+                       help="keep an exponential moving average of the weights with this decay, "
+                       "validated as val_ema: the reference's EMA, updated every optimizer step with a warm-up "
+                       "of min(DECAY, (1 + step) / (10 + step)) (default: off)")
+    optim.add_argument("--model-ema", action="store_true",
+                       help="torchvision's EMA instead: --model-ema-decay adjusted to the batch and the update "
+                       "interval, restarted from the weights during --warmup epochs (default: off)")
+    optim.add_argument("--model-ema-decay", metavar="DECAY", type=float, default=None,
+                       help="torchvision's --model-ema-decay, before it is adjusted to the batch and the interval; "
+                       "implies --model-ema (default: 0.99998)")
+    optim.add_argument("--model-ema-steps", metavar="N", type=positive_int, default=None,
+                       help="update torchvision's EMA every N optimizer steps (default: 32)")
+    optim.add_argument("--model-ema-warmup", action="store_true",
+                       help="timm's EMA warm-up, min(DECAY, 1 - (1 + n)^(-2/3)) after n updates, for --use-ema or "
+                       "--model-ema (default: off)")
+
+
+def check_optimisation_values(args: argparse.Namespace) -> None:
+    """The optimisation flags' ranges that argparse's types do not cover. Raises :class:`UserError`."""
+    check_float32(args, FLOAT_FLAGS)
+    raise_first((
+        (args.lr < 0, f"--lr must be 0 or more, got {args.lr}"),
+        (args.end_lr < 0, f"--end-lr must be 0 or more, got {args.end_lr}"),
+        (not 0.0 <= args.momentum < 1.0, f"--momentum must be in [0, 1), got {args.momentum}"),
+        (args.weight_decay < 0, f"--weight-decay must be 0 or more, got {args.weight_decay}"),
+        (not 0.0 <= args.rmsprop_alpha < 1.0, f"--rmsprop-alpha must be in [0, 1), got {args.rmsprop_alpha}"),
+        (args.rmsprop_eps <= 0, f"--rmsprop-eps must be positive, got {args.rmsprop_eps}"),
+        (args.warmup < 0, f"--warmup must be 0 or more, got {args.warmup}"),
+        (not 0 <= args.label_smoothing < 1, f"--label-smoothing must be in [0, 1), got {args.label_smoothing}"),
+        (args.mixup != 0 and not args.mixup >= MIN_MIXUP,
+         f"--mixup must be 0 (off) or at least {MIN_MIXUP} (a smaller alpha draws NaN weights), got {args.mixup}"),
+        (args.cutmix != 0 and not args.cutmix >= MIN_MIXUP,
+         f"--cutmix must be 0 (off) or at least {MIN_MIXUP} (a smaller alpha draws NaN weights), got {args.cutmix}"),
+        (args.use_ema is not None and not 0.0 < args.use_ema < 1.0,
+         f"--use-ema needs a decay between 0 and 1, got {args.use_ema}"),
+        (args.model_ema_decay is not None and not 0.0 < args.model_ema_decay < 1.0,
+         f"--model-ema-decay needs a decay between 0 and 1, got {args.model_ema_decay}"),
+        (args.norm_weight_decay is not None and args.norm_weight_decay < 0,
+         f"--norm-weight-decay must be 0 or more, got {args.norm_weight_decay}"),
+        (args.bias_weight_decay is not None and args.bias_weight_decay < 0,
+         f"--bias-weight-decay must be 0 or more, got {args.bias_weight_decay}"),
+        (args.optimizer_batch_size == 0 or args.optimizer_batch_size < -1,
+         f"--optimizer-batch-size must be -1 (off) or positive, got {args.optimizer_batch_size}"),
+    ))
+
+
+def check_optimisation_combinations(args: argparse.Namespace) -> None:
+    """Optimisation flags that need another or contradict each other. Raises :class:`UserError`."""
+    if args.nesterov and (args.optimizer != "sgd" or args.momentum <= 0):
+        raise UserError("--nesterov needs --optimizer sgd with a positive --momentum")
+    if args.mixup_switch_prob is not None and not (args.mixup > 0 and args.cutmix > 0):
+        raise UserError("--mixup-switch-prob chooses between MixUp and CutMix: it needs both --mixup and --cutmix")
+    if args.bn_weight_decay and args.norm_weight_decay is not None:
+        raise UserError("--bn-weight-decay and --norm-weight-decay both set the BatchNorm decay: give one "
+                        "(--bn-weight-decay is --norm-weight-decay equal to --weight-decay)")
+    torchvision_ema = args.model_ema or args.model_ema_decay is not None
+    if args.use_ema is not None and torchvision_ema:
+        raise UserError("--use-ema and --model-ema / --model-ema-decay are two EMAs: give one (--use-ema DECAY: the "
+                        "reference's, every step; --model-ema-decay: torchvision's, every --model-ema-steps)")
+    if args.model_ema_steps is not None and not torchvision_ema:
+        raise UserError("--model-ema-steps needs --model-ema or --model-ema-decay (--use-ema updates at every "
+                        "optimizer step)")
+    if args.model_ema_warmup and args.use_ema is None and not torchvision_ema:
+        raise UserError("--model-ema-warmup needs an EMA: --use-ema DECAY or --model-ema")

@@ -1,0 +1,130 @@
+"""The ``run, checkpoints and logging`` group: what the run does (train, evaluate, profile), where it keeps its
+checkpoints and where it writes its raport.
+
+A flag added to this group goes into :func:`add_run_arguments`, whose order is the order of ``-h`` and of
+docs/options.md (``python scripts/readme_options.py`` rewrites that list); a check of its value alone into
+:func:`check_run_values`, of its combination with other flags into :func:`check_run_combinations`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass
+
+from ..cli import positive_int
+from ..errors import UserError
+from .values import MAX_WAIT_S, raise_first, shown
+
+DEFAULT_RAPORT_FILE = "experiment_raport.json"
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``run, checkpoints and logging`` group."""
+    run = parser.add_argument_group("run, checkpoints and logging")
+    run.add_argument("--seed", metavar="SEED", type=int, default=None,
+                     help="random seed; every RNG is seeded from it and the global rank (default: a random one, "
+                     "recorded in checkpoints)")
+    run.add_argument("--print-freq", "-p", metavar="N", type=positive_int, default=10,
+                     help="print frequency (default: 10)")
+    run.add_argument("--prof", metavar="N", type=int, default=-1,
+                     help="Run only N iterations of training and of validation per epoch (default: -1, all)")
+    run.add_argument("--evaluate", action="store_true", help="evaluate checkpoint/model")
+    run.add_argument("--training-only", action="store_true", help="do not evaluate")
+    run.add_argument("--topk", metavar="K", type=positive_int, default=None,
+                     help="the second accuracy reported, top-K, at most the class count (default: 5, or the "
+                     "class count when smaller)")
+    run.add_argument("--resume", metavar="PATH", default=None,
+                     help="path to latest checkpoint; 'auto': the newest valid checkpoint in --workspace, or a "
+                     "fresh start when there is none (default: none)")
+    run.add_argument("--workspace", metavar="DIR", default="./",
+                     help="path to directory where checkpoints will be stored (default: ./)")
+    run.add_argument("--checkpoint-filename", "--checkpoint", metavar="NAME", default="checkpoint.pth.tar",
+                     help="name of the latest checkpoint in the workspace (default: checkpoint.pth.tar)")
+    run.add_argument("--overwrite", action="store_true",
+                     help="let a new run (no --resume) replace the run whose checkpoints or --raport-file the "
+                     "workspace holds (default: refuse, naming --resume auto, --raport-file and --workspace)")
+    run.add_argument("--no-checkpoints", dest="save_checkpoints", action="store_false",
+                     help="do not store any checkpoints, useful for benchmarking")
+    run.add_argument("--checkpoint-interval", metavar="N|Nm", default=None,
+                     help="also write the latest checkpoint in the middle of an epoch, every N iterations or "
+                     "every N minutes (Nm); a killed run loses at most that much (default: at epoch ends only)")
+    run.add_argument("--gather-checkpoints", metavar="N", type=int, nargs="?", const=-1, default=0,
+                     help="also keep per-epoch checkpoints: alone, all of them; with N, the last N "
+                     "(default: only the latest and the best are kept)")
+    run.add_argument("--raport-file", metavar="FILE", default=None,
+                     help="file in which to store JSON experiment raport, inside the workspace "
+                     "(default: experiment_raport.json)")
+    run.add_argument("--tensorboard", metavar="DIR", default=None,
+                     help="also write the raport's metrics as TensorBoard event files into DIR (default: off)")
+
+
+def check_run_values(args: argparse.Namespace) -> None:
+    """The run flags' ranges that argparse's types do not cover. Raises :class:`UserError`."""
+    raise_first((
+        (args.seed is not None and not 0 <= args.seed < 2**63,
+         f"--seed must be 0 to 2**63 - 1 (checkpoints record it, and a resume refuses any other), got {args.seed}"),
+        (args.gather_checkpoints < -1,
+         f"--gather-checkpoints must be -1 (all), 0 (none) or a count, got {args.gather_checkpoints}"),
+    ))
+    if args.checkpoint_interval is not None:
+        try:
+            CheckpointInterval.parse(args.checkpoint_interval)
+        except ValueError as error:
+            raise UserError(f"--checkpoint-interval {error}") from None
+
+
+def check_run_combinations(args: argparse.Namespace) -> None:
+    """Run flags that exclude each other, or another group's. Raises :class:`UserError`."""
+    if args.evaluate and args.training_only:
+        raise UserError("--evaluate and --training-only exclude each other")
+    if args.resume and args.pretrained_weights:
+        raise UserError("--resume and --pretrained-weights exclude each other: a checkpoint already holds weights")
+
+
+def bare_gather_flag(argv: list[str]) -> list[str]:
+    """``--gather-checkpoints`` followed by a non-number (say DIR) means keep all: don't eat DIR."""
+    out = []
+    for index, token in enumerate(argv):
+        following = argv[index + 1] if index + 1 < len(argv) else None
+        if token == "--gather-checkpoints" and (following is None or not following.lstrip("-").isdigit()):
+            token = "--gather-checkpoints=-1"
+        out.append(token)
+    return out
+
+
+def raport_file(args: argparse.Namespace) -> str:
+    """The raport's name: ``--raport-file`` as given, else the default.  The flag's default is None, so that a
+    name the user typed, the default's included, can be told from none (an evaluation refuses a typed name
+    that exists, and picks a new one beside the default)."""
+    return DEFAULT_RAPORT_FILE if args.raport_file is None else args.raport_file
+
+
+@dataclass(frozen=True)
+class CheckpointInterval:
+    """``--checkpoint-interval``: every ``iterations`` train iterations, or every ``seconds`` of wall time."""
+
+    iterations: int | None = None
+    seconds: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "CheckpointInterval":
+        match = re.fullmatch(r"\s*(\d+)(?:\.(\d+))?\s*([smh]?)\s*", str(text))
+        if not match:
+            raise ValueError(f"expected N (iterations) or Nm / Ns / Nh (minutes, seconds, hours), got {shown(text)}")
+        whole, fraction, unit = match.group(1), match.group(2) or "", match.group(3)
+        if not int(whole) and not fraction.strip("0"):
+            raise ValueError(f"must be positive, got {shown(text)}")
+        if not unit:
+            if fraction.strip("0"):
+                raise ValueError(f"a number of iterations is a whole number, got {shown(text)}")
+            return cls(iterations=int(whole))  # read as an integer: a float would round a long count
+        seconds = float(f"{whole}.{fraction or 0}") * {"s": 1, "m": 60, "h": 3600}[unit]
+        if seconds > MAX_WAIT_S:
+            raise ValueError(f"is a time of at most a year ({MAX_WAIT_S // 3600:,}h), got {shown(text)}")
+        return cls(seconds=seconds)
+
+    def __str__(self) -> str:
+        if self.iterations is not None:
+            return f"every {self.iterations} iterations"
+        return f"every {self.seconds / 60:g} minutes"
