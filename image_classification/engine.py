@@ -5,9 +5,12 @@
 checkpoint, whatever wrote it (an epoch's end, ``--checkpoint-interval``, a SIGTERM): the same layout,
 defined here and nowhere else, and :meth:`Engine.load_state_dict` restores it exactly.
 
-Device-side bookkeeping: the loss sum, the steps skipped for inf/NaN gradients and the longest run of
-such steps stay on the device between print windows; :meth:`Engine.read_window` reads them once per
-window (the only host-device synchronisation of the training loop) and stops a diverged run.
+Device-side bookkeeping: the loss sum stays on the device between print windows;
+:meth:`Engine.read_window` reads it once per window and stops a diverged run.  That is the training
+loop's only host-device synchronisation in FP32, TF32 and bf16.  fp16 adds one per optimizer step, as
+torch's ``GradScaler.step`` does: whether the gradients hold inf or NaN is read on the host, and a step
+that does is skipped whole: no weight, optimizer state, step count or EMA changes (see
+:meth:`Engine._scaled_step` for why not on the device).
 """
 
 from __future__ import annotations
@@ -40,13 +43,18 @@ class Progress:
 
     epoch: int = 0  # epochs finished
     batch: int = 0  # batches finished in the current epoch (a mid-epoch checkpoint)
-    optimizer_steps: int = 0
+    optimizer_steps: int = 0  # taken and skipped
     skipped_steps: int = 0  # fp16 steps skipped for inf/NaN gradients
     iterations: int = 0  # train iterations over the whole run
     best_prec1: float = 0.0
     best_epoch: int = -1  # the epoch model_best holds; -1 before the first finite validation
     epochs_without_improvement: int = 0
     stopped_early: bool = False  # early stopping ended the run: it is finished, whatever --epochs says
+
+    @property
+    def taken_steps(self) -> int:
+        """Optimizer steps that changed the weights: the EMA's step count."""
+        return self.optimizer_steps - self.skipped_steps
 
 
 @dataclass
@@ -71,6 +79,7 @@ class Engine:
             weight_decay=config.weight_decay, nesterov=config.nesterov, bn_weight_decay=config.bn_weight_decay,
             norm_weight_decay=config.norm_weight_decay, bias_weight_decay=config.bias_weight_decay,
             rmsprop_alpha=config.rmsprop_alpha, rmsprop_eps=config.rmsprop_eps,
+            loss_scaling=runtime.needs_loss_scaling,
             log=(lambda *_: None) if config.evaluate else log,  # --evaluate never steps: no word about decay
         )
         self.scaler = self._make_scaler()
@@ -79,12 +88,9 @@ class Engine:
         self.progress = Progress()
         self.classes = list(classes)
         self.raport_position = raport_position
-        device = runtime.device
-        self._loss_sum = torch.zeros((), device=device)
-        self._skipped = torch.zeros((), device=device)
-        self._overflow_run = torch.zeros((), device=device)
-        self._overflow_longest = torch.zeros((), device=device)
+        self._loss_sum = torch.zeros((), device=runtime.device)
         self._window_steps = self._window_images = 0
+        self._overflow_run = self._overflow_longest = 0  # fp16 steps skipped in a row: now, and at most this window
 
     def _make_scaler(self):
         """A loss scaler for fp16 autocast; None when no scaling is needed (fp32, bf16)."""
@@ -160,21 +166,40 @@ class Engine:
 
     def _optimizer_step(self) -> None:
         if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            found_inf = sum(self.scaler._found_inf_per_device(self.optimizer).values())
-            self._skipped += found_inf
-            self._overflow_run.add_(1).mul_(found_inf)  # +1 on a skipped step, back to 0 on a taken one
-            torch.maximum(self._overflow_longest, self._overflow_run, out=self._overflow_longest)
-            if self.config.dynamic_loss_scale:
-                self.scaler.update()
-            else:
-                self.scaler.update(new_scale=self.config.loss_scale)
+            taken = self._scaled_step()
         else:
             self.optimizer.step()
+            taken = True
         self.optimizer.zero_grad(set_to_none=True)
         self.progress.optimizer_steps += 1
-        if self.ema is not None:
-            self.ema.update(self.base_model, self.progress.optimizer_steps, self.progress.epoch)
+        if taken and self.ema is not None:
+            self.ema.update(self.base_model, self.progress.taken_steps, self.progress.epoch)
+
+    def _scaled_step(self) -> bool:
+        """fp16: unscale the gradients and take the step unless they hold inf or NaN; whether it was taken.
+
+        A skipped step is as if it had not happened (the loss scale aside): the optimizer is not called,
+        so no weight, momentum, moment or step count changes, and the EMA is not updated.  The decision
+        reads the scaler's inf flag on the host, once per step.  Skipping on the device instead would take
+        torch's fused kernels, whose SGD mishandles a skipped first step (see
+        :func:`~image_classification.optim.make_optimizer`), or a select over every weight and state
+        tensor, with the EMA's update count moved to the device as well.
+        """
+        scaler, progress = self.scaler, self.progress
+        scaler.unscale_(self.optimizer)
+        skipped = any(flag.item() for flag in scaler._found_inf_per_device(self.optimizer).values())
+        if skipped:
+            progress.skipped_steps += 1
+            self._overflow_run += 1
+            self._overflow_longest = max(self._overflow_longest, self._overflow_run)
+        else:
+            self.optimizer.step()
+            self._overflow_run = 0
+        if self.config.dynamic_loss_scale:
+            scaler.update()  # halved after a skipped step, doubled after LOSS_SCALE_GROWTH_INTERVAL taken ones
+        else:
+            scaler.update(new_scale=self.config.loss_scale)
+        return not skipped
 
     def end_epoch(self, val_top1: float | None) -> bool:
         """Close the epoch being trained; True when ``val_top1`` (None: not validated, or not finite) makes
@@ -212,24 +237,19 @@ class Engine:
         with self.runtime.waiting_for_peers(f"reading the print window at {where}"):
             if self.runtime.distributed:
                 dist.all_reduce(shared)
-            values = torch.cat([shared, self._skipped.float().view(1),
-                                self._overflow_longest.float().view(1)]).tolist()
+            values = shared.tolist()
         loss = values[0] / self.runtime.world_size
-        reading = WindowReading(loss, self._window_steps, self._window_images,
-                                tuple(value > 0 for value in values[1:1 + len(flags)]))
-        skipped, longest = int(values[-2]), int(values[-1])
-        self.progress.skipped_steps += skipped
+        reading = WindowReading(loss, self._window_steps, self._window_images, tuple(value > 0 for value in values[1:]))
+        longest, self._overflow_longest = self._overflow_longest, 0
         self._loss_sum.zero_()
-        self._skipped.zero_()
-        self._overflow_longest.zero_()
         self._window_steps = self._window_images = 0
         if not math.isfinite(loss):
-            raise TrainingDiverged(f"training diverged at {where}: the loss became {loss}; no checkpoint was "
-                                   "written from these weights (lower --lr, or resume an earlier checkpoint)")
+            raise TrainingDiverged(f"training diverged at {where}: the training loss became {loss}; no checkpoint "
+                                   "was written from these weights (lower --lr, or resume an earlier checkpoint)")
         if longest >= MAX_OVERFLOW_RUN:
-            raise TrainingDiverged(f"training diverged at {where}: the loss scaler skipped {longest} optimizer "
-                                   "steps in a row for inf/NaN gradients; no checkpoint was written from these "
-                                   "weights")
+            raise TrainingDiverged(f"training diverged at {where}: the gradients stopped being finite: the fp16 loss "
+                                   f"scaler skipped {longest} optimizer steps in a row for inf/NaN gradients (loss "
+                                   f"scale now {self.grad_scale:g}); no checkpoint was written from these weights")
         return reading
 
     @property
@@ -302,7 +322,7 @@ class Engine:
             if state.get("state_dict_ema") is not None:
                 self.ema.load_state_dict(state["state_dict_ema"])
                 # a checkpoint written before the count was recorded: every update so far counts
-                self.ema.updates = int(state.get("ema_updates", progress.optimizer_steps // self.ema.every))
+                self.ema.updates = int(state.get("ema_updates", progress.taken_steps // self.ema.every))
             else:
                 self.log("=> the checkpoint has no EMA weights; the EMA starts from the resumed weights")
         self._restore_rng_and_position(state)

@@ -4,15 +4,22 @@ The loop keeps the host ahead of the device: losses and counters stay on the dev
 per ``--print-freq`` window (:meth:`Engine.read_window`), stop and save requests riding on the same
 read; validation synchronises per batch, to time its latency.  Every iteration is timed wall clock to
 wall clock, so a window's throughput includes the wait for the device at the window's read, the
-logging and any checkpoint written in it.
+logging and any checkpoint written in it.  ``--benchmark-warmup N`` leaves the first N iterations of
+training (per process) and of each validation pass out of the throughput and latency of epochs and of
+the summary (cuDNN's autotuning and the allocator's growth are not the model's speed); their windows are
+still logged, and ``*.wall_ips`` keeps the figure of every iteration.
 
 What may stop a run, and what it then leaves behind:
 
 * the end of ``--epochs`` / ``--run-epochs`` / early stopping: exit 0, checkpoints as asked;
 * SIGTERM or SIGUSR1 (what SLURM sends before preemption): at the next optimizer step, a checkpoint of
   exactly that point is written and the run exits :data:`EXIT_PREEMPTED` (75) so a script can requeue it;
-* a non-finite loss, weights or validation outputs: :class:`TrainingDiverged` (exit 3) within one print
-  window, and no checkpoint or best model is written from such weights.
+* a non-finite training loss or weights, or fp16 steps skipped for inf/NaN gradients many times in a row:
+  :class:`TrainingDiverged` (exit 3) within one print window, and no checkpoint or best model is written
+  from such weights.  Validation outputs that are not finite while the weights are (fp16's range overflowed
+  by BatchNorm statistics that do not fit the weights yet) make that validation count for nothing, said
+  in one line, and training goes on; under ``--evaluate``, where the validation is the whole job, they
+  end it with exit 3.
 
 :class:`Loop` changes no state of its own: the run's position and everything a checkpoint restores
 live in the :class:`Engine`, which it drives.
@@ -36,7 +43,7 @@ from .engine import Engine
 from .errors import EXIT_PREEMPTED, TrainingDiverged
 from .losses import classification_loss, correct_counts
 from .arguments import CheckpointInterval
-from .raport import ACC_META, LOSS_META, LR_META, PERF_META, TIME_META, VERBOSE, Raport
+from .raport import ACC_META, COUNT_META, LOSS_META, LR_META, PERF_META, TIME_META, VERBOSE, Raport
 from .runtime import Runtime
 from .signals import StopSignal
 from .workspace import Workspace
@@ -102,10 +109,13 @@ class RunControl:
         self.save_pending = False
 
 
-def register_metrics(raport: Raport, prefixes: list[str], topk: int, training: bool) -> None:
+def register_metrics(raport: Raport, prefixes: list[str], topk: int, training: bool, warmup: int = 0) -> None:
+    """Every metric the loop records; with ``warmup`` (``--benchmark-warmup``) also ``*.wall_ips``."""
     if training:
         raport.register("train.loss", "loss", LOSS_META)
         raport.register("train.total_ips", "perf", PERF_META)
+        if warmup:
+            raport.register("train.wall_ips", "perf", PERF_META)
         raport.register("train.compute_ips", "perf", PERF_META)
         raport.register("train.data_time", "perf", TIME_META, VERBOSE)
         raport.register("train.compute_time", "perf", TIME_META, VERBOSE)
@@ -116,12 +126,49 @@ def register_metrics(raport: Raport, prefixes: list[str], topk: int, training: b
         raport.register(f"{prefix}.top{topk}", "acc", ACC_META)
         raport.register(f"{prefix}.loss", "loss", LOSS_META)
         raport.register(f"{prefix}.total_ips", "perf", PERF_META)
+        if warmup:
+            raport.register(f"{prefix}.wall_ips", "perf", PERF_META)
         raport.register(f"{prefix}.compute_ips", "perf", PERF_META)
         raport.register(f"{prefix}.data_time", "perf", TIME_META, VERBOSE)
         raport.register(f"{prefix}.compute_time", "perf", TIME_META, VERBOSE)
         raport.register(f"{prefix}.compute_latency", "perf", TIME_META)
         for q in LATENCY_PERCENTILES:
             raport.register(f"{prefix}.compute_latency_at{q}", f"q{q}", TIME_META, VERBOSE)
+        raport.register(f"{prefix}.not_finite", "acc", COUNT_META)  # recorded only for a validation that is not finite
+
+
+@dataclass
+class Warmup:
+    """Which iterations count in a phase's throughput: all but the first ``length``."""
+
+    length: int
+    seen: int = 0
+    measured: int = 0
+
+    def next(self) -> bool:
+        """Count one more iteration; whether it is measured (past the warm-up)."""
+        self.seen += 1
+        self.measured += self.seen > self.length
+        return self.seen > self.length
+
+
+def record_iteration(raport: Raport, prefix: str, *, data_time: float, iteration_time: float, images: int,
+                     measured: bool, latency: float | None = None) -> None:
+    """One iteration's times and throughputs (wall clock to wall clock); an iteration of the warm-up is
+    logged in its window but left out of the epoch's and the run's figures, which ``{prefix}.wall_ips``
+    (registered with a warm-up only) keeps whole."""
+    iteration_time = max(iteration_time, 1e-9)
+    compute_time = max(iteration_time - data_time, 1e-9) if latency is None else max(latency, 1e-9)
+    raport.record(f"{prefix}.data_time", data_time, epoch=measured)
+    raport.record(f"{prefix}.compute_time", compute_time, epoch=measured)
+    if latency is not None:
+        raport.record(f"{prefix}.compute_latency", compute_time, epoch=measured)
+        for q in LATENCY_PERCENTILES:
+            raport.record(f"{prefix}.compute_latency_at{q}", compute_time, epoch=measured)
+    raport.record(f"{prefix}.total_ips", images / iteration_time, iteration_time, epoch=measured)
+    raport.record(f"{prefix}.compute_ips", images / compute_time, compute_time, epoch=measured)
+    if f"{prefix}.wall_ips" in raport.metrics:
+        raport.record(f"{prefix}.wall_ips", images / iteration_time, iteration_time, window=False)
 
 
 @dataclass
@@ -132,9 +179,14 @@ class ValResult:
     not_finite: int  # images whose outputs held NaN or inf (counted as wrong)
 
     @property
+    def finite(self) -> bool:
+        """Whether the validation counts: images seen, every output finite, a finite loss."""
+        return bool(self.count) and not self.not_finite and math.isfinite(self.loss)
+
+    @property
     def finite_top1(self) -> float | None:
-        """top1 when the validation counts (images seen, a finite loss); else None."""
-        return self.top1 if self.count and math.isfinite(self.loss) else None
+        """top1 when the validation counts; else None."""
+        return self.top1 if self.finite else None
 
 
 class Loop:
@@ -154,6 +206,16 @@ class Loop:
         self.evaluated = evaluated
         self.config, self.runtime = engine.config, engine.runtime
         self._noted_short_epoch = False
+        self.train_warmup = Warmup(self.config.benchmark_warmup)  # once per process: cuDNN tunes its first steps
+        self.val_iterations: dict[str, tuple[int, int]] = {}  # per prefix, over every pass: (iterations, measured)
+
+    def warmup_notes(self) -> list[str]:
+        """A line for each phase that ran iterations but measured none after the warm-up: its throughput
+        and latency are missing from the summary, not a number made of warm-up."""
+        phases = {"train": (self.train_warmup.seen, self.train_warmup.measured), **self.val_iterations}
+        return [f"{prefix}: no throughput or latency figure: all {seen} iterations were warm-up "
+                f"(--benchmark-warmup {self.config.benchmark_warmup}); run more (--prof) or lower the warm-up"
+                for prefix, (seen, measured) in phases.items() if seen and not measured]
 
     def _models(self) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
         if self.evaluated is not None:
@@ -214,8 +276,32 @@ class Loop:
             bar = progress_bar(len(val_loader), f"{prefix} {epoch}", self.show_progress)
             results[prefix] = self.validate(models[prefix], val_loader, prefix, epoch, bar)
             bar.close()
-            _check_validation(results[prefix], prefix, where)
+            if results[prefix].count and not results[prefix].finite:
+                self._not_finite_validation(results[prefix], prefix, where)
         return results
+
+    def _not_finite_validation(self, result: ValResult, prefix: str, where: str) -> None:
+        """Outputs that are NaN or inf give no accuracy.  Weights that are not finite end the run; finite ones
+        whose outputs overflow (fp16's largest value is 65,504: BatchNorm's running statistics, a momentum
+        average of a few steps, need not fit weights that move fast early on) let training go on, said in one
+        line.  An evaluation has nothing to go on to: it ends."""
+        engine = self.engine
+        images = f"{result.not_finite or result.count} of {result.count} {prefix} images"
+        fp16 = self.runtime.amp_dtype == torch.float16 and self.evaluated is None
+        if self.config.evaluate:
+            advice = "; --amp-dtype bfloat16, or leaving out --amp, evaluates without fp16's range" if fp16 else ""
+            raise TrainingDiverged(f"{where}: the model's outputs are NaN or inf for {images} (loss {result.loss}); "
+                                   f"no accuracy is reported{advice}")
+        if not engine.weights_finite():
+            raise TrainingDiverged(f"training diverged {where}: the weights hold NaN or inf values ({prefix}'s "
+                                   f"outputs are NaN or inf for {images}); no checkpoint was written from them")
+        why = (f"they overflowed fp16 (largest value 65,504): BatchNorm's running statistics after "
+               f"{engine.progress.iterations} training iterations do not fit the weights yet; bf16 or FP32 "
+               "evaluation avoids it") if fp16 else (
+               f"BatchNorm's running statistics after {engine.progress.iterations} training iterations may not fit "
+               "the weights yet")
+        self.log(f"=> {where}: the outputs are NaN or inf for {images} although the weights are finite ({why}); "
+                 "this validation gives no accuracy and no best model, and training goes on")
 
     # -- training -------------------------------------------------------------------------------
     def epoch_plan(self, loader) -> tuple[int, int]:
@@ -260,12 +346,8 @@ class Loop:
                 reading = engine.read_window(f"epoch {epoch}, iteration {progress.batch}", control.local_flags())
                 control.agree(reading.flags)
             now = time.perf_counter()
-            iteration_time, world_batch = now - end, targets.shape[0] * runtime.world_size
-            compute_time = max(iteration_time - data_time, 1e-9)
-            raport.record("train.data_time", data_time)
-            raport.record("train.compute_time", compute_time)
-            raport.record("train.total_ips", world_batch / max(iteration_time, 1e-9), max(iteration_time, 1e-9))
-            raport.record("train.compute_ips", world_batch / compute_time, compute_time)
+            record_iteration(raport, "train", data_time=data_time, iteration_time=now - end,
+                             images=targets.shape[0] * runtime.world_size, measured=self.train_warmup.next())
             end = now  # wall clock to wall clock: logging and saving below count in the next iteration
             if window_ends:
                 raport.record("train.lr", lr)
@@ -305,6 +387,7 @@ class Loop:
         totals = torch.zeros(5, dtype=torch.float64, device=runtime.device)  # loss, top1, topk, count, bad
         length = len(loader) if config.prof <= 0 else min(config.prof, len(loader))
         batches = iter_from(loader, epoch, 0)
+        warmup = Warmup(config.benchmark_warmup)  # each pass: its first batches of a shape tune cuDNN again
         end = time.perf_counter()
         for index in range(length):
             try:
@@ -323,18 +406,12 @@ class Loop:
             totals += batch_totals
             local = batch_totals.tolist()
             now = time.perf_counter()
-            iteration_time, world_batch = max(now - end, 1e-9), batch * runtime.world_size
+            record_iteration(raport, prefix, data_time=data_time, iteration_time=now - end,
+                             images=batch * runtime.world_size, measured=warmup.next(), latency=compute_time)
             end = now
             raport.record(f"{prefix}.top1", 100.0 * local[1] / batch, batch, epoch=False)
             raport.record(f"{prefix}.top{config.topk}", 100.0 * local[2] / batch, batch, epoch=False)
             raport.record(f"{prefix}.loss", local[0] / batch, batch, epoch=False)
-            raport.record(f"{prefix}.data_time", data_time)
-            raport.record(f"{prefix}.compute_time", compute_time)
-            raport.record(f"{prefix}.compute_latency", compute_time)
-            for q in LATENCY_PERCENTILES:
-                raport.record(f"{prefix}.compute_latency_at{q}", compute_time)
-            raport.record(f"{prefix}.total_ips", world_batch / iteration_time, iteration_time)
-            raport.record(f"{prefix}.compute_ips", world_batch / max(compute_time, 1e-9), max(compute_time, 1e-9))
             if (index + 1) % config.print_freq == 0:
                 raport.log_window(prefix, [epoch, train_iteration, index + 1])
             progress_bar.update(1)
@@ -342,13 +419,19 @@ class Loop:
             if runtime.distributed:
                 dist.all_reduce(totals)
             loss_sum, top1, topk, count, bad = totals.tolist()
+        seen, measured = self.val_iterations.get(prefix, (0, 0))
+        self.val_iterations[prefix] = (seen + warmup.seen, measured + warmup.measured)
         if count == 0:
             return ValResult(0.0, math.nan, 0, 0)
         raport.log_window(prefix, [epoch, train_iteration, length])
+        result = ValResult(100.0 * top1 / count, loss_sum / count, int(count), int(bad))
+        if not result.finite:  # no accuracy from NaN or inf outputs, even counted as wrong
+            raport.record(f"{prefix}.not_finite", bad, window=False)
+            return result
         for name, value in (("top1", top1), (f"top{config.topk}", topk)):
             raport.record(f"{prefix}.{name}", 100.0 * value / count, count, window=False)
         raport.record(f"{prefix}.loss", loss_sum / count, count, window=False)
-        return ValResult(100.0 * top1 / count, loss_sum / count, int(count), int(bad))
+        return result
 
     def _timed_forward(self, model, images) -> tuple[float, torch.Tensor]:
         runtime = self.runtime
@@ -397,12 +480,6 @@ class Loop:
             ckpt.copy_atomic(targets[0], target)
         if finished_epoch and config.gather_checkpoints != 0:
             ckpt.prune_epoch_checkpoints(self.workspace.path, config.gather_checkpoints)
-
-
-def _check_validation(result: ValResult, prefix: str, where: str) -> None:
-    if result.not_finite or (result.count and not math.isfinite(result.loss)):
-        raise TrainingDiverged(f"{where}: the model's outputs are NaN or inf for {result.not_finite} of "
-                               f"{result.count} {prefix} images (loss {result.loss}); its accuracy means nothing")
 
 
 def iter_from(loader: Loader, epoch: int, start_batch: int):

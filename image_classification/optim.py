@@ -177,17 +177,24 @@ class Lars(_GroupwiseOptimizer):
         torch._foreach_add_(params, update, alpha=-group["lr"])
 
 
-def make_optimizer(optimizer_class: type[torch.optim.Optimizer], groups: list[dict], **options) -> torch.optim.Optimizer:
-    """``optimizer_class`` with its fused kernel where this torch has one for the parameters' device and
-    dtype (SGD on CUDA and, from torch 2.4, on the CPU), else with its foreach (multi-tensor) kernels.
+def make_optimizer(optimizer_class: type[torch.optim.Optimizer], groups: list[dict], *, fused: bool = True,
+                   **options) -> torch.optim.Optimizer:
+    """``optimizer_class`` with its fused kernel where ``fused`` allows it and this torch has one for the
+    parameters' device and dtype (SGD on CUDA and, from torch 2.4, on the CPU), else with its foreach
+    (multi-tensor) kernels.
 
-    The fused update is one kernel per parameter group: on CUDA it lets ``GradScaler.step`` hand its
-    inf check to the kernel instead of reading it back to the host, and on the CPU it is faster than the
-    for-loop update. The optimizer's constructor decides what it supports; one with neither option (our
-    LAMB and LARS, foreach throughout) is built as it is.
+    The fused update is one kernel per parameter group, and on the CPU it is faster than the for-loop
+    update. The optimizer's constructor decides what it supports; one with neither option (our LAMB and
+    LARS, foreach throughout) is built as it is.
+
+    Under a loss scaler pass ``fused=False``: torch's fused SGD (2.11 to at least 2.14) takes the scaler's
+    inf flag into its kernel, and a first step skipped for inf gradients leaves the momentum buffers it
+    allocated with ``torch.empty_like`` unwritten, which the next taken step then reads as momentum
+    (garbage, NaN on the CPU; the weights left stock SGD's on an H100 too). tests/test_fp16.py holds a test
+    that tells when torch has fixed it.
     """
     accepted = inspect.signature(optimizer_class).parameters
-    if "fused" in accepted and _fused_kernel_steps(optimizer_class, groups, options):
+    if fused and "fused" in accepted and _fused_kernel_steps(optimizer_class, groups, options):
         return optimizer_class(groups, fused=True, **options)
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
     if "foreach" in accepted or takes_any:
@@ -217,13 +224,14 @@ ADAMW_EPS, LAMB_EPS = 1e-8, 1e-6  # torch's AdamW default; the LAMB paper's (and
 def build_optimizer(model: nn.Module, *, name: str, lr: float, momentum: float, weight_decay: float,
                     nesterov: bool = False, bn_weight_decay: bool = False, norm_weight_decay: float | None = None,
                     bias_weight_decay: float | None = None, rmsprop_alpha: float = 0.9, rmsprop_eps: float = 1e-3,
-                    log=print) -> torch.optim.Optimizer:
+                    loss_scaling: bool = False, log=print) -> torch.optim.Optimizer:
     """``name`` (one of :data:`OPTIMIZERS`) over :func:`weight_decay_groups`.
 
     The normalisation layers' decay is ``norm_weight_decay`` when given, else ``weight_decay`` with
     ``bn_weight_decay``, else 0 (the reference's exclusion, downsample BNs included).  AdamW and LAMB use
     betas :data:`ADAM_BETAS`; ``momentum`` is SGD's, RMSprop's and LARS's.  Build it after the model is on
-    its device: :func:`make_optimizer` picks the kernels for it.
+    its device: :func:`make_optimizer` picks the kernels for it, never a fused one when ``loss_scaling``
+    (fp16) will skip steps.
     """
     if name not in OPTIMIZERS:
         raise UserError(f"unknown optimizer {name!r}; choose {', '.join(OPTIMIZERS[:-1])} or {OPTIMIZERS[-1]}")
@@ -235,13 +243,14 @@ def build_optimizer(model: nn.Module, *, name: str, lr: float, momentum: float, 
     if name not in ("lamb", "lars"):
         for group in groups:
             del group["adapt"]  # LARS's and LAMB's only; the other optimizers' checkpoints stay as they were
+    fused = not loss_scaling
     if name == "sgd":
-        return make_optimizer(torch.optim.SGD, groups, lr=lr, momentum=momentum, nesterov=nesterov)
+        return make_optimizer(torch.optim.SGD, groups, fused=fused, lr=lr, momentum=momentum, nesterov=nesterov)
     if name == "rmsprop":
-        return make_optimizer(torch.optim.RMSprop, groups, lr=lr, alpha=rmsprop_alpha, eps=rmsprop_eps,
+        return make_optimizer(torch.optim.RMSprop, groups, fused=fused, lr=lr, alpha=rmsprop_alpha, eps=rmsprop_eps,
                               momentum=momentum)
     if name == "adamw":
-        return make_optimizer(torch.optim.AdamW, groups, lr=lr, betas=ADAM_BETAS, eps=ADAMW_EPS)
+        return make_optimizer(torch.optim.AdamW, groups, fused=fused, lr=lr, betas=ADAM_BETAS, eps=ADAMW_EPS)
     if name == "lamb":
         return make_optimizer(Lamb, groups, lr=lr, betas=ADAM_BETAS, eps=LAMB_EPS)
     return make_optimizer(Lars, groups, lr=lr, momentum=momentum)

@@ -103,6 +103,7 @@ class RunConfig:
     run_epochs: int = -1
     early_stopping_patience: int = -1
     prof: int = -1
+    benchmark_warmup: int = 0  # iterations left out of the throughput and latency figures (each phase's first)
     print_freq: int = 10
     topk: int = 5
     evaluate: bool = False
@@ -335,7 +336,8 @@ def build_config(args: argparse.Namespace, *, seed: int, num_classes: int, prepr
         cutmix=args.cutmix, random_erase=args.random_erase,
         mixup_switch_prob=0.5 if args.mixup_switch_prob is None else args.mixup_switch_prob,
         seed=seed, run_epochs=args.run_epochs,
-        early_stopping_patience=args.early_stopping_patience, prof=args.prof, print_freq=args.print_freq,
+        early_stopping_patience=args.early_stopping_patience, prof=args.prof,
+        benchmark_warmup=args.benchmark_warmup, print_freq=args.print_freq,
         topk=topk, evaluate=args.evaluate, runtime=args.runtime, int8=int8_request(args), raport_file=raport_file(args),
         save_checkpoints=args.save_checkpoints and not args.evaluate, gather_checkpoints=args.gather_checkpoints,
         checkpoint_interval=interval, tensorboard=args.tensorboard,

@@ -35,6 +35,7 @@ PERF_META = {"unit": "images/s", "format": ":.2f"}
 TIME_META = {"unit": "s", "format": ":.5f"}
 LOSS_META = {"unit": None, "format": ":.5f"}
 ACC_META = {"unit": "%", "format": ":.2f"}
+COUNT_META = {"unit": "images", "format": ":.0f"}
 LR_META = {"unit": None, "format": ":.6g"}
 
 

@@ -115,7 +115,10 @@ def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signa
     if evaluated is not None:
         raport.parameters({f"onnx.{prefix}": model.description for prefix, model in evaluated.items()})
     prefixes = [] if args.training_only else ["val"] + (["val_ema"] if engine.ema else [])
-    register_metrics(raport, prefixes, config.topk, training=not config.evaluate)
+    register_metrics(raport, prefixes, config.topk, training=not config.evaluate, warmup=config.benchmark_warmup)
+    if config.benchmark_warmup:
+        log(f"=> throughput and latency leave out the first {config.benchmark_warmup} iterations of training and of "
+            "each validation (warm-up); *.wall_ips keeps the figure of every iteration")
     show_progress = runtime.is_main and sys.stdout.isatty()
     if show_progress:
         from tqdm import tqdm
@@ -133,6 +136,8 @@ def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signa
         summary = raport.end()
         raport.close()
     _print_summary(config, runtime, engine, summary, workspace, train_loader, val_loader)
+    for note in loop.warmup_notes():
+        log(note)
     log("Experiment ended")
     return code
 

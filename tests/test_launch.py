@@ -136,6 +136,9 @@ def test_modes():
             short["save_checkpoints"], short["print_freq"]) == ("synthetic", 100, 1, True, False, 1)
     assert mode("benchmark_training")["epochs"] == 3
     assert mode("benchmark_inference")["evaluate"] is True
+    # NVIDIA's figures leave out the start-up: the benchmarks' throughput leaves out 20 warm-up iterations
+    assert {mode(name).get("benchmark_warmup") for name in ("benchmark_training", "benchmark_training_short",
+                                                            "benchmark_inference", "convergence")} == {20, None}
     assert mode("evaluate")["evaluate"] is True and mode("evaluate")["print_freq"] == 20
     assert mode("convergence")["save_checkpoints"] is True and mode("convergence")["epochs"] == 250
 

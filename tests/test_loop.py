@@ -150,3 +150,67 @@ def test_a_resumed_run_cuts_its_own_raport_back_to_its_checkpoint(tmp_path):
              if r.get("type") == "LOG" and isinstance(r.get("step"), list) and len(r["step"]) == 2
              and "train.loss" in r["data"]]
     assert steps == [(0, 1), (0, 2), (1, 1), (1, 2)]  # epoch 1 logged once, by the resumed run
+
+
+class ScriptedClock:
+    """The loop's clock, moved on only by the scripted durations of the training steps and the validation
+    forwards: every throughput and latency is then exact."""
+
+    def __init__(self, monkeypatch, steps: list[float], forwards: list[float]):
+        from image_classification import loop
+        from image_classification.engine import Engine
+
+        self.now = 0.0
+        monkeypatch.setattr(loop, "time", self)
+        train_step, timed_forward = Engine.train_step, loop.Loop._timed_forward
+
+        def step(engine, *args, **kwargs):
+            train_step(engine, *args, **kwargs)
+            self.now += steps.pop(0)
+
+        def forward(trainer, model, images):
+            _, logits = timed_forward(trainer, model, images)
+            latency = forwards.pop(0)
+            self.now += latency
+            return latency, logits
+
+        monkeypatch.setattr(Engine, "train_step", step)
+        monkeypatch.setattr(loop.Loop, "_timed_forward", forward)
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    monotonic = perf_counter
+
+
+def test_the_benchmark_warmup_is_left_out_of_the_summary_and_kept_in_the_wall_figure(tmp_path, monkeypatch, capsys):
+    """Two slow first iterations (cuDNN's autotuning on a GPU) would drag the summary down; with
+    --benchmark-warmup 2 the summary's throughput and latency are the later iterations', the windows still
+    show the warm-up, and *.wall_ips is every iteration's images over their whole time."""
+    ScriptedClock(monkeypatch, steps=[1.0, 1.0, 0.1, 0.1], forwards=[2.0, 2.0, 0.2, 0.2])
+    assert main(SYNTHETIC + ["--prof", "4", "-p", "1", "--epochs", "1", "--benchmark-warmup", "2",
+                             "--no-checkpoints", "--workspace", str(tmp_path)]) == 0
+    assert "leave out the first 2 iterations of training and of each validation" in capsys.readouterr().out
+    records = read_raport(tmp_path / "experiment_raport.json")
+    summary = {k: v for r in records if r.get("step") == [] for k, v in r["data"].items()}
+    assert summary["train.total_ips"] == pytest.approx(4 / 0.1)
+    assert summary["train.wall_ips"] == pytest.approx(16 / 2.2)
+    assert summary["val.total_ips"] == pytest.approx(4 / 0.2) and summary["val.compute_latency_at100"] == 0.2
+    assert summary["val.wall_ips"] == pytest.approx(16 / 4.4)
+    windows = [r["data"]["train.total_ips"] for r in records if len(r.get("step", "")) == 2
+               and "train.total_ips" in r["data"]]
+    assert windows == pytest.approx([4.0, 4.0, 40.0, 40.0])
+
+
+def test_a_run_with_no_iteration_after_its_warmup_prints_no_throughput(tmp_path, monkeypatch, capsys):
+    ScriptedClock(monkeypatch, steps=[1.0, 1.0], forwards=[1.0, 1.0])
+    assert main(SYNTHETIC + ["--prof", "2", "-p", "1", "--epochs", "1", "--benchmark-warmup", "5",
+                             "--no-checkpoints", "--workspace", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "train: no throughput or latency figure: all 2 iterations were warm-up (--benchmark-warmup 5)" in out
+    assert "val: no throughput or latency figure: all 2 iterations were warm-up" in out
+    summary = {k: v for r in read_raport(tmp_path / "experiment_raport.json") if r.get("step") == []
+               for k, v in r["data"].items()}
+    assert "train.total_ips" not in summary and "val.compute_latency" not in summary
+    assert summary["train.wall_ips"] == pytest.approx(4.0) and "train.loss" in summary
+    assert "Summary:" in out and "train.total_ips" not in out.split("Summary:")[-1]

@@ -453,9 +453,9 @@ def test_diverging_from_a_healthy_checkpoint_leaves_it_and_the_best_untouched(im
     code = cli_run(main, TINY + common + ["--epochs", "3", "--lr", "1e6", "--resume",
                                           str(tmp_path / "checkpoint.pth.tar"), "--workspace", str(tmp_path),
                                           str(image_folder)])
-    # Where it shows first depends on the CPU's kernels: the training loss, or the outputs at validation.
+    # Where it shows first depends on the CPU's kernels: the training loss, or the weights at validation.
     err = capsys.readouterr().err
-    assert code == 3 and ("the loss became nan" in err or "NaN or inf" in err), err
+    assert code == 3 and ("the training loss became nan" in err or "the weights hold NaN or inf" in err), err
     for name, content in saved.items():
         assert (tmp_path / name).read_bytes() == content, name
 
@@ -493,7 +493,8 @@ def test_a_long_stretch_of_overflowing_steps_stops_the_run():
 
 def test_a_model_with_non_finite_validation_outputs_is_never_the_best(image_folder, tmp_path, capsys):
     """Finite weights whose BatchNorm variance went negative give NaN in eval: NaN logits would pick class 0
-    and score its share of the images; the run must stop instead, and write no best model."""
+    and score its share of the images.  The validation gives no accuracy and no best model, says so in one
+    line, and training (whose weights are finite) goes on; an evaluation of those weights ends with exit 3."""
     from image_classification.models import build_model
 
     torch.manual_seed(0)
@@ -504,8 +505,19 @@ def test_a_model_with_non_finite_validation_outputs_is_never_the_best(image_fold
     code = cli_run(main, TINY + ["--data-backend", "pytorch", "-j", "0", "--epochs", "1", "--lr", "0",
                                  "--pretrained-weights", str(source), "--workspace", str(tmp_path / "ws"),
                                  str(image_folder)])
-    assert code == 3 and "NaN or inf for 12 of 12 val images" in capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert code == 0 and "after epoch 0: the outputs are NaN or inf for 12 of 12 val images although the " \
+        "weights are finite" in out, out
     assert not (tmp_path / "ws" / "model_best.pth.tar").exists()
+    records = read_raport(tmp_path / "ws" / "experiment_raport.json")
+    epoch = next(r["data"] for r in records if r.get("step") == [0] and "val.not_finite" in r["data"])
+    assert epoch["val.not_finite"] == 12 and "val.top1" not in epoch and "val.loss" not in epoch
+    assert "val.top1" not in summary(tmp_path / "ws" / "experiment_raport.json")
+    code = cli_run(main, TINY + ["--data-backend", "pytorch", "-j", "0", "--evaluate", "--resume",
+                                 str(tmp_path / "ws" / "checkpoint.pth.tar"), "--workspace", str(tmp_path / "ev"),
+                                 str(image_folder)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 3 and len(err) == 1 and "outputs are NaN or inf for 12 of 12 val images" in err[0], err
 
 
 def test_throughput_counts_the_time_spent_logging(tmp_path, monkeypatch):

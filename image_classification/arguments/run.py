@@ -29,6 +29,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                      help="print frequency (default: 10)")
     run.add_argument("--prof", metavar="N", type=int, default=-1,
                      help="Run only N iterations of training and of validation per epoch (default: -1, all)")
+    run.add_argument("--benchmark-warmup", metavar="N", type=int, default=0,
+                     help="leave the first N iterations of training and of each validation out of the throughput "
+                     "and latency of epochs and of the summary (cuDNN's autotuning, the allocator's growth); "
+                     "*.wall_ips keeps every iteration (default: 0; 20 in launch.py's benchmark modes)")
     run.add_argument("--evaluate", action="store_true", help="evaluate checkpoint/model")
     run.add_argument("--training-only", action="store_true", help="do not evaluate")
     run.add_argument("--topk", metavar="K", type=positive_int, default=None,
@@ -64,6 +68,7 @@ def check_run_values(args: argparse.Namespace) -> None:
     raise_first((
         (args.seed is not None and not 0 <= args.seed < 2**63,
          f"--seed must be 0 to 2**63 - 1 (checkpoints record it, and a resume refuses any other), got {args.seed}"),
+        (args.benchmark_warmup < 0, f"--benchmark-warmup must be 0 or more, got {args.benchmark_warmup}"),
         (args.gather_checkpoints < -1,
          f"--gather-checkpoints must be -1 (all), 0 (none) or a count, got {args.gather_checkpoints}"),
     ))
