@@ -63,6 +63,7 @@ class WindowReading:
     steps: int
     images: int
     flags: tuple[bool, ...] = ()  # each of read_window's ``flags``: set on any rank
+    grad_scale: float = 1.0  # the fp16 loss scale at the window's end (1 without one)
 
 
 class Engine:
@@ -237,9 +238,13 @@ class Engine:
         with self.runtime.waiting_for_peers(f"reading the print window at {where}"):
             if self.runtime.distributed:
                 dist.all_reduce(shared)
+            if self.scaler is not None:  # the same on every rank; read with the rest
+                shared = torch.cat([shared, self.scaler._get_scale_async().float().view(1)])
             values = shared.tolist()
         loss = values[0] / self.runtime.world_size
-        reading = WindowReading(loss, self._window_steps, self._window_images, tuple(value > 0 for value in values[1:]))
+        grad_scale = values.pop() if self.scaler is not None else 1.0
+        reading = WindowReading(loss, self._window_steps, self._window_images, tuple(value > 0 for value in values[1:]),
+                                grad_scale)
         longest, self._overflow_longest = self._overflow_longest, 0
         self._loss_sum.zero_()
         self._window_steps = self._window_images = 0
@@ -249,7 +254,7 @@ class Engine:
         if longest >= MAX_OVERFLOW_RUN:
             raise TrainingDiverged(f"training diverged at {where}: the gradients stopped being finite: the fp16 loss "
                                    f"scaler skipped {longest} optimizer steps in a row for inf/NaN gradients (loss "
-                                   f"scale now {self.grad_scale:g}); no checkpoint was written from these weights")
+                                   f"scale now {grad_scale:g}); no checkpoint was written from these weights")
         return reading
 
     @property

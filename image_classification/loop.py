@@ -352,7 +352,7 @@ class Loop:
             if window_ends:
                 raport.record("train.lr", lr)
                 raport.record("train.loss", reading.loss, reading.images)
-                raport.record("train.grad_scale", engine.grad_scale)
+                raport.record("train.grad_scale", reading.grad_scale)
                 raport.log_window("train", [epoch, progress.batch], global_step=progress.iterations)
             progress_bar.update(1)
             if not step_now:

@@ -53,6 +53,13 @@ def test_cuda_training_runs_in_every_precision_and_layout(tmp_path, monkeypatch,
     data = _summary(records)
     latencies = [data[f"val.compute_latency_at{q}"] for q in (90, 95, 99, 100)]
     assert 0 < latencies[0] <= latencies[1] <= latencies[2] <= latencies[3]
+    # 20 steps at lr 0.05 leave BatchNorm's running statistics far from the weights: in fp16 the evaluation
+    # may overflow (640 of 640 outputs on an H100), which must give no accuracy rather than stop the run
+    epoch = next(r["data"] for r in records if r.get("step") == [0] and "val.compute_latency" in r["data"])
+    if "val.top1" in epoch:
+        assert 0 <= epoch["val.top1"] <= 100 and "val.not_finite" not in epoch
+    else:
+        assert dtype == torch.float16 and epoch["val.not_finite"] > 0 and "val.top1" not in data
     state = torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)
     assert all(torch.isfinite(v).all() for v in state["state_dict"].values() if v.is_floating_point())
     assert (state["scaler"] is not None) == (dtype == torch.float16)
@@ -209,8 +216,12 @@ def test_compiled_training_on_cuda_and_classify_of_its_checkpoint(tmp_path, caps
 
 
 def test_a_cpu_checkpoint_resumes_on_cuda_and_evaluates_alike(image_folder, tmp_path, capsys):
+    """At the default lr 0.1, three steps leave BatchNorm's running statistics (three momentum updates from
+    mean 0, variance 1) so far from the weights that each eval-mode block multiplies its input's size about
+    tenfold: a val loss of 4.1e9, where two devices' rounding differs by more than any tolerance means.  At
+    lr 0.01 the model evaluates as trained (a val loss near 1), and the comparison says something."""
     cpu_run = TINY + ["--data-backend", "pytorch", "--num-classes", "3", "--epochs", "1", "--device", "cpu",
-                      "--workspace", str(tmp_path / "cpu"), str(image_folder)]
+                      "--lr", "0.01", "--workspace", str(tmp_path / "cpu"), str(image_folder)]
     assert main(cpu_run) == 0
     checkpoint = str(tmp_path / "cpu" / "checkpoint.pth.tar")
     results = {}
@@ -220,31 +231,40 @@ def test_a_cpu_checkpoint_resumes_on_cuda_and_evaluates_alike(image_folder, tmp_
                            str(image_folder)]
         assert main(evaluate) == 0
         results[device] = _summary(read_raport(tmp_path / f"eval-{device}" / "experiment_raport.json"))
+    assert results["cpu"]["val.loss"] < 10  # a model whose evaluation is well conditioned (see above)
     assert results["cuda"]["val.top1"] == results["cpu"]["val.top1"]
-    assert results["cuda"]["val.loss"] == pytest.approx(results["cpu"]["val.loss"], abs=1e-4)
+    assert results["cuda"]["val.loss"] == pytest.approx(results["cpu"]["val.loss"], rel=1e-4, abs=1e-4)
     resumed = TINY + ["--data-backend", "pytorch", "--num-classes", "3", "--epochs", "2", "--device", "cuda",
                       "--resume", checkpoint, "--workspace", str(tmp_path / "cuda"), str(image_folder)]
     assert main(resumed) == 0
     assert torch.load(tmp_path / "cuda" / "checkpoint.pth.tar", weights_only=True)["epoch"] == 2
 
 
-def test_no_host_sync_between_print_windows_on_cuda(tmp_path, monkeypatch):
-    """CUDA's sync debug mode turns any synchronisation inside the steps between two windows into an error."""
-    original = engine_module.Engine.train_step
+@pytest.mark.parametrize("precision, reads_per_step", [([], 0), (["--amp"], 1), (["--amp", "--amp-dtype", "bfloat16"], 0)])
+def test_no_host_sync_between_print_windows_on_cuda(tmp_path, monkeypatch, precision, reads_per_step):
+    """CUDA's sync debug mode warns at any synchronisation inside the training steps (the windows' reads are
+    outside them): none in FP32 and bf16; in fp16 (--amp) one per optimizer step, the read of the loss
+    scaler's inf flag that decides whether the step is taken.  MixUp, label smoothing and the EMA included."""
+    import warnings
 
-    def strict_step(self, *args, **kwargs):
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+    original, syncs = engine_module.Engine.train_step, []
 
-    monkeypatch.setattr(engine_module.Engine, "train_step", strict_step)
-    for precision in ([], ["--amp"], ["--amp", "--amp-dtype", "bfloat16"]):
-        args = TINY + ["--data-backend", "synthetic", "--device", "cuda", "--prof", "8", "-p", "4", "--epochs", "1",
-                       "--mixup", "0.2", "--use-ema", "0.9", "--label-smoothing", "0.1", "--training-only",
-                       "--no-checkpoints", "--workspace", str(tmp_path)] + precision
-        assert main(args) == 0
+    def counted_step(self, *args, **kwargs):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                syncs.append(sum("synchroniz" in str(warning.message) for warning in caught))
+
+    monkeypatch.setattr(engine_module.Engine, "train_step", counted_step)
+    args = TINY + ["--data-backend", "synthetic", "--device", "cuda", "--prof", "8", "-p", "4", "--epochs", "1",
+                   "--mixup", "0.2", "--use-ema", "0.9", "--label-smoothing", "0.1", "--training-only",
+                   "--no-checkpoints", "--workspace", str(tmp_path)] + precision
+    assert main(args) == 0
+    assert syncs[1:] == [reads_per_step] * 7, syncs  # the first step may set things up
 
 
 def test_a_cuda_checkpoint_is_copied_to_the_host_once(tmp_path, monkeypatch):
@@ -268,5 +288,5 @@ def test_a_cuda_checkpoint_is_copied_to_the_host_once(tmp_path, monkeypatch):
     ckpt.save_checkpoint(state, tmp_path / "c.pth.tar")
     monkeypatch.undo()
     assert device_to_host == ["copy_", "copy_"]
-    loaded = ckpt.load_checkpoint(tmp_path / "c.pth.tar")
+    loaded = ckpt.load_checkpoint_file(tmp_path / "c.pth.tar")  # any dict: load_checkpoint wants a training one
     assert torch.equal(loaded["a"], state["a"].cpu())

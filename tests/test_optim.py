@@ -371,27 +371,34 @@ def test_ema_state_dict_round_trips_and_keeps_updating():
         assert torch.equal(second.state_dict()[key], value), key
 
 
-def train_without_synchronising(engine) -> None:
-    """Four training steps of ``engine`` on CUDA; the last three fail on any host-device synchronisation
-    (the first may synchronise for one-off set-up)."""
+def host_synchronisations(engine, steps: int = 3) -> int:
+    """How many times ``steps`` CUDA training steps of ``engine`` wait for the device (CUDA's sync debug mode
+    warns at each), after one step for one-off set-up."""
+    import warnings
+
     device = engine.runtime.device
     images = torch.randn(8, 3, 32, 32, device=device)
     targets = torch.randint(0, 10, (8,), device=device)
     engine.train_step(images, targets, accumulation=1, step_now=True)
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for _ in range(3):
-            engine.train_step(images, targets, accumulation=1, step_now=True)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(steps):
+                engine.train_step(images, targets, accumulation=1, step_now=True)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(warning.message) for warning in caught)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("amp_dtype, use_ema", [(None, False), ("float16", True), ("bfloat16", False)])
-def test_cuda_training_steps_never_synchronise_with_the_host(amp_dtype, use_ema):
-    """fp16 with GradScaler included: the fused SGD takes the scaler's inf check, the EMA stays on the device."""
+def test_cuda_training_steps_synchronise_with_the_host_only_for_fp16_s_skip(amp_dtype, use_ema):
+    """FP32 and bf16: the fused SGD and the EMA stay on the device, no step waits for it.  fp16: one read of
+    the scaler's inf flag per optimizer step, which decides whether the step is taken (the fused kernel,
+    which would skip on the device, mishandles a skipped first step; see tests/test_fp16.py)."""
     from image_classification.engine import Engine
     from image_classification.plan import RunConfig
     from image_classification.preprocessing import Preprocessing
@@ -402,8 +409,9 @@ def test_cuda_training_steps_never_synchronise_with_the_host(amp_dtype, use_ema)
     config = RunConfig(arch="resnet18", num_classes=10, model_options=(), preprocessing=Preprocessing(32),
                        ema_decay=0.99 if use_ema else None, dynamic_loss_scale=True, loss_scale=128.0)
     engine = Engine(config, runtime, model, log=lambda *_: None)
-    assert all(group["fused"] for group in engine.optimizer.param_groups)
-    train_without_synchronising(engine)
+    fp16 = amp_dtype == "float16"
+    assert all(bool(group["fused"]) != fp16 for group in engine.optimizer.param_groups)
+    assert host_synchronisations(engine, steps=3) == (3 if fp16 else 0)
     reading = engine.read_window("the test")
     assert reading.steps == 4 and engine.progress.optimizer_steps == 4
 
@@ -508,5 +516,5 @@ def test_cuda_steps_of_the_new_optimizers_and_torchvisions_ema_never_synchronise
     config = RunConfig(arch="resnet18", num_classes=10, model_options=(), preprocessing=Preprocessing(32),
                        optimizer=name, ema_decay=0.9999, ema_style="torchvision", ema_steps=2)
     engine = Engine(config, runtime, model, log=lambda *_: None)
-    train_without_synchronising(engine)
+    assert host_synchronisations(engine, steps=3) == 0
     assert engine.ema.updates == 2

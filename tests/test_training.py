@@ -555,11 +555,13 @@ def test_the_first_validated_epoch_gives_a_best_model_even_at_zero_top1(image_fo
 HOST_READS = ("item", "tolist", "__bool__", "cpu", "numpy", "__float__", "__int__")
 
 
-def test_the_training_loop_reads_the_device_once_per_print_window(tmp_path, monkeypatch):
+@pytest.mark.parametrize("precision, reads", [([], "ssssr"), (["--amp", "--amp-dtype", "float16"], "ssrssrr")])
+def test_the_training_loop_reads_the_device_once_per_print_window(tmp_path, monkeypatch, precision, reads):
     """Between two print windows the loop never waits for the device: no Tensor.item/tolist/bool/cpu.
 
     On a GPU each of those is a host-device synchronisation that stalls the queue of kernels; the one
     read per window is Engine.read_window's. MixUp, label smoothing, EMA and an interval check included.
+    fp16 adds one read per optimizer step (every second micro-batch here): the loss scaler's inf flag.
     """
     from image_classification.engine import Engine
     from image_classification.loop import Loop as Trainer
@@ -593,7 +595,7 @@ def test_the_training_loop_reads_the_device_once_per_print_window(tmp_path, monk
     code = main(["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "32", "-b", "4", "--prof", "12",
                  "--print-freq", "4", "--epochs", "1", "--training-only", "--no-checkpoints", "--mixup", "0.2",
                  "--label-smoothing", "0.1", "--use-ema", "0.9", "--checkpoint-interval", "60m",
-                 "--optimizer-batch-size", "8", "--workspace", str(tmp_path)])
+                 "--optimizer-batch-size", "8", "--workspace", str(tmp_path), *precision])
     assert code == 0
     windows = "".join("s" if event == "step" else "r" for event in events)
-    assert windows == "ssssr" * 3, events
+    assert windows == reads * 3, events

@@ -96,8 +96,10 @@ def collate_uint8(batch, normalize: tuple[torch.Tensor, torch.Tensor] | None = N
     """Stack HWC uint8 images into an NCHW tensor (channels-last in memory); broken samples are dropped
     and reported.
 
-    With ``normalize`` = (1 / std, mean / std) (CPU training) the workers also normalise, so the main
-    process does not; the batch is then float32 NCHW, contiguous.
+    With ``normalize`` = (mean, std) (CPU training) the workers also normalise, so the main process does
+    not; the batch is then float32 NCHW, contiguous, and bitwise what :class:`DeviceLoader` makes of the uint8
+    batch on CUDA: the same ``(x - mean) / std``, a subtraction then a division, each rounded once (a
+    multiply-add by 1/std would round differently).
     """
     good = [(image, label) for image, label, _ in batch if image is not None]
     broken = [problem for _, _, problem in batch if problem is not None]
@@ -108,13 +110,12 @@ def collate_uint8(batch, normalize: tuple[torch.Tensor, torch.Tensor] | None = N
             torch.stack([image for image, _ in good], out=images)
             images = images.permute(0, 3, 1, 2)
         else:
-            # One pass converts, transposes and writes each image; (x - mean) / std is then one in-place
-            # multiply-add over the batch.
+            # One pass converts, transposes and writes each image; then (x - mean) / std in place.
             images = _batch_tensor((len(good), channels, height, width), torch.float32)
             for slot, (image, _) in zip(images, good):
                 slot.copy_(image.permute(2, 0, 1))
-            inv_std, mean_over_std = normalize
-            images.mul_(inv_std).sub_(mean_over_std)
+            mean, std = normalize
+            images.sub_(mean).div_(std)
         labels = torch.tensor([label for _, label in good], dtype=torch.int64)
     else:
         images = torch.empty(0, dtype=torch.uint8)
@@ -209,8 +210,8 @@ def _loader(samples: Split, transform, config: DataConfig, runtime: Runtime, tra
         ShardSampler(len(samples), runtime.rank, runtime.world_size, shuffle=False, seed=config.seed)
     workers = config.workers
     normalize_in_workers = not runtime.is_cuda and workers > 0
-    inv_std = 1.0 / torch.tensor(config.std).view(1, 3, 1, 1)
-    scale = (inv_std, torch.tensor(config.mean).view(1, 3, 1, 1) * inv_std) if normalize_in_workers else None
+    scale = (torch.tensor(config.mean).view(1, 3, 1, 1), torch.tensor(config.std).view(1, 3, 1, 1)) \
+        if normalize_in_workers else None
     loader = DataLoader(
         dataset,
         batch_size=config.batch_size,
