@@ -229,3 +229,27 @@ def test_a_write_that_fails_during_the_export_is_one_line_and_leaves_nothing(tin
     assert line.startswith(f"error: {what} ") and line.endswith(f"({os.strerror(error)}); nothing was written")
     assert list(folder.iterdir()) == []
 
+
+def test_a_max_batch_size_that_config_pbtxt_cannot_hold_is_refused(tiny_weights, tmp_path, capsys):
+    """max_batch_size is an int32 in Triton's ModelConfig: a larger one wrote a config Triton cannot parse."""
+    for too_large in ("2147483648", "100000000000000000000"):
+        line = refused(run(export.model2onnx_main, [*tiny_weights, "--triton-repository", str(tmp_path / "models"),
+                                                    "--max-batch-size", too_large]), capsys)
+        assert line == (f"error: model2onnx.py: argument --max-batch-size: must be at most 2147483647 (config.pbtxt "
+                        f"holds it as a 32-bit integer; Triton would not load the model), got {too_large}")
+    assert not (tmp_path / "models").exists()
+
+    text_format = pytest.importorskip("google.protobuf.text_format")
+    model_config = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    from onnx import TensorProto, helper
+
+    from image_classification.tool_arguments import LARGEST_MAX_BATCH_SIZE
+    from image_classification.triton_repository import config_text
+
+    values = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", 3]) for name in ("input", "output")]
+    graph = helper.make_graph([helper.make_node("Identity", ["input"], ["output"])], "g", values[:1], values[1:])
+    graph_bytes = helper.make_model(graph).SerializeToString()
+    config = config_text(graph_bytes, "m", LARGEST_MAX_BATCH_SIZE)
+    assert text_format.Parse(config, model_config.ModelConfig()).max_batch_size == LARGEST_MAX_BATCH_SIZE
+    with pytest.raises(text_format.ParseError, match="out of range"):  # the bound is the format's own
+        text_format.Parse(config_text(graph_bytes, "m", LARGEST_MAX_BATCH_SIZE + 1), model_config.ModelConfig())
