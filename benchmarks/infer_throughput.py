@@ -219,7 +219,7 @@ def _quantized(path: Path, image_size: int) -> Path:
     images = torch.randn(INT8_CALIBRATION_IMAGES, 3, image_size, image_size,
                          generator=torch.Generator().manual_seed(1)).numpy()
     target = path.with_name("model_int8.onnx")
-    quantize(path, target, Quantization(images, "minmax", reduce_range_here(), sha256="random"))
+    quantize(path, target, Quantization(images, "minmax", reduce_range_here(), sha256="random"), path.parent)
     return target
 
 

@@ -6,25 +6,29 @@ of Triton's model repository).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from .checkpoint import load_checkpoint, save_weights
-from .errors import UserError
-from .inference import calibrate, class_names_for, load_model, warn
+from .errors import StorageError, UserError
+from .inference import LoadedModel, calibrate, class_names_for, load_model, warn
 from .integrity import recorded_description
 from .models.weights import checked_arch, extract_state_dict, recorded_num_classes
 from .onnx_runtime import INT8, ONNX_TOLERANCE, export_onnx, logit_limit, require_finite, require_onnxruntime
 from .quantization import Quantization, int8_request, quantize
+from .scratch import scratch_folder
 from .signals import stop_raises
 from .tool_arguments import DEFAULT_MAX_BATCH_SIZE, check_int8_flags, checkpoint2model_parser, model2onnx_parser
 from .triton_repository import check_free, check_model_name, write_model
+from .workspace import _nearest_existing
 
 
 # ------------------------------------------------------------------------------------------------
@@ -147,6 +151,57 @@ def _check_triton_flags(args: argparse.Namespace) -> None:
         check_model_name(args.model_name)
 
 
+@dataclass
+class Destination:
+    """Where model2onnx.py writes: ``output`` (the ONNX file, or the Triton model's graph), ``folder`` (the folder
+    it goes into, where the export's scratch folder lies) and ``what`` (the output, in a user's words)."""
+
+    output: Path
+    folder: Path
+    what: str
+    model_name: str | None = None  # of a Triton model
+    class_names: Sequence[str] = ()  # of a Triton model: labels.txt
+
+
+def destination(args: argparse.Namespace, loaded: LoadedModel) -> Destination:
+    """Where the parsed arguments write ``loaded``'s export; one line, before any work, where it cannot be
+    written there (a folder in its place or on its path, a read-only folder, a Triton model already there)."""
+    int8 = "_int8" if args.quantize else ""
+    if args.triton_repository is not None:
+        name = args.model_name or f"{loaded.arch}{int8}"
+        folder = check_free(args.triton_repository, name)
+        found = Destination(folder / "1" / "model.onnx", Path(args.triton_repository), f"the Triton model {folder}",
+                            name, class_names_for(loaded.num_classes, None, loaded.class_names))
+    else:
+        output = Path(args.output) if args.output else default_onnx_path(args.weights, loaded.arch, int8)
+        if output.is_dir():
+            raise UserError(f"--output {output} is a folder; give a file name")
+        found = Destination(output, output.parent, str(output))
+    existing = _nearest_existing(found.folder)
+    if not existing.is_dir():
+        raise UserError(f"{found.what} cannot be written: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{found.what} cannot be written: {existing} is read-only")
+    return found
+
+
+@contextlib.contextmanager
+def export_scratch(target: Destination) -> Iterator[Path]:
+    """The export's scratch folder beside its output (:mod:`.scratch`; what killed exports left there is removed
+    first), the output's folder made where missing.  A failed write in the block is one line: exit code 2
+    where the folder cannot be written (read-only, no permission), 4 otherwise (a full disk)."""
+    try:
+        target.folder.mkdir(parents=True, exist_ok=True)
+        with scratch_folder(target.folder, target.model_name or target.output.name) as scratch:
+            yield scratch
+    except OSError as error:
+        reason = error.strerror or str(error)
+        if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise UserError(f"{target.what} cannot be written into {target.folder} ({reason}); nothing was "
+                            "written") from None
+        raise StorageError(f"{target.what} could not be written ({reason}); nothing was written") from None
+
+
 def model2onnx(args: argparse.Namespace) -> int:
     """Export and check the model that model2onnx.py's parsed arguments describe."""
     require_onnxruntime("model2onnx")
@@ -158,16 +213,8 @@ def model2onnx(args: argparse.Namespace) -> int:
     model = loaded.model.float().eval()
     preprocessing = loaded.resolve_preprocessing(args.image_size)
     size = preprocessing.image_size
-    triton = args.triton_repository is not None
-    int8 = "_int8" if args.quantize else ""
-    name = args.model_name or f"{loaded.arch}{int8}"
-    if triton:
-        output = check_free(args.triton_repository, name) / "1" / "model.onnx"
-        names = class_names_for(loaded.num_classes, None, loaded.class_names)
-    else:
-        output = Path(args.output) if args.output else default_onnx_path(args.weights, loaded.arch, int8)
-        if output.is_dir():
-            raise UserError(f"--output {output} is a folder; give a file name")
+    target = destination(args, loaded)
+    triton = target.model_name is not None
     request = int8_request(args)
     quantization = calibrate(request, preprocessing) if request is not None else None
     dynamic = args.dynamic_batch or triton or quantization is not None  # Triton batches, calibration too
@@ -178,41 +225,34 @@ def model2onnx(args: argparse.Namespace) -> int:
     if dynamic:  # prove the batch dimension really is free
         checks.append(torch.randn(args.batch_size + 1, 3, size, size, generator=generator))
 
-    folder = Path(args.triton_repository) if triton else output.parent
-    folder.mkdir(parents=True, exist_ok=True)
-    base = output.name if not triton else name
-    tmp = folder / f".{base}.{os.getpid()}.onnx.tmp"  # renamed into place once it passed the check
-    int8_tmp = folder / f".{base}.{os.getpid()}.int8.onnx.tmp"
-    with stop_raises("exporting the model to ONNX", f"{output} was not written"):  # exit 75, tmp removed
-        try:
-            print(f"Exporting {loaded.arch} ({loaded.num_classes} classes) at {size}x{size}, batch "
-                  f"{'dynamic' if dynamic else args.batch_size}, opset {args.opset}", flush=True)
-            export_onnx(model, example, tmp, dynamic_batch=dynamic, opset=args.opset)
-            (found,) = onnx_agreement(tmp, model, checks)
-            limit = logit_limit(ONNX_TOLERANCE, found.scale)
-            print(f"onnxruntime vs PyTorch, max abs difference of the logits: {found.max_difference:.3g} "
-                  f"(limit {limit:.3g}; largest logit {found.scale:.3g})", flush=True)
-            if not found.max_difference < limit:
-                warn(f"error: the ONNX model's outputs differ from PyTorch's by {found.max_difference:.3g} (limit "
-                     f"{limit:.3g}, 1e-3 of the largest logit {found.scale:.3g} or 1e-3 below 1); {output} was not "
-                     "written")
+    output = target.output
+    with stop_raises("exporting the model to ONNX", f"{output} was not written"), \
+            export_scratch(target) as scratch:  # exit 75 on a stop signal, the scratch folder removed
+        print(f"Exporting {loaded.arch} ({loaded.num_classes} classes) at {size}x{size}, batch "
+              f"{'dynamic' if dynamic else args.batch_size}, opset {args.opset}", flush=True)
+        written = scratch / "model.onnx"
+        export_onnx(model, example, written, dynamic_batch=dynamic, opset=args.opset)
+        (found,) = onnx_agreement(written, model, checks)
+        limit = logit_limit(ONNX_TOLERANCE, found.scale)
+        print(f"onnxruntime vs PyTorch, max abs difference of the logits: {found.max_difference:.3g} "
+              f"(limit {limit:.3g}; largest logit {found.scale:.3g})", flush=True)
+        if not found.max_difference < limit:
+            warn(f"error: the ONNX model's outputs differ from PyTorch's by {found.max_difference:.3g} (limit "
+                 f"{limit:.3g}, 1e-3 of the largest logit {found.scale:.3g} or 1e-3 below 1); {output} was not "
+                 "written")
+            return 1
+        if quantization is not None:
+            quantize(written, scratch / "int8.onnx", quantization, scratch)
+            written = scratch / "int8.onnx"
+            if not _int8_is_close(written, model, quantization, output):
                 return 1
-            written = tmp
-            if quantization is not None:
-                quantize(tmp, int8_tmp, quantization)
-                if not _int8_is_close(int8_tmp, model, quantization, output):
-                    return 1
-                written = int8_tmp
-            if triton:
-                target = write_model(args.triton_repository, name, written.read_bytes(),
-                                     args.max_batch_size or DEFAULT_MAX_BATCH_SIZE, names)
-                print(f"Saved the Triton model {name} in {target}: config.pbtxt, 1/model.onnx, labels.txt "
-                      f"({len(names)} classes)")
-                return 0
-            os.replace(written, output)
-        finally:
-            tmp.unlink(missing_ok=True)
-            int8_tmp.unlink(missing_ok=True)
+        if triton:
+            saved = write_model(args.triton_repository, target.model_name, written.read_bytes(),
+                                args.max_batch_size or DEFAULT_MAX_BATCH_SIZE, target.class_names, scratch)
+            print(f"Saved the Triton model {target.model_name} in {saved}: config.pbtxt, 1/model.onnx, labels.txt "
+                  f"({len(target.class_names)} classes)")
+            return 0
+        os.replace(written, output)
     print(f"Saved {output}")
     return 0
 

@@ -20,11 +20,13 @@ the same everywhere.
 
 Files are written under temporary names that name their writer (pid, process start, machine) and renamed
 into place, the model before its record, so that two processes exporting at once both end with a complete
-pair, and a model caught between the two renames fails its check and is exported again. A SIGTERM or
-SIGUSR1 during an export stops the script (exit 75) with its temporaries removed; those of a writer killed
-outright are removed by the next run that finds their writer dead. A cache that cannot be written
-(read-only) and holds a file that fails its check: this run exports to a temporary folder instead. The
-cache holds ONNX graphs, which ONNX Runtime interprets as data: nothing in them is executed as Python.
+pair, and a model caught between the two renames fails its check and is exported again. What an export
+writes on the way (the FP32 graph of an int8 model, ONNX Runtime's own temporaries) goes into a scratch
+folder in the cache named the same way (:mod:`.scratch`). A SIGTERM or SIGUSR1 during an export stops the
+script (exit 75) with its temporaries removed; those of a writer killed outright are removed by the next run
+that finds their writer dead. A cache that cannot be written (read-only) and holds a file that fails its
+check: this run exports to a temporary folder instead. The cache holds ONNX graphs, which ONNX Runtime
+interprets as data: nothing in them is executed as Python.
 """
 
 from __future__ import annotations
@@ -52,8 +54,9 @@ from torch import nn
 from . import machine
 from .errors import UserError
 from .quantization import Quantization, quantize
+from .scratch import STAMP, remove_dead_writers, scratch_folder
 from .signals import stop_raises
-from .workspace import stamp_is_dead, writer_stamp
+from .workspace import writer_stamp
 
 OPSET = 17
 CACHE_ENV = "IMAGE_CLASSIFICATION_CACHE"
@@ -72,7 +75,8 @@ ONNX_TOLERANCE = 1e-3
 INT8_TOLERANCE = 0.6
 INT8_FLOOR = 1e-2  # logits all smaller than this: the tolerance is of this size
 
-_TEMPORARY = re.compile(r"^\.[0-9a-f]{32}\.(?P<stamp>\d+-(?:\d+|x)-[0-9a-f]{12})\.[0-9a-f]{8}\.(?:onnx|json)\.tmp$")
+# a model or record being written (``.onnx.tmp``, ``.json.tmp``), or the scratch folder of an export (``.tmp``)
+_TEMPORARY = re.compile(rf"^\.[0-9a-f]{{32}}\.{STAMP}\.[0-9a-f]{{8}}\.(?:onnx\.|json\.)?tmp$")
 
 
 @dataclass(frozen=True)
@@ -305,30 +309,22 @@ def _create(folder: Path, key: str, suffix: str) -> Path:
 
 
 def remove_stale_temporaries(folder: Path) -> list[Path]:
-    """Delete the temporaries of exports whose writer is proven dead (a SIGKILL, a crash); those of live
-    writers, and of other machines sharing the folder, stay.  Nothing is said where it cannot be done."""
-    removed = []
-    with contextlib.suppress(OSError):
-        for entry in folder.iterdir():
-            match = _TEMPORARY.match(entry.name)
-            if match and stamp_is_dead(match["stamp"]):
-                with contextlib.suppress(OSError):
-                    entry.unlink()
-                    removed.append(entry)
-    return removed
+    """Delete the temporaries and scratch folders of exports whose writer is proven dead (a SIGKILL, a crash);
+    those of live writers, and of other machines sharing the folder, stay.  Nothing is said where it cannot
+    be done."""
+    return remove_dead_writers(folder, _TEMPORARY)
 
 
 def _exported(model: nn.Module, probe: torch.Tensor, target: Path, quantization: Quantization | None,
-              expected: np.ndarray):
-    """Export ``model`` to ``target`` (quantized, with ``quantization``): its bytes, a CPU session of them, and
-    its logits for the probe, checked against PyTorch's."""
+              expected: np.ndarray, scratch: Path):
+    """Export ``model`` to ``target`` (quantized, with ``quantization``, by way of the folder ``scratch``): its
+    bytes, a CPU session of them, and its logits for the probe, checked against PyTorch's."""
     if quantization is None:
         export_onnx(model, torch.zeros_like(probe), target, dynamic_batch=True, opset=OPSET)
     else:
-        with tempfile.TemporaryDirectory(prefix="image_classification-int8-") as scratch:
-            fp32 = Path(scratch) / "fp32.onnx"
-            export_onnx(model, torch.zeros_like(probe), fp32, dynamic_batch=True, opset=OPSET)
-            quantize(fp32, target, quantization)
+        fp32 = scratch / "fp32.onnx"
+        export_onnx(model, torch.zeros_like(probe), fp32, dynamic_batch=True, opset=OPSET)
+        quantize(fp32, target, quantization, scratch)
     content = target.read_bytes()
     runner = session(content)
     got = _run(runner, probe)
@@ -397,7 +393,8 @@ def cached_model(model: nn.Module, image_size: int, log: Callable[[str], None],
         record_temporary = None
         try:
             try:
-                content, runner, got = _exported(model, probe, temporary, quantization, expected)
+                with scratch_folder(folder, key) as scratch:
+                    content, runner, got = _exported(model, probe, temporary, quantization, expected, scratch)
             except OSError as error:  # a full disk
                 raise _cache_error(folder, error) from None
             try:
@@ -421,7 +418,7 @@ def _export_for_this_run(model: nn.Module, probe: torch.Tensor, quantization: Qu
     """``model`` exported to a temporary folder, removed again: for a cache that cannot be written."""
     try:
         with tempfile.TemporaryDirectory(prefix="image_classification-onnx-") as scratch:
-            return _exported(model, probe, Path(scratch) / "model.onnx", quantization, expected)[:2]
+            return _exported(model, probe, Path(scratch) / "model.onnx", quantization, expected, Path(scratch))[:2]
     except OSError as error:
         raise UserError(f"cannot export the ONNX model to a temporary folder ({error.strerror or error}); set "
                         "TMPDIR to a writable folder") from None

@@ -27,7 +27,6 @@ import contextlib
 import hashlib
 import io
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -38,6 +37,7 @@ import torch
 from . import machine
 from .data.files import SplitWalk, is_image_file, walk_class
 from .errors import UserError
+from .scratch import temporaries_in
 from .tool_arguments import DEFAULT_CALIBRATION_IMAGES
 
 # the int8 dot-product instructions ONNX Runtime's int8 kernels use without saturating, named as
@@ -188,8 +188,11 @@ def read_calibration(request: Int8Request, load: Callable[[Path], torch.Tensor],
 # ------------------------------------------------------------------------------------------------
 # Quantizing
 # ------------------------------------------------------------------------------------------------
-def quantize(source: str | os.PathLike, target: str | os.PathLike, quantization: Quantization) -> None:
-    """Write the int8 QDQ graph of the FP32 graph ``source`` (input ``input``, any batch) to ``target``."""
+def quantize(source: str | os.PathLike, target: str | os.PathLike, quantization: Quantization,
+             scratch: str | os.PathLike) -> None:
+    """Write the int8 QDQ graph of the FP32 graph ``source`` (input ``input``, any batch) to ``target``; the
+    graphs on the way, ONNX Runtime's temporary ones included, go into the folder ``scratch`` (see
+    :mod:`.scratch`)."""
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
                                           quantize_static)
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -217,8 +220,7 @@ def quantize(source: str | os.PathLike, target: str | os.PathLike, quantization:
     methods = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                "percentile": CalibrationMethod.Percentile}
     # ONNX Runtime prints the histograms' settings: stdout is classify.py's predictions (JSON lines)
-    with tempfile.TemporaryDirectory(prefix="image_classification-int8-") as scratch, \
-            contextlib.redirect_stdout(io.StringIO()):
+    with temporaries_in(Path(scratch)), contextlib.redirect_stdout(io.StringIO()):
         prepared = Path(scratch) / "prepared.onnx"
         quant_pre_process(str(source), str(prepared))
         quantize_static(str(prepared), str(target), Batches(quantization.images), quant_format=QuantFormat.QDQ,

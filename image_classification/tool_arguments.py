@@ -16,6 +16,16 @@ from .models import MODEL_CONFIGS, list_models
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 DEFAULT_CALIBRATION_IMAGES = 100
 DEFAULT_MAX_BATCH_SIZE = 64  # of a Triton model: what dynamic batching may gather
+LARGEST_MAX_BATCH_SIZE = 2**31 - 1  # config.pbtxt's max_batch_size is an int32: Triton refuses a larger one
+
+
+def max_batch_size(value: str) -> int:
+    """--max-batch-size: a positive int that config.pbtxt can hold."""
+    number = positive_int(value)
+    if number > LARGEST_MAX_BATCH_SIZE:
+        raise argparse.ArgumentTypeError(f"must be at most {LARGEST_MAX_BATCH_SIZE} (config.pbtxt holds it as a "
+                                         f"32-bit integer; Triton would not load the model), got {number}")
+    return number
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, default_arch: str | None) -> None:
@@ -162,7 +172,7 @@ def model2onnx_parser() -> argparse.ArgumentParser:
     triton.add_argument("--model-name", metavar="NAME", default=None,
                         help="--triton-repository: the model's name (default: the architecture, with _int8 "
                         "under --quantize int8)")
-    triton.add_argument("--max-batch-size", metavar="N", type=positive_int, default=None,
+    triton.add_argument("--max-batch-size", metavar="N", type=max_batch_size, default=None,
                         help=f"--triton-repository: the largest batch Triton forms (default: {DEFAULT_MAX_BATCH_SIZE})")
     return parser
 

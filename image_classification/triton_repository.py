@@ -7,9 +7,9 @@ is the graph, version 1; ``ROOT/NAME/labels.txt`` holds the class names, one a l
 classification extension returns.  The config is written as protobuf text by hand: Triton's client
 library is needed only by the tests that parse it.
 
-The model's folder is assembled beside its final place and renamed into it, so a reader never sees half a
-model, and a folder that is already there (another model, or another version of this one) is refused, never
-replaced.
+The model's folder is assembled in the export's scratch folder, inside the repository (see :mod:`.scratch`),
+and renamed into its place, so a reader never sees half a model, and a folder that is already there (another
+model, or another version of this one) is refused, never replaced.
 """
 
 from __future__ import annotations
@@ -98,12 +98,12 @@ def check_free(root: str | os.PathLike, name: str) -> Path:
 
 
 def write_model(root: str | os.PathLike, name: str, graph_bytes: bytes, max_batch_size: int,
-                class_names: Sequence[str]) -> Path:
-    """Write model ``name`` of the repository ``root`` (module docstring); returns its folder."""
+                class_names: Sequence[str], scratch: Path) -> Path:
+    """Write model ``name`` of the repository ``root`` (module docstring), assembled in ``scratch``, a folder
+    inside ``root``; returns its folder."""
     target = check_free(root, name)
-    root = Path(root)
     config, labels = config_text(graph_bytes, name, max_batch_size), labels_text(class_names)
-    staging = root / f".{name}.{os.getpid()}.tmp"
+    staging = scratch / name
     try:
         (staging / "1").mkdir(parents=True)
         (staging / "1" / "model.onnx").write_bytes(graph_bytes)

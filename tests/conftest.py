@@ -3,6 +3,9 @@ architecture for runs whose model is not the subject.  The helpers themselves ar
 
 from __future__ import annotations
 
+import errno
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -42,6 +45,43 @@ def tiny_arch(monkeypatch) -> str:
 
     monkeypatch.setitem(ARCHS, "tiny", tiny_arch_row())
     return "tiny"
+
+
+@pytest.fixture
+def read_only_folder(tmp_path, monkeypatch):
+    """A folder, and a function that makes it read-only: a tmpfs remounted read-only where the tests may
+    mount (root writes into a 0555 folder), else creating folders and creating, replacing and removing
+    files in it fail with EROFS as they would there."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    mounted = succeeds("mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(folder))
+
+    def seal() -> None:
+        if mounted and succeeds("mount", "-o", "remount,ro", str(folder)):
+            return
+
+        def refuse(real, writes=lambda *args: True):
+            def call(path, *args, **kwargs):
+                if Path(path).absolute().is_relative_to(folder) and writes(*args):
+                    raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+                return real(path, *args, **kwargs)
+            return call
+
+        monkeypatch.setattr(os, "open", refuse(os.open, lambda flags, *_: flags & (os.O_CREAT | os.O_WRONLY)))
+        monkeypatch.setattr(os, "mkdir", refuse(os.mkdir))
+        monkeypatch.setattr(os, "replace", refuse(os.replace))
+        monkeypatch.setattr(os, "unlink", refuse(os.unlink))
+
+    yield folder, seal
+    if mounted:
+        succeeds("umount", "-l", str(folder))
+
+
+def succeeds(*command: str) -> bool:
+    try:
+        return subprocess.run(command, capture_output=True).returncode == 0
+    except OSError:  # no such program
+        return False
 
 
 # Modules that take longest, run first: pytest-xdist (`make test`, --dist loadscope) hands whole modules to

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 from pathlib import Path
 
@@ -9,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import REPO, one_error_line, run_script, sigterm_during_the_export, sigterm_noted
+from helpers import REPO, one_error_line, refused, run_script, sigterm_during_the_export, sigterm_noted
 from image_classification import export
 from image_classification.cli import run
 from image_classification.models import build_model, load_weights
@@ -179,3 +181,75 @@ def test_a_nan_on_either_side_of_the_onnx_check_fails_it(tmp_path):
     assert found.max_difference == float("inf")
     with pytest.raises(UserError, match="NaN or inf"):
         export.onnx_agreement(path, linear(float("nan")), inputs)
+
+
+@pytest.fixture
+def tiny_weights(tmp_path, tiny_arch) -> list[str]:
+    """model2onnx.py's flags for a tiny model's weights, at 32 px."""
+    torch.manual_seed(0)
+    path = tmp_path / "tiny.pth"
+    torch.save(build_model(tiny_arch, num_classes=3).state_dict(), path)
+    return ["-a", tiny_arch, "--weights", str(path), "--image-size", "32", "-b", "1"]
+
+
+@pytest.mark.parametrize("flag", ["--output", "--triton-repository"])
+def test_model2onnx_into_a_read_only_folder_is_one_line_before_any_work(tiny_weights, read_only_folder, capsys, flag,
+                                                                        monkeypatch):
+    folder, seal = read_only_folder
+    seal()
+    target = str(folder / "m.onnx") if flag == "--output" else str(folder)
+    monkeypatch.setattr(export, "export_onnx", lambda *args, **kwargs: pytest.fail("exported"))
+    line = refused(run(export.model2onnx_main, [*tiny_weights, flag, target]), capsys)
+    assert line.startswith("error: ") and " cannot be written" in line and str(folder) in line, line
+    assert list(folder.iterdir()) == []
+
+
+@pytest.mark.parametrize("flag", ["--output", "--triton-repository"])
+def test_model2onnx_below_a_file_is_one_line(tiny_weights, tmp_path, capsys, flag):
+    (tmp_path / "file").write_text("kept")
+    target = str(tmp_path / "file" / "m.onnx") if flag == "--output" else str(tmp_path / "file" / "models")
+    line = refused(run(export.model2onnx_main, [*tiny_weights, flag, target]), capsys)
+    assert line.endswith(f" cannot be written: {tmp_path / 'file'} is a file, not a folder"), line
+    assert (tmp_path / "file").read_text() == "kept"
+
+
+@pytest.mark.parametrize("error, code", [(errno.EROFS, 2), (errno.ENOSPC, 4)], ids=["read-only", "disk full"])
+@pytest.mark.parametrize("flag", ["--output", "--triton-repository"])
+def test_a_write_that_fails_during_the_export_is_one_line_and_leaves_nothing(tiny_weights, tmp_path, capsys,
+                                                                             monkeypatch, flag, error, code):
+    def failing_export(model, example, path, **kwargs):
+        Path(path).write_bytes(b"partial")
+        raise OSError(error, os.strerror(error), str(path))
+
+    monkeypatch.setattr(export, "export_onnx", failing_export)
+    folder = tmp_path / "out"
+    target = str(folder / "m.onnx") if flag == "--output" else str(folder)
+    line = refused(run(export.model2onnx_main, [*tiny_weights, flag, target]), capsys, code)
+    what = str(folder / "m.onnx") if flag == "--output" else f"the Triton model {folder / 'tiny'}"
+    assert line.startswith(f"error: {what} ") and line.endswith(f"({os.strerror(error)}); nothing was written")
+    assert list(folder.iterdir()) == []
+
+
+def test_a_max_batch_size_that_config_pbtxt_cannot_hold_is_refused(tiny_weights, tmp_path, capsys):
+    """max_batch_size is an int32 in Triton's ModelConfig: a larger one wrote a config Triton cannot parse."""
+    for too_large in ("2147483648", "100000000000000000000"):
+        line = refused(run(export.model2onnx_main, [*tiny_weights, "--triton-repository", str(tmp_path / "models"),
+                                                    "--max-batch-size", too_large]), capsys)
+        assert line == (f"error: model2onnx.py: argument --max-batch-size: must be at most 2147483647 (config.pbtxt "
+                        f"holds it as a 32-bit integer; Triton would not load the model), got {too_large}")
+    assert not (tmp_path / "models").exists()
+
+    text_format = pytest.importorskip("google.protobuf.text_format")
+    model_config = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    from onnx import TensorProto, helper
+
+    from image_classification.tool_arguments import LARGEST_MAX_BATCH_SIZE
+    from image_classification.triton_repository import config_text
+
+    values = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", 3]) for name in ("input", "output")]
+    graph = helper.make_graph([helper.make_node("Identity", ["input"], ["output"])], "g", values[:1], values[1:])
+    graph_bytes = helper.make_model(graph).SerializeToString()
+    config = config_text(graph_bytes, "m", LARGEST_MAX_BATCH_SIZE)
+    assert text_format.Parse(config, model_config.ModelConfig()).max_batch_size == LARGEST_MAX_BATCH_SIZE
+    with pytest.raises(text_format.ParseError, match="out of range"):  # the bound is the format's own
+        text_format.Parse(config_text(graph_bytes, "m", LARGEST_MAX_BATCH_SIZE + 1), model_config.ModelConfig())

@@ -311,6 +311,20 @@ def bad_inputs(tmp_path_factory, photo, colour_checkpoint) -> dict[str, list[str
     }
 
 
+@pytest.mark.parametrize("name", ["model.onnx", "model.pth"])
+def test_an_onnx_model_given_as_weights_is_named_so_with_the_command_that_runs_one(tmp_path, photo, capsys, name):
+    """Named .onnx, or told by its first bytes (a protobuf ModelProto's), not by torch's "Unsupported operand 8"."""
+    pytest.importorskip("onnx")
+    from image_classification.onnx_runtime import OPSET, export_onnx
+
+    path = tmp_path / name
+    export_onnx(torch.nn.Linear(2, 2), torch.zeros(1, 2), path, dynamic_batch=False, opset=OPSET)
+    line = refused(run(classify_main, ["--weights", str(path), "--image", str(photo)]), capsys)
+    assert line.startswith(f"error: '{path}' is an ONNX model, not PyTorch weights: pass the weights it was exported "
+                           "from and --runtime onnxruntime"), line
+    assert "e.g. classify.py --weights model.pth --runtime onnxruntime --image IMAGE;" in line
+
+
 @pytest.mark.parametrize("case", ["missing image", "text as image", "garbage as weights"])
 def test_bad_input_is_one_line_and_exit_2(bad_inputs, case):
     result = classify(*bad_inputs[case])

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -252,42 +249,6 @@ def test_a_cached_model_that_is_not_the_export_of_these_weights_is_said_once_and
     monkeypatch.setattr(onnx_runtime, "export_onnx", no_export)
     assert predictions(capsys, argv + ["--runtime", "onnxruntime"]) != []  # now proven: used as it is
     assert capsys.readouterr().err == ""
-
-
-@pytest.fixture
-def read_only_folder(tmp_path, monkeypatch):
-    """A folder, and a function that makes it read-only: a tmpfs remounted read-only where the tests may
-    mount (root writes into a 0555 folder), else creating, replacing and removing files in it fail with
-    EROFS as they would there."""
-    folder = tmp_path / "read-only"
-    folder.mkdir()
-    mounted = succeeds("mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(folder))
-
-    def seal() -> None:
-        if mounted and succeeds("mount", "-o", "remount,ro", str(folder)):
-            return
-
-        def refuse(real, writes=lambda *args: True):
-            def call(path, *args, **kwargs):
-                if Path(path).absolute().is_relative_to(folder) and writes(*args):
-                    raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
-                return real(path, *args, **kwargs)
-            return call
-
-        monkeypatch.setattr(os, "open", refuse(os.open, lambda flags, *_: flags & (os.O_CREAT | os.O_WRONLY)))
-        monkeypatch.setattr(os, "replace", refuse(os.replace))
-        monkeypatch.setattr(os, "unlink", refuse(os.unlink))
-
-    yield folder, seal
-    if mounted:
-        succeeds("umount", "-l", str(folder))
-
-
-def succeeds(*command: str) -> bool:
-    try:
-        return subprocess.run(command, capture_output=True).returncode == 0
-    except OSError:  # no such program
-        return False
 
 
 def test_a_read_only_cache_holding_a_damaged_model_runs_from_a_temporary_export(

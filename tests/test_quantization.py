@@ -251,7 +251,7 @@ def test_a_cached_int8_model_that_is_not_this_one_is_said_once_and_quantized_aga
 def test_an_int8_model_that_strays_from_pytorch_is_refused_and_not_cached(trained, int8_cache, tiny_arch, cache,
                                                                          capsys, monkeypatch):
     other = int8_file(int8_cache["folder"], int8_cache["other"]).read_bytes()
-    monkeypatch.setattr(onnx_runtime, "quantize", lambda source, target, calibration: Path(target).write_bytes(other))
+    monkeypatch.setattr(onnx_runtime, "quantize", lambda source, target, *_: Path(target).write_bytes(other))
     assert run(classify_main, classify_argv(trained, *INT8, "--calibration-data", str(trained.data / "train"),
                                             "--calibration-images", "9")) == 2
     out, err = capsys.readouterr()

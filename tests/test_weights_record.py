@@ -55,6 +55,10 @@ def test_the_architecture_check_is_one_message_everywhere(tmp_path, image_folder
                                                 str(image_folder)]), capsys)
     assert expected in refused(run(classify_main, ["-a", "resnet34", "--weights", str(path), "--image",
                                                    str(next(image_folder.glob("val/*/*.jpg")))]), capsys)
+    for pretrained in (["--pretrained-weights", str(path)], ["--evaluate", "--pretrained-weights", str(path)]):
+        argv = ["-a", "resnet34", *pretrained, "--epochs", "1", *common, "--workspace", str(tmp_path / "new")]
+        line = refused(run(train_main, [*argv, str(image_folder)]), capsys)
+        assert line == f"error: {expected}", line  # not the keys that do not fit, one by one
 
 
 def test_flags_beat_the_record_which_beats_the_default_and_each_override_is_said_once():

@@ -53,6 +53,12 @@ def load_checkpoint_file(path: Union[str, Path]) -> dict:
             raise UserError(f"'{path}' was refused: it would build {refused}, which is neither a tensor nor "
                             "a plain container; checkpoints are loaded as data only, never as code (a file "
                             "from a source you trust can be saved again as a plain state dict).") from None
+        if _is_onnx(path):
+            raise UserError(f"'{path}' is an ONNX model, not PyTorch weights: pass the weights it was exported "
+                            "from and --runtime onnxruntime, which runs them in ONNX Runtime (exported once and "
+                            "cached), e.g. classify.py --weights model.pth --runtime onnxruntime --image IMAGE; "
+                            "the ONNX file itself runs in onnxruntime.InferenceSession or Triton Inference "
+                            "Server.") from None
         raise UserError(f"'{path}' could not be read as a PyTorch checkpoint of tensors ({_reason(e)}); "
                         "checkpoints are loaded as data only, never as code.") from e
     if not isinstance(obj, dict):
@@ -61,6 +67,24 @@ def load_checkpoint_file(path: Union[str, Path]) -> dict:
         raise UserError(f"'{path}' is damaged: its content does not match the hash recorded when it was "
                         "written; use another copy or an older checkpoint.")
     return obj
+
+
+# The tags an ONNX ModelProto's second field may have: producer_name .. opset_import, metadata_props, training_info,
+# functions (protobuf writes fields in number order, ir_version first)
+_ONNX_SECOND_TAGS = {0x12, 0x1A, 0x22, 0x28, 0x32, 0x3A, 0x42, 0x72, 0xA2, 0xCA}
+
+
+def _is_onnx(path: Path) -> bool:
+    """Whether ``path`` is named as an ONNX model or opens as one: ir_version (field 1, a small varint), then
+    another field of ModelProto."""
+    if path.suffix.lower() == ".onnx":
+        return True
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(3)
+    except OSError:
+        return False
+    return len(head) == 3 and head[0] == 0x08 and 0 < head[1] < 0x80 and head[2] in _ONNX_SECOND_TAGS
 
 
 def _refused_global(error: Exception) -> str | None:
