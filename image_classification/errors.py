@@ -3,7 +3,8 @@
 Each is explained in one sentence on stderr; the exit code tells a scheduler what happened:
 
 * 2 (:class:`UserError`): bad input: a flag, a dataset, a weights file, a workspace;
-* 3 (:class:`TrainingDiverged`): the loss or the weights stopped being finite; nothing was saved from them;
+* 3 (:class:`TrainingDiverged`): the training loss, the gradients (fp16 steps skipped in a row) or the weights
+  stopped being finite, or an evaluation's outputs did; nothing was saved from them;
 * 4 (:class:`StorageError`): a file could not be written (disk full, read-only); the previous files are intact;
 * 5 (:class:`PeerLost`): a process of a distributed run stopped because another one is gone (killed,
   crashed); the launcher, multiproc.py, names the one that failed and itself exits 1;
@@ -20,7 +21,7 @@ class UserError(Exception):
 
 
 class TrainingDiverged(UserError):
-    """The loss, the weights or the validation outputs are no longer finite numbers."""
+    """The training loss, the gradients, the weights or an evaluation's outputs are no longer finite numbers."""
 
     exit_code = 3
 

@@ -33,43 +33,64 @@ def run_fake(steps, tmp_path, budget_s: float = 60):
 # ------------------------------------------------------------------------------------------------
 # The plan
 # ------------------------------------------------------------------------------------------------
-def test_the_plan_runs_the_headline_figures_first_and_compiles_one_combination(tmp_path):
+def test_the_plan_runs_the_amp_figures_first_then_the_tests_the_sweep_the_other_precisions_and_compile(tmp_path):
     steps = report.plan(report.FULL, "cuda", tmp_path)
+    models = ("resnet50", "resnext101-32x4d", "se-resnext101-32x4d")
     assert [step.name for step in steps] == [
-        "pytest -m gpu", "resnet50 TF32", "resnet50 AMP", "resnet50 BF16", "resnet50 inference",
-        "resnext101-32x4d TF32", "resnext101-32x4d AMP", "resnext101-32x4d BF16",
-        "se-resnext101-32x4d TF32", "se-resnext101-32x4d AMP", "se-resnext101-32x4d BF16"]
+        *(f"{arch} AMP launch.py" for arch in models), *(f"{arch} AMP" for arch in models), "pytest -m gpu",
+        "resnet50 inference", *(f"{arch} TF32 launch.py" for arch in models),
+        *(f"{arch} BF16 launch.py" for arch in models), "resnet50 AMP compile"]
     assert not any(step.skipped for step in steps)
-    compiled = [step.name for step in steps if "compile" in step.argv]
-    assert compiled == ["resnet50 AMP"]
-    amp = steps[2]
+    launch = steps[0]
+    assert report.command(launch) == ("python launch.py --model resnet50 --precision AMP --mode "
+                                      f"benchmark_training_short --platform DGXH100 --workspace "
+                                      f"{tmp_path}/launch/resnet50_AMP --raport-file raport.json")
+    assert launch.output == tmp_path / "launch" / "resnet50_AMP" / "raport.json" and launch.kind == "launch"
+    assert steps[9].argv[steps[9].argv.index("--prof") + 1] == "40"  # TF32 and bf16 come after the headline
+    amp = steps[3]
     assert report.command(amp).startswith("python benchmarks/train_throughput.py -a resnet50 --image-size 224 "
                                           "-b 256 --largest-batch")
     assert ("--amp", "--amp-dtype", "float16") == amp.argv[amp.argv.index("--amp"):amp.argv.index("--amp") + 3]
     assert amp.output == tmp_path / "train" / "resnet50_AMP.json" and str(amp.output) in amp.argv
-    sweep = steps[4].argv
+    assert [step.name for step in steps if "compile" in step.argv] == ["resnet50 AMP compile"]
+    sweep = steps[7].argv
     assert sweep[sweep.index("--batch-sizes") + 1:sweep.index("--paths")] == \
         ("1", "2", "4", "8", "16", "32", "64", "128", "256")
-    assert steps[0].argv[:4] == ("-m", "pytest", "-m", "gpu") and "--continue-on-collection-errors" in steps[0].argv
-    assert ("COLUMNS", "400") in steps[0].env  # skip reasons in full
+    tests = steps[6].argv
+    assert tests[:4] == ("-m", "pytest", "-m", "gpu") and "--continue-on-collection-errors" in tests
+    assert tests[tests.index("-n") + 1] == "6" and ("COLUMNS", "400") in steps[6].env  # skip reasons in full
 
 
-def test_on_the_cpu_fp16_is_skipped_and_bf16_compiles(tmp_path):
+def test_the_estimated_h100_times_fit_the_budget_and_the_budget_eight_minutes():
+    """The budget leaves 20 s of 8 minutes for starting and writing; each step's limit is within it."""
+    assert report.FULL.budget_s + 20 <= 8 * 60
+    assert all(limit <= report.FULL.budget_s for limit in report.FULL.limits.values())
+
+
+def test_on_the_cpu_fp16_runs_for_resnet18_and_bf16_compiles(tmp_path):
     steps = {step.name: step for step in report.plan(report.SMOKE, "cpu", tmp_path, ["train"])}
-    assert len(steps) == 9
-    assert all(step.skipped == "fp16 autocast needs CUDA" for name, step in steps.items() if name.endswith("AMP"))
-    assert [name for name, step in steps.items() if "compile" in step.argv] == ["resnet18 BF16"]
-    assert all("--device" in step.argv and step.argv[step.argv.index("--device") + 1] == "cpu"
-               and step.env == (("OMP_NUM_THREADS", "1"),) for step in steps.values())
+    assert len(steps) == 13
+    assert [name for name, step in steps.items() if step.skipped] == ["resnext101-32x4d AMP", "se-resnext101-32x4d AMP"]
+    assert [name for name, step in steps.items() if "compile" in step.argv] == ["resnet18 BF16 compile"]
+    assert all(step.env == (("OMP_NUM_THREADS", "1"),) for step in steps.values())
+    assert all(step.argv[step.argv.index("--device") + 1] == "cpu" for step in steps.values() if step.kind != "launch")
+    launched = [step for step in steps.values() if step.kind == "launch"]
+    assert len(launched) == 9 and all(step.argv[step.argv.index("--platform") + 1] == "CPU" for step in launched)
     assert not any("compile" in step.argv for step in report.plan(report.SMOKE, "cpu", tmp_path, compiler=False))
 
 
-def test_every_planned_benchmark_command_parses_with_its_script(tmp_path):
+def test_every_planned_benchmark_command_parses_with_its_script(tmp_path, capsys):
     """The flags the report passes exist, with values the scripts accept."""
     sys.path.insert(0, str(report.REPO))
     for scale in (report.FULL, report.SMOKE):
         for step in report.plan(scale, "cuda", tmp_path):
             if step.section == "tests":
+                continue
+            if step.kind == "launch":  # launch.py resolves its preset and main.py's flags, as the run will
+                from image_classification import launch
+
+                dry = launch.main([*step.argv[1:], "--dry-run"], cuda_available=True)
+                assert dry == 0
                 continue
             script = importlib.import_module("benchmarks." + Path(step.argv[0]).stem)
             args = script.build_parser().parse_args(list(step.argv[1:]))
@@ -156,10 +177,15 @@ def train_result(median: float, batch: int, compiled: float | None = None, too_l
             "warmup_seconds": {"plain": 1.0, "channels_last": 1.0, **({"compile": 61.4} if compiled else {})}}
 
 
+def launch_result(total: float, wall: float, batch: int) -> dict:
+    return {"total_ips": total, "wall_ips": wall, "batch_size": batch, "warmup": 20, "iterations": 100,
+            "amp_dtype": None, "loss": 6.9}
+
+
 def fake_report() -> dict:
-    def step(section, name, status="ok", result=None, error=None, arch="", precision=""):
-        return {"section": section, "name": name, "arch": arch, "precision": precision, "status": status,
-                "command": f"python {name}.py", "seconds": 12.0, "error": error,
+    def step(section, name, status="ok", result=None, error=None, arch="", precision="", kind=""):
+        return {"section": section, "name": name, "arch": arch, "precision": precision, "kind": kind,
+                "status": status, "command": f"python {name}.py", "seconds": 12.0, "error": error,
                 **({"result": result} if result else {})}
 
     point = {"images_per_s": 3000.0, "p50_ms": 10.0, "p90_ms": 11.0, "p99_ms": 12.5, "speedup": 1.5}
@@ -174,17 +200,22 @@ def fake_report() -> dict:
     return {"smoke": False, "device": "cuda", "command": "python scripts/gpu_report.py --out r", "started": "now",
             "seconds": 500.0, "budget_s": 540.0, "machine": {"description": "1x NVIDIA H100 80GB HBM3 (...)"},
             "steps": [
+                step("train", "rn50-amp-launch", result=launch_result(4812.4, 3100.0, 256), arch="resnet50",
+                     precision="AMP", kind="launch"),
+                step("train", "rnx-amp-launch", "not run", error="3 s of the budget were left",
+                     arch="resnext101-32x4d", precision="AMP", kind="launch"),
+                step("train", "rn50-amp", result=train_result(2500.0, 256), arch="resnet50", precision="AMP",
+                     kind="throughput"),
+                step("train", "rnx-amp", result=train_result(400.0, 128, too_large=[256]), arch="resnext101-32x4d",
+                     precision="AMP", kind="throughput"),
                 step("tests", "pytest -m gpu", result=tests),
-                step("train", "rn50-tf32", result=train_result(1000.0, 256), arch="resnet50", precision="TF32"),
-                step("train", "rn50-amp", result=train_result(2500.0, 256, compiled=3000.0), arch="resnet50",
-                     precision="AMP"),
-                step("train", "rn50-bf16", "failed", error="exit code 1: CUDA error | bad", arch="resnet50",
-                     precision="BF16"),
                 step("infer", "infer", result=infer, arch="resnet50"),
-                step("train", "rnx-tf32", result=train_result(400.0, 128, too_large=[256]), arch="resnext101-32x4d",
-                     precision="TF32"),
-                step("train", "rnx-amp", "not run", error="3 s of the budget were left", arch="resnext101-32x4d",
-                     precision="AMP"),
+                step("train", "rn50-tf32-launch", result=launch_result(1925.0, 1500.0, 256), arch="resnet50",
+                     precision="TF32", kind="launch"),
+                step("train", "rn50-bf16-launch", "failed", error="exit code 1: CUDA error | bad", arch="resnet50",
+                     precision="BF16", kind="launch"),
+                step("train", "rn50-amp-compile", result=train_result(2500.0, 256, compiled=3000.0), arch="resnet50",
+                     precision="AMP", kind="compile"),
             ]}
 
 
@@ -193,22 +224,42 @@ def test_the_report_has_nvidia_s_tables_the_machine_and_every_command():
     assert "* Machine: 1x NVIDIA H100 80GB HBM3 (...)" in text
     assert "| Arch | GPUs | Throughput TF32 | Throughput AMP (fp16) | speed-up (TF32 to AMP) | Throughput bf16 | " \
         "speed-up (TF32 to bf16) |" in text
+    assert "the first 20 left out" in text
     lines = text.splitlines()
     rn50 = next(line for line in lines if line.startswith("| resnet50 | 1 |"))
-    assert rn50 == ("| resnet50 | 1 | 1,000 img/s (batch 256) | 2,500 img/s (batch 256) | 2.50x | "
-                    "failed: exit code 1: CUDA error \\| bad | - |")
+    assert rn50 == ("| resnet50 | 1 | 1,925 img/s (batch 256; wall clock 1,500) | 4,812 img/s (batch 256; wall clock "
+                    "3,100) | 2.50x | failed: exit code 1: CUDA error \\| bad | - |")
     rnx = next(line for line in lines if line.startswith("| resnext101-32x4d | 1 |"))
-    assert "400 img/s (batch 128; 256 out of memory)" in rnx and "not run: 3 s of the budget were left" in rnx
+    assert rnx == "| resnext101-32x4d | 1 | - | not run: 3 s of the budget were left | - | - | - |"
     detail = next(line for line in lines if line.startswith("| resnet50 | AMP (fp16) | 256 |"))
     assert detail == "| resnet50 | AMP (fp16) | 256 | 2,000 | 2,500 (1.25x) | 3,000 (1.50x) | 61 |"
-    for name in ("rn50-tf32", "rn50-amp", "rn50-bf16", "rnx-tf32", "rnx-amp", "infer"):
+    assert "| resnext101-32x4d | AMP (fp16) | 128 | 320 | 400 (1.25x) | - | - |" in lines
+    for name in ("rn50-amp-launch", "rnx-amp-launch", "rn50-amp", "rnx-amp", "rn50-tf32-launch", "rn50-bf16-launch",
+                 "rn50-amp-compile", "infer"):
         assert f"`python {name}.py`" in text  # the command behind every row
+    assert text.index("## Training throughput") < text.index("## GPU tests") < text.index("## Inference")
     assert "| Batch | Throughput img/s | Latency p50 | Latency p90 | Latency p99 | vs torchvision |" in text
     assert "#### resnet50, AMP (fp16 autocast), channels-last" in text and "| 256 | 3,000 | 10.00 ms | 11.00 ms | " \
         "12.50 ms | 1.50x |" in text
     assert "skipped: this GPU computes no bf16" in text
     assert "Outcomes: 2 passed, 1 skipped." in text and "* skipped (1): no DALI" in text
-    assert "| train | rnx-amp | not run | 12 | 3 s of the budget were left |" in text
+    assert "| train | rnx-amp-launch | not run | 12 | 3 s of the budget were left |" in text
+
+
+def test_a_launch_step_s_figures_are_its_raport_s_summary_and_one_without_any_fails(tmp_path):
+    """The raport of launch.py's benchmark gives the headline (warm-up left out) and the wall-clock figure; a
+    run whose every iteration was warm-up has no figure, and the step says so instead of reporting a number."""
+    from image_classification.training import main
+
+    common = ["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "32", "-b", "2", "--epochs", "1",
+              "--training-only", "--no-checkpoints", "-p", "1", "--benchmark-warmup", "2"]
+    assert main(common + ["--prof", "4", "--workspace", str(tmp_path / "ok")]) == 0
+    figures = report.launch_figures(tmp_path / "ok" / "experiment_raport.json")
+    assert figures["batch_size"] == 2 and figures["warmup"] == 2 and figures["iterations"] == 4
+    assert figures["total_ips"] > 0 and figures["wall_ips"] > 0
+    assert main(common + ["--prof", "2", "--workspace", str(tmp_path / "short")]) == 0
+    with pytest.raises(ValueError, match="no iteration after the warm-up"):
+        report.launch_figures(tmp_path / "short" / "experiment_raport.json")
 
 
 def test_an_out_folder_that_holds_a_report_is_refused(tmp_path, capsys):
@@ -246,12 +297,14 @@ def test_smoke_runs_every_step_on_the_cpu(tmp_path):
     statuses = {step["name"]: step["status"] for step in result["steps"]}
     assert code == 0, statuses
     assert result["device"] == "cpu" and result["machine"]["cpu_instruction_sets"] is not None
-    tests = result["steps"][0]
+    tests = next(step for step in result["steps"] if step["section"] == "tests")
     assert tests["status"] == "ok" and tests["result"]["counts"].keys() == {"skipped"}
     assert {test["reason"] for test in tests["result"]["tests"]} >= {"needs CUDA"}
     assert [name for name, status in statuses.items() if status == "skipped"] == [
-        f"{arch} AMP" for arch in report.SMOKE.archs]
-    compiled = next(step for step in result["steps"] if step["name"] == "resnet18 BF16")["result"]
-    assert list(compiled["paths"]) == (["channels_last"] if result["compile_missing"] else ["channels_last", "compile"])
+        f"{arch} AMP" for arch in report.SMOKE.archs[1:]]
+    if not result["compile_missing"]:
+        compiled = next(step for step in result["steps"] if step["name"] == "resnet18 BF16 compile")["result"]
+        assert list(compiled["paths"]) == ["compile"]
     text = (out / "report.md").read_text()
     assert "| Arch | GPUs | Throughput FP32 |" in text and "#### resnet18, bf16 autocast, channels-last" in text
+    assert all(step["result"]["total_ips"] > 0 for step in result["steps"] if step["kind"] == "launch")

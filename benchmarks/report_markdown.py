@@ -1,0 +1,180 @@
+"""scripts/gpu_report.py's report.md: NVIDIA's table layouts from the report's steps, with every figure's
+command, the machine, and every step's status."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from benchmarks.common import ratio_text
+
+REPORT_PRECISIONS = ("TF32", "AMP", "BF16")
+
+
+def _rate(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def _md(text: str) -> str:
+    """``text`` fit for a Markdown table cell."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _precision_title(precision: str, device: str) -> str:
+    """TF32 / AMP (fp16) / bf16, as NVIDIA's columns name them; FP32 on the CPU, which has no TF32."""
+    return {"TF32": "TF32" if device == "cuda" else "FP32", "AMP": "AMP (fp16)", "BF16": "bf16"}[precision]
+
+
+def _figure(step: dict | None) -> float | None:
+    """The headline images/s of a launch.py step that ran, else None."""
+    return step["result"]["total_ips"] if step and step["status"] == "ok" else None
+
+
+def _cell(step: dict | None) -> str:
+    """A throughput cell: the figure with its batch and the wall-clock figure, or why there is none."""
+    if step is None:
+        return "-"
+    if step["status"] != "ok":
+        return _md(f"{step['status']}: {step.get('error', '')}")
+    result = step["result"]
+    wall = f"; wall clock {_rate(result['wall_ips'])}" if result.get("wall_ips") else ""
+    return f"{_rate(result['total_ips'])} img/s (batch {result['batch_size']}{wall})"
+
+
+def _speedup(step: dict | None, base: dict | None) -> str:
+    ours, theirs = _figure(step), _figure(base)
+    return f"{ours / theirs:.2f}x" if ours and theirs else "-"
+
+
+def _launch_table(report: dict) -> list[str]:
+    launched = {(s["arch"], s["precision"]): s for s in report["steps"] if s.get("kind") == "launch"}
+    if not launched:
+        return []
+    base = _precision_title("TF32", report["device"])
+    warmups = {s["result"].get("warmup") for s in launched.values() if s["status"] == "ok"}
+    warmup = f"the first {warmups.pop()}" if len(warmups) == 1 else "the first"
+    lines = ["The command users type, `launch.py --mode benchmark_training_short` (synthetic data; the platform "
+             "preset's batch, loader and gradient accumulation), one process: `train.total_ips` of its summary, "
+             f"images over the wall time of the measured iterations, {warmup} left out (cuDNN's autotuning, the "
+             "allocator's growth; `--benchmark-warmup`); `train.wall_ips`, every iteration, beside it as \"wall "
+             f"clock\". Speed-up: over the {base} column.", "",
+             f"| Arch | GPUs | Throughput {base} | Throughput AMP (fp16) | speed-up ({base} to AMP) | "
+             f"Throughput bf16 | speed-up ({base} to bf16) |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for arch in dict.fromkeys(arch for arch, _ in launched):
+        full, amp, bf16 = (launched.get((arch, precision)) for precision in REPORT_PRECISIONS)
+        lines.append(f"| {arch} | 1 | {_cell(full)} | {_cell(amp)} | {_speedup(amp, full)} | {_cell(bf16)} | "
+                     f"{_speedup(bf16, full)} |")
+    return lines + [""]
+
+
+def _against_plain_table(report: dict) -> list[str]:
+    measured = {(s["arch"], s["precision"]): s for s in report["steps"] if s.get("kind") == "throughput"}
+    compiled = {(s["arch"], s["precision"]): s for s in report["steps"] if s.get("kind") == "compile"}
+    rows = [key for key, step in measured.items() if step["status"] == "ok"]
+    rows += [key for key, step in compiled.items() if step["status"] == "ok" and key not in rows]
+    if not rows:
+        return []
+    lines = ["`benchmarks/train_throughput.py`: the package's training step (`Engine.train_step`, as main.py runs "
+             "it) on a synthetic batch held on the device, 1000 classes, at the largest batch tried that fits, "
+             "against the loop a user writes (`torch.optim.SGD`, `nn.CrossEntropyLoss`, autocast and a "
+             "`GradScaler` where the precision asks for them, NCHW), in the same process, in alternating rounds "
+             "after untimed warm-up iterations; median images/s of the rounds; a ratio inside the rounds' spread "
+             "gets no verdict:", "",
+             "| Arch | precision | batch | plain loop img/s | ours eager channels-last | `--compile` | "
+             "compile warm-up s |", "|---|---|---:|---:|---:|---:|---:|"]
+    for arch, precision in rows:
+        step, compile_step = measured.get((arch, precision)), compiled.get((arch, precision))
+        results = [s["result"] for s in (step, compile_step) if s and s["status"] == "ok"]
+        cells = []
+        for path, source in (("channels_last", step), ("compile", compile_step)):
+            stats = source["result"]["paths"].get(path) if source and source["status"] == "ok" else None
+            cells.append("-" if stats is None else
+                         f"{_rate(stats['median'])} ({ratio_text(stats['ratio'], stats['ratio_spread'])})")
+        warmup = compile_step["result"]["warmup_seconds"].get("compile") if compile_step and \
+            compile_step["status"] == "ok" else None
+        lines.append(f"| {arch} | {_precision_title(precision, report['device'])} | "
+                     f"{results[0]['config']['batch_size']} | {_rate(results[0]['plain']['median'])} | {cells[0]} | "
+                     f"{cells[1]} | {'-' if warmup is None else f'{warmup:.0f}'} |")
+    return lines + [""]
+
+
+def training_markdown(report: dict) -> list[str]:
+    """NVIDIA's training table (Arch | GPUs | Throughput TF32 | Throughput AMP | speed-up, bf16 beside) from
+    launch.py's benchmark, then train_throughput.py's runs against the plain loop and ``--compile``, and the
+    command of every figure."""
+    trained = [s for s in report["steps"] if s["section"] == "train"]
+    if not trained:
+        return []
+    lines = ["## Training throughput", ""] + _launch_table(report) + _against_plain_table(report)
+    if report.get("compile_missing"):
+        lines += [f"`--compile` was not measured: {report['compile_missing']}.", ""]
+    lines += ["Commands (in the repository):", ""]
+    lines += [f"* {step['name']}: `{step['command']}`" for step in trained]
+    return lines + [""]
+
+
+def _infer_title(name: str, device: str) -> str:
+    fp32 = "TF32" if device == "cuda" else "FP32"
+    return {"torchvision": f"torchvision eager {fp32}, NCHW (the baseline)", "channels_last": f"{fp32}, channels-last",
+            "fp16": "AMP (fp16 autocast), channels-last", "bf16": "bf16 autocast, channels-last"}.get(name, name)
+
+
+def inference_markdown(report: dict) -> list[str]:
+    """NVIDIA's inference tables (Batch | Throughput | Latency p50 | p90 | p99), one per path."""
+    lines = []
+    for step in (s for s in report["steps"] if s["section"] == "infer"):
+        lines += [f"## Inference: {step['arch']}", "", f"`{step['command']}`", ""]
+        if step["status"] != "ok":
+            lines += [f"{step['status']}: {step.get('error', '')}", ""]
+            continue
+        result = step["result"]
+        lines.append(f"{result['config']['image_size']} px, random weights; each batch is on the device before it "
+                     "is timed, on its own, after untimed warm-up batches; throughput is the batch size over the "
+                     "mean latency; vs torchvision: over the baseline's throughput at the same batch.")
+        for name, entry in result["paths"].items():
+            lines += ["", f"#### {result['config']['arch']}, {_infer_title(name, report['device'])}", ""]
+            if "skipped" in entry:
+                lines.append(f"skipped: {entry['skipped']}")
+                continue
+            lines += ["| Batch | Throughput img/s | Latency p50 | Latency p90 | Latency p99 | vs torchvision |",
+                      "|---:|---:|---:|---:|---:|---:|"]
+            for batch in result["config"]["batch_sizes"]:
+                point = entry[str(batch)]
+                lines.append(f"| {batch} | {_rate(point['images_per_s'])} | {point['p50_ms']:.2f} ms | "
+                             f"{point['p90_ms']:.2f} ms | {point['p99_ms']:.2f} ms | {point['speedup']:.2f}x |")
+        lines.append("")
+    return lines
+
+
+def tests_markdown(report: dict) -> list[str]:
+    """The tests' status and count of outcomes, why tests were skipped, and which failed."""
+    lines = []
+    for step in (s for s in report["steps"] if s["section"] == "tests"):
+        error = f" ({step['error']})" if step.get("error") else ""
+        lines += ["## GPU tests", "", f"`{step['command']}`: **{step['status']}**{error}, {step['seconds']:.0f} s", ""]
+        result = step.get("result")
+        if result:
+            counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(result["counts"].items()))
+            lines.append(f"Outcomes: {counts or 'no test ran'}.")
+            reasons = Counter(t.get("reason", "no reason given") for t in result["tests"] if t["outcome"] == "skipped")
+            lines += [f"* skipped ({n}): {reason}" for reason, n in reasons.items()]
+            lines += [f"* {test['outcome']}: `{test['test']}`" for test in result["tests"]
+                      if test["outcome"] in ("failed", "error")]
+        lines.append("")
+    return lines
+
+
+def markdown(report: dict) -> str:
+    """report.md: the machine and the command, then the training, tests and inference tables, and every
+    step's status."""
+    smoke = " (smoke run: tiny sizes, the figures say nothing about speed)" if report["smoke"] else ""
+    lines = [f"# GPU report{smoke}", "",
+             f"* Machine: {report['machine']['description']}",
+             f"* Command: `{report['command']}`",
+             f"* Started {report['started']}; {report['seconds']:.0f} s of the {report['budget_s']:.0f} s budget.", ""]
+    lines += training_markdown(report) + tests_markdown(report) + inference_markdown(report)
+    lines += ["## Steps", "", "| section | step | status | seconds | error |", "|---|---|---|---:|---|"]
+    for step in report["steps"]:
+        error = _md(step.get("error") or "")
+        lines.append(f"| {step['section']} | {step['name']} | {step['status']} | {step['seconds']:.0f} | {error} |")
+    return "\n".join(lines) + "\n"
