@@ -304,6 +304,56 @@ def test_sigterm_saves_mid_epoch_and_resume_finishes_it_exactly(image_folder, tm
                         weights(tmp_path / "stopped" / "checkpoint.pth.tar"))
 
 
+def signalled_at_step(step: int, *signals: int):
+    """``Engine.train_step`` patched to send this process ``signals`` right after its ``step``-th call."""
+    from unittest import mock
+
+    from image_classification import engine as engine_module
+
+    original, calls = engine_module.Engine.train_step, [0]
+
+    def stepping_then_signalled(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        calls[0] += 1
+        if calls[0] == step:
+            for number in signals:
+                os.kill(os.getpid(), number)
+
+    return mock.patch.object(engine_module.Engine, "train_step", stepping_then_signalled)
+
+
+def test_ctrl_c_stops_like_sigterm_and_the_same_command_offers_to_resume(image_folder, tmp_path, capsys):
+    """Ctrl-C (SIGINT) mid-epoch: a checkpoint of that step and exit 75, as SIGTERM; the same command again is
+    refused with --resume auto first, and with it finishes the epoch."""
+    import signal
+
+    from image_classification.errors import EXIT_PREEMPTED
+
+    argv = TINY + ["--data-backend", "pytorch", "-j", "0", "--epochs", "1", "--seed", "11", "-p", "1", "-b", "4",
+                   "--workspace", str(tmp_path), str(image_folder)]
+    with signalled_at_step(3, signal.SIGINT):
+        assert cli_run(main, argv) == EXIT_PREEMPTED
+    out, err = capsys.readouterr()
+    assert "Stopped by SIGINT after 3 batches of epoch 0" in out and "Ctrl-C again" in err
+    partial = torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)
+    assert (partial["epoch"], partial["batch"]) == (0, 3)
+    assert "pass --resume auto to continue it" in refused(cli_run(main, argv), capsys)
+    assert cli_run(main, argv + ["--resume", "auto"]) == 0
+    assert torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)["epoch"] == 1
+
+
+def test_a_second_ctrl_c_stops_at_once_without_saving(image_folder, tmp_path, capsys):
+    import signal
+
+    argv = TINY + ["--data-backend", "pytorch", "-j", "0", "--epochs", "1", "--seed", "11", "-p", "1", "-b", "4",
+                   "--workspace", str(tmp_path), str(image_folder)]
+    with signalled_at_step(2, signal.SIGINT, signal.SIGINT):
+        assert cli_run(main, argv) == 130
+    assert "Received SIGINT again: stopping at once, without saving" in capsys.readouterr().err
+    assert not (tmp_path / "checkpoint.pth.tar").exists()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the run's handler is gone with it
+
+
 def test_corrupt_image_is_skipped_with_a_warning(tmp_path, capsys):
     data = write_image_folder(tmp_path / "data")
     (data / "train" / "class_00" / "broken.jpg").write_bytes(b"not a jpeg at all")
