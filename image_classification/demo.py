@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (DATA_DIR / "val").is_dir():
         print(f"=> writing scikit-learn's handwritten digits to {DATA_DIR}/", flush=True)
         write_digits(DATA_DIR)
-    from .plan import earlier_run
+    from .startup import earlier_run
     from .workspace import Workspace
 
     checkpoints, raport = earlier_run(args, Workspace(workspace, args.checkpoint_filename, raport_file(args)))

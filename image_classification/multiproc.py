@@ -112,6 +112,42 @@ def script_path(script: str) -> str:
     return found
 
 
+REPO_SCRIPTS = {Path(__file__).resolve().parents[1] / name: name for name in ("main.py", "launch.py")}
+COMMANDS = {"ic-train": "main.py", "ic-launch": "launch.py"}  # the installed commands that run them
+
+
+def training_arguments(script: str, argv: Sequence[str]) -> argparse.Namespace | None:
+    """The main.py arguments that ``script argv`` would run with, when ``script`` is this toolkit's main.py or
+    launch.py (or ic-train, ic-launch); None for another script, and for a command that trains nothing
+    (``-h``, launch.py's ``--list`` and ``--dry-run``), whose output is the processes' to give."""
+    kind = REPO_SCRIPTS.get(Path(script).resolve()) or COMMANDS.get(Path(script).name)
+    if kind is None or any(token in ("-h", "--help") for token in argv):
+        return None
+    prog = Path(script).name
+    if kind == "launch.py":
+        from .launch import run_arguments
+
+        return run_arguments(argv, prog=prog)
+    from .arguments import parse_args
+
+    return parse_args(argv, prog=prog)
+
+
+def check_before_starting(ns: argparse.Namespace) -> None:
+    """Refuse a training command that every process would refuse at once (a flag, no dataset, a workspace that
+    holds another run), before any starts or a log is written: one line and exit 2, instead of each process
+    failing on its own after seconds of imports, multiproc exiting 1 and GPU_k.log files left behind.
+
+    The workspace is checked on the node that will hold rank 0 only (node 0 of a static rendezvous): on
+    another node, rank 0 may already be writing into it."""
+    args = training_arguments(ns.training_script, ns.training_script_args)
+    if args is None:
+        return
+    from .startup import check_before_start
+
+    check_before_start(args, workspace=ns.nnodes == 1 or (ns.rdzv_backend == "static" and ns.node_rank == 0))
+
+
 def torchrun_argv(ns: argparse.Namespace) -> list[str]:
     """torchrun's arguments for a run: the rendezvous, the restarts, the workers through the log shim.
 
@@ -267,6 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     check(ns)
     ns = argparse.Namespace(**{**vars(ns), "training_script": script_path(ns.training_script)})
+    check_before_starting(ns)
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
