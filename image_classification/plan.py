@@ -385,9 +385,9 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     if loss_scale[2]:
         log(loss_scale[2])
     backend = resolve_backend(args.data_backend)
-    if args.data_backend is None and backend != "pytorch":
-        log(f"=> data backend: {backend}, the default where NVIDIA DALI is installed (--data-backend pytorch "
-            "or dali-gpu picks another)")
+    if args.data_backend is None:  # otherwise only the raport would say which
+        why = "where NVIDIA DALI is installed" if backend.startswith("dali") else "without NVIDIA DALI"
+        log(f"=> data backend: {backend}, the default {why} (--data-backend picks another)")
     # What cannot work at all (this machine, the dataset) is said before what an earlier run left in the
     # workspace: the user fixes the first, then meets the second, never the other way round.
     check_backend(backend, runtime.is_cuda, args.augmentation, training=not args.evaluate)
