@@ -36,23 +36,26 @@ class UserErrorParser(argparse.ArgumentParser):
     def parse_args(self, args: Sequence[str] | None = None, namespace=None):  # type: ignore[override]
         argv = list(sys.argv[1:] if args is None else args)
         if not any(action.nargs == argparse.REMAINDER for action in self._actions):
-            self._refuse_unknown_flags(argv)  # a parser that passes the rest on (multiproc.py) cannot tell
+            self.refuse_unknown_flags(argv)  # a parser that passes the rest on (multiproc.py) cannot tell
         namespace, extras = self.parse_known_args(argv, namespace)
-        self._refuse_unknown_flags(extras)
+        self.refuse_unknown_flags(extras)
         if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}")
         return namespace
 
-    def _refuse_unknown_flags(self, argv: Sequence[str]) -> None:
-        """Raise :class:`UserError` for the first token of ``argv`` (up to ``--``) that is a flag unknown here."""
+    def refuse_unknown_flags(self, argv: Sequence[str], *others: "UserErrorParser") -> None:
+        """Raise :class:`UserError` for the first token of ``argv`` (up to ``--``) that is a flag unknown here
+        and to ``others`` (the parsers that share a command line with this one: launch.py's and main.py's)."""
+        parsers = (self, *others)
         for token in argv:
             if token == "--":
                 return
             if len(token) < 2 or not token.startswith("-") or _NEGATIVE_NUMBER.match(token):
                 continue
-            if not self._knows(token):
+            if not any(parser._knows(token) for parser in parsers):
                 flag = token.split("=", 1)[0]
-                close = difflib.get_close_matches(flag, list(self._option_string_actions), n=1, cutoff=0.6)
+                flags = [known for parser in parsers for known in parser._option_string_actions]
+                close = difflib.get_close_matches(flag, flags, n=1, cutoff=0.6)
                 hint = f"did you mean {close[0]}?" if close else f"{self.prog} -h lists the flags"
                 raise UserError(f"{self.prog}: unknown flag {flag}; {hint}")
 

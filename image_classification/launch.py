@@ -381,9 +381,11 @@ def dry_run_report(title: str, rest: Sequence[str], preset: dict, adapted: dict,
 
 def _preset_command(argv: Sequence[str] | None, prog: str) -> tuple[argparse.Namespace, list[str], dict | None]:
     """(launch.py's own flags, main.py's, the preset they pick); no preset for ``--list``."""
-    launch, rest = build_parser(prog).parse_known_args(argv)
+    parser = build_parser(prog)
+    launch, rest = parser.parse_known_args(argv)
     if launch.list:
         return launch, rest, None
+    build_main_parser(prog).refuse_unknown_flags(rest, parser)  # a typo of either's flag, before "missing --model"
     required = ("model", "precision", "mode", "platform")
     missing = [f"--{name}" for name in required if getattr(launch, name) is None]
     if missing:

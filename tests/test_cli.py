@@ -28,6 +28,9 @@ def parse(parser):
      "--shard-size"),
     (launch.main, ["--model", "resnet50", "--precision", "AMP", "--mode", "convergence", "--platform", "DGXA100",
                    "--warmpu", "2", "/data", "--dry-run"], "--warmpu", "--warmup"),
+    # launch.py's own flags too, before it says that --model is missing
+    (launch.main, ["--modl", "resnet50", "--precision", "AMP", "--mode", "convergence", "--platform", "DGXA100",
+                   "/data"], "--modl", "--model"),
     # a launcher's own flags; what follows the training script is that script's to judge
     (multiproc.main, ["--nproc-per-nodes", "2", "main.py", "--lr", "0.1"], "--nproc-per-nodes", "--nproc-per-node"),
 ])
