@@ -277,26 +277,12 @@ def test_sigterm_saves_mid_epoch_and_resume_finishes_it_exactly(image_folder, tm
     """A stop mid-epoch is saved as such (never as a finished epoch) and resumes where it stopped."""
     import signal
 
-    from image_classification import engine as engine_module
     from image_classification.errors import EXIT_PREEMPTED
 
     common = ["--data-backend", "pytorch", "-j", "0", "--epochs", "1", "--seed", "11", "-p", "1", "-b", "4"]
     assert train(image_folder, tmp_path / "straight", *common) == 0
-
-    original = engine_module.Engine.train_step
-    calls = {"n": 0}
-
-    def stepping_then_signalled(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        calls["n"] += 1
-        if calls["n"] == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    engine_module.Engine.train_step = stepping_then_signalled
-    try:
+    with signalled_at_step(3, signal.SIGTERM):
         assert train(image_folder, tmp_path / "stopped", *common) == EXIT_PREEMPTED
-    finally:
-        engine_module.Engine.train_step = original
     partial = torch.load(tmp_path / "stopped" / "checkpoint.pth.tar", weights_only=True)
     assert partial["epoch"] == 0 and partial["batch"] == 3
     assert train(image_folder, tmp_path / "stopped", *common, "--resume",
