@@ -21,11 +21,18 @@ $(VENV)/.installed: requirements.txt
 	$(PY) -m pip install --disable-pip-version-check --progress-bar on -r requirements.txt
 	touch $@
 
-$(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
+# the package itself, editable (the source tree is what runs), for the ic-* commands in $(VENV)/bin; its
+# dependencies are requirements.txt's. PIP_FLAGS: more pip options (tests/test_packaging.py runs this
+# target offline with --no-index --no-build-isolation)
+$(VENV)/.installed-package: $(VENV)/.installed pyproject.toml
+	$(PY) -m pip install --disable-pip-version-check -q --no-deps $(PIP_FLAGS) --editable .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed-package requirements-dev.txt
 	$(PY) -m pip install --disable-pip-version-check -q -r requirements-dev.txt
 	touch $@
 
-demo: $(VENV)/.installed  ## train ResNet-18 on the bundled handwritten digits (under a minute on 2 CPU cores once installed)
+demo: $(VENV)/.installed-package  ## train ResNet-18 on the bundled handwritten digits (under a minute on 2 CPU cores once installed)
 	$(PY) -m image_classification.demo
 
 test: $(VENV)/.installed-dev  ## the fast suite (slow and GPU tests excluded)

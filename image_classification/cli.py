@@ -8,20 +8,65 @@ Standard library only (as :mod:`image_classification.errors`, which holds the ex
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import os
+import re
 import sys
-from typing import Callable
+from typing import Callable, Sequence
 
 from .errors import EXIT_PREEMPTED, UserError
 from .signals import Stopped
 
 
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # a value, not a flag (as argparse reads it)
+
+
 class UserErrorParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors become :class:`UserError` (one line, exit code 2)."""
+    """An ArgumentParser whose errors become :class:`UserError` (one line, exit code 2).
+
+    A flag it does not know is named alone, with the closest one it does ("did you mean
+    --label-smoothing?"), before anything else is said: argparse itself would take the typo's value for a
+    positional argument (the dataset) and complain about what follows, or that a required flag is missing.
+    """
 
     def error(self, message: str):  # type: ignore[override]
         raise UserError(f"{self.prog}: {message}")
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace=None):  # type: ignore[override]
+        argv = list(sys.argv[1:] if args is None else args)
+        if not any(action.nargs == argparse.REMAINDER for action in self._actions):
+            self.refuse_unknown_flags(argv)  # a parser that passes the rest on (multiproc.py) cannot tell
+        namespace, extras = self.parse_known_args(argv, namespace)
+        self.refuse_unknown_flags(extras)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace
+
+    def refuse_unknown_flags(self, argv: Sequence[str], *others: "UserErrorParser") -> None:
+        """Raise :class:`UserError` for the first token of ``argv`` (up to ``--``) that is a flag unknown here
+        and to ``others`` (the parsers that share a command line with this one: launch.py's and main.py's)."""
+        parsers = (self, *others)
+        for token in argv:
+            if token == "--":
+                return
+            if len(token) < 2 or not token.startswith("-") or _NEGATIVE_NUMBER.match(token):
+                continue
+            if not any(parser._knows(token) for parser in parsers):
+                flag = token.split("=", 1)[0]
+                flags = [known for parser in parsers for known in parser._option_string_actions]
+                close = difflib.get_close_matches(flag, flags, n=1, cutoff=0.6)
+                hint = f"did you mean {close[0]}?" if close else f"{self.prog} -h lists the flags"
+                raise UserError(f"{self.prog}: unknown flag {flag}; {hint}")
+
+    def _knows(self, token: str) -> bool:
+        """Whether argparse takes ``token`` for one of this parser's flags: the flag, ``--flag=value``, a
+        prefix of one long flag (or of several: argparse names them), or a short flag with its value (``-b8``)."""
+        known = self._option_string_actions
+        if token.startswith("--"):
+            name = token.split("=", 1)[0]
+            return name in known or (self.allow_abbrev and any(flag.startswith(name) for flag in known))
+        return token in known or token[:2] in known
 
 
 def positive_int(value: str) -> int:

@@ -45,6 +45,27 @@ def workspace_for(extra: Sequence[str]) -> Path:
     return WORKSPACE.with_name(f"{WORKSPACE.name}-{digest}")
 
 
+def without_overridden(flags: Sequence[str], extra: Sequence[str]) -> list[str]:
+    """``flags`` (each ``--flag`` followed by its values) without those that ``extra`` sets again, abbreviated
+    or as ``--flag=value`` too: the command run and echoed names each flag once, with the value it runs with."""
+    from .arguments import build_parser
+
+    options = build_parser()._option_string_actions
+    overridden = set()
+    for token in (token.split("=", 1)[0] for token in extra if token.startswith("-")):
+        if token not in options and not token.startswith("--"):
+            token = token[:2]  # -b8
+        matches = [token] if token in options else [flag for flag in options if flag.startswith(token)]
+        overridden |= {options[flag].dest for flag in matches}
+    kept, dropping = [], False
+    for token in flags:
+        if token.startswith("--"):
+            dropping = options[token].dest in overridden
+        if not dropping:
+            kept.append(token)
+    return kept
+
+
 def write_digits(root: Path, size: int = IMAGE_SIZE) -> Path:
     """Write the digits as ``root/{train,val}/<digit>/<n>.jpg``, grey ink on black, ``size`` pixels square."""
     try:
@@ -66,7 +87,7 @@ def write_digits(root: Path, size: int = IMAGE_SIZE) -> Path:
 def main(argv: list[str] | None = None) -> int:
     extra = list(argv or [])
     chosen = workspace_for(extra)
-    command = [*RECIPE, "--workspace", str(chosen), *extra, str(DATA_DIR)]
+    command = [*without_overridden([*RECIPE, "--workspace", str(chosen)], extra), *extra, str(DATA_DIR)]
     args = parse_args(command)  # a mistyped flag stops here, before anything is written
     workspace = Path(args.workspace)
     if workspace == WORKSPACE:
@@ -80,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (DATA_DIR / "val").is_dir():
         print(f"=> writing scikit-learn's handwritten digits to {DATA_DIR}/", flush=True)
         write_digits(DATA_DIR)
-    from .plan import earlier_run
+    from .startup import earlier_run
     from .workspace import Workspace
 
     checkpoints, raport = earlier_run(args, Workspace(workspace, args.checkpoint_filename, raport_file(args)))

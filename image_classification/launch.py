@@ -379,22 +379,42 @@ def dry_run_report(title: str, rest: Sequence[str], preset: dict, adapted: dict,
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = None, prog: str = "launch.py") -> int:
-    """Resolve the preset, adapt it to this machine, then train (or describe the run, with --dry-run).
-
-    ``prog``: the command's name; installed as ``ic-launch``, the commands it prints name ``ic-train``.
-    """
-    trainer = ("python", "main.py") if prog == "launch.py" else ("ic-train",)
-    launch, rest = build_parser(prog).parse_known_args(argv)
+def _preset_command(argv: Sequence[str] | None, prog: str) -> tuple[argparse.Namespace, list[str], dict | None]:
+    """(launch.py's own flags, main.py's, the preset they pick); no preset for ``--list``."""
+    parser = build_parser(prog)
+    launch, rest = parser.parse_known_args(argv)
     if launch.list:
-        print(list_presets(launch.cfg_file))
-        return 0
+        return launch, rest, None
+    build_main_parser(prog).refuse_unknown_flags(rest, parser)  # a typo of either's flag, before "missing --model"
     required = ("model", "precision", "mode", "platform")
     missing = [f"--{name}" for name in required if getattr(launch, name) is None]
     if missing:
         raise UserError(f"launch.py: the following arguments are required: {', '.join(missing)}")
     preset = without_imagenet_count(resolve(launch.model, launch.precision, launch.mode, launch.platform,
                                             launch.cfg_file, recipe=launch.recipe), rest)
+    return launch, rest, preset
+
+
+def run_arguments(argv: Sequence[str], prog: str = "launch.py") -> argparse.Namespace | None:
+    """main.py's arguments for the run that a launch.py command line starts (the preset as written: what
+    this machine changes, the device and the precision, touches no path); None for ``--list`` and
+    ``--dry-run``, which start none."""
+    launch, rest, preset = _preset_command(argv, prog)
+    if preset is None or launch.dry_run:
+        return None
+    return parse_args(rest, defaults=preset, prog=prog)
+
+
+def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = None, prog: str = "launch.py") -> int:
+    """Resolve the preset, adapt it to this machine, then train (or describe the run, with --dry-run).
+
+    ``prog``: the command's name; installed as ``ic-launch``, the commands it prints name ``ic-train``.
+    """
+    trainer = ("python", "main.py") if prog == "launch.py" else ("ic-train",)
+    launch, rest, preset = _preset_command(argv, prog)
+    if preset is None:
+        print(list_presets(launch.cfg_file))
+        return 0
     args = parse_args(rest, defaults=preset, require_data=not launch.dry_run, prog=prog)
     if cuda_available is None:
         import torch

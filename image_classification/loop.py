@@ -44,6 +44,7 @@ from .errors import EXIT_PREEMPTED, TrainingDiverged
 from .losses import classification_loss, correct_counts
 from .arguments import CheckpointInterval
 from .raport import ACC_META, COUNT_META, LOSS_META, LR_META, PERF_META, TIME_META, VERBOSE, Raport
+from .progress import Heartbeat
 from .runtime import Runtime
 from .signals import StopSignal
 from .workspace import Workspace
@@ -121,10 +122,10 @@ def register_metrics(raport: Raport, prefixes: list[str], topk: int, training: b
         raport.register("train.compute_time", "perf", TIME_META, VERBOSE)
         raport.register("train.lr", "lr", LR_META)
         raport.register("train.grad_scale", "perf", LOSS_META)
-    for prefix in prefixes:
-        raport.register(f"{prefix}.top1", "acc", ACC_META)
-        raport.register(f"{prefix}.top{topk}", "acc", ACC_META)
-        raport.register(f"{prefix}.loss", "loss", LOSS_META)
+    for prefix in prefixes:  # a validation window's accuracy and loss: the figure so far, as readers take it
+        raport.register(f"{prefix}.top1", "acc", ACC_META, running=True)
+        raport.register(f"{prefix}.top{topk}", "acc", ACC_META, running=True)
+        raport.register(f"{prefix}.loss", "loss", LOSS_META, running=True)
         raport.register(f"{prefix}.total_ips", "perf", PERF_META)
         if warmup:
             raport.register(f"{prefix}.wall_ips", "perf", PERF_META)
@@ -240,7 +241,8 @@ class Loop:
         if config.checkpoint_interval is not None and config.save_checkpoints:
             log(f"=> mid-epoch checkpoints {config.checkpoint_interval}")
         for epoch in range(start_epoch, end_epoch):
-            bar = progress_bar(len(train_loader), f"epoch {epoch}", self.show_progress)
+            bar = progress_bar(self.epoch_plan(train_loader)[0], f"epoch {epoch}", self.show_progress, log,
+                               progress.batch)
             completed = self.train_epoch(train_loader, epoch, bar)
             bar.close()
             if not completed:
@@ -273,7 +275,8 @@ class Loop:
     def _validate_all(self, val_loader, epoch: int, where: str) -> dict[str, ValResult]:
         results, models = {}, self._models()
         for prefix in self.prefixes:
-            bar = progress_bar(len(val_loader), f"{prefix} {epoch}", self.show_progress)
+            bar = progress_bar(pass_length(val_loader, self.config.prof), f"{prefix} {epoch}", self.show_progress,
+                               self.log)
             results[prefix] = self.validate(models[prefix], val_loader, prefix, epoch, bar)
             bar.close()
             if results[prefix].count and not results[prefix].finite:
@@ -463,7 +466,7 @@ class Loop:
         if not self.runtime.is_main:
             return
         latest = self.workspace.latest
-        where = f"epoch {progress.epoch}" if finished_epoch else \
+        where = f"end of epoch {progress.epoch - 1}" if finished_epoch else \
             f"epoch {progress.epoch}, batch {progress.batch} ({reason})"
         self.log(f"SAVING {latest} ({where})")
         # One commit per save: the derived files first, the latest checkpoint last.  Until the latest is
@@ -496,11 +499,20 @@ class _NoProgress:
         pass
 
 
-def progress_bar(total: int, description: str, enabled: bool):
-    if not enabled or total <= 0:
+def pass_length(loader, prof: int) -> int:
+    """The batches a pass over ``loader`` takes: all of them, or ``--prof``'s cap."""
+    return len(loader) if prof <= 0 else min(prof, len(loader))
+
+
+def progress_bar(total: int, description: str, enabled: bool, log=None, done: int = 0):
+    """A progress bar of a pass (``enabled``: on a terminal), else, given ``log``, a line every minute or so
+    (:class:`~image_classification.progress.Heartbeat`); ``done``: the batches a resumed pass starts after."""
+    if total <= 0 or not (enabled or log is not None):
         return _NoProgress()
+    if not enabled:
+        return Heartbeat(total, description, log, done=done)
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=description, leave=False, dynamic_ncols=True, file=sys.stdout)
+    return tqdm(total=total, initial=done, desc=description, leave=False, dynamic_ncols=True, file=sys.stdout)
 
 

@@ -6,8 +6,9 @@ writes to the terminal and local rank k > 0 to ``GPU_k.log`` (in ``--log_dir``, 
 directory by default); after a successful run the logs that stayed empty are removed.  When any worker
 fails, torchrun stops the others and multiproc exits 1 with one line naming the failed rank (torch's
 own log lines about it are held back: they say the same).  Workers that stopped early after saving a
-checkpoint (exit 75, on SIGTERM or SIGUSR1) make multiproc exit 75 as well; a SIGUSR1 sent to multiproc
-itself is passed on to the workers.
+checkpoint (exit 75, on SIGTERM, SIGUSR1 or Ctrl-C) make multiproc exit 75 as well; a SIGTERM, SIGUSR1 or
+SIGINT (Ctrl-C) sent to multiproc itself is passed on to the workers, which torchrun starts in sessions of
+their own, out of the terminal's reach; a second Ctrl-C stops them at once, without saving (exit 130).
 
 This module also holds the rendezvous helpers for jobs started by SLURM's ``srun``.  It imports torch
 only when it starts the workers, so ``-h`` and its errors are immediate; each worker starts as
@@ -40,6 +41,8 @@ ELASTIC_REPEATS = ("failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s
                    "Sending process %s closing signal %s")
 # torch elastic's agent says at INFO level (not shown) that it restarts the workers: multiproc says it
 AGENT_LOGGER = "torch.distributed.elastic.agent.server.api"
+RELAYED_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")  # passed on to the workers, which save and stop (exit 75)
+INTERRUPTED = 130  # a worker's exit code after a second Ctrl-C (128 + SIGINT), as a shell reports it
 
 
 # ------------------------------------------------------------------------------------------------
@@ -53,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Local rank 0 writes to the terminal; local rank k > 0 writes to GPU_k.log in --log_dir "
         "(a log left empty is removed after a successful run). If any process fails, the others are "
         "stopped and multiproc.py exits 1; when they stop early after saving a checkpoint (SIGTERM, "
-        "SIGUSR1), it exits 75.",
+        "SIGUSR1, Ctrl-C), it exits 75.",
     )
     parser.add_argument("--nnodes", metavar="N", type=int, default=1, help="number of nodes (default: 1)")
     parser.add_argument("--node_rank", "--node-rank", metavar="R", type=int, default=0,
@@ -107,6 +110,42 @@ def script_path(script: str) -> str:
     if found is None:
         raise UserError(f"no such training script: {script}")
     return found
+
+
+REPO_SCRIPTS = {Path(__file__).resolve().parents[1] / name: name for name in ("main.py", "launch.py")}
+COMMANDS = {"ic-train": "main.py", "ic-launch": "launch.py"}  # the installed commands that run them
+
+
+def training_arguments(script: str, argv: Sequence[str]) -> argparse.Namespace | None:
+    """The main.py arguments that ``script argv`` would run with, when ``script`` is this toolkit's main.py or
+    launch.py (or ic-train, ic-launch); None for another script, and for a command that trains nothing
+    (``-h``, launch.py's ``--list`` and ``--dry-run``), whose output is the processes' to give."""
+    kind = REPO_SCRIPTS.get(Path(script).resolve()) or COMMANDS.get(Path(script).name)
+    if kind is None or any(token in ("-h", "--help") for token in argv):
+        return None
+    prog = Path(script).name
+    if kind == "launch.py":
+        from .launch import run_arguments
+
+        return run_arguments(argv, prog=prog)
+    from .arguments import parse_args
+
+    return parse_args(argv, prog=prog)
+
+
+def check_before_starting(ns: argparse.Namespace) -> None:
+    """Refuse a training command that every process would refuse at once (a flag, no dataset, a workspace that
+    holds another run), before any starts or a log is written: one line and exit 2, instead of each process
+    failing on its own after seconds of imports, multiproc exiting 1 and GPU_k.log files left behind.
+
+    The workspace is checked on the node that will hold rank 0 only (node 0 of a static rendezvous): on
+    another node, rank 0 may already be writing into it."""
+    args = training_arguments(ns.training_script, ns.training_script_args)
+    if args is None:
+        return
+    from .startup import check_before_start
+
+    check_before_start(args, workspace=ns.nnodes == 1 or (ns.rdzv_backend == "static" and ns.node_rank == 0))
 
 
 def torchrun_argv(ns: argparse.Namespace) -> list[str]:
@@ -200,8 +239,8 @@ def _child_pids() -> list[int]:
 
 
 def _relay_to_workers(signum: int, frame) -> None:
-    """Pass a SIGTERM or SIGUSR1 (SLURM's time limit, its warning before a preemption) on to the workers,
-    which save and exit 75; torchrun then reports them, and multiproc exits 75 as they did."""
+    """Pass a SIGTERM, SIGUSR1 (SLURM's time limit, its warning before a preemption) or SIGINT (Ctrl-C) on to
+    the workers, which save and exit 75; torchrun then reports them, and multiproc exits 75 as they did."""
     for pid in _child_pids():
         try:
             os.kill(pid, signum)
@@ -225,7 +264,9 @@ def _sigterm_stays_ours() -> Iterator[None]:
 
     def start_then_take_sigterm_back(self) -> None:
         start(self)
-        signal.signal(signal.SIGTERM, _relay_to_workers)
+        for name in RELAYED_SIGNALS:
+            if name != "SIGUSR1":  # torch leaves it alone
+                signal.signal(getattr(signal, name), _relay_to_workers)
 
     PContext.start = start_then_take_sigterm_back
     try:
@@ -235,12 +276,18 @@ def _sigterm_stays_ours() -> Iterator[None]:
 
 
 def _stopped_early(failures) -> bool:
-    """Whether the workers stopped on a SIGTERM / SIGUSR1 after saving (exit 75), rather than failed.
+    """Whether the workers stopped on a SIGTERM / SIGUSR1 / SIGINT after saving (exit 75), rather than failed.
 
     The first to exit makes torchrun stop the others with SIGTERM; those count as stopped too.
     """
     codes = [failure.exitcode for failure in failures]
     return EXIT_PREEMPTED in codes and all(code in (EXIT_PREEMPTED, -signal.SIGTERM) for code in codes)
+
+
+def _interrupted(failures) -> bool:
+    """Whether the workers were stopped at once by a second Ctrl-C (exit 130), the others by torchrun."""
+    codes = [failure.exitcode for failure in failures]
+    return INTERRUPTED in codes and all(code in (INTERRUPTED, EXIT_PREEMPTED, -signal.SIGTERM) for code in codes)
 
 
 def _root_cause_first(item) -> tuple:
@@ -251,11 +298,12 @@ def _root_cause_first(item) -> tuple:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the workers; 0 when all of them succeed, 75 when they stopped early after saving (a SIGTERM or
-    SIGUSR1), 1 when one fails."""
+    """Run the workers; 0 when all of them succeed, 75 when they stopped early after saving (a SIGTERM,
+    SIGUSR1 or Ctrl-C), 130 when a second Ctrl-C stopped them at once, 1 when one fails."""
     ns = build_parser().parse_args(argv)
     check(ns)
     ns = argparse.Namespace(**{**vars(ns), "training_script": script_path(ns.training_script)})
+    check_before_starting(ns)
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -273,13 +321,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         agent_logger = logging.getLogger(AGENT_LOGGER)
         agent_logger.addFilter(_restart_notice)
         agent_logger.setLevel(min(agent_logger.getEffectiveLevel(), logging.INFO))  # the filter sees INFO
-    # torchrun would turn a SIGTERM into its own exit (143) and SIGUSR1 would kill us and orphan the
-    # workers: both go to the workers instead, which save and stop
+    # torchrun would turn a SIGTERM or SIGINT into its own exit (143, 130), killing workers still saving after
+    # 30 s, and SIGUSR1 would kill us and orphan the workers: they go to the workers instead, which save and stop
     argv = torchrun_argv(ns)
     signals_option = _has_signals_option(torchrun)
     if signals_option:
-        argv = ["--signals-to-handle", "SIGINT,SIGHUP,SIGQUIT", *argv]
-    for name in ("SIGTERM", "SIGUSR1"):
+        argv = ["--signals-to-handle", "SIGHUP,SIGQUIT", *argv]
+    for name in RELAYED_SIGNALS:
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), _relay_to_workers)
     try:
@@ -290,6 +338,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"multiproc.py: the processes stopped early after saving a checkpoint (exit code "
                   f"{EXIT_PREEMPTED}); --resume continues the run", file=sys.stderr, flush=True)
             return EXIT_PREEMPTED
+        if _interrupted(failed.failures.values()):
+            print("multiproc.py: the processes were stopped at once by a second Ctrl-C, without saving; --resume "
+                  "continues from their last checkpoint", file=sys.stderr, flush=True)
+            return INTERRUPTED
         rank, failure = min(failed.failures.items(), key=_root_cause_first)
         where = "" if failure.local_rank == 0 else \
             f"; see {os.path.join(ns.log_dir, WORKER_LOG.format(failure.local_rank))}"

@@ -13,9 +13,7 @@ import math
 import uuid
 import os
 import random
-import sys
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -34,6 +32,7 @@ from .preprocessing import Preprocessing, choose_preprocessing
 from .quantization import Int8Request, int8_request
 from .runtime import Runtime
 from .seeding import mix_seed
+from .startup import check_backend, check_fresh_start, dataset_classes
 from .workspace import Workspace
 
 DEFAULT_LOSS_SCALE = 2.0**16  # where a dynamic fp16 loss scale starts unless told (torch's GradScaler default)
@@ -221,15 +220,6 @@ def _recorded(resumed: dict | None, pretrained: dict | None, evaluate: bool) -> 
     return {}, ""
 
 
-def _dataset_classes(args: argparse.Namespace, backend: str) -> list[str]:
-    """The class folders, checked once before anything is built; none for synthetic data."""
-    if backend == "synthetic":
-        return []
-    from .data.layout import check_dataset
-
-    return check_dataset(args.data, sys.maxsize, want_train=not args.evaluate, want_val=not args.training_only)
-
-
 def data_config(args: argparse.Namespace, image_size: int, **overrides) -> DataConfig:
     """The data backends' configuration that main.py's flags describe; ``overrides`` replace fields."""
     fields = dict(
@@ -390,41 +380,6 @@ def check_progress(state: dict, path: str) -> None:
         raise UserError(f"{path} records best_prec1 = {str(best)[:40]}, not a number; it cannot be resumed")
 
 
-def _check_fresh_start(args: argparse.Namespace, workspace: Workspace, log) -> None:
-    """A new run must not silently replace the run whose checkpoints, or whose raport (a run without
-    checkpoints leaves only that), the workspace already holds."""
-    if args.resume or args.evaluate:
-        return
-    checkpoints, raport = earlier_run(args, workspace)
-    if not checkpoints and raport is None:
-        return
-    if args.overwrite:
-        replaced = ", ".join(path.name for path in [*checkpoints[:1], *([raport] if raport else [])])
-        log(f"=> --overwrite: this run replaces the one in {workspace.path} ({replaced})")
-        return
-    if checkpoints:
-        raise UserError(f"{workspace.path} already holds another run ({checkpoints[0].name}); pass --resume auto to "
-                        "continue it, a new --workspace for a new run, or --overwrite to replace it")
-    raise UserError(f"--raport-file {raport} already holds another run's records; give this run another "
-                    "--raport-file or a new --workspace, or pass --overwrite to replace them")
-
-
-def earlier_run(args: argparse.Namespace, workspace: Workspace) -> tuple[list[Path], Path | None]:
-    """What a run with ``args`` would replace in ``workspace``: the checkpoints it would write over (the latest
-    first), and its raport where that holds records (a run without checkpoints leaves only that)."""
-    checkpoints = [path for path in (workspace.latest, workspace.best) if args.save_checkpoints and path.exists()]
-    return checkpoints, workspace.raport if _holds_records(workspace.raport) else None
-
-
-def _holds_records(path) -> bool:
-    """Whether ``path`` is a file with something in it (a raport that holds records, or a file of the user's
-    that a raport would overwrite); an empty file holds nothing to lose."""
-    try:
-        return path.is_file() and path.stat().st_size > 0
-    except OSError:
-        return False
-
-
 def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, log) -> Plan | None:
     """Everything the run decides before its first step (see the module docstring); None when a
     ``--resume auto`` run finds its work already done."""
@@ -432,7 +387,14 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     if loss_scale[2]:
         log(loss_scale[2])
     backend = resolve_backend(args.data_backend)
-    _check_fresh_start(args, workspace, log)
+    if args.data_backend is None:  # otherwise only the raport would say which
+        why = "where NVIDIA DALI is installed" if backend.startswith("dali") else "without NVIDIA DALI"
+        log(f"=> data backend: {backend}, the default {why} (--data-backend picks another)")
+    # What cannot work at all (this machine, the dataset) is said before what an earlier run left in the
+    # workspace: the user fixes the first, then meets the second, never the other way round.
+    check_backend(backend, runtime.is_cuda, args.augmentation, training=not args.evaluate)
+    classes = dataset_classes(args, backend)
+    check_fresh_start(args, workspace, log)
     resume_path, resumed = find_resume_checkpoint(args, workspace, runtime, log)
     if resumed is not None:
         check_progress(resumed, resume_path)
@@ -459,7 +421,6 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     seed = resolve_seed(resumed.get("seed", args.seed) if resumed is not None else args.seed, runtime)
     log(f"Using seed = {seed}")
     reseed(seed, runtime.rank)
-    classes = _dataset_classes(args, backend)
     recorded, source = _recorded(resumed, pretrained, args.evaluate)
     described = resumed if resumed is not None else (pretrained if args.evaluate else None)
     num_classes = resolve_num_classes(args, described, classes, log)

@@ -60,14 +60,17 @@ class Metric:
     ``kind`` picks the reductions: ``perf`` is a weighted mean everywhere (the run's over every
     iteration, not a mean of epoch means); ``loss`` keeps the best (minimum) epoch for the run; ``acc``
     the maximum; ``lr`` the last value; ``q<nn>`` is the nn-th percentile of every value recorded in the
-    epoch or run.
+    epoch or run.  A ``running`` metric's window value covers everything recorded since the epoch began
+    (a validation's accuracy so far), not only what came since the last window.
     """
 
     name: str
     kind: str
     verbosity: int
     metadata: dict
+    running: bool = False
     window: list = field(default_factory=list)
+    unread: int = 0  # window records since the last window was taken
     epoch: list = field(default_factory=list)
     epoch_values: list = field(default_factory=list)  # (value, weight) per finished epoch
     run_values: list = field(default_factory=list)
@@ -75,6 +78,7 @@ class Metric:
     def record(self, value: float, n: float = 1.0, *, window: bool = True, epoch: bool = True) -> None:
         if window:
             self.window.append((value, n))
+            self.unread += 1
         if epoch:
             self.epoch.append((value, n))
 
@@ -88,7 +92,9 @@ class Metric:
         return _mean(pairs)
 
     def take_window(self) -> float | None:
-        value, self.window = self._reduce(self.window), []
+        value, self.unread = self._reduce(self.window), 0
+        if not self.running:
+            self.window = []
         return value
 
     def take_epoch(self) -> float | None:
@@ -97,7 +103,7 @@ class Metric:
             self.run_values.extend(v for v, _ in self.epoch)
         elif value is not None:
             self.epoch_values.append((value, sum(n for _, n in self.epoch)))
-        self.epoch, self.window = [], []
+        self.epoch, self.window, self.unread = [], [], 0
         return value
 
     def run_value(self) -> float | None:
@@ -279,10 +285,11 @@ class Raport:
         if self.mirror is not None:
             self.mirror.parameters.update(values)
 
-    def register(self, name: str, kind: str, metadata: dict, verbosity: int = DEFAULT) -> None:
+    def register(self, name: str, kind: str, metadata: dict, verbosity: int = DEFAULT, *,
+                 running: bool = False) -> None:
         if name in self.metrics:
             return
-        self.metrics[name] = Metric(name, kind, verbosity, metadata)
+        self.metrics[name] = Metric(name, kind, verbosity, metadata, running)
         if self.enabled:
             self._write({**self._stamp(), "type": "METADATA", "metric": name, "metadata": metadata})
 
@@ -301,7 +308,7 @@ class Raport:
         values = {
             name: metric.take_window()
             for name, metric in self.metrics.items()
-            if name.startswith(prefix) and metric.window
+            if name.startswith(prefix) and metric.unread
         }
         if values:
             self._emit(step, values)

@@ -1,8 +1,12 @@
-"""SIGTERM and SIGUSR1 (what SLURM sends at a time limit or before a preemption): remembered, never fatal.
+"""SIGTERM and SIGUSR1 (what SLURM sends at a time limit or before a preemption), and a training run's first
+SIGINT (Ctrl-C): remembered, never fatal.
 
 Standard library only, so that the entry scripts can catch them before torch is imported: a signal during
 the imports, the dataset scan or the checkpoint load then stops the run cleanly (exit 75) before its first
-step, instead of killing it with no word.  Once the loop runs, it saves where it is and stops.
+step, instead of killing it with no word.  Once the loop runs, it saves where it is and stops.  A second
+Ctrl-C is the way out of a stop that takes too long (a validation pass ends before the stop is acted on):
+it raises KeyboardInterrupt at once, and the run ends with exit code 130 and no new checkpoint (a save it
+cuts short leaves only a temporary file, which the next run removes).
 
 Work with nothing worth saving (an ONNX export) stops at once instead, inside :func:`stop_raises`: the
 signal raises :class:`Stopped`, whose ``finally`` blocks remove the partial file on the way out, and
@@ -19,6 +23,7 @@ from typing import Iterator
 from .errors import EXIT_PREEMPTED
 
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1")
+RUN_STOP_SIGNALS = STOP_SIGNALS + ("SIGINT",)  # what stops a training run with a checkpoint (exit 75)
 
 _received: list[str] = []  # the signals caught since the handlers went in (a list: no `global`)
 _previous: dict[int, object] = {}  # the handlers ours replaced, restored when the run ends
@@ -26,13 +31,20 @@ _previous: dict[int, object] = {}  # the handlers ours replaced, restored when t
 
 def _handle(signum, frame) -> None:
     name = signal.Signals(signum).name
+    if name == "SIGINT" and name in _received:
+        print("Received SIGINT again: stopping at once, without saving", file=sys.stderr, flush=True)
+        raise KeyboardInterrupt
     _received.append(name)
-    print(f"Received {name}", file=sys.stderr, flush=True)
+    if name == "SIGINT":
+        print("Received SIGINT: stopping at the next step, with a checkpoint of it (Ctrl-C again stops at once, "
+              "without one)", file=sys.stderr, flush=True)
+    else:
+        print(f"Received {name}", file=sys.stderr, flush=True)
 
 
 def catch_early() -> None:
     """Install the handlers now (an entry script's first line); :class:`StopSignal` keeps what they caught."""
-    for name in STOP_SIGNALS:
+    for name in RUN_STOP_SIGNALS:
         number = getattr(signal, name, None)
         if number is None or number in _previous:
             continue
@@ -63,10 +75,10 @@ class StopSignal:
 def ignore_in_worker() -> None:
     """For a loader's worker process: the stop signals are the main process's to act on.
 
-    SLURM signals the whole process group; a worker killed by it would end the run with a DataLoader
-    traceback instead of the main process's checkpoint and exit 75.
+    SLURM signals the whole process group, and so does a terminal's Ctrl-C; a worker killed by it would end
+    the run with a DataLoader traceback instead of the main process's checkpoint and exit 75.
     """
-    for name in STOP_SIGNALS:
+    for name in RUN_STOP_SIGNALS:
         number = getattr(signal, name, None)
         if number is not None:
             signal.signal(number, signal.SIG_IGN)

@@ -28,6 +28,7 @@ from .inference import calibrate
 from .loop import Loop, RunControl, register_metrics
 from .onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
 from .plan import RunConfig, resolve_run
+from .startup import check_workspace, workspace_folder
 from .raport import Raport
 from .runtime import Runtime, make_runtime
 from .signals import StopSignal
@@ -52,7 +53,7 @@ def _train(args: argparse.Namespace, signals: StopSignal) -> int:
     runtime = make_runtime(args.device, args.amp, args.amp_dtype, args.memory_format, args.tf32,
                            gpu_affinity=args.gpu_affinity, dist_timeout=args.dist_timeout)
     log = runtime.print
-    workspace = Workspace(args.workspace, args.checkpoint_filename, raport_file(args))
+    workspace = Workspace(workspace_folder(args), args.checkpoint_filename, raport_file(args))
     try:
         code = _run(args, runtime, workspace, signals, log)
         if runtime.distributed and dist.is_initialized():
@@ -91,8 +92,7 @@ def _leave_distributed(workspace: Workspace, code: int) -> NoReturn:
 def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signals: StopSignal, log) -> int:
     saving = args.save_checkpoints and not args.evaluate
     if runtime.is_main:
-        workspace.check(saving, locking=not args.evaluate,
-                        raport_must_be_new=args.evaluate and args.raport_file is not None)
+        check_workspace(args, workspace)
     # Every check of the set-up (flags, dataset, weights, the checkpoint against the flags) comes before the
     # workspace is created and locked: a run refused for any of them leaves nothing behind.
     plan = resolve_run(args, runtime, workspace, log)

@@ -37,9 +37,10 @@ if str(REPO) not in sys.path:
 from benchmarks.common import ratio_spread, ratio_text  # noqa: E402
 from image_classification import machine  # noqa: E402
 from image_classification.arguments import DATA_BACKENDS, parse_args  # noqa: E402
-from image_classification.cli import run  # noqa: E402
+from image_classification.cli import UserErrorParser, run  # noqa: E402
 from image_classification.data import get_loaders  # noqa: E402
 from image_classification.plan import data_config  # noqa: E402
+from image_classification.progress import Heartbeat  # noqa: E402
 from image_classification.data.common import MEAN_255, STD_255  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
 from image_classification.runtime import Runtime, make_runtime  # noqa: E402
@@ -50,7 +51,7 @@ PHOTO_SET, PHOTO_SET_PER_CLASS = ("astronaut", "coffee", "chelsea", "rocket"), 3
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = UserErrorParser(prog="benchmark_loader.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("data", metavar="DIR", help="dataset root holding train/<class>/<image>")
     backends = [b for b in DATA_BACKENDS if b != "synthetic"] + ["torchvision"]
     parser.add_argument("--data-backend", choices=backends, default="dali-cpu",
@@ -101,8 +102,10 @@ def _cut(photo, rng, size: tuple[int, int]):
     return image.transpose(Image.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else image
 
 
-def make_dataset(root: Path, classes: int = 2, per_class: int = 200, size=(500, 375), seed: int = 0) -> None:
-    """Random crops of scikit-image's sample photos, resized to ``size`` and saved as quality-90 JPEGs."""
+def make_dataset(root: Path, classes: int = 2, per_class: int = 200, size=(500, 375), seed: int = 0,
+                 progress=None) -> None:
+    """Random crops of scikit-image's sample photos, resized to ``size`` and saved as quality-90 JPEGs;
+    ``progress.update()`` after each (a :class:`~image_classification.progress.Heartbeat`)."""
     import numpy as np
 
     photos = _sample_photos(PHOTOS)
@@ -112,11 +115,14 @@ def make_dataset(root: Path, classes: int = 2, per_class: int = 200, size=(500, 
         folder.mkdir(parents=True, exist_ok=True)
         for index in range(per_class):
             _cut(photos[rng.integers(len(photos))], rng, size).save(folder / f"img_{index:04d}.jpg", quality=90)
+            if progress is not None:
+                progress.update()
 
 
-def make_photo_set(root: Path, per_class: int = PHOTO_SET_PER_CLASS, size=(500, 375), seed: int = 0) -> None:
+def make_photo_set(root: Path, per_class: int = PHOTO_SET_PER_CLASS, size=(500, 375), seed: int = 0,
+                   progress=None) -> None:
     """The photo set: a class per photograph of PHOTO_SET, ``per_class`` quality-90 JPEG cuts of it; a DIR
-    that already has train/ is used as it is."""
+    that already has train/ is used as it is.  ``progress.update()`` after each image."""
     import numpy as np
 
     if (root / "train").is_dir():
@@ -127,6 +133,8 @@ def make_photo_set(root: Path, per_class: int = PHOTO_SET_PER_CLASS, size=(500, 
         folder.mkdir(parents=True, exist_ok=True)
         for index in range(per_class):
             _cut(photo, rng, size).save(folder / f"img_{index:04d}.jpg", quality=90)
+            if progress is not None:
+                progress.update()
 
 
 class TorchvisionLoader:
@@ -268,11 +276,25 @@ def profile_dali_stages(opts: argparse.Namespace) -> dict[str, float]:
 
 
 def write_data(opts: argparse.Namespace) -> None:
-    """The data set ``--make-dataset`` or ``--photos`` asks for, written into DIR before anything is timed."""
+    """The data set ``--make-dataset`` or ``--photos`` asks for, written into DIR before anything is timed:
+    said before it starts, every minute or so while it lasts, and when it is done."""
+    root = Path(opts.data)
     if opts.make_dataset:
-        make_dataset(Path(opts.data), per_class=opts.make_dataset)
-    if opts.photos:
-        make_photo_set(Path(opts.data), per_class=opts.photos)
+        _writing(root, 2 * opts.make_dataset, lambda progress: make_dataset(root, per_class=opts.make_dataset,
+                                                                           progress=progress))
+    if opts.photos and not (root / "train").is_dir():
+        _writing(root, len(PHOTO_SET) * opts.photos, lambda progress: make_photo_set(root, per_class=opts.photos,
+                                                                                   progress=progress))
+
+
+def _writing(root: Path, images: int, write) -> None:
+    def say(line: str) -> None:
+        print(f"=> {line}", flush=True)
+
+    say(f"writing {images} JPEG images cut from scikit-image's photos into {root / 'train'}")
+    started = time.monotonic()
+    write(Heartbeat(images, "writing", say, unit="images"))
+    say(f"wrote {images} images in {time.monotonic() - started:.1f} s")
 
 
 def main(argv: list[str] | None = None) -> int:

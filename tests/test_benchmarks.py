@@ -342,3 +342,22 @@ def test_train_throughput_measures_at_the_largest_batch_that_fits(tmp_path, tiny
     config = json.loads(output.read_text())["config"]
     assert config["batch_size"] == 2
     assert config["largest_batch"] == {"tried_from": 8, "out_of_memory_at": [8, 4]}
+
+
+def test_the_loader_benchmark_says_what_it_writes_while_it_writes(tmp_path, capsys, monkeypatch):
+    """--make-dataset takes seconds to minutes: a line before, one every HEARTBEAT_SECONDS (here at once) with
+    the time left, and one at the end; a typo is named with the flag meant."""
+    pytest.importorskip("skimage")
+    from helpers import load_script, refused
+    from image_classification import progress
+    from image_classification.cli import run
+
+    monkeypatch.setattr(progress, "HEARTBEAT_SECONDS", 0.0)
+    loader = load_script("benchmark_loader")
+    loader.write_data(loader.build_parser().parse_args(["--make-dataset", "2", str(tmp_path / "d")]))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"=> writing 4 JPEG images cut from scikit-image's photos into {tmp_path / 'd' / 'train'}"
+    assert [line.split(",")[0] for line in lines[1:-1]] == [f"=> writing: {n}/4 images" for n in (1, 2, 3)]
+    assert lines[-1].startswith("=> wrote 4 images in ") and len(list((tmp_path / "d").rglob("*.jpg"))) == 4
+    line = refused(run(loader.main, ["--make-datset", "2", str(tmp_path / "e")]), capsys)
+    assert line.endswith("unknown flag --make-datset; did you mean --make-dataset?")

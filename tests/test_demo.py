@@ -59,3 +59,21 @@ def test_a_mistyped_flag_writes_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(demo, "DATA_DIR", tmp_path / "digits")
     assert run(demo.main, ["--epoch", "1", "--no-such-flag"]) == 2
     assert "--no-such-flag" in capsys.readouterr().err and list(tmp_path.iterdir()) == []
+
+
+def test_the_command_it_echoes_names_each_flag_once_with_the_value_it_runs_with(tmp_path, monkeypatch, capsys):
+    """Extra flags replace the recipe's in the command run and echoed: not `--epochs 6 ... --epochs 3`."""
+    monkeypatch.setattr(demo, "DATA_DIR", tmp_path / "data")
+    monkeypatch.setattr(demo, "WORKSPACE", tmp_path / "workspace" / "digits")
+    (tmp_path / "data" / "val").mkdir(parents=True)
+    runs = []
+    monkeypatch.setattr("image_classification.training.train", lambda args: runs.append(args) or 0)
+    assert run(demo.main, ["--epochs", "3", "-b8", "--lr=0.1", "--workspace", str(tmp_path / "mine")]) == 0
+    echoed = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("=> python main.py "))
+    tokens = echoed.split()
+    for flag in ("--epochs", "--workspace"):
+        assert tokens.count(flag) == 1, echoed
+    assert "--batch-size" not in tokens and "--lr" not in tokens and "--arch" in tokens, echoed
+    args = runs[-1]
+    assert (args.epochs, args.batch_size, args.lr, args.workspace) == (3, 8, 0.1, str(tmp_path / "mine"))
+    assert (args.arch, args.label_smoothing, args.lr_schedule) == ("resnet18", 0.1, "cosine")  # the recipe's rest

@@ -214,3 +214,39 @@ def test_a_run_with_no_iteration_after_its_warmup_prints_no_throughput(tmp_path,
     assert "train.total_ips" not in summary and "val.compute_latency" not in summary
     assert summary["train.wall_ips"] == pytest.approx(4.0) and "train.loss" in summary
     assert "Summary:" in out and "train.total_ips" not in out.split("Summary:")[-1]
+
+
+def test_a_log_file_gets_a_line_with_a_time_left_while_a_pass_lasts(tmp_path, monkeypatch, capsys):
+    """Output to a file (no progress bar): an epoch of 5 iterations with -p 10 says how far it is and how long
+    it has left before its window line (every HEARTBEAT_SECONDS; here at once); the save names the epoch
+    whose lines it follows."""
+    from image_classification import progress
+
+    monkeypatch.setattr(progress, "HEARTBEAT_SECONDS", 0.0)
+    assert main(SYNTHETIC + ["--prof", "5", "-p", "10", "--epochs", "1", "--workspace", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    beats = [index for index, line in enumerate(lines) if line.startswith("epoch 0: ")]
+    window = next(index for index, line in enumerate(lines) if "Epoch: 0 Iteration: 5 " in line)
+    assert [lines[index].split(",")[0] for index in beats] == [f"epoch 0: {n}/5 iterations" for n in range(1, 5)]
+    assert beats[-1] < window and " so far, about " in lines[beats[-1]] and lines[beats[-1]].endswith(" left")
+    assert any(line.startswith("val 0: 1/5 iterations") for line in lines)
+    saving = next(line for line in lines if line.startswith("SAVING"))
+    assert saving.endswith("(end of epoch 0)"), saving
+
+
+def test_a_validation_window_line_shows_the_accuracy_so_far(image_folder, tmp_path, monkeypatch, capsys):
+    """12 val images in batches of 8 and 4, the first all right, the second all wrong: the last window line
+    says 66.67%, as the epoch's does, not the last window's 0.00%."""
+    from image_classification import loop
+
+    def first_batch_right(logits, targets, ks):
+        right = float(len(targets)) if len(targets) == 8 else 0.0
+        return torch.tensor([right] * len(ks))
+
+    monkeypatch.setattr(loop, "correct_counts", first_batch_right)
+    assert main(["-a", "resnet18", "--image-size", "32", "-b", "8", "--device", "cpu", "--data-backend", "pytorch",
+                 "-j", "0", "-p", "1", "--epochs", "1", "--no-checkpoints", "--workspace",
+                 str(tmp_path), str(image_folder)]) == 0
+    top1 = [line.split("val.top1 : ")[1].split(" %")[0] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("DLL") and "val.top1" in line and "Summary" not in line]
+    assert top1 == ["100.00", "66.67", "66.67"]  # the windows so far, then the epoch

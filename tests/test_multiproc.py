@@ -115,6 +115,44 @@ def test_multiproc_flag_errors_are_one_line(worker_script, capsys):
     assert "no_such_script.py" in capsys.readouterr().err
 
 
+class Started(Exception):
+    """torchrun was asked to start the processes."""
+
+
+def _never_started(*args, **kwargs):
+    raise Started()
+
+
+def test_a_job_that_every_process_would_refuse_is_refused_before_any_starts(tmp_path, monkeypatch, capsys):
+    """A missing dataset or a workspace that holds another run: one line, exit 2, no process started and
+    no log folder made; the workspace is checked only where rank 0 runs (node 0), as that node is writing."""
+    from torch.distributed import run as torchrun
+
+    from helpers import REPO, process_state, refused, write_image_folder
+
+    monkeypatch.setattr(torchrun, "run", _never_started)
+    data = write_image_folder(tmp_path / "data", num_classes=2, train_per_class=1, val_per_class=1)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "checkpoint.pth.tar").write_bytes(b"an earlier run's")
+    job = ["--nproc_per_node", "8", "--log_dir", str(tmp_path / "logs")]
+    for script in ("main.py", "launch.py"):
+        preset = ["--model", "resnet50", "--precision", "AMP", "--mode", "convergence", "--platform", "DGXA100"]
+        train = [str(REPO / script), *(preset if script == "launch.py" else [])]
+        line = refused(run(multiproc.main, [*job, *train, str(tmp_path / "missing")]), capsys)
+        assert line == f"error: dataset directory {tmp_path / 'missing'} does not exist", script
+        line = refused(run(multiproc.main, [*job, *train, "--workspace", str(workspace), str(data)]), capsys)
+        assert "already holds another run (checkpoint.pth.tar); pass --resume auto" in line, script
+    assert not (tmp_path / "logs").exists()
+    # node 1 of 2 does not look at the workspace; the dataset it does
+    with process_state(), pytest.raises(Started):
+        multiproc.main(["--nnodes", "2", "--node_rank", "1", *job, str(REPO / "main.py"), "--workspace",
+                        str(workspace), str(data)])
+    line = refused(run(multiproc.main, ["--nnodes", "2", "--node_rank", "1", *job, str(REPO / "main.py"),
+                                        str(tmp_path / "missing")]), capsys)
+    assert "does not exist" in line
+
+
 def test_an_installed_command_is_found_on_path(tmp_path, monkeypatch):
     command = tmp_path / "ic-train"
     command.write_text("#!/usr/bin/env python\n")

@@ -58,11 +58,8 @@ def test_console_commands():
     assert all(target.startswith("image_classification.commands:") for target in scripts.values())
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
-    """A fresh venv with the package installed from a copy of the repository, the copy then deleted."""
-    root = tmp_path_factory.mktemp("packaging")
-    source = root / "source"
+def _copy_of_the_repository(destination: Path) -> Path:
+    """The repository's files at ``destination``, without its environments, outputs and build leftovers."""
     anywhere = shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", *BUILD_LEFTOVERS)
 
     def ignore(folder: str, names: list[str]) -> set[str]:
@@ -70,7 +67,15 @@ def installed(tmp_path_factory) -> Path:
         at_root = {".venv", ".venv-pins", "workspace", "data"} if Path(folder) == REPO else set()
         return anywhere(folder, names) | (at_root & set(names))
 
-    shutil.copytree(REPO, source, symlinks=True, ignore=ignore)
+    shutil.copytree(REPO, destination, symlinks=True, ignore=ignore)
+    return destination
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """A fresh venv with the package installed from a copy of the repository, the copy then deleted."""
+    root = tmp_path_factory.mktemp("packaging")
+    source = _copy_of_the_repository(root / "source")
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     # pip and setuptools come from this environment, so the venv needs neither nor a download
@@ -141,3 +146,30 @@ def test_the_presets_are_package_data_with_one_source():
 
 def test_the_source_tree_holds_no_build_leftovers():
     assert not [p for pattern in BUILD_LEFTOVERS for p in REPO.glob(pattern)]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_the_make_set_up_installs_the_commands_into_its_environment(tmp_path):
+    """`make demo` and `make test` install the package, editable, into .venv beside the requirements: the
+    ic-* commands that the docs offer are there, run the source tree, and leave no build files in it."""
+    repo = _copy_of_the_repository(tmp_path / "repo")
+    venv = repo / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    (venv / ".installed").touch()  # requirements.txt installed (they are this environment's, on PYTHONPATH)
+
+    def make(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["make", "--no-print-directory", *args], cwd=repo, capture_output=True, text=True,
+                              timeout=300, env=_env())
+
+    for target in ("demo", "test"):
+        assert "--editable ." in make("-n", target).stdout, target
+    # what `make demo` runs first, offline: pip and setuptools come from this environment
+    result = make(".venv/.installed-package", "PIP_FLAGS=--no-index --no-build-isolation")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "--editable ." not in make("-n", "demo").stdout  # done once
+    assert {path.name for path in (venv / "bin").iterdir()} >= COMMANDS
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import image_classification as p; print(p.__file__)"],
+                           capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=120)
+    assert Path(where.stdout.strip()).is_relative_to(repo / "image_classification"), where.stderr
+    assert one_error_line(_run(venv, "ic-pack", "src", "dst", cwd=tmp_path)) == "error: SRC src does not exist"
+    assert not [p for pattern in BUILD_LEFTOVERS for p in repo.glob(pattern)]

@@ -207,3 +207,23 @@ def test_amp_on_a_cpu_without_bf16_hardware_says_it_is_slower_once(monkeypatch, 
     runtime = make_runtime("cpu", amp=True, log=lines.append)
     assert runtime.amp_dtype == torch.bfloat16
     assert sum("emulated" in line for line in lines) == (0 if native else 1)
+
+
+@pytest.mark.parametrize("dali, backend", [(True, "dali-cpu"), (False, "pytorch")])
+def test_a_run_without_data_backend_says_which_it_uses(dali, backend, image_folder, tmp_path, monkeypatch, capsys):
+    """The default depends on whether DALI is installed: said at start-up, not only in the raport."""
+    from image_classification.cli import run
+    from image_classification.errors import UserError
+    from image_classification.training import main
+
+    def stop(*args, **kwargs):
+        raise UserError("stopped here")
+
+    monkeypatch.setattr("image_classification.data.dali_available", lambda: dali)
+    monkeypatch.setattr("image_classification.plan.check_backend", lambda *args, **kwargs: None)
+    monkeypatch.setattr("image_classification.plan.dataset_classes", stop)
+    assert run(main, ["-a", "resnet18", "--device", "cpu", "--workspace", str(tmp_path), str(image_folder)]) == 2
+    assert f"=> data backend: {backend}, the default " in capsys.readouterr().out
+    assert run(main, ["-a", "resnet18", "--device", "cpu", "--data-backend", backend, "--workspace", str(tmp_path),
+                      str(image_folder)]) == 2
+    assert "data backend" not in capsys.readouterr().out  # asked for: nothing to say

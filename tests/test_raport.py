@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from image_classification.raport import LOSS_META, PERF_META, Raport, quantile_nearest, read_raport
+from image_classification.raport import ACC_META, LOSS_META, PERF_META, Raport, quantile_nearest, read_raport
 
 
 def test_records_and_stdout_follow_dllogger(tmp_path):
@@ -161,3 +161,24 @@ def test_a_tensorboard_folder_that_cannot_be_written_is_one_line(tmp_path, capsy
                       str(tmp_path / "ws")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error: --tensorboard"), err
+
+
+def test_a_running_metric_s_window_is_the_figure_so_far_and_is_logged_once(tmp_path, capsys):
+    """A validation's window line shows its accuracy so far (readers take it for that), not the last few
+    batches' (0.00% after an unlucky window); a window with nothing new is not logged again."""
+    raport = Raport(tmp_path / "r.json")
+    raport.register("val.top1", "acc", ACC_META, running=True)
+    raport.register("val.total_ips", "perf", PERF_META)
+    for top1, ips in ((100.0, 10.0), (0.0, 30.0)):
+        raport.record("val.top1", top1, 8, epoch=False)
+        raport.record("val.total_ips", ips)
+        raport.log_window("val", [0, 5, 1])
+    raport.log_window("val", [0, 5, 2])  # nothing recorded since: no line
+    raport.end_epoch(0)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "Validation Iteration" in line]
+    assert len(lines) == 2
+    assert "val.top1 : 100.00 %" in lines[0] and "val.total_ips : 10.00" in lines[0]
+    assert "val.top1 : 50.00 %" in lines[1] and "val.total_ips : 30.00" in lines[1]
+    raport.record("val.top1", 25.0, 4, epoch=False)  # a new epoch starts from nothing
+    raport.log_window("val", [1, 5, 1])
+    assert "val.top1 : 25.00 %" in capsys.readouterr().out

@@ -10,6 +10,7 @@ import itertools
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -137,6 +138,15 @@ def test_a_flag_in_place_of_a_folder_is_one_error_line(tmp_path):
         assert result.stdout == b"", result.stderr.decode()
         err = one_error_line(Result(result.args, result.returncode, "", result.stderr.decode()))
         assert "WORKSPACE and DATA_DIR" in err
+
+
+def test_a_recipe_on_a_missing_dataset_is_one_line_and_writes_nothing(tmp_path):
+    """Refused before multiproc.py starts its 8 processes: no GPU_k.log files, no workspace folder."""
+    recipe = REPO / "resnet50v1.5/training/AMP/DGXA100_resnet50_AMP_90E.sh"
+    result = subprocess.run(["bash", str(recipe), "rn50", str(tmp_path / "imagenet")], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHON": sys.executable})
+    assert one_error_line(result) == f"error: dataset directory {tmp_path / 'imagenet'} does not exist"
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.fixture

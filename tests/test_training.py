@@ -131,7 +131,8 @@ def test_evaluate_a_checkpoint_exits_zero(image_folder, tmp_path):
 def test_an_evaluation_writes_a_raport_of_its_own_and_says_where(tmp_path, tiny_arch, monkeypatch, capsys):
     """An evaluation never appends to (nor cuts) a raport that holds another run's or evaluation's records:
     the training raport stays byte for byte, each evaluation gets a file of its own, named at the start and
-    the end; one without --workspace writes into the current folder, and no lock there."""
+    the end; one without --workspace writes beside the checkpoint, in its run's workspace, and nothing into
+    the current folder, where its raport would stop the next run started there."""
     common = ["-a", tiny_arch, "--image-size", "32", "-b", "4", "--device", "cpu", "--data-backend", "synthetic",
               "--prof", "1", "--num-classes", "3", "--seed", "1"]
     run_dir = tmp_path / "run"
@@ -157,19 +158,19 @@ def test_an_evaluation_writes_a_raport_of_its_own_and_says_where(tmp_path, tiny_
     here.mkdir()
     monkeypatch.chdir(here)
     assert main(evaluate) == 0
-    assert "=> raport of this evaluation: experiment_raport.json" in capsys.readouterr().out
-    assert sorted(p.name for p in here.iterdir()) == ["experiment_raport.json"]
+    assert f"this evaluation's raport is {run_dir}/experiment_raport.evaluate-" in capsys.readouterr().out
+    assert len(list(run_dir.glob("experiment_raport.evaluate-*.json"))) == 3 and list(here.iterdir()) == []
+    assert main([*common, "--epochs", "1"]) == 0  # a training run here is not refused for an evaluation's raport
 
     # a name of the user's choosing is never swapped for another: a script would read the earlier numbers
     assert main([*evaluate, "--raport-file", "eval.json"]) == 0
-    first = (here / "eval.json").read_bytes()
+    first = (run_dir / "eval.json").read_bytes()
     line = refused(cli_run(main, [*evaluate, "--raport-file", "eval.json"]), capsys)
-    assert "--raport-file eval.json already holds records" in line
-    assert (here / "eval.json").read_bytes() == first and len(list(here.iterdir())) == 2
+    assert f"--raport-file {run_dir / 'eval.json'} already holds records" in line
+    assert (run_dir / "eval.json").read_bytes() == first
     # the default's name, typed, is a name of the user's choosing too (it was taken for the default, and swapped)
     line = refused(cli_run(main, [*evaluate, "--raport-file", "experiment_raport.json"]), capsys)
-    assert "--raport-file experiment_raport.json already holds records" in line
-    assert len(list(here.iterdir())) == 2
+    assert f"--raport-file {run_dir / 'experiment_raport.json'} already holds records" in line
 
 
 def test_pretrained_weights_with_another_head_are_fine_tuned(image_folder, tmp_path, capsys):
@@ -276,32 +277,91 @@ def test_sigterm_saves_mid_epoch_and_resume_finishes_it_exactly(image_folder, tm
     """A stop mid-epoch is saved as such (never as a finished epoch) and resumes where it stopped."""
     import signal
 
-    from image_classification import engine as engine_module
     from image_classification.errors import EXIT_PREEMPTED
 
     common = ["--data-backend", "pytorch", "-j", "0", "--epochs", "1", "--seed", "11", "-p", "1", "-b", "4"]
     assert train(image_folder, tmp_path / "straight", *common) == 0
-
-    original = engine_module.Engine.train_step
-    calls = {"n": 0}
-
-    def stepping_then_signalled(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        calls["n"] += 1
-        if calls["n"] == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    engine_module.Engine.train_step = stepping_then_signalled
-    try:
+    with signalled_at_step(3, signal.SIGTERM):
         assert train(image_folder, tmp_path / "stopped", *common) == EXIT_PREEMPTED
-    finally:
-        engine_module.Engine.train_step = original
     partial = torch.load(tmp_path / "stopped" / "checkpoint.pth.tar", weights_only=True)
     assert partial["epoch"] == 0 and partial["batch"] == 3
     assert train(image_folder, tmp_path / "stopped", *common, "--resume",
                  str(tmp_path / "stopped" / "checkpoint.pth.tar")) == 0
     assert_same_weights(weights(tmp_path / "straight" / "checkpoint.pth.tar"),
                         weights(tmp_path / "stopped" / "checkpoint.pth.tar"))
+
+
+def signalled_at_step(step: int, *signals: int):
+    """``Engine.train_step`` patched to send this process ``signals`` right after its ``step``-th call."""
+    from unittest import mock
+
+    from image_classification import engine as engine_module
+
+    original, calls = engine_module.Engine.train_step, [0]
+
+    def stepping_then_signalled(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        calls[0] += 1
+        if calls[0] == step:
+            for number in signals:
+                os.kill(os.getpid(), number)
+
+    return mock.patch.object(engine_module.Engine, "train_step", stepping_then_signalled)
+
+
+def test_ctrl_c_stops_like_sigterm_and_the_same_command_offers_to_resume(image_folder, tmp_path, capsys):
+    """Ctrl-C (SIGINT) mid-epoch: a checkpoint of that step and exit 75, as SIGTERM; the same command again is
+    refused with --resume auto first, and with it finishes the epoch."""
+    import signal
+
+    from image_classification.errors import EXIT_PREEMPTED
+
+    argv = TINY + ["--data-backend", "pytorch", "-j", "0", "--epochs", "1", "--seed", "11", "-p", "1", "-b", "4",
+                   "--workspace", str(tmp_path), str(image_folder)]
+    with signalled_at_step(3, signal.SIGINT):
+        assert cli_run(main, argv) == EXIT_PREEMPTED
+    out, err = capsys.readouterr()
+    assert "Stopped by SIGINT after 3 batches of epoch 0" in out and "Ctrl-C again" in err
+    partial = torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)
+    assert (partial["epoch"], partial["batch"]) == (0, 3)
+    assert "pass --resume auto to continue it" in refused(cli_run(main, argv), capsys)
+    assert cli_run(main, argv + ["--resume", "auto"]) == 0
+    assert torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)["epoch"] == 1
+
+
+def test_a_second_ctrl_c_stops_at_once_without_saving(image_folder, tmp_path, capsys):
+    import signal
+
+    argv = TINY + ["--data-backend", "pytorch", "-j", "0", "--epochs", "1", "--seed", "11", "-p", "1", "-b", "4",
+                   "--workspace", str(tmp_path), str(image_folder)]
+    before = signal.getsignal(signal.SIGINT)
+    with signalled_at_step(2, signal.SIGINT, signal.SIGINT):
+        assert cli_run(main, argv) == 130
+    assert "Received SIGINT again: stopping at once, without saving" in capsys.readouterr().err
+    assert not (tmp_path / "checkpoint.pth.tar").exists()
+    assert signal.getsignal(signal.SIGINT) is before  # the run's handler is gone with it
+
+
+def test_a_run_stopped_before_its_first_checkpoint_is_offered_resume_auto(tmp_path, capsys):
+    """A run stopped during its start-up (exit 75) leaves its raport and no checkpoint: the same command again
+    names --resume auto first, which runs it again."""
+    import signal
+
+    from image_classification import signals
+
+    argv = ["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "32", "-b", "4", "--prof", "1",
+            "--epochs", "1", "--num-classes", "4", "--seed", "1", "--lr", "0.01", "--workspace", str(tmp_path)]
+    signals.catch_early()  # main.py's first line
+    try:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C during the imports
+    except KeyboardInterrupt:
+        pytest.fail("SIGINT was not caught")
+    assert cli_run(main, argv) == 75
+    assert "Stopped by SIGINT before the first step" in capsys.readouterr().out
+    assert not (tmp_path / "checkpoint.pth.tar").exists() and (tmp_path / "experiment_raport.json").stat().st_size
+    line = refused(cli_run(main, argv), capsys)
+    assert "stopped before its first checkpoint; pass --resume auto to run it again" in line, line
+    assert cli_run(main, argv + ["--resume", "auto"]) == 0
 
 
 def test_corrupt_image_is_skipped_with_a_warning(tmp_path, capsys):

@@ -42,7 +42,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                      help="path to latest checkpoint; 'auto': the newest valid checkpoint in --workspace, or a "
                      "fresh start when there is none (default: none)")
     run.add_argument("--workspace", metavar="DIR", default="./",
-                     help="path to directory where checkpoints will be stored (default: ./)")
+                     help="where checkpoints and raports go (default: ./; --evaluate --resume F: F's folder)")
     run.add_argument("--checkpoint-filename", "--checkpoint", metavar="NAME", default="checkpoint.pth.tar",
                      help="name of the latest checkpoint in the workspace (default: checkpoint.pth.tar)")
     run.add_argument("--overwrite", action="store_true",

@@ -495,17 +495,23 @@ def _undecodable_message(candidates: list[str]) -> str:
             "--data-backend pytorch, which skips unreadable images")
 
 
+def check_dali_request(backend: str, is_cuda: bool, augmentation: str | None, *, training: bool) -> None:
+    """What refuses ``backend`` (``dali-cpu`` or ``dali-gpu``) here before anything is built: an
+    ``--augmentation`` DALI lacks (``training``: for a training loader), no CUDA for ``dali-gpu``, no DALI 2."""
+    if training and augmentation is not None and augmentation not in DALI_AUGMENTATIONS:
+        raise UserError(f"--augmentation {augmentation} is not supported with DALI (it has "
+                        f"{', '.join(DALI_AUGMENTATIONS)}); use --data-backend pytorch")
+    if backend == "dali-gpu" and not is_cuda:
+        raise UserError("--data-backend dali-gpu needs a CUDA GPU; use --data-backend dali-cpu on this machine")
+    _import_dali()
+
+
 def dali_loaders(
     config: DataConfig, runtime: Runtime, classes: list[str], *, want_train: bool, want_val: bool,
 ) -> tuple[DaliLoader | None, DaliLoader | None]:
     """Train and val loaders for ``--data-backend dali-cpu`` or ``dali-gpu``."""
     backend = config.backend
-    if want_train and config.augmentation is not None and config.augmentation not in DALI_AUGMENTATIONS:
-        raise UserError(f"--augmentation {config.augmentation} is not supported with DALI (it has "
-                        f"{', '.join(DALI_AUGMENTATIONS)}); use --data-backend pytorch")
-    if backend == "dali-gpu" and not runtime.is_cuda:
-        raise UserError("--data-backend dali-gpu needs a CUDA GPU; use --data-backend dali-cpu on this machine")
-    _import_dali()
+    check_dali_request(backend, runtime.is_cuda, config.augmentation, training=want_train)
 
     device_id = None
     if runtime.is_cuda:

@@ -12,7 +12,7 @@ import pytest
 
 from helpers import free_port, run_process, start_process
 from image_classification.errors import EXIT_PREEMPTED
-from image_classification.multiproc import _stopped_early
+from image_classification.multiproc import _interrupted, _stopped_early
 from image_classification.distributed import lost_peer_reason as _lost_peer_reason
 
 from .harness import COMMON, REPO, RUNNER, TALLY, assert_same_state, environment, explain, load
@@ -70,9 +70,11 @@ sys.exit(cli.run(multiproc.main))
 
 @needs_linux
 @pytest.mark.parametrize("name, launcher", [("SIGUSR1", "multiproc.py"), ("SIGTERM", "multiproc.py"),
-                                            ("SIGTERM", "torchrun before 2.9")])
+                                            ("SIGTERM", "torchrun before 2.9"),
+                                            pytest.param("SIGINT", "multiproc.py", marks=pytest.mark.slow)])
 def test_a_stop_signal_to_multiproc_reaches_the_workers_which_save_and_exit_75(data, tmp_path, name, launcher):
-    """SLURM's --signal warns the launched task, multiproc.py, not its workers; scancel sends it SIGTERM."""
+    """SLURM's --signal warns the launched task, multiproc.py, not its workers; scancel sends it SIGTERM; a
+    terminal's Ctrl-C reaches multiproc.py alone too (torchrun starts the workers in sessions of their own)."""
     script = REPO / "multiproc.py"
     if launcher != "multiproc.py":
         script = tmp_path / "multiproc_old_torchrun.py"
@@ -105,6 +107,14 @@ def test_a_stop_signal_to_multiproc_reaches_the_workers_which_save_and_exit_75(d
 ])
 def test_only_ranks_that_all_stopped_after_saving_make_a_75(codes, early):
     assert _stopped_early([SimpleNamespace(exitcode=code) for code in codes]) is early
+
+
+@pytest.mark.parametrize("codes,interrupted", [
+    ((130, -signal.SIGTERM), True), ((130, 75), True),  # a second Ctrl-C: one rank at once, the others stopped
+    ((75, 75), False), ((130, 1), False), ((1, -signal.SIGTERM), False),
+])
+def test_ranks_stopped_by_a_second_ctrl_c_make_a_130(codes, interrupted):
+    assert _interrupted([SimpleNamespace(exitcode=code) for code in codes]) is interrupted
 
 
 @pytest.mark.parametrize("message,reason", [

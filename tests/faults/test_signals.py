@@ -1,5 +1,5 @@
-"""SIGTERM and SIGUSR1 (what SLURM sends before a preemption): a checkpoint of that very point, exit 75,
-and ``--resume auto`` finishes the run as if it had never stopped.
+"""SIGTERM and SIGUSR1 (what SLURM sends before a preemption) and SIGINT (Ctrl-C): a checkpoint of that very
+point, exit 75, and ``--resume auto`` finishes the run as if it had never stopped.
 
 The signalled runs are real processes; the runs that resume them run in the test's process."""
 
@@ -31,11 +31,13 @@ def test_a_stop_signal_saves_exits_75_and_resumes_exactly(data, tmp_path, straig
     assert count_lost_records(tmp_path / "ws" / "experiment_raport.json", epochs=2) == 0
 
 
-def test_sigterm_to_the_process_group_with_loader_workers_saves_and_exits_75(data, tmp_path):
-    """SLURM signals every process of the job step: the workers must leave the stop to the main process."""
-    stopped = train(data, tmp_path / "ws", *RUN, "-j", "2", signal_at="3:SIGTERM", signal_group=1)
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
+def test_a_stop_signal_to_the_process_group_with_loader_workers_saves_and_exits_75(data, tmp_path, name):
+    """SLURM signals every process of the job step, and a terminal's Ctrl-C every process of the foreground
+    job: the workers must leave the stop to the main process."""
+    stopped = train(data, tmp_path / "ws", *RUN, "-j", "2", signal_at=f"3:{name}", signal_group=1)
     assert stopped.returncode == EXIT_PREEMPTED, explain(stopped)
-    assert "Stopped by SIGTERM" in stopped.stdout and "Traceback" not in stopped.stderr, explain(stopped)
+    assert f"Stopped by {name}" in stopped.stdout and "Traceback" not in stopped.stderr, explain(stopped)
     assert load(tmp_path / "ws" / "checkpoint.pth.tar")["iterations"] == 3
     TALLY["stops"] += 1
 

@@ -1,0 +1,122 @@
+"""The checks a run makes before it writes anything, in the order a user meets them: what cannot work at
+all (a data backend this machine lacks, the dataset), then the workspace (its names, a folder that cannot be
+written, another run holding it) and the run it already holds, which a new run must not replace unasked.
+
+:func:`check_before_start` is what multiproc.py makes before it starts a process; a run makes the same
+checks itself (:func:`check_workspace` on rank 0, the others in :func:`plan.resolve_run`), so a refused
+start leaves no workspace folder and no lock file either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from .arguments import raport_file
+from .data import resolve_backend
+from .errors import UserError
+from .workspace import Workspace
+
+DEFAULT_WORKSPACE = "./"  # --workspace's default (arguments.py)
+
+
+def workspace_folder(args: argparse.Namespace) -> str:
+    """Where the run writes: ``--workspace``; an evaluation of a checkpoint file (``--evaluate --resume PATH``)
+    given none writes beside that file, in the workspace of the run that saved it, rather than into the
+    current folder, where its raport would stand in the way of the next run started there."""
+    if args.evaluate and args.workspace == DEFAULT_WORKSPACE and args.resume and args.resume != "auto":
+        return os.path.dirname(args.resume) or DEFAULT_WORKSPACE
+    return args.workspace
+
+
+def check_workspace(args: argparse.Namespace, workspace: Workspace) -> None:
+    """What the workspace itself refuses (its names, a folder that cannot be written, another run holding it),
+    found without writing anything; rank 0 checks it first."""
+    workspace.check(args.save_checkpoints and not args.evaluate, locking=not args.evaluate,
+                    raport_must_be_new=args.evaluate and args.raport_file is not None)
+
+
+def check_before_start(args: argparse.Namespace, *, workspace: bool = True) -> None:
+    """The start-up checks that would stop every process of a job at once and that need neither a device
+    nor the other processes: the dataset, and (``workspace``: on the node of rank 0) the workspace and the
+    run it holds.  multiproc.py makes them before it starts a process, so that such a mistake is one line
+    and exit 2 with nothing written, not a failure of every process, each in its log."""
+    dataset_classes(args, resolve_backend(args.data_backend))
+    if workspace:
+        folder = Workspace(workspace_folder(args), args.checkpoint_filename, raport_file(args))
+        check_workspace(args, folder)
+        check_fresh_start(args, folder, log=lambda line: None)
+
+
+def check_backend(backend: str, is_cuda: bool, augmentation: str | None, *, training: bool) -> None:
+    """Refuse a data backend this machine cannot run (``dali-gpu`` without CUDA, DALI not installed) or that
+    lacks the asked ``--augmentation``, before the workspace is looked at."""
+    if backend in ("dali-cpu", "dali-gpu"):
+        from .data.dali import check_dali_request
+
+        check_dali_request(backend, is_cuda, augmentation, training=training)
+
+
+def dataset_classes(args: argparse.Namespace, backend: str) -> list[str]:
+    """The class folders, checked once before anything is built; none for synthetic data."""
+    if backend == "synthetic":
+        return []
+    from .data.layout import check_dataset
+
+    return check_dataset(args.data, sys.maxsize, want_train=not args.evaluate, want_val=not args.training_only)
+
+
+def check_fresh_start(args: argparse.Namespace, workspace: Workspace, log) -> None:
+    """A new run must not silently replace the run whose checkpoints, or whose raport (a run without
+    checkpoints leaves only that), the workspace already holds."""
+    if args.resume or args.evaluate:
+        return
+    checkpoints, raport = earlier_run(args, workspace)
+    if not checkpoints and raport is None:
+        return
+    if args.overwrite:
+        replaced = ", ".join(path.name for path in [*checkpoints[:1], *([raport] if raport else [])])
+        log(f"=> --overwrite: this run replaces the one in {workspace.path} ({replaced})")
+        return
+    if checkpoints:
+        raise UserError(f"{workspace.path} already holds another run ({checkpoints[0].name}); pass --resume auto to "
+                        "continue it, a new --workspace for a new run, or --overwrite to replace it")
+    if args.save_checkpoints and _stopped_before_saving(raport):
+        raise UserError(f"--raport-file {raport} holds the records of a run that stopped before its first "
+                        "checkpoint; pass --resume auto to run it again from its first step, another --raport-file "
+                        "or a new --workspace for a new run, or --overwrite to replace them")
+    raise UserError(f"--raport-file {raport} already holds another run's records; give this run another "
+                    "--raport-file or a new --workspace, or pass --overwrite to replace them")
+
+
+def _stopped_before_saving(raport: Path) -> bool:
+    """Whether ``raport`` is a training run's that would have saved checkpoints (its first PARAMETER record
+    says so), not one of a run with ``--no-checkpoints`` or of an evaluation: a run stopped (Ctrl-C, SIGTERM
+    during start-up) or killed before its first save, which the same command with ``--resume auto`` runs again."""
+    try:
+        with open(raport, "rb") as handle:
+            first = handle.readline(1 << 20)
+        record = json.loads(first[len(b"DLLL "):]) if first.startswith(b"DLLL ") else None
+    except (OSError, ValueError, RecursionError):
+        return False
+    data = record.get("data") if isinstance(record, dict) and record.get("step") == "PARAMETER" else None
+    return isinstance(data, dict) and data.get("save_checkpoints") is True and data.get("evaluate") is False
+
+
+def earlier_run(args: argparse.Namespace, workspace: Workspace) -> tuple[list[Path], Path | None]:
+    """What a run with ``args`` would replace in ``workspace``: the checkpoints it would write over (the latest
+    first), and its raport where that holds records (a run without checkpoints leaves only that)."""
+    checkpoints = [path for path in (workspace.latest, workspace.best) if args.save_checkpoints and path.exists()]
+    return checkpoints, workspace.raport if _holds_records(workspace.raport) else None
+
+
+def _holds_records(path) -> bool:
+    """Whether ``path`` is a file with something in it (a raport that holds records, or a file of the user's
+    that a raport would overwrite); an empty file holds nothing to lose."""
+    try:
+        return path.is_file() and path.stat().st_size > 0
+    except OSError:
+        return False
