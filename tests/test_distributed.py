@@ -171,3 +171,49 @@ def test_the_watchdog_ends_a_wait_for_peers_that_lasts_too_long_in_one_line(caps
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: rank 1 stops: no answer from the other processes for 0.2 s while reading the print "
                    "window at epoch 0, iteration 10; one of them is gone or hung (--dist-timeout)"]
+
+
+def test_a_one_process_gloo_ddp_run_in_fp16_with_accumulation_equals_the_same_steps_without_ddp(monkeypatch):
+    """The CPU twin of test_gpu's NCCL test (whose fp16 weights were 1,084 off under the fused SGD): DDP's path
+    (bucket views, no_sync on accumulation steps, the window's all-reduce) with fp16 autocast and the loss
+    scaler, a first step that overflows included, against the same steps without DDP."""
+    import copy
+
+    import torch
+    import torch.distributed as dist
+
+    from helpers import free_port
+    from image_classification.engine import Engine
+    from image_classification.models import build_model
+    from image_classification.plan import RunConfig
+    from image_classification.preprocessing import Preprocessing
+    from image_classification.runtime import Runtime
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        # 2**30 overflows the first steps' fp16 gradients: the scaler halves it until they fit
+        config = RunConfig(arch="resnet18", num_classes=10, model_options=(), preprocessing=Preprocessing(32),
+                           accumulation=2, lr=0.05, loss_scale=2.0**30)
+        torch.manual_seed(0)
+        model = build_model("resnet18", num_classes=10)
+        twin = copy.deepcopy(model)
+        generator = torch.Generator().manual_seed(0)
+        batches = [(torch.randn(4, 3, 32, 32, generator=generator), torch.randint(0, 10, (4,), generator=generator))
+                   for _ in range(8)]
+        engines = {}
+        for name, net, joined in (("ddp", model, True), ("plain", twin, False)):
+            runtime = Runtime(torch.device("cpu"), torch.float16, torch.contiguous_format, process_group=joined)
+            engine = engines[name] = Engine(config, runtime, net, log=lambda *_: None)
+            assert isinstance(engine.model, torch.nn.parallel.DistributedDataParallel) == joined
+            for index, (images, targets) in enumerate(batches):
+                engine.train_step(images, targets, accumulation=2, step_now=index % 2 == 1)
+            engine.read_window("the test")
+        ddp, plain = engines["ddp"], engines["plain"]
+        assert ddp.progress.optimizer_steps == plain.progress.optimizer_steps == 4
+        assert ddp.progress.skipped_steps == plain.progress.skipped_steps > 0 and ddp.grad_scale == plain.grad_scale
+        for (key, a), b in zip(model.state_dict().items(), twin.state_dict().values()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=key)
+    finally:
+        dist.destroy_process_group()

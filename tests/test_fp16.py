@@ -177,3 +177,21 @@ def test_torch_fused_sgd_skips_a_first_fp16_step_as_stock_sgd_does():
         results.append([p.detach().clone() for p in model.parameters()])
     for fused, plain in zip(*results):
         torch.testing.assert_close(fused, plain)
+
+
+def test_an_fp16_run_stopped_mid_epoch_resumes_bitwise_with_its_scaler_and_skipped_steps(image_folder, tmp_path,
+                                                                                           tiny_arch, capsys):
+    """main.py end to end in fp16 on the CPU (said in one line): a scale of 2**30 overflows the first steps, which
+    are skipped and counted; a run stopped by SIGTERM mid-epoch and resumed ends bitwise where a straight run
+    does, the scale, its growth tracker and the skipped steps included."""
+    from test_optim import assert_same_tensors, stopped_and_resumed
+
+    argv = ["-a", tiny_arch, "--image-size", "32", "-b", "4", "--device", "cpu", "-p", "1", "--num-classes", "3",
+            "--data-backend", "pytorch", "-j", "0", "--epochs", "2", "--seed", "5", "--lr", "0.01", "--amp",
+            "--amp-dtype", "float16", "--static-loss-scale", str(2**30), "--dynamic-loss-scale"]
+    straight, resumed = stopped_and_resumed(image_folder, tmp_path, argv, stop_after=8)  # epoch 2, batch 2
+    assert "--amp-dtype float16 on the CPU: fp16 autocast with loss scaling" in capsys.readouterr().out
+    assert straight["skipped_steps"] == resumed["skipped_steps"] > 0
+    assert straight["scaler"]["scale"] < 2**30 and straight["scaler"] == resumed["scaler"]
+    for name in ("state_dict", "optimizer"):
+        assert_same_tensors(straight[name], resumed[name], name)
