@@ -23,14 +23,14 @@ from .cli import report
 from .data import get_loaders
 from .distributed import lost_peer_reason
 from .engine import Engine
-from .errors import PeerLost, UserError
+from .errors import EXIT_PREEMPTED, PeerLost, UserError
 from .inference import calibrate
 from .loop import Loop, RunControl, register_metrics
 from .onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
 from .plan import RunConfig, resolve_run
 from .raport import Raport
 from .runtime import Runtime, make_runtime
-from .signals import StopSignal
+from .signals import StopSignal, Stopped
 from .workspace import Workspace
 
 
@@ -70,6 +70,11 @@ def _train(args: argparse.Namespace, signals: StopSignal) -> int:
     except UserError as error:
         if runtime.distributed:
             _leave_distributed(workspace, report(error))
+        raise
+    except Stopped as stop:  # a stop signal while the start-up read the dataset: nothing to save
+        if runtime.distributed:
+            print(stop, file=sys.stderr, flush=True)
+            _leave_distributed(workspace, EXIT_PREEMPTED)
         raise
     finally:
         workspace.unlock()

@@ -16,8 +16,10 @@ from types import MappingProxyType
 from typing import Protocol
 
 from ..errors import UserError
-from .files import SplitWalk, decode_problem, is_image_file, read_bytes, walk_class
-from .packed import check_packed, is_packed, open_packed_split
+from ..signals import stop_raises
+from .files import (UNDECODABLE_ADVICE, SplitWalk, decode_problem, is_image_file, is_utf8, printable, read_bytes,
+                    walk_class)
+from .packed import MANIFEST, check_packed, is_packed, open_packed_split, unfinished_pack
 
 
 def class_folders(split_dir: Path) -> list[str]:
@@ -118,8 +120,19 @@ def list_samples(split_dir: Path, classes: list[str]) -> list[tuple[str, int]]:
     return samples
 
 
+def reading_dataset():
+    """Within the block, SIGTERM or SIGUSR1 ends a start-up that reads the dataset at once (exit 75), even where
+    a read waits for good (a hung network file system): nothing was trained or written yet."""
+    return stop_raises("reading the dataset", "nothing was trained or written: run the same command again")
+
+
 def check_dataset(data_dir: str, num_classes: int | None, *, want_train: bool, want_val: bool) -> list[str]:
     """Validate the dataset layout before the first step; return the sorted class names."""
+    with reading_dataset():
+        return _check_dataset(data_dir, num_classes, want_train=want_train, want_val=want_val)
+
+
+def _check_dataset(data_dir: str, num_classes: int | None, *, want_train: bool, want_val: bool) -> list[str]:
     root = Path(data_dir)
     if not root.is_dir():
         raise UserError(f"dataset directory {data_dir} does not exist")
@@ -133,7 +146,12 @@ def check_dataset(data_dir: str, num_classes: int | None, *, want_train: bool, w
             raise UserError(f"{data_dir} has no {split}/ folder; expected {split}/<class>/<image> files")
         classes = class_folders(split_dir)
         if not classes:
+            refuse_unfinished_pack(split_dir)
             raise UserError(f"{split_dir} has no class folders; expected {split}/<class>/<image> files")
+        undecodable = [name for name in classes if not is_utf8(name)]
+        if undecodable:
+            raise UserError(f"class folder {printable(split_dir / undecodable[0])} has a name that is not UTF-8 text; "
+                            f"{UNDECODABLE_ADVICE}")
         for name in classes:
             if not _has_images(split_dir / name, split_dir):
                 raise UserError(f"class folder {split_dir / name} holds no images")
@@ -155,6 +173,13 @@ def check_dataset(data_dir: str, num_classes: int | None, *, want_train: bool, w
             f"pass --num-classes {len(classes)}"
         )
     return classes
+
+
+def refuse_unfinished_pack(split_dir: Path) -> None:
+    """UserError where ``split_dir`` holds a pack's files without their manifest (the pack was stopped or killed)."""
+    if unfinished_pack(split_dir):
+        raise UserError(f"{split_dir} holds the shards of a pack that did not finish (no {MANIFEST}); run the same "
+                        "pack command again to finish it")
 
 
 def _has_images(class_dir: Path, split_dir: Path) -> bool:
