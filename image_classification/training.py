@@ -21,6 +21,7 @@ import torch.distributed as dist
 from .arguments import parse_args, raport_file
 from .cli import report
 from .data import get_loaders
+from .data.layout import data_change_notice
 from .distributed import lost_peer_reason
 from .engine import Engine
 from .errors import EXIT_PREEMPTED, PeerLost, UserError
@@ -107,10 +108,14 @@ def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signa
     train_loader, val_loader = get_loaders(plan.data, runtime, plan.classes, want_train=not config.evaluate,
                                            want_val=not args.training_only)
     raport: Raport | None = None  # opened below; the engine asks it where it stands only when it saves
+    dataset = train_loader.fingerprint() if train_loader is not None else {}
     engine = Engine(config, runtime, plan.model, classes=plan.classes, raport_position=lambda: raport.position(),
-                    log=log)
+                    dataset=dataset, log=log)
     if plan.resumed is not None:
         engine.load_state_dict(plan.resumed)
+        changed = data_change_notice(plan.resumed.get("dataset"), dataset, engine.progress.batch)
+        if changed:
+            log(changed)
     evaluated = onnx_models(config, runtime, engine, log) if config.runtime == "onnxruntime" else None
     if runtime.is_main:
         _take_workspace(workspace, saving, config.evaluate, log)

@@ -8,6 +8,7 @@ through this module, so they count the same images under the same labels, from a
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from collections.abc import Mapping
@@ -19,7 +20,7 @@ from ..errors import UserError
 from ..signals import stop_raises
 from .files import (UNDECODABLE_ADVICE, SplitWalk, decode_problem, is_image_file, is_utf8, printable, read_bytes,
                     walk_class)
-from .packed import MANIFEST, check_packed, is_packed, open_packed_split, unfinished_pack
+from .packed import MANIFEST, check_packed, fingerprint, is_packed, names_blob, open_packed_split, unfinished_pack
 
 
 def class_folders(split_dir: Path) -> list[str]:
@@ -55,14 +56,16 @@ class Split(Protocol):
 
     def problem(self, index: int) -> str | None: ...
 
+    def fingerprint(self) -> dict: ...
+
 
 class FolderSplit:
-    """A split read from its folder, a file per image."""
+    """A split read from its folder (``split_dir``), a file per image."""
 
     known_unreadable: Mapping[int, str] = MappingProxyType({})  # a file is found unreadable when it is read
 
-    def __init__(self, samples: list[tuple[str, int]]):
-        self.samples = samples
+    def __init__(self, samples: list[tuple[str, int]], split_dir: Path):
+        self.samples, self.split_dir = samples, split_dir
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -82,6 +85,35 @@ class FolderSplit:
         """Why sample ``index`` cannot be decoded, or None."""
         return decode_problem(self.samples[index][0])
 
+    def fingerprint(self) -> dict:
+        """Which images the split holds (see :func:`.packed.fingerprint`): the same as its packed copy's."""
+        names = relative_names(self.split_dir, [path for path, _ in self.samples])
+        return fingerprint(len(names), hashlib.sha256(names_blob(names)).hexdigest())
+
+
+def relative_names(split_dir: Path, paths: list[str]) -> list[str]:
+    """The paths of a split's images, as its walk lists them, relative to the split folder: each sample's name
+    in messages, in a packed set's ``names.bin`` and in its :func:`.packed.fingerprint`."""
+    prefix = str(split_dir) + os.sep  # where the walk starts every path it lists
+    return [path[len(prefix):] if path.startswith(prefix) else os.path.relpath(path, split_dir) for path in paths]
+
+
+def data_change_notice(recorded, current: dict, batch: int) -> str | None:
+    """The line a resume says where the training images differ from those its checkpoint ``recorded`` (see
+    :func:`.packed.fingerprint`), ``batch`` batches into an epoch; None where they do not, or where nothing was
+    recorded (a checkpoint of an earlier version, synthetic data)."""
+    if not isinstance(recorded, dict) or not current or recorded == current:
+        return None
+    before, now = recorded.get("images"), current["images"]
+    before = before if isinstance(before, int) else "?"
+    what = f"{before} training images then, {now} now" if before != now else \
+        f"{now} training images then and now, but not the same ones"
+    if batch:
+        return (f"=> the dataset changed since the checkpoint was written ({what}): the rest of this epoch is dealt "
+                "from the new set's order, so some of its images are seen twice in this epoch and others not at "
+                "all; the resume is not exact")
+    return f"=> the dataset changed since the checkpoint was written ({what}); training goes on with it"
+
 
 def open_split(root: Path, split: str, classes: list[str], *, batch_size: int = 1, world_size: int = 1) -> Split:
     """The images of ``root/split`` (train/ or val/), from the shards of a packed set or from the folder.
@@ -89,7 +121,7 @@ def open_split(root: Path, split: str, classes: list[str], *, batch_size: int = 
     Training refuses a set too small for one batch of ``batch_size`` per process.
     """
     source = open_packed_split(root / split, classes) if is_packed(root) else \
-        FolderSplit(list_samples(root / split, classes))
+        FolderSplit(list_samples(root / split, classes), root / split)
     if split == "train" and len(source) // world_size < batch_size:
         raise UserError(
             f"train/ holds {len(source)} images, fewer than one batch of {batch_size} per process; "

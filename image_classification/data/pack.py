@@ -42,10 +42,10 @@ from ..errors import UserError
 from ..signals import stop_raises
 from ..tool_arguments import pack_parser
 from .files import SPLITS, printable
-from .layout import _report_links, check_dataset, walk_split
+from .layout import _report_links, check_dataset, relative_names, walk_split
 from .pack_destination import PackLock, open_own, prepare_destination, remove_temporaries
 from .packed import (BLOCK, FORMAT, MANIFEST, MAX_MANIFEST_BYTES, NAMES, PROGRESS, SHARD, TABLE, TABLE_DTYPE, VERSION,
-                     index_name, is_packed, sample_key, shard_name)
+                     index_name, is_packed, names_blob, sample_key, shard_name)
 
 DEFAULT_SHARD_SIZE = 10**9
 _INDEX_LINE_BYTES = 128  # more than a line of a shard's DALI index takes (two members, their offsets and sizes)
@@ -138,8 +138,7 @@ def plan_split(source_dir: Path, target_dir: Path, classes: list[str], shard_siz
             continue
         sizes[index], mtimes[index] = info.st_size, info.st_mtime_ns
     paths = [path for path, _ in samples]
-    prefix = str(source_dir) + os.sep  # where the walk starts every path it lists
-    names = [path[len(prefix):] if path.startswith(prefix) else os.path.relpath(path, source_dir) for path in paths]
+    names = relative_names(source_dir, paths)
     plan = SplitPlan(source_dir, target_dir, classes, paths, names,
                      np.array([label for _, label in samples], dtype=np.int64), sizes, mtimes, problems, links)
     first, used = 0, 0
@@ -324,7 +323,7 @@ def pack_split(plan: SplitPlan, workers: int, progress) -> dict:
     done: list[ShardRecord | None] = [kept_shard(plan, number, records.get(shard_name(number)), table)
                                       for number in range(len(plan.shards))]
     written = sum(record is None for record in done)
-    names = b"".join(os.fsencode(name) + b"\0" for name in plan.names)
+    names = names_blob(plan.names)
     if written and (split_dir / MANIFEST).exists():
         for record in done:  # what the manifest knew, kept for a pack killed before it writes the next one
             if record is not None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,20 @@ TEMPORARY = re.compile(r"\.(shard-\d{6}\.(tar|idx)|samples\.npy|names\.bin|manif
 MAX_MANIFEST_BYTES = 256 << 20
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SPARE_FILES = 256  # descriptors left for everything else when the shards' are counted
+
+
+def names_blob(names: list[str]) -> bytes:
+    """``names.bin``: each sample's path relative to its split, NUL-terminated, in the bytes ``os.fsencode`` gives
+    (encoded in one call: 0.15 s for ImageNet's 1.28 M names, a quarter of a call per name)."""
+    text = "\0".join(names) + "\0" if names else ""
+    return text.encode(sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
+
+
+def fingerprint(images: int, names_sha256: str) -> dict:
+    """What a checkpoint records of the training images, to tell a resume that they changed: their count and the
+    SHA-256 of their names in order (``names.bin``'s: the same for a folder and its packed copy; a name holds its
+    class folder, so the labels are in it too)."""
+    return {"images": images, "names_sha256": names_sha256}
 
 
 def shard_name(number: int) -> str:
@@ -360,6 +375,10 @@ class PackedSplit:
             raise OSError(f"{self.shard_files[shard]} does not hold sample {index} where its table places it: the "
                           "shard was changed since it was packed")
         return data
+
+    def fingerprint(self) -> dict:
+        """Which images the split holds (see :func:`fingerprint`): those of the folder it was packed from."""
+        return fingerprint(len(self), self.names.sha256)
 
     def problem(self, index: int) -> str | None:
         """Why sample ``index`` cannot be read or decoded, or None."""
