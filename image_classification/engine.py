@@ -70,9 +70,11 @@ class Engine:
     """Model, optimizer, scaler, EMA, progress and RNG of one process; see the module docstring."""
 
     def __init__(self, config: RunConfig, runtime: Runtime, model: nn.Module, *, classes: Sequence[str] = (),
-                 raport_position: Callable[[], dict] | None = None, log=print):
+                 raport_position: Callable[[], dict] | None = None, dataset: dict | None = None, log=print):
         """``classes``: the class names a checkpoint records; ``raport_position``: where the raport stands
-        (``{"file", "offset"}``), recorded so that a resume cuts the raport back to the same point."""
+        (``{"file", "offset"}``), recorded so that a resume cuts the raport back to the same point;
+        ``dataset``: which training images the run reads (``Loader.fingerprint()``), recorded so that a resume
+        can say they changed."""
         self.config, self.runtime, self.log = config, runtime, log
         self.base_model = model
         self.optimizer = build_optimizer(
@@ -89,6 +91,7 @@ class Engine:
         self.progress = Progress()
         self.classes = list(classes)
         self.raport_position = raport_position
+        self.dataset = dict(dataset or {})
         self._loss_sum = torch.zeros((), device=runtime.device)
         self._window_steps = self._window_images = 0
         self._overflow_run = self._overflow_longest = 0  # fp16 steps skipped in a row: now, and at most this window
@@ -294,6 +297,8 @@ class Engine:
         }
         if self.classes:
             state["classes"] = list(self.classes)  # classify.py prints these names
+        if self.dataset:
+            state["dataset"] = dict(self.dataset)
         if self.ema is not None:
             state["state_dict_ema"] = self.ema.state_dict()
             state["ema_updates"] = self.ema.updates

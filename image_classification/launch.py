@@ -14,9 +14,7 @@ The presets file is package data (``image_classification/configs.yml``, a link t
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
-import stat
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -25,6 +23,7 @@ import yaml
 
 from .arguments import build_parser as build_main_parser, flag_tokens, parse_args
 from .cli import UserErrorParser
+from .datafile import DataFileError, read_regular, utf8_text
 from .errors import UserError
 
 # In a source tree the link resolves to the repository's configs.yml, the file users edit.
@@ -52,14 +51,13 @@ MAX_NESTING = 32
 def load_config(cfg_file: str | Path = DEFAULT_CFG_FILE) -> dict:
     """Read and sanity-check a presets file; raises :class:`UserError` for a bad file."""
     try:
-        text = _read_presets_file(cfg_file).decode("utf-8")
+        # a regular file (not /dev/zero, not a FIFO that would wait for a writer) of at most MAX_CFG_BYTES; a link
+        # is followed (the package's configs.yml is one)
+        text = utf8_text(read_regular(cfg_file, MAX_CFG_BYTES, follow_links=True))
         _check_nesting(text, cfg_file)
         config = yaml.load(text, Loader=YAML_LOADER)
-    except OSError as error:
-        raise UserError(f"cannot read the presets file {cfg_file}: {error.strerror}") from None
-    except UnicodeDecodeError as error:
-        raise UserError(f"{cfg_file} is not UTF-8 text (byte {error.start + 1} is not): it is not a presets "
-                        "file") from None
+    except DataFileError as error:
+        raise UserError(f"{cfg_file} {error}: it is not a presets file") from None
     except yaml.YAMLError as error:
         where = getattr(error, "problem_mark", None)
         line = f" (line {where.line + 1})" if where is not None else ""
@@ -74,32 +72,6 @@ def load_config(cfg_file: str | Path = DEFAULT_CFG_FILE) -> dict:
     if missing:
         raise UserError(f"{cfg_file} lacks the section(s) {', '.join(missing)}")
     return config
-
-
-def _read_presets_file(cfg_file: str | Path) -> bytes:
-    """The bytes of ``cfg_file``, a regular file of at most :data:`MAX_CFG_BYTES`, else a :class:`UserError`.
-
-    What is opened is what is checked (fstat of the open file, not a stat of the name, which could be
-    swapped in between), and no more than one byte past the limit is read even from a file that grows; the
-    open does not wait for a writer, as it would on a FIFO."""
-    handle = os.open(cfg_file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    try:
-        info = os.fstat(handle)
-        if not stat.S_ISREG(info.st_mode):
-            raise UserError(f"{cfg_file} is not a regular file (a folder, a device or a pipe): it is not a presets "
-                            "file")
-        text = b""
-        while info.st_size <= MAX_CFG_BYTES and len(text) <= MAX_CFG_BYTES:
-            chunk = os.read(handle, MAX_CFG_BYTES + 1 - len(text))
-            if not chunk:
-                break
-            text += chunk
-    finally:
-        os.close(handle)
-    if info.st_size > MAX_CFG_BYTES or len(text) > MAX_CFG_BYTES:
-        raise UserError(f"{cfg_file} holds more than {MAX_CFG_BYTES:,} bytes (configs.yml: about 8 KB): it is not a "
-                        "presets file")
-    return text
 
 
 def _check_nesting(text: str, cfg_file: str | Path) -> None:

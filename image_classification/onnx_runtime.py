@@ -33,14 +33,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import errno
 import hashlib
 import inspect
 import json
 import os
 import re
 import secrets
-import stat
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -52,6 +50,7 @@ import torch
 from torch import nn
 
 from . import machine
+from .datafile import DataFileError, parse_json, read_regular
 from .errors import UserError
 from .quantization import Quantization, quantize
 from .scratch import STAMP, remove_dead_writers, scratch_folder
@@ -61,6 +60,7 @@ from .workspace import writer_stamp
 OPSET = 17
 CACHE_ENV = "IMAGE_CLASSIFICATION_CACHE"
 RECORD_FORMAT = 1
+MAX_RECORD_BYTES = 16 << 20  # a record holds the probe's logits: about 25 KB for 1,000 classes
 
 # Largest FP32 logit difference between onnxruntime and PyTorch we accept, relative to the largest logit
 # when that exceeds 1: a model whose logits reach 1e5 (a briefly trained or diverging one) cannot agree
@@ -248,22 +248,25 @@ def _disagreement(got: np.ndarray, expected: np.ndarray, whose: str, tolerance: 
 # ------------------------------------------------------------------------------------------------
 # The cache
 # ------------------------------------------------------------------------------------------------
-def _read_file(path: Path, what: str) -> bytes:
+def _read_file(path: Path, what: str, max_bytes: int | None = None) -> bytes:
     """The bytes of ``path`` where it is a plain file itself: a link is not followed (it may lead into
     somebody else's file) and a pipe is not waited on."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        descriptor = os.open(path, flags)
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            raise _Mismatch(f"{what} is a link") from None
-        if error.errno == errno.ENOENT:
-            raise _Mismatch(f"{what} is missing") from None
-        raise _Mismatch(f"{what} cannot be read: {error.strerror or error}") from None
-    with os.fdopen(descriptor, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise _Mismatch(f"{what} is not a file")
-        return handle.read()
+        return read_regular(path, max_bytes)
+    except DataFileError as error:
+        raise _Mismatch(f"{what} {error}") from None
+
+
+def _read_record(path: Path) -> dict:
+    """The record at ``path``, as :func:`_record_of` writes it; _Mismatch for anything else (a file that is no
+    JSON within :mod:`.datafile`'s bounds: too large, nested too deep, numbers out of range)."""
+    try:
+        record = parse_json(_read_file(path, "its record", MAX_RECORD_BYTES), MAX_RECORD_BYTES)
+    except DataFileError as error:
+        raise _Mismatch(f"its record is damaged: it {error}") from None
+    if not isinstance(record, dict):
+        raise _Mismatch("its record is damaged: it holds no mapping")
+    return record
 
 
 def _record_of(content: bytes, key: str, description: dict, logits: np.ndarray) -> dict:
@@ -276,8 +279,8 @@ def _proven_session(path: Path, record_path: Path, key: str, description: dict, 
                     probe: torch.Tensor, expected: np.ndarray) -> tuple[bytes, object]:
     """The cached file's bytes and a CPU session of them, when it proves to be this export (module
     docstring); else _Mismatch."""
+    record = _read_record(record_path)
     try:
-        record = json.loads(_read_file(record_path, "its record"))
         recorded = np.asarray(record["probe_logits"], dtype=np.float64)
         identity = (record["format"], record["key"], record["exported"], record["sha256"], record["bytes"])
     except (ValueError, TypeError, KeyError):

@@ -27,9 +27,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, TextIO
 
+from .datafile import parse_json
 from .errors import StorageError
 
 DEFAULT, VERBOSE = 0, 1
+MAX_RECORD_BYTES = 16 << 20  # far more than a record's line takes (the PARAMETER record: a few KB)
 
 PERF_META = {"unit": "images/s", "format": ":.2f"}
 TIME_META = {"unit": "s", "format": ":.5f"}
@@ -340,10 +342,12 @@ class Raport:
 
 
 def read_raport(path: str | os.PathLike) -> list[dict]:
-    """Parse a raport file into its records (the ``DLLL `` prefix removed)."""
+    """Parse a raport file into its records (the ``DLLL `` prefix removed), each line's JSON under
+    :func:`.datafile.parse_json`'s bounds (NaN and infinities allowed: a diverging run records them); a line
+    that breaks them raises a ValueError (:class:`.datafile.DataFileError`)."""
     records = []
     with open(path, encoding="utf-8") as handle:
         for line in handle:
             if line.startswith("DLLL "):
-                records.append(json.loads(line[5:]))
+                records.append(parse_json(line[5:], MAX_RECORD_BYTES, allow_nonfinite=True))
     return records

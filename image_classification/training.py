@@ -21,9 +21,10 @@ import torch.distributed as dist
 from .arguments import parse_args, raport_file
 from .cli import report
 from .data import get_loaders
+from .data.layout import data_change_notice
 from .distributed import lost_peer_reason
 from .engine import Engine
-from .errors import PeerLost, UserError
+from .errors import EXIT_PREEMPTED, PeerLost, UserError
 from .inference import calibrate
 from .loop import Loop, RunControl, register_metrics
 from .onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
@@ -31,7 +32,7 @@ from .plan import RunConfig, resolve_run
 from .startup import check_workspace, workspace_folder
 from .raport import Raport
 from .runtime import Runtime, make_runtime
-from .signals import StopSignal
+from .signals import StopSignal, Stopped
 from .workspace import Workspace
 
 
@@ -72,6 +73,11 @@ def _train(args: argparse.Namespace, signals: StopSignal) -> int:
         if runtime.distributed:
             _leave_distributed(workspace, report(error))
         raise
+    except Stopped as stop:  # a stop signal while the start-up read the dataset: nothing to save
+        if runtime.distributed:
+            print(stop, file=sys.stderr, flush=True)
+            _leave_distributed(workspace, EXIT_PREEMPTED)
+        raise
     finally:
         workspace.unlock()
 
@@ -102,10 +108,14 @@ def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signa
     train_loader, val_loader = get_loaders(plan.data, runtime, plan.classes, want_train=not config.evaluate,
                                            want_val=not args.training_only)
     raport: Raport | None = None  # opened below; the engine asks it where it stands only when it saves
+    dataset = train_loader.fingerprint() if train_loader is not None else {}
     engine = Engine(config, runtime, plan.model, classes=plan.classes, raport_position=lambda: raport.position(),
-                    log=log)
+                    dataset=dataset, log=log)
     if plan.resumed is not None:
         engine.load_state_dict(plan.resumed)
+        changed = data_change_notice(plan.resumed.get("dataset"), dataset, engine.progress.batch)
+        if changed:
+            log(changed)
     evaluated = onnx_models(config, runtime, engine, log) if config.runtime == "onnxruntime" else None
     if runtime.is_main:
         _take_workspace(workspace, saving, config.evaluate, log)

@@ -31,9 +31,11 @@ from typing import TextIO
 
 from .checkpoint import (BEST_NAME, TEMP_SUFFIX, epoch_checkpoints, is_epoch_checkpoint_name, longest_name,
                          temporary_name)
+from .datafile import parse_json
 from .errors import StorageError, UserError
 
 LOCK_NAME = ".workspace.lock"
+MAX_LOCK_RECORD_BYTES = 1 << 16  # the lock's record of its holder: host, pid, start, a few hundred bytes
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]+" + re.escape(TEMP_SUFFIX) + "$")
 
 try:
@@ -156,8 +158,8 @@ def _nearest_existing(path: Path) -> Path:
 def _recorded_holder_is_dead(path: Path) -> bool:
     """Whether the lock file names a holder that is proven dead (then only its children can hold it)."""
     try:
-        record = json.loads(path.read_text(encoding="utf-8").splitlines()[1])
-    except (OSError, IndexError, ValueError):
+        record = parse_json(path.read_text(encoding="utf-8").splitlines()[1], MAX_LOCK_RECORD_BYTES)
+    except (OSError, IndexError, ValueError):  # ValueError: no JSON within datafile's bounds
         return False  # written by an older version, or half written: cannot tell
     return isinstance(record, dict) and holder_is_dead(record)
 

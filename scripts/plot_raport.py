@@ -15,7 +15,6 @@ matplotlib and no display.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import sys
@@ -111,8 +110,8 @@ def load(path: Path) -> list[dict]:
         raise UserError(f"cannot read {path}: {error.strerror}") from None
     except UnicodeDecodeError:
         raise UserError(f"{path} is not a raport: it is not a text file") from None
-    except json.JSONDecodeError:
-        raise UserError(f"{path} is not a raport: a 'DLLL ' line does not hold JSON") from None
+    except ValueError as error:  # JSON, or image_classification.datafile's bounds on it
+        raise UserError(f"{path} is not a raport: a 'DLLL ' line {error}") from None
     if not records:
         raise UserError(f"{path} is not a raport: it has no 'DLLL {{json}}' lines")
     return records

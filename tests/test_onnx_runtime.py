@@ -227,9 +227,14 @@ def record_lost(tiny: TinyCache) -> None:
     tiny.file(tiny.key, ".json").unlink()
 
 
+def record_nested_100000_deep(tiny: TinyCache) -> None:
+    """A RecursionError before, in this run and every later one until the file was removed by hand."""
+    tiny.file(tiny.key, ".json").write_text("[" * 100_000)
+
+
 @pytest.mark.parametrize("damage", [other_model_copied, link_to_another_model, bit_flipped,
                                     other_export_copied_with_its_record, other_export_with_a_record_forged_for_ours,
-                                    record_lost], ids=lambda damage: damage.__name__)
+                                    record_lost, record_nested_100000_deep], ids=lambda damage: damage.__name__)
 def test_a_cached_model_that_is_not_the_export_of_these_weights_is_said_once_and_exported_again(
         tiny, images, capsys, monkeypatch, damage):
     argv = tiny_argv(tiny, images)

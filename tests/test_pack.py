@@ -4,6 +4,7 @@ folder; damaged, swapped or hostile files are refused in one line; an interrupte
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -16,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import REPO, Forked, one_error_line, run_script, write_image_folder
+from helpers import REPO, Forked, one_error_line, refused, run_script, write_image_folder
 from image_classification.data.layout import check_dataset, list_samples, open_split
 from image_classification.data.pack import PackLock
 from image_classification.data.packed import MANIFEST, TABLE, PackedSplit
@@ -404,6 +405,12 @@ def _truncate_shard(split: Path) -> None:
     shard.write_bytes(shard.read_bytes()[:-10240])
 
 
+def _count_past_int64(manifest: dict) -> None:
+    """A sample count of 10**30, the first shard's count raised so that the counts still add up."""
+    manifest["shards"][0]["samples"] = 10**30 - sum(shard["samples"] for shard in manifest["shards"][1:])
+    manifest["samples"] = 10**30
+
+
 def _swap_shards(split: Path) -> None:
     """Shards of the same size, in each other's place: only their tar headers tell."""
     first, second = (split / f"shard-00000{number}.tar" for number in (0, 1))
@@ -422,6 +429,12 @@ DAMAGES = {
                                                                             "format 1"),
     "a shard count that does not add up": (_edit_manifest(lambda m: m["shards"][1].update(samples=9)),
                                            "do not add up to its sample count"),
+    "a sample count past any integer": (_edit_manifest(_count_past_int64),
+                                        "holds the whole number 100000000000000000000000..., beyond what a 64-bit "
+                                        "integer holds; pack the dataset again"),  # was an OverflowError
+    "a manifest nested 100,000 deep": (lambda split: (split / MANIFEST).write_text("[" * 100_000),
+                                       "manifest.json nests its values more than 32 levels deep (line 1); pack the "
+                                       "dataset again"),  # was a RecursionError
 }
 
 
@@ -502,8 +515,7 @@ def test_what_a_pack_refuses(image_folder, packed, tmp_path, capsys):
         being_written.write_bytes(b"the other pack's")
         assert "another pack is writing" in one_error_line(pack(image_folder, tmp_path / "busy", capsys=capsys))
         assert being_written.read_bytes() == b"the other pack's"
-    assert "is SRC or inside one of its splits" in one_error_line(pack(image_folder, image_folder / "val" / "x",
-                                                                       capsys=capsys))
+    assert "is SRC or inside it" in one_error_line(pack(image_folder, image_folder / "val" / "x", capsys=capsys))
     (tmp_path / "foreign" / "train").mkdir(parents=True)
     (tmp_path / "foreign" / "train" / "notes.txt").write_text("mine")
     assert "holds 'notes.txt', which a pack does not write" in one_error_line(pack(image_folder, tmp_path / "foreign",
@@ -512,6 +524,99 @@ def test_what_a_pack_refuses(image_folder, packed, tmp_path, capsys):
     assert "--shard-size '1XB'" in one_error_line(pack(image_folder, tmp_path / "x", "--shard-size", "1XB",
                                                        capsys=capsys))
     assert (tmp_path / "foreign" / "train" / "notes.txt").read_text() == "mine"
+
+
+def test_a_dst_inside_src_or_beside_other_files_is_refused(image_folder, tmp_path, capsys):
+    """As the docs say: a DST inside SRC (not only inside its splits), or whose top folder holds other files."""
+    import shutil
+
+    source = Path(shutil.copytree(image_folder, tmp_path / "src"))
+    before = files_of(source)
+    assert f"DST {source / 'packed'} is SRC or inside it" in one_error_line(pack(source, source / "packed",
+                                                                                 capsys=capsys))
+    assert files_of(source) == before and not (source / "packed").exists()
+    (tmp_path / "dst").mkdir()
+    (tmp_path / "dst" / "notes.txt").write_text("mine")
+    assert f"{tmp_path / 'dst'} holds 'notes.txt', which a pack does not write" in one_error_line(
+        pack(source, tmp_path / "dst", capsys=capsys))
+    assert os.listdir(tmp_path / "dst") == ["notes.txt"]
+
+
+@pytest.mark.parametrize("planted", [".pack.lock", "train/.pack-progress.jsonl"])
+def test_a_pack_never_writes_through_a_link_planted_in_dst(image_folder, tmp_path, planted, capsys, monkeypatch):
+    """A link at a file a pack writes is refused before anything is written; one planted after DST was checked
+    is not followed when the file is opened.  The file it points to is left as it was."""
+    from image_classification.cli import run
+    from image_classification.data import pack as pack_module
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("mine\n")
+    destination = tmp_path / "dst"
+    (destination / "train").mkdir(parents=True)
+    (destination / planted).symlink_to(outside)
+    assert f"{destination / planted} is a symbolic link, which a pack never writes" in one_error_line(
+        pack(image_folder, destination, capsys=capsys))
+    (destination / planted).unlink()
+    checked = pack_module.prepare_destination
+
+    def planted_after_the_check(source, target, splits):
+        checked(source, target, splits)
+        (target / planted).symlink_to(outside)
+
+    monkeypatch.setattr(pack_module, "prepare_destination", planted_after_the_check)
+    code = run(pack_module.main, [str(image_folder), str(destination), "--shard-size", "64KB"])
+    assert f"{destination / planted} is a symbolic link, which a pack never writes through" in refused(code, capsys)
+    assert outside.read_text() == "mine\n"
+
+
+def _without_waiting(*attempts) -> list[str]:
+    """What each of ``attempts`` (functions) raised as a UserError, or printed: called in a thread, so that one
+    waiting on a FIFO for good fails the test instead of hanging it."""
+    import contextlib
+    import io
+
+    from image_classification.errors import UserError
+
+    outcome = []
+
+    def attempt_all():
+        for attempt in attempts:
+            with contextlib.redirect_stdout(io.StringIO()) as out:
+                try:
+                    attempt()
+                except UserError as error:
+                    print(error)
+            outcome.append(out.getvalue())
+
+    thread = threading.Thread(target=attempt_all, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    return outcome
+
+
+@pytest.mark.parametrize("fifo", [MANIFEST, "shard-000001.tar"])
+def test_a_fifo_in_place_of_a_manifest_or_a_shard_is_refused_without_waiting(packed, tmp_path, fifo):
+    """``open`` of a FIFO waits for a writer: start-up and data.check waited for good (and main.py ignored
+    SIGTERM meanwhile)."""
+    import shutil
+
+    from image_classification.data.check import check
+
+    copy = tmp_path / "copy"
+    shutil.copytree(packed, copy)
+    (copy / "train" / fifo).unlink()
+    os.mkfifo(copy / "train" / fifo)
+    try:
+        outcome = _without_waiting(
+            lambda: open_split(copy, "train", check_dataset(str(copy), None, want_train=True, want_val=True)),
+            lambda: check(copy, workers=1))
+    finally:  # a reader still waiting: a writer lets it go
+        with contextlib.suppress(OSError):
+            os.close(os.open(copy / "train" / fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert len(outcome) == 2, "waited on the FIFO"
+    for said in outcome:
+        assert f"{copy / 'train' / fifo} is not a regular file (a folder, a device or a pipe); pack the dataset " \
+               "again" in said
 
 
 def _dies_at(monkeypatch, sample: int, how) -> None:
@@ -559,8 +664,12 @@ def test_a_pack_killed_leaves_no_set_a_reader_takes_for_complete(image_folder, p
         assert killed.wait() == -signal.SIGKILL
     left = {path.name for path in (destination / "train").iterdir()}
     assert ".shard-000001.tar.tmp" in left and MANIFEST not in left and "shard-000001.tar" not in left
-    refused = run_script([REPO / "main.py", *run_args(tiny_arch, "pytorch", tmp_path / "ws", destination)], capsys)
-    assert "no class folders" in one_error_line(refused)
+    unfinished = f"{destination / 'train'} holds the shards of a pack that did not finish (no manifest.json); run " \
+                 "the same pack command again"
+    refusal = run_script([REPO / "main.py", *run_args(tiny_arch, "pytorch", tmp_path / "ws", destination)], capsys)
+    assert unfinished in one_error_line(refusal)
+    checked = run_script(["-m", "image_classification.data.check", destination, "-j", "1"], capsys, cwd=REPO)
+    assert unfinished in one_error_line(checked)  # it said "ok: nothing to fix"
     finished = pack(image_folder, destination, capsys=capsys)
     assert finished.returncode == 0 and "(1 written, 1 kept)" in finished.stdout
     assert files_of(destination) == files_of(packed)

@@ -77,7 +77,8 @@ def test_labels_are_file_names_unless_they_repeat(plot_raport):
 
 @pytest.mark.parametrize("content,words", [
     (b"epoch 1 loss 0.5\n", "no 'DLLL {json}' lines"),
-    (b'DLLL {"type": "LOG", "step": [0\n', "does not hold JSON"),
+    (b'DLLL {"type": "LOG", "step": [0\n', "a 'DLLL ' line is not JSON"),
+    (b"DLLL " + b"[" * 100_000 + b"\n", "a 'DLLL ' line nests its values more than 32 levels deep"),
     (b"\x89PNG\r\n\x1a\n\xff\xfe\x00", "not a text file"),
     (None, "cannot read"),
 ])

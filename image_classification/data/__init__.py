@@ -57,9 +57,9 @@ def get_loaders(
         from .synthetic import synthetic_loaders
 
         return synthetic_loaders(config, runtime, want_train=want_train, want_val=want_val)
-    if classes is None:
-        from .layout import check_dataset
+    from .layout import check_dataset, reading_dataset
 
+    if classes is None:
         classes = check_dataset(config.data, config.num_classes, want_train=want_train, want_val=want_val)
     if config.backend == "pytorch":
         from .folder import folder_loaders as build
@@ -67,4 +67,5 @@ def get_loaders(
         from .dali import dali_loaders as build
     else:
         raise UserError(f"unknown data backend {config.backend!r}")
-    return build(config, runtime, classes, want_train=want_train, want_val=want_val)
+    with reading_dataset():  # the scan of a folder, the shards' opening: a stop signal ends the wait
+        return build(config, runtime, classes, want_train=want_train, want_val=want_val)

@@ -4,15 +4,19 @@
 
 Prints, for ``DIR/train`` and ``DIR/val``, the class and image counts; then every image that cannot be
 decoded, every link that training would not follow (loops, links into another class or split, images counted twice), empty
-class folders, and the classes found in only one split.  A packed set (:mod:`.packed`) is checked against
-its manifest: every shard's size and SHA-256 and its members against the sample table (a damaged shard is
-named, its images left unchecked); then its images are decoded and its links reported as on the folder it
-was packed from, so both give the same counts.  The images are listed exactly as training lists
-them and each is decoded (at reduced scale for JPEGs, which still reads the whole file); an image whose
-header declares more than 89,478,485 pixels, or a JPEG whose frame header cannot be read with certainty,
-is unreadable here as on every backend, and so is an image of ``val/`` that validation's resize (its short
-side to ``--val-resize-size``, main.py's 256 unless told) would make larger than that.  Exit code 0
-when nothing is wrong, 1 when something is, 2 when DIR is not a dataset.
+class folders, class folders whose names are not UTF-8 (training refuses them), a split without class
+folders, and the classes found in only one split.  A packed set (:mod:`.packed`) is checked against
+its manifest: every shard's size and SHA-256 and its members against the sample table, each ``.cls`` member
+holding the table's label (a damaged shard is named, its images left unchecked); then its images are decoded
+and its links reported as on the folder it was packed from, so both give the same counts.  The images are
+listed exactly as training lists them and each is decoded (at reduced scale for JPEGs, which still reads the
+whole file); an image whose header declares more than 89,478,485 pixels, or a JPEG whose frame header cannot
+be read with certainty, is unreadable here as on every backend, and so is an image of ``val/`` that
+validation's resize (its short side to ``--val-resize-size``, main.py's 256 unless told) would make larger
+than that.  Exit code 0
+when nothing is wrong, 1 when something is, 2 when DIR is not a dataset (no class folder anywhere, or a pack
+that did not finish): wherever training would refuse to start, the check fails too.  Every name is printed
+through :func:`.files.printable`, so any name reaches any stdout.
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ from ..cli import run
 from ..errors import UserError
 from ..models import default_image_size
 from ..preprocessing import val_resize_size
-from .files import MAX_IMAGE_PIXELS, decode_problem
-from .layout import class_folders, walk_split
+from .files import MAX_IMAGE_PIXELS, decode_problem, is_utf8, printable
+from .layout import class_folders, refuse_unfinished_pack, walk_split
 from .packed import (BLOCK, MANIFEST, TABLE, SampleNames, index_name, is_packed, open_plain, read_manifest,
                      read_table, shard_starts)
 
@@ -105,7 +109,7 @@ def check_packed_split(split_dir: Path, workers: int, resize: int | None = None)
             tasks += [(shard["file"], rows[i:i + 256]) for i in range(0, len(rows), 256)]
             report.unreadable += [f"{names(index)} in {shard['file']} (OSError: unreadable when it was packed: "
                                   f"{unreadable[index]})" for index in range(first, end) if index in unreadable]
-        found_by_task = pool.map(_decode_problems, [(split_dir / file, rows, resize) for file, rows in tasks])
+        found_by_task = pool.map(_decode_problems, [(split_dir, file, rows, resize) for file, rows in tasks])
         for (file, _), found in zip(tasks, found_by_task):
             report.unreadable += [f"{names(index)} in {file} ({problem})" for index, problem in found]
     return report
@@ -117,14 +121,19 @@ def _shard_problem_task(task: tuple) -> str | None:
 
 def _shard_problem(split_dir: Path, shard: dict, rows, first: int) -> str | None:
     """What is wrong with one shard, read whole: its size, SHA-256 and members against the manifest and the
-    table's ``rows`` (its samples, from sample ``first`` on), and its DALI index's presence; None when nothing."""
+    table's ``rows`` (its samples, from sample ``first`` on: where each image lies, and its label against the
+    shard's ``.cls`` member, which other readers take it from), and its DALI index's presence; None when
+    nothing."""
     import hashlib
-    import tarfile
 
     path = split_dir / shard["file"]
-    if os.path.islink(path) or not path.is_file():
+    if os.path.islink(path) or not os.path.lexists(path):
         return "a symbolic link, not the shard" if os.path.islink(path) else "missing"
-    with open(open_plain(split_dir, shard["file"]), "rb") as handle:
+    try:
+        descriptor = open_plain(split_dir, shard["file"])
+    except UserError as error:
+        return str(error)
+    with open(descriptor, "rb") as handle:
         size = os.fstat(handle.fileno()).st_size
         if size != shard["bytes"]:
             return f"{size:,} bytes, the manifest says {shard['bytes']:,} (cut short or changed since it was packed)"
@@ -133,30 +142,47 @@ def _shard_problem(split_dir: Path, shard: dict, rows, first: int) -> str | None
             hasher.update(chunk)
         if hasher.hexdigest() != shard["sha256"]:
             return "its SHA-256 differs from the manifest's (changed or damaged since it was packed)"
-        handle.seek(0)
-        members = []
-        try:
-            with tarfile.open(fileobj=handle, mode="r:") as tar:
-                members = [(member.name, member.offset_data, member.size) for member in tar]
-        except tarfile.TarError as error:
-            return f"not a readable tar ({error})"
-    images = [member for member in members if not member[0].endswith(".cls")]
-    expected = [(offset, size) for offset, size in zip(rows["block"].astype(int) * BLOCK, rows["size"].tolist())]
-    if len(images) != shard["samples"] or len(members) != 2 * shard["samples"] \
-            or [(offset, size) for _, offset, size in images] != expected \
-            or [name.split(".")[0] for name, _, _ in images] != [f"{first + i:09d}" for i in range(len(images))]:
-        return f"its members are not the {shard['samples']} samples its manifest and sample table list"
-    if not (split_dir / index_name(shard["file"])).is_file():
+        problem = _members_problem(handle, shard["samples"], rows, first)
+    if problem is None and not (split_dir / index_name(shard["file"])).is_file():
         return f"its DALI index {index_name(shard['file'])} is missing"
+    return problem
+
+
+def _members_problem(handle, samples: int, rows, first: int) -> str | None:
+    """What is wrong with the members of the shard open as ``handle`` against the table's ``rows`` (its
+    ``samples`` samples, from sample ``first`` on): each sample's image where the table places it, then its
+    ``.cls`` member, holding the table's label."""
+    import tarfile
+
+    handle.seek(0)
+    try:
+        with tarfile.open(fileobj=handle, mode="r:") as tar:
+            members = [(member.name, member.offset_data, member.size) for member in tar]
+    except tarfile.TarError as error:
+        return f"not a readable tar ({error})"
+    keys = [f"{first + i:09d}" for i in range(samples)]
+    images, labels = members[0::2], members[1::2]
+    expected = [(offset, size) for offset, size in zip(rows["block"].astype(int) * BLOCK, rows["size"].tolist())]
+    if len(members) != 2 * samples or [(offset, size) for _, offset, size in images] != expected \
+            or [name.split(".")[0] for name, _, _ in images] != keys \
+            or [name for name, _, _ in labels] != [f"{key}.cls" for key in keys]:
+        return f"its members are not the {samples} samples its manifest and sample table list"
+    wrong = [(index, text) for index, ((_, offset, size), label) in enumerate(zip(labels, rows["label"].tolist()))
+             if (text := os.pread(handle.fileno(), min(size, 32), offset)) != str(label).encode()]
+    if wrong:
+        index, text = wrong[0]
+        return (f"its .cls members give {len(wrong)} sample(s) another label than the sample table does (sample "
+                f"{first + index}: {text.decode('ascii', 'backslashreplace')!r} in the shard, "
+                f"{int(rows['label'][index])} in the table)")
     return None
 
 
-def _decode_problems(task: tuple[Path, list[tuple[int, int, int]], int | None]) -> list[tuple[int, str]]:
-    """(sample, problem) of every sample of ``task`` (a shard's path, its samples' index, offset and size, and
-    the validation resize's short side or None) that cannot be decoded."""
-    path, rows, resize = task
+def _decode_problems(task: tuple[Path, str, list[tuple[int, int, int]], int | None]) -> list[tuple[int, str]]:
+    """(sample, problem) of every sample of ``task`` (a split folder, the name of a shard in it, its samples'
+    index, offset and size, and the validation resize's short side or None) that cannot be decoded."""
+    split_dir, file, rows, resize = task
     found = []
-    with open(path, "rb") as handle:
+    with open(open_plain(split_dir, file), "rb") as handle:
         for index, offset, size in rows:
             problem = decode_problem(os.pread(handle.fileno(), size, offset), resize)
             if problem is not None:
@@ -181,44 +207,39 @@ class _InProcess:
 def check(root: Path, workers: int, out: TextIO | None = None, resize: int = DEFAULT_RESIZE) -> int:
     """Print the report of the dataset at ``root`` to ``out`` (sys.stdout as it is at the call, so a
     redirect or capture made after import sees it), its val/ images checked for a validation resize to a
-    ``resize`` px short side; the number of problems found."""
+    ``resize`` px short side; the number of problems found.  Every name is printed through
+    :func:`.files.printable`, so that any name reaches any stdout."""
     out = sys.stdout if out is None else out
-    if not root.is_dir():
-        raise UserError(f"dataset directory {root} does not exist")
-    packed = is_packed(root)
-    if packed:
-        splits = {split: root / split for split in SPLITS if os.path.lexists(root / split / MANIFEST)}
-    else:
-        splits = {split: root / split for split in SPLITS if (root / split).is_dir()}
-    if not splits:
-        raise UserError(f"{root} has neither train/ nor val/; expected train/<class>/<image> and val/<class>/<image>")
-    check_one = check_packed_split if packed else check_split
-    reports = {split: check_one(path, workers, resize if split == "val" else None) for split, path in splits.items()}
+    packed = root.is_dir() and is_packed(root)
+    reports = _check_splits(root, packed, workers, resize)
     problems = 0
-    print(f"{root}" + (" (packed)" if packed else ""), file=out)
+    print(printable(root) + (" (packed)" if packed else ""), file=out)
     for split, report in reports.items():
         shards = f" in {report.shards} shard(s)" if packed else ""
         print(f"  {split}/: {len(report.classes)} classes, {report.images:,} images{shards}", file=out)
     for split, report in reports.items():
-        empty = [name for name, count in report.classes.items() if count == 0]
+        if not report.classes:
+            problems += 1
+            print(f"  {split}/ has no class folders; expected {split}/<class>/<image> files", file=out)
         sections = (
             ("damaged files", report.damaged),
             ("unreadable images", report.unreadable),
             ("links not followed", report.links),
-            ("class folders without images", empty),
+            ("class folders without images", [name for name, count in report.classes.items() if count == 0]),
+            ("class folders whose names are not UTF-8 text", [name for name in report.classes if not is_utf8(name)]),
         )
         for title, items in sections:
             if items:
                 problems += len(items)
                 print(f"  {split}/ {title}: {len(items)}", file=out)
                 for item in items:
-                    print(f"    {item}", file=out)
+                    print(f"    {printable(item)}", file=out)
     if len(reports) == 2:
         train, val = (set(reports[split].classes) for split in SPLITS)
         for title, names in (("classes only in train/", train - val), ("classes only in val/", val - train)):
             if names:
                 problems += len(names)
-                print(f"  {title}: {', '.join(sorted(names))}", file=out)
+                print(f"  {title}: {', '.join(printable(name) for name in sorted(names))}", file=out)
     else:
         missing = next(split for split in SPLITS if split not in reports)
         problems += 1
@@ -226,6 +247,26 @@ def check(root: Path, workers: int, out: TextIO | None = None, resize: int = DEF
               file=out)
     print("ok: nothing to fix" if problems == 0 else f"{problems} problem(s) found", file=out)
     return problems
+
+
+def _check_splits(root: Path, packed: bool, workers: int, resize: int) -> dict[str, SplitReport]:
+    """The report of each split of the dataset at ``root``; UserError where it is no dataset training would
+    start on at all: no split, no class folder in any (a folder), a pack that did not finish."""
+    if not root.is_dir():
+        raise UserError(f"dataset directory {root} does not exist")
+    if packed:
+        splits = {split: root / split for split in SPLITS if os.path.lexists(root / split / MANIFEST)}
+    else:
+        splits = {split: root / split for split in SPLITS if (root / split).is_dir()}
+    if not splits:
+        raise UserError(f"{root} has neither train/ nor val/; expected train/<class>/<image> and val/<class>/<image>")
+    if not packed and not any(class_folders(path) for path in splits.values()):
+        for path in splits.values():
+            refuse_unfinished_pack(path)
+        raise UserError(f"{root} has no class folders in {' nor '.join(f'{split}/' for split in splits)}; expected "
+                        "train/<class>/<image> and val/<class>/<image>")
+    check_one = check_packed_split if packed else check_split
+    return {split: check_one(path, workers, resize if split == "val" else None) for split, path in splits.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

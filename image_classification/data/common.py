@@ -57,7 +57,9 @@ class Loader(Protocol):
     ``set_epoch`` is called before each pass and picks that epoch's order; with ``start_batch`` the
     pass begins that many batches in, without reading them (an exact mid-epoch resume).
     ``num_samples`` is how many images this process sees in one pass (validation counts every image
-    exactly once overall); ``skipped`` how many unreadable images were left out so far.
+    exactly once overall); ``skipped`` how many unreadable images were left out so far; ``fingerprint()``
+    which images the split holds (:func:`.packed.fingerprint`; empty for synthetic data), which a checkpoint
+    records.
     """
 
     num_samples: int
@@ -70,6 +72,8 @@ class Loader(Protocol):
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None: ...
+
+    def fingerprint(self) -> dict: ...
 
 
 class Unreadable:
@@ -119,6 +123,9 @@ class DeviceLoader:
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         self.source.set_epoch(epoch, start_batch)
+
+    def fingerprint(self) -> dict:
+        return self.source.fingerprint()
 
     def _prepare(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         device = self.runtime.device

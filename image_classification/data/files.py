@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import struct
 import warnings
 from dataclasses import dataclass, field
@@ -47,6 +48,36 @@ _SIXTEEN_BIT_MODES = {"I;16", "I;16L", "I;16B", "I;16N", "I"}
 
 def is_image_file(name: str) -> bool:
     return name.lower().endswith(IMG_EXTENSIONS)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def printable(path: str | os.PathLike) -> str:
+    """``path`` as a message prints it, whatever its name: a byte that is not UTF-8 as ``\\xNN`` (as ``ls -b``
+    shows it) and a control character too, so that no stdout refuses the line and no name splits it."""
+    text = os.fspath(path)
+    try:
+        raw = os.fsencode(text)
+    except UnicodeEncodeError:  # a lone surrogate that stands for no byte (from a JSON escape)
+        raw = text.encode("utf-8", "backslashreplace")
+    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", raw.decode("utf-8", "backslashreplace"))
+
+
+# why a class folder's name must be text, and what to do: the names are the labels a checkpoint, a raport and
+# Triton's label file record, as text
+UNDECODABLE_ADVICE = ("rename the class folder to UTF-8 (its name is a label that checkpoints, raports and Triton's "
+                      "labels record as text; `convmv` renames from another encoding)")
+
+
+def is_utf8(name: str) -> bool:
+    """Whether a file name, as Python lists it, is UTF-8 text (a byte that is not is listed as a lone surrogate,
+    which a checkpoint, a raport or a label file cannot hold as text)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass

@@ -141,6 +141,9 @@ class FolderBatches:
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         self.sampler.set_epoch(epoch, start=start_batch * self.loader.batch_size)
 
+    def fingerprint(self) -> dict:
+        return self.loader.dataset.samples.fingerprint()
+
     def __iter__(self):
         for images, labels, broken in self.loader:
             for path, reason in broken:

@@ -8,6 +8,7 @@ through this module, so they count the same images under the same labels, from a
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from collections.abc import Mapping
@@ -16,8 +17,10 @@ from types import MappingProxyType
 from typing import Protocol
 
 from ..errors import UserError
-from .files import SplitWalk, decode_problem, is_image_file, read_bytes, walk_class
-from .packed import check_packed, is_packed, open_packed_split
+from ..signals import stop_raises
+from .files import (UNDECODABLE_ADVICE, SplitWalk, decode_problem, is_image_file, is_utf8, printable, read_bytes,
+                    walk_class)
+from .packed import MANIFEST, check_packed, fingerprint, is_packed, names_blob, open_packed_split, unfinished_pack
 
 
 def class_folders(split_dir: Path) -> list[str]:
@@ -53,14 +56,16 @@ class Split(Protocol):
 
     def problem(self, index: int) -> str | None: ...
 
+    def fingerprint(self) -> dict: ...
+
 
 class FolderSplit:
-    """A split read from its folder, a file per image."""
+    """A split read from its folder (``split_dir``), a file per image."""
 
     known_unreadable: Mapping[int, str] = MappingProxyType({})  # a file is found unreadable when it is read
 
-    def __init__(self, samples: list[tuple[str, int]]):
-        self.samples = samples
+    def __init__(self, samples: list[tuple[str, int]], split_dir: Path):
+        self.samples, self.split_dir = samples, split_dir
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -80,6 +85,35 @@ class FolderSplit:
         """Why sample ``index`` cannot be decoded, or None."""
         return decode_problem(self.samples[index][0])
 
+    def fingerprint(self) -> dict:
+        """Which images the split holds (see :func:`.packed.fingerprint`): the same as its packed copy's."""
+        names = relative_names(self.split_dir, [path for path, _ in self.samples])
+        return fingerprint(len(names), hashlib.sha256(names_blob(names)).hexdigest())
+
+
+def relative_names(split_dir: Path, paths: list[str]) -> list[str]:
+    """The paths of a split's images, as its walk lists them, relative to the split folder: each sample's name
+    in messages, in a packed set's ``names.bin`` and in its :func:`.packed.fingerprint`."""
+    prefix = str(split_dir) + os.sep  # where the walk starts every path it lists
+    return [path[len(prefix):] if path.startswith(prefix) else os.path.relpath(path, split_dir) for path in paths]
+
+
+def data_change_notice(recorded, current: dict, batch: int) -> str | None:
+    """The line a resume says where the training images differ from those its checkpoint ``recorded`` (see
+    :func:`.packed.fingerprint`), ``batch`` batches into an epoch; None where they do not, or where nothing was
+    recorded (a checkpoint of an earlier version, synthetic data)."""
+    if not isinstance(recorded, dict) or not current or recorded == current:
+        return None
+    before, now = recorded.get("images"), current["images"]
+    before = before if isinstance(before, int) else "?"
+    what = f"{before} training images then, {now} now" if before != now else \
+        f"{now} training images then and now, but not the same ones"
+    if batch:
+        return (f"=> the dataset changed since the checkpoint was written ({what}): the rest of this epoch is dealt "
+                "from the new set's order, so some of its images are seen twice in this epoch and others not at "
+                "all; the resume is not exact")
+    return f"=> the dataset changed since the checkpoint was written ({what}); training goes on with it"
+
 
 def open_split(root: Path, split: str, classes: list[str], *, batch_size: int = 1, world_size: int = 1) -> Split:
     """The images of ``root/split`` (train/ or val/), from the shards of a packed set or from the folder.
@@ -87,7 +121,7 @@ def open_split(root: Path, split: str, classes: list[str], *, batch_size: int = 
     Training refuses a set too small for one batch of ``batch_size`` per process.
     """
     source = open_packed_split(root / split, classes) if is_packed(root) else \
-        FolderSplit(list_samples(root / split, classes))
+        FolderSplit(list_samples(root / split, classes), root / split)
     if split == "train" and len(source) // world_size < batch_size:
         raise UserError(
             f"train/ holds {len(source)} images, fewer than one batch of {batch_size} per process; "
@@ -118,8 +152,19 @@ def list_samples(split_dir: Path, classes: list[str]) -> list[tuple[str, int]]:
     return samples
 
 
+def reading_dataset():
+    """Within the block, SIGTERM or SIGUSR1 ends a start-up that reads the dataset at once (exit 75), even where
+    a read waits for good (a hung network file system): nothing was trained or written yet."""
+    return stop_raises("reading the dataset", "nothing was trained or written: run the same command again")
+
+
 def check_dataset(data_dir: str, num_classes: int | None, *, want_train: bool, want_val: bool) -> list[str]:
     """Validate the dataset layout before the first step; return the sorted class names."""
+    with reading_dataset():
+        return _check_dataset(data_dir, num_classes, want_train=want_train, want_val=want_val)
+
+
+def _check_dataset(data_dir: str, num_classes: int | None, *, want_train: bool, want_val: bool) -> list[str]:
     root = Path(data_dir)
     if not root.is_dir():
         raise UserError(f"dataset directory {data_dir} does not exist")
@@ -133,7 +178,12 @@ def check_dataset(data_dir: str, num_classes: int | None, *, want_train: bool, w
             raise UserError(f"{data_dir} has no {split}/ folder; expected {split}/<class>/<image> files")
         classes = class_folders(split_dir)
         if not classes:
+            refuse_unfinished_pack(split_dir)
             raise UserError(f"{split_dir} has no class folders; expected {split}/<class>/<image> files")
+        undecodable = [name for name in classes if not is_utf8(name)]
+        if undecodable:
+            raise UserError(f"class folder {printable(split_dir / undecodable[0])} has a name that is not UTF-8 text; "
+                            f"{UNDECODABLE_ADVICE}")
         for name in classes:
             if not _has_images(split_dir / name, split_dir):
                 raise UserError(f"class folder {split_dir / name} holds no images")
@@ -155,6 +205,13 @@ def check_dataset(data_dir: str, num_classes: int | None, *, want_train: bool, w
             f"pass --num-classes {len(classes)}"
         )
     return classes
+
+
+def refuse_unfinished_pack(split_dir: Path) -> None:
+    """UserError where ``split_dir`` holds a pack's files without their manifest (the pack was stopped or killed)."""
+    if unfinished_pack(split_dir):
+        raise UserError(f"{split_dir} holds the shards of a pack that did not finish (no {MANIFEST}); run the same "
+                        "pack command again to finish it")
 
 
 def _has_images(class_dir: Path, split_dir: Path) -> bool:

@@ -12,7 +12,9 @@ Packing is deterministic: the same folder packs into byte-identical shards.  Eve
 name only once complete (written under a temporary name, synced, renamed), and the manifest last, so an
 interrupted pack (SIGTERM, SIGKILL, a full disk) never leaves a set that passes for complete; run the same
 command again and it keeps the shards already done (their sources unchanged: names, sizes, times) and
-finishes the rest.  One pack at a time per DST.  The images are read by ``-j`` threads, in order.
+finishes the rest.  One pack at a time per DST, which must be no folder of SRC's and hold nothing but a pack's
+files; nothing outside it is ever written, even through a link planted in it (:mod:`.pack_destination`).  The
+images are read by ``-j`` threads, in order.
 """
 
 from __future__ import annotations
@@ -35,18 +37,18 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from ..cli import run
+from ..datafile import DataFileError, parse_json, read_json, read_regular
 from ..errors import UserError
 from ..signals import stop_raises
 from ..tool_arguments import pack_parser
-from .files import SPLITS
-from .layout import _report_links, check_dataset, walk_split
-from .packed import (BLOCK, FORMAT, MANIFEST, NAMES, SHARD, TABLE, TABLE_DTYPE, VERSION, index_name, is_packed,
-                     sample_key, shard_name)
+from .files import SPLITS, printable
+from .layout import _report_links, check_dataset, relative_names, walk_split
+from .pack_destination import PackLock, open_own, prepare_destination, remove_temporaries
+from .packed import (BLOCK, FORMAT, MANIFEST, MAX_MANIFEST_BYTES, NAMES, PROGRESS, SHARD, TABLE, TABLE_DTYPE, VERSION,
+                     index_name, is_packed, names_blob, sample_key, shard_name)
 
 DEFAULT_SHARD_SIZE = 10**9
-PROGRESS = ".pack-progress.jsonl"  # the shards finished so far, until the manifest holds them
-LOCK = ".pack.lock"
-_TEMPORARY = re.compile(r"\.(shard-\d{6}\.(tar|idx)|samples\.npy|names\.bin|manifest\.json)\.tmp")
+_INDEX_LINE_BYTES = 128  # more than a line of a shard's DALI index takes (two members, their offsets and sizes)
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 _HEADER = dict(mode=0o644, uid=0, gid=0, uname="", gname="", mtime=0, type=tarfile.REGTYPE)
@@ -136,8 +138,7 @@ def plan_split(source_dir: Path, target_dir: Path, classes: list[str], shard_siz
             continue
         sizes[index], mtimes[index] = info.st_size, info.st_mtime_ns
     paths = [path for path, _ in samples]
-    prefix = str(source_dir) + os.sep  # where the walk starts every path it lists
-    names = [path[len(prefix):] if path.startswith(prefix) else os.path.relpath(path, source_dir) for path in paths]
+    names = relative_names(source_dir, paths)
     plan = SplitPlan(source_dir, target_dir, classes, paths, names,
                      np.array([label for _, label in samples], dtype=np.int64), sizes, mtimes, problems, links)
     first, used = 0, 0
@@ -187,11 +188,13 @@ def _read_source(plan: SplitPlan, index: int) -> bytes | str:
 
 
 def _write_durably(path: Path, chunks: Iterable[bytes]) -> str:
-    """Write ``path`` under a temporary name, sync it and rename it into place; its SHA-256."""
+    """Write ``path`` under a temporary name (a file made here, never a link), sync it and rename it into place;
+    its SHA-256."""
     temporary = path.with_name(f".{path.name}.tmp")
     hasher = hashlib.sha256()
+    temporary.unlink(missing_ok=True)
     try:
-        with open(temporary, "wb") as handle:
+        with os.fdopen(open_own(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as handle:
             for chunk in chunks:
                 handle.write(chunk)
                 hasher.update(chunk)
@@ -266,9 +269,9 @@ def kept_shard(plan: SplitPlan, number: int, record: dict | None, table: np.ndar
     try:
         kept = ShardRecord(**{key: record[key] for key in ShardRecord.__dataclass_fields__})
         if kept.file != file or kept.first != rows.start or kept.samples != len(rows) \
-                or kept.sources != plan.sources(rows) or os.stat(plan.target_dir / file).st_size != kept.bytes:
+                or kept.sources != plan.sources(rows) or os.lstat(plan.target_dir / file).st_size != kept.bytes:
             return None
-        index = (plan.target_dir / index_name(file)).read_bytes()
+        index = read_regular(plan.target_dir / index_name(file), _INDEX_LINE_BYTES * (len(rows) + 1))
         if hashlib.sha256(index).hexdigest() != kept.index_sha256:
             return None
         lines = index.decode().splitlines()
@@ -286,25 +289,26 @@ def _known_records(split_dir: Path) -> dict[str, dict]:
     """The finished shards a previous pack recorded: in its manifest, then in its progress file."""
     records: dict[str, dict] = {}
     try:
-        manifest = json.loads((split_dir / MANIFEST).read_text(encoding="utf-8"))
+        manifest = read_json(split_dir / MANIFEST, MAX_MANIFEST_BYTES)
         records.update({shard["file"]: shard for shard in manifest["shards"]})
-    except (OSError, ValueError, KeyError, TypeError):
+    except (DataFileError, KeyError, TypeError):
         pass
     try:
-        lines = (split_dir / PROGRESS).read_text(encoding="utf-8").splitlines()
-    except OSError:
+        lines = read_regular(split_dir / PROGRESS, MAX_MANIFEST_BYTES).splitlines()
+    except DataFileError:
         lines = []
     for line in lines:
         try:
-            record = json.loads(line)
+            record = parse_json(line, MAX_MANIFEST_BYTES)
             records[record["file"]] = record
-        except (ValueError, KeyError, TypeError):
+        except (DataFileError, KeyError, TypeError):
             continue  # a line cut short by a kill
     return records
 
 
 def _append_progress(split_dir: Path, record: ShardRecord) -> None:
-    with open(split_dir / PROGRESS, "a", encoding="utf-8") as handle:
+    with os.fdopen(open_own(split_dir / PROGRESS, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "w", encoding="utf-8") \
+            as handle:
         handle.write(json.dumps(record.entry()) + "\n")
         handle.flush()
         os.fsync(handle.fileno())
@@ -319,7 +323,7 @@ def pack_split(plan: SplitPlan, workers: int, progress) -> dict:
     done: list[ShardRecord | None] = [kept_shard(plan, number, records.get(shard_name(number)), table)
                                       for number in range(len(plan.shards))]
     written = sum(record is None for record in done)
-    names = b"".join(os.fsencode(name) + b"\0" for name in plan.names)
+    names = names_blob(plan.names)
     if written and (split_dir / MANIFEST).exists():
         for record in done:  # what the manifest knew, kept for a pack killed before it writes the next one
             if record is not None:
@@ -348,7 +352,7 @@ def pack_split(plan: SplitPlan, workers: int, progress) -> dict:
     }
     text = json.dumps(manifest, indent=1, ensure_ascii=True).encode() + b"\n"
     files = {TABLE: table_bytes, NAMES: names, MANIFEST: text}
-    if written or any(_read_bytes(split_dir / name) != content for name, content in files.items()):
+    if written or any(_read_bytes(split_dir / name, content) != content for name, content in files.items()):
         (split_dir / MANIFEST).unlink(missing_ok=True)
         for name, content in files.items():  # the manifest last
             _write_durably(split_dir / name, [content])
@@ -356,10 +360,11 @@ def pack_split(plan: SplitPlan, workers: int, progress) -> dict:
     return {**manifest, "written": written}
 
 
-def _read_bytes(path: Path) -> bytes | None:
+def _read_bytes(path: Path, expected: bytes) -> bytes | None:
+    """The bytes of the pack's file at ``path`` where they can be compared with ``expected``, else None."""
     try:
-        return path.read_bytes()
-    except OSError:
+        return read_regular(path, len(expected))
+    except DataFileError:
         return None
 
 
@@ -367,79 +372,6 @@ def _npy_bytes(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, array, allow_pickle=False)
     return buffer.getvalue()
-
-
-# ------------------------------------------------------------------------------------------------
-# The destination
-# ------------------------------------------------------------------------------------------------
-def _inside(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
-
-
-def prepare_destination(source: Path, destination: Path, splits: list[str]) -> None:
-    """Refuse a DST that is SRC, lies inside one of its splits, or holds files a pack does not write; then
-    make the split folders."""
-    real_source, real_destination = source.resolve(), destination.resolve()
-    if real_destination == real_source or any(_inside(real_destination, (source / split).resolve())
-                                               for split in SPLITS):
-        raise UserError(f"DST {destination} is SRC or inside one of its splits; pack into another folder")
-    if destination.exists() and not destination.is_dir():
-        raise UserError(f"DST {destination} is not a folder")
-    for split in splits:
-        split_dir = destination / split
-        if split_dir.is_symlink() or (split_dir.exists() and not split_dir.is_dir()):
-            raise UserError(f"{split_dir} is not a folder of its own; pack into an empty or new folder")
-        if not split_dir.is_dir():
-            continue
-        foreign = sorted(entry for entry in os.listdir(split_dir) if not _ours(entry))
-        if foreign:
-            raise UserError(f"{split_dir} holds {foreign[0]!r}, which a pack does not write; pack into an empty or "
-                            "new folder")
-    destination.mkdir(parents=True, exist_ok=True)
-    for split in splits:
-        (destination / split).mkdir(exist_ok=True)
-
-
-def remove_temporaries(destination: Path, splits: list[str]) -> None:
-    """Remove the files a killed pack left half written (call with the lock held: none is being written)."""
-    for split in splits:
-        for entry in os.listdir(destination / split):
-            if _TEMPORARY.fullmatch(entry):
-                (destination / split / entry).unlink()
-
-
-def _ours(entry: str) -> bool:
-    return entry in (MANIFEST, TABLE, NAMES, PROGRESS) or bool(_TEMPORARY.fullmatch(entry)) \
-        or bool(SHARD.fullmatch(entry.replace(".idx", ".tar")))
-
-
-class PackLock:
-    """One pack at a time per DST: an flock on ``DST/.pack.lock``, held until the pack ends (a killed pack's
-    dies with it)."""
-
-    def __init__(self, destination: Path):
-        self.path, self.handle = destination / LOCK, None
-
-    def __enter__(self) -> "PackLock":
-        from ..workspace import _try_flock
-
-        handle = open(self.path, "a+", encoding="utf-8")
-        locked = _try_flock(handle)
-        if locked is False:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            handle.close()
-            raise UserError(f"another pack is writing {self.path.parent} ({holder}); wait for it to end")
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}\n")
-        handle.flush()
-        self.handle = handle
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.handle is not None:
-            self.handle.close()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -470,7 +402,7 @@ def pack(source: Path, destination: Path, shard_size: int = DEFAULT_SHARD_SIZE, 
                 print(f"warning: {plan.paths[index]} cannot be read ({reason}); packed as an unreadable image",
                       file=sys.stderr, flush=True)
             written, size = manifest["written"], sum(shard["bytes"] for shard in manifest["shards"])
-            print(f"{destination / split}: {len(classes)} classes, {len(plan.paths):,} images in "
+            print(f"{printable(destination / split)}: {len(classes)} classes, {len(plan.paths):,} images in "
                   f"{len(plan.shards)} shard(s), {size / 1e6:,.1f} MB ({written} written, {len(plan.shards) - written} kept)",
                   flush=True)
             total += len(plan.paths)

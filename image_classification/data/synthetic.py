@@ -37,6 +37,9 @@ class SyntheticLoader:
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         self._start = start_batch
 
+    def fingerprint(self) -> dict:
+        return {}  # made up anew by every run: nothing to tell apart
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for _ in range(self._start, self.length):
             yield self.images, self.targets

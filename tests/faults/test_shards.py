@@ -73,3 +73,37 @@ def test_two_processes_on_shards_train_the_weights_of_two_on_the_folder(data, pa
         assert result.returncode == 0, explain(result)
     assert_same_state(load(tmp_path / "folder" / "ws" / "checkpoint.pth.tar"),
                       load(tmp_path / "shards" / "ws" / "checkpoint.pth.tar"))
+
+
+def test_a_resume_onto_a_set_repacked_with_fewer_images_says_so(data, tmp_path, capsys):
+    """A run on the shards is cut mid-epoch; its resume on the folder they were packed from says nothing (the same
+    images), while one on the set packed again without 4 of them says that the set changed and that the rest
+    of the epoch is dealt anew: before, it went on silently."""
+    import shutil
+
+    from helpers import train_until_crash, tiny_registered
+
+    from .harness import COMMON
+
+    source = tmp_path / "folder"
+    shutil.copytree(data, source)
+    packed = tmp_path / "packed"
+    pack = ["-m", "image_classification.data.pack", source, packed, "--shard-size", "64KB"]
+    assert run_script(pack, cwd=REPO).returncode == 0
+    with tiny_registered():
+        train_until_crash([*COMMON, "--workspace", str(tmp_path / "ws"), *RUN, "-j", "0", str(packed)],
+                          step=ITERATIONS_PER_EPOCH + INTERVAL + 1)
+    saved = load(tmp_path / "ws" / "checkpoint.pth.tar")
+    assert (saved["epoch"], saved["batch"]) == (1, INTERVAL) and saved["dataset"]["images"] == 24
+    shutil.copytree(tmp_path / "ws", tmp_path / "same")
+    same = train_here(source, tmp_path / "same", *RUN, "-j", "0", capsys=capsys)
+    assert same.returncode == 0 and "dataset changed" not in same.stdout, explain(same)
+
+    for image in sorted((source / "train" / "class_00").iterdir())[:4]:
+        image.unlink()
+    assert run_script(pack, cwd=REPO).returncode == 0
+    fewer = train_here(packed, tmp_path / "ws", *RUN, "-j", "0", capsys=capsys)
+    assert fewer.returncode == 0, explain(fewer)
+    assert "=> the dataset changed since the checkpoint was written (24 training images then, 20 now): the rest of " \
+           "this epoch is dealt from the new set's order" in fewer.stdout
+    assert load(tmp_path / "ws" / "checkpoint.pth.tar")["dataset"]["images"] == 20  # the next resume compares with it
