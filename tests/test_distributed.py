@@ -173,7 +173,7 @@ def test_the_watchdog_ends_a_wait_for_peers_that_lasts_too_long_in_one_line(caps
                    "window at epoch 0, iteration 10; one of them is gone or hung (--dist-timeout)"]
 
 
-def test_a_one_process_gloo_ddp_run_in_fp16_with_accumulation_equals_the_same_steps_without_ddp(monkeypatch):
+def test_a_one_process_gloo_ddp_run_in_fp16_with_accumulation_equals_the_same_steps_without_ddp(monkeypatch, tiny_arch):
     """The CPU twin of test_gpu's NCCL test (whose fp16 weights were 1,084 off under the fused SGD): DDP's path
     (bucket views, no_sync on accumulation steps, the window's all-reduce) with fp16 autocast and the loss
     scaler, a first step that overflows included, against the same steps without DDP."""
@@ -194,10 +194,10 @@ def test_a_one_process_gloo_ddp_run_in_fp16_with_accumulation_equals_the_same_st
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         # 2**30 overflows the first steps' fp16 gradients: the scaler halves it until they fit
-        config = RunConfig(arch="resnet18", num_classes=10, model_options=(), preprocessing=Preprocessing(32),
+        config = RunConfig(arch=tiny_arch, num_classes=10, model_options=(), preprocessing=Preprocessing(32),
                            accumulation=2, lr=0.05, loss_scale=2.0**30)
         torch.manual_seed(0)
-        model = build_model("resnet18", num_classes=10)
+        model = build_model(tiny_arch, num_classes=10)
         twin = copy.deepcopy(model)
         generator = torch.Generator().manual_seed(0)
         batches = [(torch.randn(4, 3, 32, 32, generator=generator), torch.randint(0, 10, (4,), generator=generator))

@@ -616,7 +616,7 @@ HOST_READS = ("item", "tolist", "__bool__", "cpu", "numpy", "__float__", "__int_
 
 
 @pytest.mark.parametrize("precision, reads", [([], "ssssr"), (["--amp", "--amp-dtype", "float16"], "ssrssrr")])
-def test_the_training_loop_reads_the_device_once_per_print_window(tmp_path, monkeypatch, precision, reads):
+def test_the_training_loop_reads_the_device_once_per_print_window(tmp_path, monkeypatch, precision, reads, tiny_arch):
     """Between two print windows the loop never waits for the device: no Tensor.item/tolist/bool/cpu.
 
     On a GPU each of those is a host-device synchronisation that stalls the queue of kernels; the one
@@ -652,7 +652,7 @@ def test_the_training_loop_reads_the_device_once_per_print_window(tmp_path, monk
 
     monkeypatch.setattr(Engine, "train_step", step)
     monkeypatch.setattr(Trainer, "train_epoch", epoch)
-    code = main(["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "32", "-b", "4", "--prof", "12",
+    code = main(["--data-backend", "synthetic", "-a", tiny_arch, "--image-size", "32", "-b", "4", "--prof", "12",
                  "--print-freq", "4", "--epochs", "1", "--training-only", "--no-checkpoints", "--mixup", "0.2",
                  "--label-smoothing", "0.1", "--use-ema", "0.9", "--checkpoint-interval", "60m",
                  "--optimizer-batch-size", "8", "--workspace", str(tmp_path), *precision])
