@@ -28,7 +28,6 @@ live in the :class:`Engine`, which it drives.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -43,13 +42,13 @@ from .engine import Engine
 from .errors import EXIT_PREEMPTED, TrainingDiverged
 from .losses import classification_loss, correct_counts
 from .arguments import CheckpointInterval
-from .raport import ACC_META, COUNT_META, LOSS_META, LR_META, PERF_META, TIME_META, VERBOSE, Raport
-from .progress import Heartbeat
+from .metrics import Warmup, record_iteration
+from .progress import pass_length, progress_bar
+from .raport import Raport
 from .runtime import Runtime
 from .signals import StopSignal
 from .workspace import Workspace
 
-LATENCY_PERCENTILES = (90, 95, 99, 100)
 
 
 class RunControl:
@@ -108,68 +107,6 @@ class RunControl:
     def saved(self, iterations: int) -> None:
         self._saved_at = (time.monotonic(), iterations)
         self.save_pending = False
-
-
-def register_metrics(raport: Raport, prefixes: list[str], topk: int, training: bool, warmup: int = 0) -> None:
-    """Every metric the loop records; with ``warmup`` (``--benchmark-warmup``) also ``*.wall_ips``."""
-    if training:
-        raport.register("train.loss", "loss", LOSS_META)
-        raport.register("train.total_ips", "perf", PERF_META)
-        if warmup:
-            raport.register("train.wall_ips", "perf", PERF_META)
-        raport.register("train.compute_ips", "perf", PERF_META)
-        raport.register("train.data_time", "perf", TIME_META, VERBOSE)
-        raport.register("train.compute_time", "perf", TIME_META, VERBOSE)
-        raport.register("train.lr", "lr", LR_META)
-        raport.register("train.grad_scale", "perf", LOSS_META)
-    for prefix in prefixes:  # a validation window's accuracy and loss: the figure so far, as readers take it
-        raport.register(f"{prefix}.top1", "acc", ACC_META, running=True)
-        raport.register(f"{prefix}.top{topk}", "acc", ACC_META, running=True)
-        raport.register(f"{prefix}.loss", "loss", LOSS_META, running=True)
-        raport.register(f"{prefix}.total_ips", "perf", PERF_META)
-        if warmup:
-            raport.register(f"{prefix}.wall_ips", "perf", PERF_META)
-        raport.register(f"{prefix}.compute_ips", "perf", PERF_META)
-        raport.register(f"{prefix}.data_time", "perf", TIME_META, VERBOSE)
-        raport.register(f"{prefix}.compute_time", "perf", TIME_META, VERBOSE)
-        raport.register(f"{prefix}.compute_latency", "perf", TIME_META)
-        for q in LATENCY_PERCENTILES:
-            raport.register(f"{prefix}.compute_latency_at{q}", f"q{q}", TIME_META, VERBOSE)
-        raport.register(f"{prefix}.not_finite", "acc", COUNT_META)  # recorded only for a validation that is not finite
-
-
-@dataclass
-class Warmup:
-    """Which iterations count in a phase's throughput: all but the first ``length``."""
-
-    length: int
-    seen: int = 0
-    measured: int = 0
-
-    def next(self) -> bool:
-        """Count one more iteration; whether it is measured (past the warm-up)."""
-        self.seen += 1
-        self.measured += self.seen > self.length
-        return self.seen > self.length
-
-
-def record_iteration(raport: Raport, prefix: str, *, data_time: float, iteration_time: float, images: int,
-                     measured: bool, latency: float | None = None) -> None:
-    """One iteration's times and throughputs (wall clock to wall clock); an iteration of the warm-up is
-    logged in its window but left out of the epoch's and the run's figures, which ``{prefix}.wall_ips``
-    (registered with a warm-up only) keeps whole."""
-    iteration_time = max(iteration_time, 1e-9)
-    compute_time = max(iteration_time - data_time, 1e-9) if latency is None else max(latency, 1e-9)
-    raport.record(f"{prefix}.data_time", data_time, epoch=measured)
-    raport.record(f"{prefix}.compute_time", compute_time, epoch=measured)
-    if latency is not None:
-        raport.record(f"{prefix}.compute_latency", compute_time, epoch=measured)
-        for q in LATENCY_PERCENTILES:
-            raport.record(f"{prefix}.compute_latency_at{q}", compute_time, epoch=measured)
-    raport.record(f"{prefix}.total_ips", images / iteration_time, iteration_time, epoch=measured)
-    raport.record(f"{prefix}.compute_ips", images / compute_time, compute_time, epoch=measured)
-    if f"{prefix}.wall_ips" in raport.metrics:
-        raport.record(f"{prefix}.wall_ips", images / iteration_time, iteration_time, window=False)
 
 
 @dataclass
@@ -489,30 +426,3 @@ def iter_from(loader: Loader, epoch: int, start_batch: int):
     """Iterator over ``loader``'s epoch, positioned after ``start_batch`` batches."""
     loader.set_epoch(epoch, start_batch)
     return iter(loader)
-
-
-class _NoProgress:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def pass_length(loader, prof: int) -> int:
-    """The batches a pass over ``loader`` takes: all of them, or ``--prof``'s cap."""
-    return len(loader) if prof <= 0 else min(prof, len(loader))
-
-
-def progress_bar(total: int, description: str, enabled: bool, log=None, done: int = 0):
-    """A progress bar of a pass (``enabled``: on a terminal), else, given ``log``, a line every minute or so
-    (:class:`~image_classification.progress.Heartbeat`); ``done``: the batches a resumed pass starts after."""
-    if total <= 0 or not (enabled or log is not None):
-        return _NoProgress()
-    if not enabled:
-        return Heartbeat(total, description, log, done=done)
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=done, desc=description, leave=False, dynamic_ncols=True, file=sys.stdout)
-
-

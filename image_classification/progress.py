@@ -8,6 +8,7 @@ once per print window, never more), only the count of iterations done and the wa
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Callable
 
@@ -55,3 +56,30 @@ class Heartbeat:
 
     def close(self) -> None:
         pass
+
+
+class _NoProgress:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def pass_length(loader, prof: int) -> int:
+    """The batches a pass over ``loader`` takes: all of them, or ``--prof``'s cap."""
+    return len(loader) if prof <= 0 else min(prof, len(loader))
+
+
+def progress_bar(total: int, description: str, enabled: bool, log=None, done: int = 0):
+    """A progress bar of a pass (``enabled``: on a terminal), else, given ``log``, a line every minute or so
+    (:class:`~image_classification.progress.Heartbeat`); ``done``: the batches a resumed pass starts after."""
+    if total <= 0 or not (enabled or log is not None):
+        return _NoProgress()
+    if not enabled:
+        return Heartbeat(total, description, log, done=done)
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=done, desc=description, leave=False, dynamic_ncols=True, file=sys.stdout)
+
+

@@ -26,7 +26,8 @@ from .distributed import lost_peer_reason
 from .engine import Engine
 from .errors import EXIT_PREEMPTED, PeerLost, UserError
 from .inference import calibrate
-from .loop import Loop, RunControl, register_metrics
+from .loop import Loop, RunControl
+from .metrics import register_metrics
 from .onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
 from .plan import RunConfig, resolve_run
 from .startup import check_workspace, workspace_folder
