@@ -9,9 +9,9 @@ PYTEST := $(PY) -m pytest $(PYTEST_ARGS)
 # test-pins and test-oldest: a venv per torch/torchvision pair under .venv-pins/, made with $(PYTHON)
 PINNED_SUITE = $(PYTHON) scripts/pinned_suite.py$(if $(filter 1,$(DALI)), --dali)
 # what test-oldest runs: the modules that exercise torch's API most (training, the engine, the models,
-# inference, checkpoints, optimizers, EMA, losses)
+# inference, checkpoints, optimizers, fp16's loss scaling, EMA, losses)
 CORE_TESTS := tests/test_training.py tests/test_engine.py tests/test_models.py tests/test_inference.py \
-	tests/test_checkpoint.py tests/test_optim.py tests/test_ema.py tests/test_losses.py
+	tests/test_checkpoint.py tests/test_optim.py tests/test_fp16.py tests/test_ema.py tests/test_losses.py
 
 .PHONY: demo test test-all test-pins test-oldest coverage clean
 
