@@ -26,6 +26,8 @@ $(VENV)/.installed: requirements.txt
 # target offline with --no-index --no-build-isolation)
 $(VENV)/.installed-package: $(VENV)/.installed pyproject.toml
 	$(PY) -m pip install --disable-pip-version-check -q --no-deps $(PIP_FLAGS) --editable .
+	@# setuptools (84, in pip's isolated build) leaves its egg-info in the tree; the installed package needs none
+	rm -rf image_classification.egg-info
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed-package requirements-dev.txt

@@ -153,6 +153,10 @@ def test_the_make_set_up_installs_the_commands_into_its_environment(tmp_path):
     """`make demo` and `make test` install the package, editable, into .venv beside the requirements: the
     ic-* commands that the docs offer are there, run the source tree, and leave no build files in it."""
     repo = _copy_of_the_repository(tmp_path / "repo")
+    # Under another distribution name: this environment's own editable install (make test's) has a finder module
+    # named after the distribution on PYTHONPATH, which would shadow the copy's and import this tree instead.
+    pyproject = repo / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('name = "image-classification"', 'name = "ic-copy"', 1))
     venv = repo / ".venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     (venv / ".installed").touch()  # requirements.txt installed (they are this environment's, on PYTHONPATH)
