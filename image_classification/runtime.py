@@ -167,7 +167,7 @@ def make_runtime(
                     "slower than FP32 here (drop --amp for speed)")
         if amp_dtype == "float16" and not use_cuda and rank == 0:
             log("=> --amp-dtype float16 on the CPU: fp16 autocast with loss scaling, as on CUDA; it exists to run "
-                "the fp16 path here and trains slower than bf16 or FP32 (--amp alone takes bf16 on the CPU)")
+                "the fp16 path here and trains far slower than bf16 or FP32 (--amp alone takes bf16 on the CPU)")
         dtype = _DTYPES[amp_dtype]
 
     watchdog = None
