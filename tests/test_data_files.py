@@ -330,7 +330,7 @@ def _warned(err: str) -> list[str]:
                   and line.endswith("(ImageTooLarge: more than 89,478,485 pixels)"))
 
 
-@pytest.mark.parametrize("backend", ["pytorch", "dali-cpu"])
+@pytest.mark.parametrize("backend", ["pytorch", "pytorch-gpu", "dali-cpu"])
 def test_images_past_the_size_rule_are_skipped_alike_by_every_backend(oversized, backend, capsys):
     """Each image past 89,478,485 pixels is named once, in training and validation, and left out; the
     rest are all seen.  (Before the rule, the pytorch backend trained on the JPEGs and DALI on all.)"""
@@ -402,7 +402,7 @@ def _warned_resize(err: str, short_side: int) -> list[str]:
                   if line.startswith("warning: skipped unreadable image") and words in line)
 
 
-@pytest.mark.parametrize("backend", ["pytorch", "dali-cpu"])
+@pytest.mark.parametrize("backend", ["pytorch", "pytorch-gpu", "dali-cpu"])
 def test_validation_skips_an_image_whose_resize_breaks_the_size_rule_on_every_backend(strips, backend, capsys):
     """A strip of 65,361 x 1 pixels passes the size rule, but resized to a 37 px short side it would make 89.5
     million pixels (a 200,000 x 1 one, 13 billion at 256 px: a MemoryError); validation names it once and leaves
