@@ -18,7 +18,7 @@ from PIL import Image
 from torchvision import transforms
 from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
-from helpers import refused, write_image_folder
+from helpers import REPO, count_step_syncs, load_script, refused, run_script, write_image_folder
 from image_classification.cli import run
 from image_classification.data import DataConfig, default_backend_notice, get_loaders, resolve_backend
 from image_classification.data import device_decode
@@ -151,8 +151,6 @@ def test_a_batch_does_not_depend_on_the_workers_and_an_epoch_resumes_part_way(im
 
 
 def test_a_packed_set_gives_its_folder_s_batches(image_folder, tmp_path):
-    from helpers import REPO, run_script
-
     packed = tmp_path / "packed"
     result = run_script(["-m", "image_classification.data.pack", image_folder, packed, "--shard-size", "64KB"],
                         cwd=REPO)
@@ -190,10 +188,26 @@ def _warnings(err: str) -> list[str]:
                   if line.startswith("warning: skipped unreadable image"))
 
 
+def test_the_workers_leave_encoded_only_what_the_gpu_decodes_as_the_cpu_would(mixed_folder):
+    """Colour, greyscale and progressive JPEGs go to the device whole; a PNG, a CMYK JPEG, and a JPEG cut short
+    or with bytes after its end (which nvJPEG might decode where libjpeg-turbo refuses it, or the reverse) are
+    the CPU's."""
+    from image_classification.data.encoded import gpu_decodable
+
+    folder = mixed_folder / "train" / "class_00"
+    whole = (folder / "img_000.jpg").read_bytes()
+    assert gpu_decodable(whole) == (40, 48) and gpu_decodable(whole + b"\0" * 7) == (40, 48)
+    for name in ("grey.jpg", "progressive.jpg"):
+        assert gpu_decodable((folder / name).read_bytes()) == (30, 44), name
+    for raw in ((folder / "png.png").read_bytes(), (folder / "cmyk.jpg").read_bytes(), whole + b"trailer",
+                (folder / "truncated.jpg").read_bytes()):
+        assert gpu_decodable(raw) is None
+
+
 def test_what_cannot_be_decoded_is_skipped_and_counted_as_the_pytorch_backend_does(mixed_folder, capsys):
-    """PNG and CMYK JPEGs are decoded by the workers on the CPU, greyscale and progressive JPEGs by the device's
-    decoder; a truncated JPEG the device refuses is tried on the CPU, then left out; each broken image is named
-    once in the pytorch backend's words, and counted."""
+    """PNG, CMYK and truncated JPEGs are decoded by the workers on the CPU (the last refused there), greyscale
+    and progressive JPEGs by the device's decoder; each broken image is named once in the pytorch backend's
+    words, and counted."""
     capsys.readouterr()
     ours = passes(mixed_folder, "pytorch-gpu", batch_size=3)
     ours_err = capsys.readouterr().err
@@ -322,8 +336,6 @@ def test_no_preset_names_a_data_backend_but_synthetic_data():
     """launch.py's presets and recipes leave the backend to main.py's default, the fastest installed."""
     import yaml
 
-    from helpers import REPO
-
     text = (REPO / "configs.yml").read_text()
     assert text == (REPO / "image_classification" / "configs.yml").read_text()
     presets = yaml.safe_load(text)
@@ -343,6 +355,25 @@ def test_trains_and_validates_end_to_end_on_the_cpu(image_folder, tmp_path, tiny
     assert code == 0
     checkpoint = torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)
     assert checkpoint["epoch"] == 1 and checkpoint["best_prec1"] >= 0
+
+
+def test_compare_val_backends_holds_one_model_s_top1_to_the_pytorch_backend_s(image_folder, tmp_path, tiny_arch,
+                                                                            capsys):
+    """The script evaluates a checkpoint's model with both backends: their top-1s and differing predictions, and
+    whether they agree within --within points (exit 1 where not)."""
+    assert main(["-a", tiny_arch, "--device", "cpu", "--data-backend", "pytorch", "--image-size", str(SIZE), "-b", "4",
+                 "-j", "0", "--epochs", "1", "--lr", "0.01", "--workspace", str(tmp_path), str(image_folder)]) == 0
+    compare = load_script("compare_val_backends")
+    argv = ["--backend", "pytorch-gpu", "--checkpoint", str(tmp_path / "checkpoint.pth.tar"), "--device", "cpu",
+            "-j", "0", str(image_folder)]
+    capsys.readouterr()
+    assert compare.main(argv) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^12 images of .*/val: pytorch top-1 ([\d.]+)%, pytorch-gpu top-1 \1%, difference \+0\.00 "
+                     r"points; 0 of 12 predictions differ$", out, re.M), out
+    assert out.rstrip().endswith("agree within 0.2 points")
+    assert compare.main([*argv, "--within", "-1"]) == 1
+    assert capsys.readouterr().out.rstrip().endswith("differ by more than -1.0 points")
 
 
 # -- on a GPU (each has its CPU twin above) -----------------------------------------------------------------
@@ -379,24 +410,8 @@ def test_on_cuda_without_dali_a_run_takes_the_backend_by_default_and_never_syncs
                                                                                          capsys):
     """The default on CUDA without DALI, said at start-up; CUDA's sync debug mode finds no synchronisation inside
     the training steps, while the next batch is decoded beside them."""
-    import warnings
-
-    from image_classification import engine as engine_module
-
-    original, syncs = engine_module.Engine.train_step, []
-
-    def counted_step(self, *args, **kwargs):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                return original(self, *args, **kwargs)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-                syncs.append(sum("synchroniz" in str(warning.message) for warning in caught))
-
+    syncs = count_step_syncs(monkeypatch)
     monkeypatch.setattr("image_classification.data.dali_available", lambda: False)
-    monkeypatch.setattr(engine_module.Engine, "train_step", counted_step)
     code = main(["-a", tiny_arch, "--device", "cuda", "--image-size", str(SIZE), "-b", "4", "-j", "2", "-p", "2",
                  "--epochs", "1", "--lr", "0.01", "--augmentation", "trivialaugment", "--mixup", "0.2",
                  "--workspace", str(tmp_path), str(image_folder)])

@@ -3,8 +3,8 @@ find its size in its header, apply the size rule and draw its augmentation (:cla
 under its own seed.  Decoding is the training process's (:mod:`.device_decode`).
 
 A JPEG that nvJPEG decodes (baseline, extended or progressive Huffman coding, 8 bits, greyscale or three
-components) stays encoded; any other image (PNG, CMYK or 12-bit JPEG, ...) is decoded here on the CPU, as the
-``pytorch`` backend decodes it, and handed over as pixels.  An image that cannot be read, or breaks the size
+components, whole to its end marker) stays encoded; any other image (PNG, CMYK or 12-bit JPEG, a JPEG cut short,
+...) is decoded here on the CPU, as the ``pytorch`` backend decodes it, and handed over as pixels.  An image that cannot be read, or breaks the size
 rule, is left out and reported as the ``pytorch`` backend reports it.  A worker's batch is an
 :class:`EncodedBatch`: its JPEG bytes in one tensor and its decoded pixels in another, both in shared memory,
 so handing it to the training process copies nothing.
@@ -29,6 +29,7 @@ from .workers import shared_tensor
 # Huffman.  Arithmetic coding, lossless and hierarchical JPEGs are decoded on the CPU.
 GPU_CODINGS = frozenset({0xC0, 0xC1, 0xC2})
 GPU_COMPONENTS = frozenset({1, 3})  # greyscale and YCbCr; CMYK and YCCK (4) are decoded on the CPU
+JPEG_END = b"\xff\xd9"  # the end-of-image marker
 
 
 @dataclass
@@ -49,8 +50,12 @@ class Sample:
 
 def gpu_decodable(raw: bytes, short_side: int | None = None) -> tuple[int, int] | None:
     """(height, width) of a JPEG that nvJPEG decodes, after the size rule (for its resize to ``short_side``
-    too, when given); None for any other image.  Raises ImageTooLarge and UnreadableHeader."""
-    if not is_jpeg(raw):
+    too, when given); None for any other image.  Raises ImageTooLarge and UnreadableHeader.
+
+    A JPEG that does not end in its end-of-image marker (zero padding aside) was cut short, or has bytes after
+    its end: libjpeg-turbo refuses the first and ignores the second, where nvJPEG might decode a truncated image
+    without complaint, so both are left to the CPU's decoder, which then decides as in the pytorch backend."""
+    if not is_jpeg(raw) or not raw.rstrip(b"\0").endswith(JPEG_END):
         return None
     handle = io.BytesIO(raw)  # shares the bytes: no copy
     handle.seek(2)  # past the start of image
