@@ -100,6 +100,18 @@ def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder + os.sep)
 
 
+def _link_refusal(real: str, root: str, split_root: str | None, other_splits: list[str]) -> str | None:
+    """Why a link to ``real`` is not followed from the class folder ``root`` of the split ``split_root`` (whose
+    sibling splits are ``other_splits``), or None."""
+    if _inside(root, real) and root != real:
+        return f"links back to {real}, which holds the class folder (a loop)"
+    if split_root is not None and _inside(real, split_root) and not _inside(real, root):
+        return f"links into another class folder ({real})"
+    if any(_inside(real, other) for other in other_splits):
+        return f"links into another split of the dataset ({real})"
+    return None
+
+
 def walk_class(class_dir: Path, split_dir: Path | None = None, shared: SplitWalk | None = None) -> ClassWalk:
     """Image files under ``class_dir`` (depth first, names sorted), each counted once, where it really lives.
 
@@ -117,13 +129,7 @@ def walk_class(class_dir: Path, split_dir: Path | None = None, shared: SplitWalk
     shared = shared if shared is not None else SplitWalk()
 
     def refuse(real: str) -> str | None:
-        if _inside(root, real) and root != real:
-            return f"links back to {real}, which holds the class folder (a loop)"
-        if split_root is not None and _inside(real, split_root) and not _inside(real, root):
-            return f"links into another class folder ({real})"
-        if any(_inside(real, other) for other in other_splits):
-            return f"links into another split of the dataset ({real})"
-        return None
+        return _link_refusal(real, root, split_root, other_splits)
 
     def visit(directory: str) -> None:
         info = os.stat(directory)
