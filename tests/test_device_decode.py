@@ -18,7 +18,7 @@ from PIL import Image
 from torchvision import transforms
 from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
-from helpers import REPO, count_step_syncs, load_script, refused, run_script, write_image_folder
+from helpers import REPO, count_step_syncs, load_script, refused, run_script, train_until_crash, write_image_folder
 from image_classification.cli import run
 from image_classification.data import DataConfig, default_backend_notice, get_loaders, resolve_backend
 from image_classification.data import device_decode
@@ -344,17 +344,25 @@ def test_no_preset_names_a_data_backend_but_synthetic_data():
     assert [value["data_backend"] for value in named] == ["synthetic"]
 
 
-def test_trains_and_validates_end_to_end_on_the_cpu(image_folder, tmp_path, tiny_arch, monkeypatch):
-    """main.py's loop with the backend, on the CPU's decoder (main.py itself refuses it off CUDA): the recipe
-    augmentations on top, a checkpoint and a validated epoch."""
+def test_trains_end_to_end_on_the_cpu_and_resumes_a_crashed_run_bitwise(image_folder, tmp_path, tiny_arch,
+                                                                       monkeypatch):
+    """main.py's loop with the backend, on the CPU's decoder (main.py itself refuses it off CUDA), the recipe
+    augmentations on top: a run killed after a mid-epoch checkpoint and resumed ends with the weights of one
+    that was not."""
     monkeypatch.setattr("image_classification.plan.check_backend", lambda *args, **kwargs: None)
-    code = main(["-a", tiny_arch, "--device", "cpu", "--data-backend", "pytorch-gpu", "--image-size", str(SIZE),
-                 "-b", "4", "-j", "1", "--epochs", "1", "--lr", "0.01", "--augmentation", "trivialaugment",
-                 "--mixup", "0.2", "--cutmix", "1.0", "--random-erase", "0.25", "--workspace", str(tmp_path),
-                 str(image_folder)])
-    assert code == 0
-    checkpoint = torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)
-    assert checkpoint["epoch"] == 1 and checkpoint["best_prec1"] >= 0
+    run = ["-a", tiny_arch, "--num-classes", "3", "--device", "cpu", "--data-backend", "pytorch-gpu", "-j", "1",
+           "--image-size", str(SIZE), "-b", "4", "-p", "1", "--lr", "0.05", "--seed", "3", "--epochs", "1",
+           "--augmentation", "trivialaugment", "--mixup", "0.2", "--cutmix", "1.0", "--random-erase", "0.25",
+           "--checkpoint-interval", "2", "--resume", "auto", str(image_folder)]
+    assert main(run + ["--workspace", str(tmp_path / "straight")]) == 0
+    train_until_crash(run + ["--workspace", str(tmp_path / "crashed")], 5)  # a step after the checkpoint at 4
+    assert torch.load(tmp_path / "crashed" / "checkpoint.pth.tar", weights_only=True)["batch"] == 4
+    assert main(run + ["--workspace", str(tmp_path / "crashed")]) == 0
+    straight, resumed = (torch.load(tmp_path / name / "checkpoint.pth.tar", weights_only=True)
+                         for name in ("straight", "crashed"))
+    assert straight["epoch"] == resumed["epoch"] == 1 and straight["best_prec1"] == resumed["best_prec1"]
+    for name, tensor in straight["state_dict"].items():
+        assert torch.equal(tensor, resumed["state_dict"][name]), name
 
 
 def test_compare_val_backends_holds_one_model_s_top1_to_the_pytorch_backend_s(image_folder, tmp_path, tiny_arch,
