@@ -24,7 +24,7 @@ from torchvision import transforms
 
 from . import machine
 from .data.files import is_image_file, open_image, open_rgb
-from .data.folder import val_transform
+from .data.transforms import val_transform
 from .errors import UserError
 from .integrity import recorded_description
 from .models import build_model, default_image_size, load_checkpoint_file, load_weights

@@ -23,7 +23,7 @@ from torch import nn
 from . import checkpoint as ckpt
 from . import machine
 from .arguments import DEFAULT_RAPORT_FILE, DEFAULT_WORKERS, CheckpointInterval, raport_file
-from .data import DataConfig, resolve_backend
+from .data import DataConfig, default_backend_notice, resolve_backend
 from .errors import UserError
 from .models import build_model, default_image_size, load_weights
 from .models.weights import checked_arch, recorded_num_classes
@@ -386,10 +386,9 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     loss_scale = choose_loss_scale(runtime.amp_dtype, args.static_loss_scale, args.dynamic_loss_scale)
     if loss_scale[2]:
         log(loss_scale[2])
-    backend = resolve_backend(args.data_backend)
+    backend = resolve_backend(args.data_backend, runtime.is_cuda)
     if args.data_backend is None:  # otherwise only the raport would say which
-        why = "where NVIDIA DALI is installed" if backend.startswith("dali") else "without NVIDIA DALI"
-        log(f"=> data backend: {backend}, the default {why} (--data-backend picks another)")
+        log(default_backend_notice(backend, runtime.is_cuda))
     # What cannot work at all (this machine, the dataset) is said before what an earlier run left in the
     # workspace: the user fixes the first, then meets the second, never the other way round.
     check_backend(backend, runtime.is_cuda, args.augmentation, training=not args.evaluate)

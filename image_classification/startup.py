@@ -52,8 +52,13 @@ def check_before_start(args: argparse.Namespace, *, workspace: bool = True) -> N
 
 
 def check_backend(backend: str, is_cuda: bool, augmentation: str | None, *, training: bool) -> None:
-    """Refuse a data backend this machine cannot run (``dali-gpu`` without CUDA, DALI not installed) or that
-    lacks the asked ``--augmentation``, before the workspace is looked at."""
+    """Refuse a data backend this machine cannot run (``dali-gpu`` or ``pytorch-gpu`` without CUDA, DALI not
+    installed, a torchvision that cannot decode on the GPU) or that lacks the asked ``--augmentation``, before the
+    workspace is looked at."""
+    if backend == "pytorch-gpu":
+        from .data.device_decode import check_device_decode_request
+
+        check_device_decode_request(is_cuda, augmentation, training=training)
     if backend in ("dali-cpu", "dali-gpu"):
         from .data.dali import check_dali_request
 

@@ -16,6 +16,11 @@ it, in CPU milliseconds per image.
 alternating epochs, and counts the files each opens per epoch (Python's opens, in the process and its loader
 workers: DALI's own file reader opens a file per image unseen); it prints the packed copy's speed over the
 folder's, with the spread, as ``--baseline`` does.
+``--beside B [B ...]`` also times those backends of the toolkit (``pytorch``, ``dali-gpu``, ...) with the same
+batch size, workers and device, epochs alternating, and prints the speed of ``--data-backend`` over each, with the
+spread: how ``pytorch-gpu`` is held to the ``pytorch`` backend it replaces
+(``--data-backend pytorch-gpu --beside pytorch dali-gpu --device cuda``).  Without a GPU, ``pytorch-gpu`` runs
+its CPU twin (torchvision's CPU decoder in the training process): a check that it works, not its speed.
 ``--make-dataset`` first writes a small JPEG dataset into DIR (photos from scikit-image, cropped and
 resized to 500x375); ``--photos`` uses DIR as the photo set, writing it first where it is not there yet.
 """
@@ -65,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="where batches end up (default: auto, CUDA when available)")
     parser.add_argument("--baseline", action="store_true", help="also time the plain torchvision loader")
+    parser.add_argument("--beside", metavar="BACKEND", nargs="+", default=[], choices=backends[:-1],
+                        help="also time these backends, epochs alternating, and print --data-backend's speed over "
+                        "each")
     parser.add_argument("--packed", metavar="DST",
                         help="also time the loader on DST, DIR packed by image_classification.data.pack, alternating "
                         "epochs, and count the files each opens per epoch")
@@ -166,10 +174,10 @@ class TorchvisionLoader:
             yield images.contiguous(memory_format=self.runtime.memory_format), targets.to(self.runtime.device)
 
 
-def project_loader(opts: argparse.Namespace, runtime: Runtime, data: str | None = None):
-    """The training loader of ``--data-backend`` on ``data`` (DIR when None)."""
-    argv = [data or opts.data, "--data-backend", opts.data_backend, "-b", str(opts.batch_size), "-j", str(opts.workers),
-            "--seed", "0", "--memory-format", opts.memory_format]
+def project_loader(opts: argparse.Namespace, runtime: Runtime, data: str | None = None, backend: str | None = None):
+    """The training loader of ``backend`` (``--data-backend`` when None) on ``data`` (DIR when None)."""
+    argv = [data or opts.data, "--data-backend", backend or opts.data_backend, "-b", str(opts.batch_size), "-j",
+            str(opts.workers), "--seed", "0", "--memory-format", opts.memory_format]
     args = parse_args(argv)
     train, _ = get_loaders(data_config(args, opts.image_size), runtime, want_train=True, want_val=False)
     return train
@@ -313,29 +321,41 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine.description(runtime.device.type)}", flush=True)
     if opts.packed:
         return compare_packed(opts, runtime)
-    if opts.data_backend == "torchvision":
-        runs = [(Timing("torchvision"), TorchvisionLoader(opts, runtime))]
-    else:
-        runs = [(Timing(opts.data_backend), project_loader(opts, runtime))]
-        if opts.baseline:
-            runs.insert(0, (Timing("torchvision"), TorchvisionLoader(opts, runtime)))
+    runs = loaders_to_time(opts, runtime)
     # Epochs alternate between the loaders, so that load from other processes hits both alike.
     for number in range(opts.epochs):
         for timing, loader in runs:
             timing.epoch(loader, number, runtime)
     timing = runs[-1][0]
-    rate, cpu_ms = timing.median(timing.rates), timing.median(timing.cpu_ms)
-    if len(runs) == 2:
-        base = runs[0][0]
-        base_rate, base_cpu = base.median(base.rates), base.median(base.cpu_ms)
-        # Each epoch's ratio pairs two neighbouring epochs, so load that comes and goes cancels out.
-        speedup, spread, spread_text = timing.against(base)
-        print(f"torchvision: {base_rate:.1f} images/s, {base_cpu:.2f} CPU ms/image; {timing.name}: "
-              f"{rate:.1f} images/s, {cpu_ms:.2f} CPU ms/image; speed-up {speedup:.2f}x ({spread_text}), "
-              f"CPU per image {base_cpu / cpu_ms:.2f}x less", flush=True)
-        print(f"verdict: {ratio_text(speedup, spread)}", flush=True)
-    print(f"images/s: {rate:.1f}", flush=True)
+    for base, _ in runs[:-1]:
+        report_against(timing, base)
+    print(f"images/s: {timing.median(timing.rates):.1f}", flush=True)
     return 0
+
+
+def loaders_to_time(opts: argparse.Namespace, runtime: Runtime) -> list[tuple[Timing, object]]:
+    """(timing, loader) of every loader to time, ``--data-backend``'s last: after the plain torchvision loader
+    (``--baseline``) and the ``--beside`` backends."""
+    if opts.data_backend == "torchvision":
+        return [(Timing("torchvision"), TorchvisionLoader(opts, runtime))]
+    runs = [(Timing(backend), project_loader(opts, runtime, backend=backend)) for backend in opts.beside
+            if backend != opts.data_backend]
+    if opts.baseline:
+        runs.insert(0, (Timing("torchvision"), TorchvisionLoader(opts, runtime)))
+    return [*runs, (Timing(opts.data_backend), project_loader(opts, runtime))]
+
+
+def report_against(timing: Timing, base: Timing) -> None:
+    """``timing``'s speed over ``base``'s: the median of the epochs' ratios, the spread and the verdict."""
+    rate, cpu_ms = timing.median(timing.rates), timing.median(timing.cpu_ms)
+    base_rate, base_cpu = base.median(base.rates), base.median(base.cpu_ms)
+    # Each epoch's ratio pairs two neighbouring epochs, so load that comes and goes cancels out.
+    speedup, spread, spread_text = timing.against(base)
+    print(f"{base.name}: {base_rate:.1f} images/s, {base_cpu:.2f} CPU ms/image; {timing.name}: "
+          f"{rate:.1f} images/s, {cpu_ms:.2f} CPU ms/image; speed-up {speedup:.2f}x ({spread_text}), "
+          f"CPU per image {base_cpu / cpu_ms:.2f}x less", flush=True)
+    against = "" if base.name == "torchvision" else f" against {base.name}"
+    print(f"verdict{against}: {ratio_text(speedup, spread)}", flush=True)
 
 
 class FileOpens:

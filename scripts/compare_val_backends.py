@@ -1,14 +1,23 @@
-"""How far DALI's validation crops are from the pytorch backend's, in grey levels (0-255).
+"""How far a backend's validation is from the pytorch backend's: in grey levels, or in one model's top-1.
 
     python scripts/compare_val_backends.py --image-size 224 32
+    python scripts/compare_val_backends.py --backend pytorch-gpu --checkpoint workspace/digits/model_best.pth.tar data/digits
 
-Writes scikit-image's sample photographs as JPEGs into a temporary ImageFolder, runs both backends'
-validation pipelines over them and prints the mean absolute difference per image and overall.
+Without ``--checkpoint``: writes scikit-image's sample photographs as JPEGs into a temporary ImageFolder, runs
+the validation pipelines of ``--backend`` (default ``dali-cpu``) and of the pytorch backend over them and prints
+the mean absolute difference per image and overall, in grey levels (0-255).
+
+With ``--checkpoint CKPT DIR``: evaluates the checkpoint's model on DIR/val with both backends, in the
+preprocessing the checkpoint records, and prints each top-1, their difference in points and how many
+predictions differ; it exits 1 where the top-1s differ by more than ``--within`` points (default 0.2).  On a
+machine without a GPU, ``pytorch-gpu`` runs on the CPU with torchvision's CPU decoder (``--device cuda`` on a GPU
+machine measures nvJPEG's).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 from pathlib import Path
@@ -21,15 +30,15 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from image_classification.arguments import parse_args  # noqa: E402
+from image_classification import machine  # noqa: E402
+from image_classification.cli import UserErrorParser, run  # noqa: E402
+from image_classification.data import DataConfig, get_loaders  # noqa: E402
 from image_classification.data.common import STD_255  # noqa: E402
-from image_classification.plan import data_config  # noqa: E402
-from image_classification.data.dali import dali_loaders  # noqa: E402
-from image_classification.data.folder import folder_loaders  # noqa: E402
-from image_classification.data.layout import check_dataset  # noqa: E402
-from image_classification.runtime import Runtime  # noqa: E402
+from image_classification.errors import UserError  # noqa: E402
+from image_classification.runtime import Runtime, make_runtime  # noqa: E402
 
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry", "retina", "hubble_deep_field")
+BACKENDS = ("dali-cpu", "dali-gpu", "pytorch-gpu")
 
 
 def write_photos(root: Path) -> None:
@@ -44,32 +53,93 @@ def write_photos(root: Path) -> None:
         Image.fromarray(pixels[..., :3]).save(folder / f"{name}.jpg", quality=92)
 
 
-def differences(root: Path, image_size: int) -> torch.Tensor:
-    """Mean absolute difference of each image's validation crop between dali-cpu and pytorch, in levels."""
-    args = parse_args([str(root), "--data-backend", "dali-cpu", "-b", "4", "-j", "1", "--seed", "1"])
-    runtime = Runtime(torch.device("cpu"), None, torch.contiguous_format, rank=0, local_rank=0, world_size=1)
-    classes = check_dataset(str(root), None, want_train=False, want_val=True)
-    config = data_config(args, image_size)
-    _, dali = dali_loaders(config, runtime, classes, want_train=False, want_val=True)
-    _, pytorch = folder_loaders(config, runtime, classes, want_train=False, want_val=True)
-    dali.set_epoch(0)
-    pytorch.set_epoch(0)
+def val_batches(config: DataConfig, runtime: Runtime):
+    """The validation loader ``config`` describes, set to its first pass."""
+    _, val = get_loaders(config, runtime, want_train=False, want_val=True)
+    val.set_epoch(0)
+    return val
+
+
+def differences(root: Path, image_size: int, backend: str, runtime: Runtime) -> torch.Tensor:
+    """Mean absolute difference of each image's validation crop between ``backend`` and pytorch, in levels."""
+    config = DataConfig(data=str(root), backend=backend, image_size=image_size, batch_size=4, workers=1, seed=1)
+    theirs = val_batches(config, runtime)
+    ours = val_batches(dataclasses.replace(config, backend="pytorch"), runtime)
     std = torch.tensor(STD_255).view(1, 3, 1, 1)
-    return torch.cat([((a - b).abs() * std).mean(dim=(1, 2, 3)) for (a, _), (b, _) in zip(dali, pytorch, strict=True)])
+    return torch.cat([((a.cpu() - b.cpu()).abs() * std).mean(dim=(1, 2, 3))
+                      for (a, _), (b, _) in zip(theirs, ours, strict=True)])
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--image-size", type=int, nargs="+", default=[224, 32])
-    sizes = parser.parse_args().image_size
+def predictions(checkpoint: str, data: str, backend: str, runtime: Runtime, batch_size: int, workers: int):
+    """(predicted classes, labels) of the checkpoint's model on ``data``/val, read by ``backend`` in the
+    preprocessing the checkpoint records."""
+    from image_classification.inference import load_model
+
+    loaded = load_model(None, checkpoint, log=lambda line: None)
+    preprocessing = loaded.resolve_preprocessing(None, log=lambda line: None)
+    config = DataConfig(data=data, backend=backend, image_size=preprocessing.image_size, batch_size=batch_size,
+                        workers=workers, interpolation=preprocessing.interpolation,
+                        crop_ratio=preprocessing.crop_ratio, mean=preprocessing.mean, std=preprocessing.std,
+                        num_classes=loaded.num_classes)
+    model = loaded.model.to(runtime.device)
+    predicted, labels = [], []
+    with torch.inference_mode():
+        for images, targets in val_batches(config, runtime):
+            predicted.append(model(images).argmax(dim=1).cpu())
+            labels.append(targets.cpu())
+    return torch.cat(predicted), torch.cat(labels)
+
+
+def compare_top1(opts: argparse.Namespace, runtime: Runtime) -> int:
+    results = {backend: predictions(opts.checkpoint, opts.data, backend, runtime, opts.batch_size, opts.workers)
+               for backend in ("pytorch", opts.backend)}
+    (base, labels), (ours, their_labels) = results["pytorch"], results[opts.backend]
+    if not torch.equal(labels, their_labels):
+        print(f"error: {opts.backend} and pytorch read different validation images", file=sys.stderr)
+        return 1
+    top1 = {name: 100.0 * float((predicted == labels).double().mean()) for name, (predicted, _) in results.items()}
+    difference = top1[opts.backend] - top1["pytorch"]
+    print(f"machine: {machine.description(runtime.device.type)}")
+    print(f"{len(labels)} images of {opts.data}/val: pytorch top-1 {top1['pytorch']:.2f}%, {opts.backend} top-1 "
+          f"{top1[opts.backend]:.2f}%, difference {difference:+.2f} points; {int((base != ours).sum())} of "
+          f"{len(labels)} predictions differ")
+    agree = abs(difference) <= opts.within
+    print(f"agree within {opts.within} points" if agree else f"differ by more than {opts.within} points")
+    return 0 if agree else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = UserErrorParser(prog="compare_val_backends.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("data", metavar="DIR", nargs="?", help="with --checkpoint: the dataset (holds val/)")
+    parser.add_argument("--backend", choices=BACKENDS, default="dali-cpu",
+                        help="the backend held to the pytorch backend (default: dali-cpu)")
+    parser.add_argument("--image-size", type=int, nargs="+", default=[224, 32],
+                        help="without --checkpoint: the crop sizes to compare at (default: 224 32)")
+    parser.add_argument("--checkpoint", metavar="CKPT", help="compare the top-1 of this checkpoint's model on DIR")
+    parser.add_argument("--within", metavar="POINTS", type=float, default=0.2,
+                        help="with --checkpoint: the largest top-1 difference that agrees (default: 0.2)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="where the batches and the model go (default: auto, CUDA when available)")
+    parser.add_argument("-b", "--batch-size", type=int, default=64, help="with --checkpoint (default: 64)")
+    parser.add_argument("-j", "--workers", type=int, default=2, help="loader workers (default: 2)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = build_parser().parse_args(argv)
+    runtime = make_runtime(opts.device, log=lambda line: None)
+    if opts.checkpoint:
+        if opts.data is None:
+            raise UserError("--checkpoint needs DIR, the dataset whose val/ the model is evaluated on")
+        return compare_top1(opts, runtime)
     with tempfile.TemporaryDirectory() as folder:
         write_photos(Path(folder))
-        for size in sizes:
-            per_image = differences(Path(folder), size)
+        for size in opts.image_size:
+            per_image = differences(Path(folder), size, opts.backend, runtime)
             listed = ", ".join(f"{name} {value:.2f}" for name, value in zip(sorted(PHOTOS), per_image.tolist()))
-            print(f"{size} px: mean {per_image.mean():.3f} levels ({listed})")
+            print(f"{size} px, {opts.backend} against pytorch: mean {per_image.mean():.3f} levels ({listed})")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

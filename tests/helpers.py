@@ -68,6 +68,29 @@ def score_validations(monkeypatch, *top1: float) -> None:
     monkeypatch.setattr(loop.Loop, "validate", scored)
 
 
+def count_step_syncs(monkeypatch) -> list[int]:
+    """Patch ``Engine.train_step`` so that each step appends to the list returned how many host synchronisations
+    CUDA's sync debug mode warned of inside it (the print windows' reads are outside the steps)."""
+    from image_classification import engine
+
+    original, syncs = engine.Engine.train_step, []
+
+    def counted_step(self, *args, **kwargs):
+        import torch
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                syncs.append(sum("synchroniz" in str(warning.message) for warning in caught))
+
+    monkeypatch.setattr(engine.Engine, "train_step", counted_step)
+    return syncs
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -264,6 +264,24 @@ def test_the_loader_benchmark_builds_the_photo_set_and_states_a_ratio_only_beyon
         assert ("no verdict" in claim) == (not verdict(speedup, spread))
 
 
+def test_the_loader_benchmark_times_a_backend_beside_others(tmp_path, capsys):
+    """--beside: epochs alternate between the backends, and --data-backend's speed is given over each of them."""
+    import re
+
+    from helpers import load_script
+
+    loader = load_script("benchmark_loader")
+    argv = ["--photos", "2", "--data-backend", "pytorch-gpu", "--beside", "pytorch", "-b", "2", "-j", "0", "--epochs",
+            "2", "--image-size", "32", "--device", "cpu", str(tmp_path / "photos")]
+    assert loader.main(argv) == 0
+    output = capsys.readouterr().out
+    epochs = re.findall(r"^(\S+) epoch (\d+): 8 images in", output, re.M)
+    assert epochs == [("pytorch", "0"), ("pytorch-gpu", "0"), ("pytorch", "1"), ("pytorch-gpu", "1")]
+    assert re.search(r"^pytorch: [\d.]+ images/s, [\d.]+ CPU ms/image; pytorch-gpu: [\d.]+ images/s, .* speed-up "
+                     r"[\d.]+x", output, re.M)
+    assert re.search(r"^verdict against pytorch: [\d.]+x", output, re.M)
+
+
 def test_the_int8_path_times_the_quantized_export_on_the_cpu_only(state, tmp_path):
     pytest.importorskip("onnxruntime")
     cpu, cuda = torch.device("cpu"), torch.device("cuda")

@@ -162,7 +162,7 @@ def test_training_crops_follow_torchvision_random_resized_crop():
     from torchvision import transforms as T
     from torchvision.transforms import functional as F
 
-    from image_classification.data.folder import train_transform
+    from image_classification.data.transforms import train_transform
 
     config = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=4, crop_scale=(0.08, 1.0), hflip=0)
     ours = train_transform(config)
@@ -185,12 +185,12 @@ def test_training_crops_are_torchvision_s_pixels_exactly(interpolation):
     (resuming a run made before the faster crop replays the same images)."""
     from torchvision.transforms import v2
 
-    from image_classification.data.folder import _INTERPOLATION, train_transform
+    from image_classification.data.transforms import INTERPOLATION, train_transform
 
     config = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=4, interpolation=interpolation)
     ours = train_transform(config)
     theirs = v2.Compose([v2.RandomResizedCrop(32, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
-                                              interpolation=_INTERPOLATION[interpolation], antialias=True),
+                                              interpolation=INTERPOLATION[interpolation], antialias=True),
                          v2.RandomHorizontalFlip(0.5)])
     image = torch.randint(0, 256, (3, 75, 100), dtype=torch.uint8)
     for seed in range(40):
@@ -203,14 +203,14 @@ def test_training_crops_are_torchvision_s_pixels_exactly(interpolation):
 def test_a_worker_s_batch_is_normalised_in_shared_memory(monkeypatch):
     """Workers hand the training process (x - mean) / std in NCHW; the batch is made in shared memory, so
     passing it over costs no copy of it."""
-    from image_classification.data import folder as folder_module
+    from image_classification.data import folder as folder_module, workers
 
     images = [torch.randint(0, 256, (8, 6, 3), dtype=torch.uint8) for _ in range(3)]
     batch = [(images[0], 0, None), (None, 1, ("broken.jpg", "OSError: truncated")), (images[1], 2, None),
              (images[2], 1, None)]
     mean, std = torch.tensor([120.0, 110.0, 100.0]), torch.tensor([60.0, 55.0, 50.7])
     normalize = (mean.view(1, 3, 1, 1), std.view(1, 3, 1, 1))
-    monkeypatch.setattr(folder_module, "get_worker_info", lambda: object())  # as inside a worker
+    monkeypatch.setattr(workers, "get_worker_info", lambda: object())  # as inside a worker
     out, labels, broken = folder_module.collate_uint8(batch, normalize)
     expected = (torch.stack(images).permute(0, 3, 1, 2).float() - mean.view(1, 3, 1, 1)) / std.view(1, 3, 1, 1)
     assert out.shape == (3, 3, 8, 6) and out.is_contiguous() and torch.equal(out, expected)
@@ -330,7 +330,7 @@ def _warned(err: str) -> list[str]:
                   and line.endswith("(ImageTooLarge: more than 89,478,485 pixels)"))
 
 
-@pytest.mark.parametrize("backend", ["pytorch", "dali-cpu"])
+@pytest.mark.parametrize("backend", ["pytorch", "pytorch-gpu", "dali-cpu"])
 def test_images_past_the_size_rule_are_skipped_alike_by_every_backend(oversized, backend, capsys):
     """Each image past 89,478,485 pixels is named once, in training and validation, and left out; the
     rest are all seen.  (Before the rule, the pytorch backend trained on the JPEGs and DALI on all.)"""
@@ -402,7 +402,7 @@ def _warned_resize(err: str, short_side: int) -> list[str]:
                   if line.startswith("warning: skipped unreadable image") and words in line)
 
 
-@pytest.mark.parametrize("backend", ["pytorch", "dali-cpu"])
+@pytest.mark.parametrize("backend", ["pytorch", "pytorch-gpu", "dali-cpu"])
 def test_validation_skips_an_image_whose_resize_breaks_the_size_rule_on_every_backend(strips, backend, capsys):
     """A strip of 65,361 x 1 pixels passes the size rule, but resized to a 37 px short side it would make 89.5
     million pixels (a 200,000 x 1 one, 13 billion at 256 px: a MemoryError); validation names it once and leaves

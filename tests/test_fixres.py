@@ -21,7 +21,7 @@ TRAIN, RESIZE, CROP = 48, 72, 64
 FLAGS = ["--train-crop-size", str(TRAIN), "--val-resize-size", str(RESIZE), "--val-crop-size", str(CROP)]
 
 
-@pytest.mark.parametrize("backend", ["pytorch", "dali-cpu", "synthetic"])
+@pytest.mark.parametrize("backend", ["pytorch", "pytorch-gpu", "dali-cpu", "synthetic"])
 def test_the_loaders_crop_training_and_validation_images_to_their_own_sizes(image_folder, backend):
     if backend == "dali-cpu":
         pytest.importorskip("nvidia.dali")

@@ -245,21 +245,9 @@ def test_no_host_sync_between_print_windows_on_cuda(tmp_path, monkeypatch, preci
     """CUDA's sync debug mode warns at any synchronisation inside the training steps (the windows' reads are
     outside them): none in FP32 and bf16; in fp16 (--amp) one per optimizer step, the read of the loss
     scaler's inf flag that decides whether the step is taken.  MixUp, label smoothing and the EMA included."""
-    import warnings
+    from helpers import count_step_syncs
 
-    original, syncs = engine_module.Engine.train_step, []
-
-    def counted_step(self, *args, **kwargs):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                return original(self, *args, **kwargs)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-                syncs.append(sum("synchroniz" in str(warning.message) for warning in caught))
-
-    monkeypatch.setattr(engine_module.Engine, "train_step", counted_step)
+    syncs = count_step_syncs(monkeypatch)
     args = TINY + ["--data-backend", "synthetic", "--device", "cuda", "--prof", "8", "-p", "4", "--epochs", "1",
                    "--mixup", "0.2", "--use-ema", "0.9", "--label-smoothing", "0.1", "--training-only",
                    "--no-checkpoints", "--workspace", str(tmp_path)] + precision

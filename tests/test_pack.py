@@ -155,7 +155,7 @@ def test_a_packed_set_counts_what_data_check_counts_on_its_folder(tmp_path, caps
     assert seen[0] == seen[1] and seen[0][1] == 4, seen
 
 
-@pytest.mark.parametrize("backend", ["pytorch", "dali-cpu"])
+@pytest.mark.parametrize("backend", ["pytorch", "pytorch-gpu", "dali-cpu"])
 def test_validation_and_data_check_skip_the_elongated_images_of_packed_val_as_on_the_folder(tmp_path, backend,
                                                                                              capsys):
     """Validation resizes an image whole to its short side: a 65,361 x 1 strip, within the size rule, would make

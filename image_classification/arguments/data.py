@@ -9,7 +9,7 @@ from ..cli import positive_int
 from ..errors import UserError
 from .values import check_float32, probability, raise_first
 
-DATA_BACKENDS = ("pytorch", "synthetic", "dali-cpu", "dali-gpu")
+DATA_BACKENDS = ("pytorch", "pytorch-gpu", "synthetic", "dali-cpu", "dali-gpu")
 BACKEND_ALIASES = {"syntetic": "synthetic"}  # the reference README's spelling
 DEFAULT_WORKERS = 5  # the reference's -j
 INTERPOLATIONS = ("bilinear", "bicubic", "triangular")
@@ -37,8 +37,9 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("data")
     data.add_argument(
         "--data-backend", metavar="BACKEND", type=_backend, default=None,
-        help="data backend: pytorch | synthetic (alias syntetic) | dali-cpu | dali-gpu "
-        "(default: dali-cpu when NVIDIA DALI is installed, else pytorch)",
+        help="data backend: pytorch | pytorch-gpu (decodes and augments on the GPU) | synthetic (alias syntetic) "
+        "| dali-cpu | dali-gpu (default: dali-cpu where NVIDIA DALI is installed; else, on CUDA, "
+        "pytorch-gpu where torchvision decodes JPEGs there; else pytorch)",
     )
     data.add_argument("-j", "--workers", metavar="N", type=int, default=DEFAULT_WORKERS,
                       help="number of data loading workers; 0 loads in the main process (default: 5)")

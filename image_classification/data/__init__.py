@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from ..runtime import Runtime
     from .common import DataConfig, Loader
 
-__all__ = ["get_loaders", "resolve_backend", "DataConfig", "Loader", "DeviceLoader", "ShardSampler", "val_resize_size",
-           "dali_available"]
+__all__ = ["get_loaders", "resolve_backend", "default_backend_notice", "gpu_decoding_problem", "DataConfig", "Loader",
+           "DeviceLoader", "ShardSampler", "val_resize_size", "dali_available"]
 _LAZY = {"DataConfig": ".common", "DeviceLoader": ".common", "Loader": ".common", "ShardSampler": ".common",
          "val_resize_size": "..preprocessing"}  # name: the module that defines it
 
@@ -37,11 +37,36 @@ def dali_available() -> bool:
     return True
 
 
-def resolve_backend(requested: str | None) -> str:
-    """The backend to use: the requested one, or dali-cpu when DALI is installed, else pytorch."""
+def gpu_decoding_problem() -> str | None:
+    """Why torchvision cannot decode JPEGs on this process's CUDA device (None when it can)."""
+    from .device_decode import gpu_decoding_problem as problem
+
+    return problem()
+
+
+def resolve_backend(requested: str | None, is_cuda: bool = False) -> str:
+    """The backend to use: the requested one; else dali-cpu where DALI is installed (as in the reference); else, on
+    CUDA, pytorch-gpu where torchvision decodes JPEGs on the GPU (the fastest installed); else pytorch."""
     if requested is not None:
         return requested
-    return "dali-cpu" if dali_available() else "pytorch"
+    if dali_available():
+        return "dali-cpu"
+    if is_cuda and gpu_decoding_problem() is None:
+        return "pytorch-gpu"
+    return "pytorch"
+
+
+def default_backend_notice(backend: str, is_cuda: bool) -> str:
+    """The start-up line of a run that gave no --data-backend: which one it takes, and why."""
+    if backend.startswith("dali"):
+        why = "where NVIDIA DALI is installed"
+    elif backend == "pytorch-gpu":
+        why = "on CUDA without NVIDIA DALI: JPEGs decoded and augmented on the GPU by torchvision"
+    elif is_cuda:
+        why = f"on CUDA without NVIDIA DALI, where torchvision cannot decode on the GPU ({gpu_decoding_problem()})"
+    else:
+        why = "without NVIDIA DALI"
+    return f"=> data backend: {backend}, the default {why} (--data-backend picks another)"
 
 
 def get_loaders(
@@ -63,6 +88,8 @@ def get_loaders(
         classes = check_dataset(config.data, config.num_classes, want_train=want_train, want_val=want_val)
     if config.backend == "pytorch":
         from .folder import folder_loaders as build
+    elif config.backend == "pytorch-gpu":
+        from .device_decode import device_decode_loaders as build
     elif config.backend in ("dali-cpu", "dali-gpu"):
         from .dali import dali_loaders as build
     else:

@@ -3,6 +3,7 @@ normalisation constants, sizes, and the move to the device."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass
 from collections.abc import Iterable, Iterator, Sequence
@@ -96,6 +97,50 @@ class Unreadable:
         return len(self.paths)
 
 
+def normalized(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """A uint8 batch as float32 ``(x - mean) / std``: a subtraction then a division, each rounded once, the one
+    formula of every backend (a multiply-add by 1/std would round differently)."""
+    return images.float().sub_(mean).div_(std)
+
+
+def channel_values(values: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    """Per-channel constants (mean, std) shaped to broadcast over an NCHW batch."""
+    return torch.tensor(values, device=device).view(1, 3, 1, 1)
+
+
+class SideStream:
+    """Where a loader prepares its next batch: on CUDA a side stream, whose work the training loop's stream
+    waits for before it reads the batch (and which then no longer recycles the batch's memory under it); on
+    the CPU in line, with nothing to wait for."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def __enter__(self):
+        self._context = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+        return self._context.__enter__()
+
+    def __exit__(self, *exc):
+        return self._context.__exit__(*exc)
+
+    def done(self):
+        """A mark of the work queued on the stream so far (an event; None on the CPU)."""
+        return self.stream.record_event() if self.stream is not None else None
+
+    def hand_over(self, tensors: Iterable[torch.Tensor], done=None) -> None:
+        """Let the current stream use ``tensors``, made on the side stream (up to ``done``; by then, without)."""
+        if self.stream is None:
+            return
+        current = torch.cuda.current_stream(self.device)
+        if done is None:
+            current.wait_stream(self.stream)
+        else:
+            current.wait_event(done)
+        for tensor in tensors:
+            tensor.record_stream(current)
+
+
 class DeviceLoader:
     """Moves host batches to the device, normalises them and applies the memory format.
 
@@ -110,9 +155,8 @@ class DeviceLoader:
         self.runtime = runtime
         self.num_samples = num_samples
         self.normalized = normalized
-        shape = (1, 3, 1, 1)
-        self.mean = torch.tensor(mean, device=runtime.device).view(shape)
-        self.std = torch.tensor(std, device=runtime.device).view(shape)
+        self.mean = channel_values(mean, runtime.device)
+        self.std = channel_values(std, runtime.device)
 
     def __len__(self) -> int:
         return len(self.source)
@@ -132,7 +176,7 @@ class DeviceLoader:
         images = images.to(device, non_blocking=True)
         targets = targets.to(device, non_blocking=True).long().view(-1)
         if not self.normalized:
-            images = images.float().sub_(self.mean).div_(self.std)
+            images = normalized(images, self.mean, self.std)
         return images.contiguous(memory_format=self.runtime.memory_format), targets
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -143,16 +187,14 @@ class DeviceLoader:
         yield from self._cuda_prefetch(iter(self.source))
 
     def _cuda_prefetch(self, batches: Iterable) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        stream = torch.cuda.Stream(self.runtime.device)
+        side = SideStream(self.runtime.device)
         pending = None
         for images, targets in batches:
-            with torch.cuda.stream(stream):
+            with side:
                 ready = self._prepare(images, targets)
             if pending is not None:
                 yield pending
-            torch.cuda.current_stream().wait_stream(stream)
-            for tensor in ready:
-                tensor.record_stream(torch.cuda.current_stream())
+            side.hand_over(ready)
             pending = ready
         if pending is not None:
             yield pending

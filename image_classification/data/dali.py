@@ -1,7 +1,7 @@
 """The ``dali-cpu`` and ``dali-gpu`` backends: NVIDIA DALI decodes, crops and normalises the images.
 
-This module is the only one that imports DALI, and it does so lazily, so the package works without it.
-Each split's pipeline is built once per run (its decoders' buffers are large and slow to allocate) and
+This module and its pipeline's (:mod:`.dali_pipeline`) are the only ones that import DALI, and they do so
+lazily, so the package works without it.  Each split's pipeline is built once per run (its decoders' buffers are large and slow to allocate) and
 fed through an external source: every pass hands it this rank's samples in that epoch's order.  From a
 folder it hands their paths and DALI's own threads read the files (``fn.io.file.read``); from the shards of
 a packed set it hands their bytes, read ahead by the feed's thread pool (``os.pread`` on the open shards).
@@ -23,8 +23,6 @@ draws exactly what an uninterrupted one does.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -33,22 +31,16 @@ import torch
 from ..errors import UserError
 from ..runtime import Runtime
 from ..preprocessing import val_resize_size
-from .common import CROP_RATIO, MEAN_255, STD_255, DataConfig, ShardSampler, Unreadable, train_sampler
+from .common import DataConfig, ShardSampler, Unreadable, train_sampler
 from .dali_feed import RANDOM_SLOTS, Feed
-from .files import MAX_IMAGE_PIXELS, ImageTooLarge, size_problem
+from .dali_pipeline import DALI_AUGMENTATIONS, PipelineSpec, build_pipeline
+from .files import ImageTooLarge, size_problem
 from .layout import Split, open_split
 from .packed import PackedSplit
 
 # Words in DALI's error when a file could not be read (a dangling link), its header parsed or its data
 # decoded: those are skipped.
 _FILE_ERRORS = ("io.file.read", "decoders.", "Decod", "peek_image_shape")
-_INTERPOLATION = {"bilinear": "INTERP_LINEAR", "bicubic": "INTERP_CUBIC", "triangular": "INTERP_TRIANGULAR"}
-# --augmentation on DALI: its auto_aug module has these policies (AugMix it has not).
-DALI_AUGMENTATIONS = ("autoaugment", "randaugment", "trivialaugment")
-# nvJPEG scratch memory reserved up front, as in the reference recipes, so it does not regrow per batch.
-_GPU_DECODER_PADDING = {"device_memory_padding": 211_025_920, "host_memory_padding": 140_544_512}
-# DALI's random operators that auto_aug calls; while a policy is built each takes the next state.
-_RANDOM_OPERATORS = ("uniform", "coin_flip", "normal", "choice", "beta")
 
 
 def _import_dali():
@@ -69,186 +61,6 @@ def _import_dali():
             "operators take their state from the pipeline's inputs, for exact resumes; install it with "
             "`pip install nvidia-dali-cuda130==2.4.0` or use --data-backend pytorch"
         )
-
-
-@dataclass(frozen=True)
-class PipelineSpec:
-    """Everything a pass's pipeline is built from, apart from its file list and seed."""
-
-    train: bool
-    image_size: int
-    interpolation: str
-    crop_scale: tuple[float, float]
-    hflip: float
-    batch_size: int
-    num_threads: int
-    device_id: int | None  # None: no GPU at all, every operator on the CPU
-    gpu_decode: bool  # dali-gpu: nvJPEG ("mixed") decode and GPU resize
-    channels_last: bool
-    encoded: bool = False  # the feed hands the images' bytes (shards), not their paths (a folder)
-    crop_ratio: float = CROP_RATIO  # validation: the short side is image_size / crop_ratio
-    augmentation: str | None = None  # training: one of DALI_AUGMENTATIONS
-    randaugment_magnitude: int = 9
-    randaugment_num_ops: int = 2
-    mean: tuple[float, float, float] = MEAN_255  # on the 0-255 scale
-    std: tuple[float, float, float] = STD_255
-
-
-class _RandomStates:
-    """Hands each random operator of a pipeline, as it is defined, its own slot of the fed states."""
-
-    def __init__(self, states):
-        self.states, self.used = states, 0
-
-    def __call__(self):
-        if self.used == RANDOM_SLOTS:
-            raise RuntimeError(f"more than {RANDOM_SLOTS} random operators in a pipeline: raise RANDOM_SLOTS")
-        self.used += 1
-        return self.states[self.used - 1]
-
-
-@contextmanager
-def _drawing_from(states: _RandomStates):
-    """While DALI's auto_aug defines a policy, each ``fn.random`` operator it calls takes its state from
-    ``states`` (auto_aug makes its own calls, with no way to pass one)."""
-    from nvidia.dali.fn import random as dali_random
-
-    originals = {name: getattr(dali_random, name) for name in _RANDOM_OPERATORS if hasattr(dali_random, name)}
-
-    def drawing(operator):
-        return lambda *args, **kwargs: operator(*args, **kwargs, _random_state=states())
-
-    try:
-        for name, operator in originals.items():
-            setattr(dali_random, name, drawing(operator))
-        yield
-    finally:
-        for name, operator in originals.items():
-            setattr(dali_random, name, operator)
-
-
-def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
-    """A DALI pipeline yielding ("images", "labels") for the samples ``feed`` hands it, in that order."""
-    from nvidia.dali import fn, pipeline_def, types
-
-    decode_device = "mixed" if spec.gpu_decode else "cpu"
-    resize_device = "gpu" if spec.gpu_decode else "cpu"
-    decoder_options = _GPU_DECODER_PADDING if spec.gpu_decode else {}
-    interp = getattr(types, _INTERPOLATION[spec.interpolation])
-    size = spec.image_size
-    augment = spec.train and spec.augmentation is not None
-
-    @pipeline_def(
-        batch_size=spec.batch_size, num_threads=spec.num_threads, device_id=spec.device_id, seed=seed,
-        enable_conditionals=True,  # the size rule's branch; auto_aug picks each sample's operations with `if`
-    )
-    def pipeline():
-        if spec.train:
-            fed, labels_, states = fn.external_source(
-                source=feed, num_outputs=3, batch=True, dtype=[types.UINT8, types.INT32, types.UINT32]
-            )
-            draw = _RandomStates(states)
-        else:
-            fed, labels_ = fn.external_source(
-                source=feed, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT32]
-            )
-        # From shards the feed hands the images' bytes.  From a folder it hands paths, read by the pipeline's
-        # thread pool, a file per task: a plain read rather than DALI's default mmap, faster for files this
-        # small, and a file truncated while mapped would be a SIGBUS, not an error to skip.  A per-sample
-        # parallel external source would read in worker processes instead, but it wants a stateless callback
-        # (each pass's order is state) and its own processes, spawned (never forked after CUDA is up) and
-        # copying every file through shared memory.
-        encoded = fed if spec.encoded else fn.io.file.read(fed, dont_use_mmap=True)
-        # The size rule of every backend, from the header: an image past it is not decoded at all (the
-        # branch below splits the batch) and comes out as a blank flagged unfit, which the loader drops.
-        shape = fn.peek_image_shape(encoded)
-        height, width = fn.cast(shape[0], dtype=types.INT64), fn.cast(shape[1], dtype=types.INT64)
-        fits = height * width <= MAX_IMAGE_PIXELS
-        if not spec.train:
-            # As torchvision's Resize on a PIL image: the short side to val_resize_size, the long side
-            # truncated (not rounded) to keep the aspect, and antialiased when it shrinks.
-            short = val_resize_size(size, spec.crop_ratio)
-            portrait = fn.cast(height > width, dtype=types.INT64)
-            out_h = portrait * (short * height // width) + (1 - portrait) * short
-            out_w = (1 - portrait) * (short * width // height) + portrait * short
-            fits = fits & _resize_fits(height, width, portrait, short)
-        if fits:
-            if spec.train:
-                # Decoding only the random crop window is what makes CPU decoding fast.
-                images = fn.decoders.image_random_crop(
-                    encoded, device=decode_device, output_type=types.RGB,
-                    random_area=list(spec.crop_scale), random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=100,
-                    _random_state=draw(), **decoder_options,
-                )
-                images = fn.resize(
-                    images, device=resize_device, size=[size, size], interp_type=interp, antialias=False
-                )
-                if augment:
-                    with _drawing_from(draw):
-                        images = _auto_augment(images, spec)
-            else:
-                images = fn.decoders.image(encoded, device=decode_device, output_type=types.RGB, **decoder_options)
-                images = fn.resize(
-                    images, device=resize_device, resize_x=fn.cast(out_w, dtype=types.FLOAT),
-                    resize_y=fn.cast(out_h, dtype=types.FLOAT), interp_type=interp, antialias=True,
-                )
-        else:
-            images = fn.constant(idata=0, shape=[size, size, 3], dtype=types.UINT8, layout="HWC")
-            if spec.gpu_decode:
-                images = images.gpu()
-        if spec.device_id is not None:
-            # With a GPU, the normalised float batch is made there: only uint8 crops cross the bus.
-            images, labels_ = images.gpu(), labels_.gpu()
-        mirror = 0
-        if spec.train and spec.hflip > 0:
-            mirror = fn.random.coin_flip(probability=spec.hflip, _random_state=draw())
-        crop_pos = {} if spec.train else {"crop_pos_x": _centre(out_w, size), "crop_pos_y": _centre(out_h, size)}
-        images = fn.crop_mirror_normalize(
-            images, dtype=types.FLOAT, crop=(size, size), mean=list(spec.mean), std=list(spec.std),
-            mirror=mirror, output_layout="HWC" if spec.channels_last else "CHW", **crop_pos,
-        )
-        return images, labels_, fits
-
-    return pipeline()
-
-
-def _resize_fits(height, width, portrait, short: int):
-    """The size rule for the resize of a ``height`` x ``width`` image to a ``short`` px short side, as
-    :func:`files.check_size` applies it: ``short * (short * long // shorter)`` pixels at most
-    ``MAX_IMAGE_PIXELS``, that is ``short * long < (MAX_IMAGE_PIXELS // short + 1) * shorter`` (no division;
-    a side of 0 counts as 1, as there)."""
-    from nvidia.dali import fn, types
-
-    long = portrait * height + (1 - portrait) * width
-    shorter = portrait * width + (1 - portrait) * height
-    shorter = shorter + fn.cast(shorter == 0, dtype=types.INT64)
-    return short * long < (MAX_IMAGE_PIXELS // short + 1) * shorter
-
-
-def _auto_augment(images, spec: PipelineSpec):
-    """``--augmentation`` by DALI's auto_aug, on the uint8 crops: translations relative to the image as
-    torchvision's, black fill as torchvision's default."""
-    from nvidia.dali.auto_aug import auto_augment, rand_augment, trivial_augment
-
-    shape = [spec.image_size, spec.image_size]
-    if spec.augmentation == "autoaugment":
-        return auto_augment.auto_augment(images, policy_name="image_net", shape=shape, fill_value=0)
-    if spec.augmentation == "randaugment":
-        return rand_augment.rand_augment(images, n=spec.randaugment_num_ops, m=spec.randaugment_magnitude,
-                                         shape=shape, fill_value=0)
-    return trivial_augment.trivial_augment_wide(images, shape=shape, fill_value=0)
-
-
-def _centre(length, crop: int):
-    """crop_pos for torchvision's CenterCrop: offset ``round((length - crop) / 2)``, halves to even."""
-    from nvidia.dali import fn, types
-
-    spare = length - crop
-    half = spare // 2
-    odd = spare - 2 * half
-    offset = half + odd * (half - 2 * (half // 2))  # k + 0.5 rounds to k when k is even, to k + 1 when odd
-    spare = spare + fn.cast(spare == 0, dtype=types.INT64)
-    return fn.cast(offset, dtype=types.FLOAT) / fn.cast(spare, dtype=types.FLOAT)
 
 
 class DaliLoader:

@@ -23,7 +23,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from PIL import Image
@@ -100,6 +100,18 @@ def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder + os.sep)
 
 
+def _link_refusal(real: str, root: str, split_root: str | None, other_splits: list[str]) -> str | None:
+    """Why a link to ``real`` is not followed from the class folder ``root`` of the split ``split_root`` (whose
+    sibling splits are ``other_splits``), or None."""
+    if _inside(root, real) and root != real:
+        return f"links back to {real}, which holds the class folder (a loop)"
+    if split_root is not None and _inside(real, split_root) and not _inside(real, root):
+        return f"links into another class folder ({real})"
+    if any(_inside(real, other) for other in other_splits):
+        return f"links into another split of the dataset ({real})"
+    return None
+
+
 def walk_class(class_dir: Path, split_dir: Path | None = None, shared: SplitWalk | None = None) -> ClassWalk:
     """Image files under ``class_dir`` (depth first, names sorted), each counted once, where it really lives.
 
@@ -117,13 +129,7 @@ def walk_class(class_dir: Path, split_dir: Path | None = None, shared: SplitWalk
     shared = shared if shared is not None else SplitWalk()
 
     def refuse(real: str) -> str | None:
-        if _inside(root, real) and root != real:
-            return f"links back to {real}, which holds the class folder (a loop)"
-        if split_root is not None and _inside(real, split_root) and not _inside(real, root):
-            return f"links into another class folder ({real})"
-        if any(_inside(real, other) for other in other_splits):
-            return f"links into another split of the dataset ({real})"
-        return None
+        return _link_refusal(real, root, split_root, other_splits)
 
     def visit(directory: str) -> None:
         info = os.stat(directory)
@@ -272,9 +278,20 @@ def _next_marker(source: _Bytes) -> int | None:
     return None
 
 
-def jpeg_size(handle) -> tuple[int, int]:
-    """(width, height) of the frame libjpeg decodes, from a binary file standing just past a JPEG's start
-    of image (0xFF 0xD8); :class:`UnreadableHeader` where no such frame can be found for sure.
+class JpegFrame(NamedTuple):
+    """What a JPEG's frame header says: its size, its coding process (the SOFn marker), its sample precision
+    in bits and its number of colour components (0 where the file ends before saying)."""
+
+    width: int
+    height: int
+    marker: int
+    precision: int
+    components: int
+
+
+def jpeg_frame(handle) -> JpegFrame:
+    """The frame header libjpeg decodes, from a binary file standing just past a JPEG's start of image
+    (0xFF 0xD8); :class:`UnreadableHeader` where no such frame can be found for sure.
 
     This is libjpeg's own walk of the markers, so that no arrangement of markers, fill or junk can show
     this reader one frame and the decoder (torchvision's, PIL's) another.
@@ -290,8 +307,9 @@ def jpeg_size(handle) -> tuple[int, int]:
             frame = source.take(7)  # length, precision, height, width
             if frame is None:
                 raise UnreadableHeader("the file ends inside its frame header")
-            height, width = struct.unpack(">HH", frame[3:7])
-            return width, height
+            precision, height, width = struct.unpack(">BHH", frame[2:7])
+            components = source.take(1)
+            return JpegFrame(width, height, marker, precision, components[0] if components else 0)
         if marker not in _SKIPPED_SEGMENTS and marker not in _TABLE_SEGMENTS:
             raise UnreadableHeader(f"marker 0x{marker:02X} before the frame header, where libjpeg stops")
         raw_length = source.take(2)
@@ -301,6 +319,12 @@ def jpeg_size(handle) -> tuple[int, int]:
         if length < 2 and marker in _TABLE_SEGMENTS:
             raise UnreadableHeader(f"marker 0x{marker:02X} with a length of {length}, where libjpeg stops")
         source.skip(max(length, 2) - 2)
+
+
+def jpeg_size(handle) -> tuple[int, int]:
+    """(width, height) of the frame libjpeg decodes (see :func:`jpeg_frame`)."""
+    frame = jpeg_frame(handle)
+    return frame.width, frame.height
 
 
 def is_jpeg(prefix: bytes) -> bool:

@@ -1,0 +1,88 @@
+"""What the backends whose images are read by torch DataLoader workers share (``pytorch``, ``pytorch-gpu``):
+the loader itself, its workers' set-up, batch tensors in shared memory, and the host batches with the images the
+workers could not read, each warned about once."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+from ..runtime import Runtime
+from ..signals import ignore_in_worker
+from .common import DataConfig, ShardSampler, Unreadable
+
+
+def shared_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An empty tensor for a batch; in a worker it lives in shared memory, so sending it is not a copy."""
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(int(np.prod(shape)))
+    return torch.empty(0, dtype=dtype).new(storage).resize_(shape)  # as torch's default_collate does
+
+
+def _worker_init(_worker_id: int) -> None:
+    # Each sample reseeds torch and random itself; numpy is seeded for any user transform.
+    np.random.seed(torch.initial_seed() % 2**32)
+    ignore_in_worker()
+
+
+def host_loader(dataset: Dataset, sampler: ShardSampler, collate, config: DataConfig, *, train: bool,
+                pin_memory: bool = False) -> DataLoader:
+    """The DataLoader of a split: ``config.workers`` processes (none: the training process reads), each batch
+    made by ``collate``; training drops the last partial batch."""
+    workers = config.workers
+    return DataLoader(
+        dataset,
+        batch_size=config.batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        collate_fn=collate,
+        pin_memory=pin_memory,
+        drop_last=train,
+        persistent_workers=workers > 0,
+        prefetch_factor=config.prefetch if workers > 0 else None,
+        worker_init_fn=_worker_init if workers > 0 else None,
+        generator=torch.Generator().manual_seed(config.seed),  # leaves the global RNG untouched
+    )
+
+
+def split_sampler(size: int, config: DataConfig, runtime: Runtime, train: bool) -> ShardSampler:
+    """This rank's sampler of a split: shuffled and dealt for training (:func:`.common.train_sampler`), dealt in
+    order for validation."""
+    from .common import train_sampler
+
+    if train:
+        return train_sampler(size, config, runtime)
+    return ShardSampler(size, runtime.rank, runtime.world_size, shuffle=False, seed=config.seed)
+
+
+class HostBatches:
+    """Host batches ``(images, labels)`` from a DataLoader whose collate returns ``(images, labels, broken)``:
+    the broken images its workers report are warned about once, and a batch left with no image is not handed
+    on."""
+
+    def __init__(self, loader: DataLoader, sampler: ShardSampler):
+        self.loader = loader
+        self.sampler = sampler
+        self.unreadable = Unreadable()
+
+    @property
+    def skipped(self) -> int:
+        return len(self.unreadable)
+
+    def __len__(self) -> int:
+        return len(self.sampler) // self.loader.batch_size if self.loader.drop_last else len(self.loader)
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        self.sampler.set_epoch(epoch, start=start_batch * self.loader.batch_size)
+
+    def fingerprint(self) -> dict:
+        return self.loader.dataset.samples.fingerprint()
+
+    def __iter__(self):
+        for images, labels, broken in self.loader:
+            for path, reason in broken:
+                self.unreadable.add(path, reason)
+            if len(labels):
+                yield images, labels

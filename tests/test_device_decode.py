@@ -1,0 +1,428 @@
+"""The ``pytorch-gpu`` backend: workers read bytes, the training process decodes and augments on the device.
+
+Every test but the GPU ones runs the backend on the CPU, through its Python API with a CPU runtime, where
+torchvision's CPU decoder stands in for nvJPEG: the same code, so its batches must be the ``pytorch`` backend's
+bit for bit.  The GPU tests (``-m gpu``) hold the device's batches to the CPU's within the decoder's and the
+resize's rounding; each has its CPU twin here.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision import transforms
+from torchvision.io import ImageReadMode, decode_jpeg, read_file
+
+from helpers import REPO, count_step_syncs, load_script, refused, run_script, train_until_crash, write_image_folder
+from image_classification.cli import run
+from image_classification.data import DataConfig, default_backend_notice, get_loaders, resolve_backend
+from image_classification.data import device_decode
+from image_classification.data.common import STD_255, ShardSampler
+from image_classification.data.encoded import EncodedImages
+from image_classification.data.layout import open_split
+from image_classification.data.transforms import INTERPOLATION, TrainTransform, crop_box, resized_crop
+from image_classification.errors import UserError
+from image_classification.runtime import Runtime
+from image_classification.training import main
+
+SIZE = 32
+PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry", "retina", "hubble_deep_field")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def runtime(device: str = "cpu", memory_format=torch.contiguous_format) -> Runtime:
+    return Runtime(torch.device(device, 0) if device == "cuda" else torch.device(device), None, memory_format)
+
+
+def passes(root, backend: str, *, device: str = "cpu", epoch: int = 1, start_batch: int = 0, **fields):
+    """One training and one validation pass of ``backend`` on ``root`` (32 px, batches of 4, seed 3): each as
+    a list of (images, targets) on the CPU, and the (train, val) images skipped."""
+    settings = dict(data=str(root), backend=backend, image_size=SIZE, batch_size=4, seed=3, workers=0)
+    memory_format = fields.pop("memory_format", torch.contiguous_format)
+    train, val = get_loaders(DataConfig(**{**settings, **fields}), runtime(device, memory_format), want_train=True,
+                             want_val=True)
+    train.set_epoch(epoch, start_batch)
+    val.set_epoch(epoch)
+    batches = [[(images.cpu(), targets.cpu()) for images, targets in loader] for loader in (train, val)]
+    return (*batches, (train.skipped, val.skipped))
+
+
+def same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) and torch.equal(s, t) for (x, s), (y, t) in zip(a, b))
+
+
+def levels(a: list, b: list) -> float:
+    """Mean absolute difference per pixel of two passes' normalised images, in grey levels (0-255)."""
+    std = torch.tensor(STD_255).view(1, 3, 1, 1)
+    assert [t.tolist() for _, t in a] == [t.tolist() for _, t in b]
+    return float(torch.cat([((x - y).abs() * std).flatten() for (x, _), (y, _) in zip(a, b)]).mean())
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    """scikit-image's photographs as JPEGs (a class each), in train/ and val/."""
+    from skimage import data as samples
+
+    root = tmp_path_factory.mktemp("photos")
+    for split in ("train", "val"):
+        for name in PHOTOS:
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            pixels = getattr(samples, name)()
+            pixels = np.stack([pixels] * 3, -1) if pixels.ndim == 2 else pixels[..., :3]
+            Image.fromarray(pixels).save(folder / "photo.jpg", quality=92)
+    return root
+
+
+# -- the same data as the pytorch backend ---------------------------------------------------------------
+@pytest.mark.parametrize("augmentation, workers, memory_format", [
+    (None, 0, torch.contiguous_format), (None, 2, torch.channels_last), ("trivialaugment", 0, torch.channels_last),
+    ("autoaugment", 2, torch.contiguous_format), ("randaugment", 0, torch.contiguous_format),
+])
+def test_on_the_cpu_the_batches_are_the_pytorch_backend_s_bit_for_bit(image_folder, augmentation, workers,
+                                                                     memory_format):
+    """The same crops from the same draws, the same decoder, resize and (x - mean) / std, whatever the workers;
+    ``--augmentation`` drawing on from where the crop and flip left each image's generator."""
+    fields = dict(augmentation=augmentation, workers=workers, memory_format=memory_format)
+    ours, theirs = passes(image_folder, "pytorch-gpu", **fields), passes(image_folder, "pytorch", **fields)
+    assert len(ours[0]) == 6 and same(ours[0], theirs[0])
+    assert all(images.is_contiguous(memory_format=memory_format) for images, _ in ours[0] + ours[1])
+    assert levels(ours[1], theirs[1]) < 0.05  # validation: torch's antialiased resize in place of PIL's
+
+
+def test_the_crops_are_the_boxes_the_pytorch_backend_draws(image_folder):
+    """The workers find each image's size in its header and draw its box and flip under the sample's seed: the
+    box torchvision's RandomResizedCrop draws from the decoded image, the flip RandomHorizontalFlip draws."""
+    samples = open_split(image_folder, "train", ["class_00", "class_01", "class_02"])
+    config = DataConfig(data=str(image_folder), backend="pytorch-gpu", image_size=SIZE, batch_size=4,
+                        crop_scale=(0.25, 0.9))
+    dataset = EncodedImages(samples, TrainTransform(config))
+    sampler = ShardSampler(len(samples), 0, 1, shuffle=True, seed=3)
+    sampler.set_epoch(2)
+    flips = set()
+    for index, seed in sampler:
+        sample, problem = dataset[(index, seed)]
+        assert problem is None and sample.encoded is not None and sample.pixels is None
+        image = decode_jpeg(torch.frombuffer(bytearray(samples.read(index)), dtype=torch.uint8))
+        torch.manual_seed(seed)
+        box = transforms.RandomResizedCrop.get_params(image, [0.25, 0.9], [3 / 4, 4 / 3])
+        assert sample.draw.box == tuple(box) and (sample.height, sample.width) == tuple(image.shape[-2:])
+        assert sample.draw.flip == bool(torch.rand(1) < 0.5)
+        flips.add(sample.draw.flip)
+    assert flips == {True, False}
+
+
+def test_validation_crops_differ_from_the_pytorch_backend_s_by_the_resize_alone(photos):
+    """On real photographs: torch's antialiased uint8 resize against PIL's, the same sizes and offsets."""
+    for size in (224, SIZE):
+        ours = passes(photos, "pytorch-gpu", image_size=size, batch_size=7)[1]
+        theirs = passes(photos, "pytorch", image_size=size, batch_size=7)[1]
+        assert levels(ours, theirs) < 0.05, size
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+def test_the_gpu_s_resize_arithmetic_differs_by_rounding_alone(photos, interpolation):
+    """On a GPU torchvision resizes uint8 crops in float32 and rounds back: on real photographs that arithmetic,
+    run here, is within a fraction of a grey level of the CPU's uint8 kernel (the GPU test's bound leaves room for
+    nvJPEG's decoding on top)."""
+    differences = []
+    for name in PHOTOS:
+        image = decode_jpeg(read_file(str(photos / "train" / name / "photo.jpg")), mode=ImageReadMode.RGB)
+        for seed in range(4):
+            torch.manual_seed(seed)
+            box = crop_box(*image.shape[-2:], (0.08, 1.0))
+            uint8 = resized_crop(image, box, 224, INTERPOLATION[interpolation])
+            as_float = resized_crop(image.float(), box, 224, INTERPOLATION[interpolation])
+            rounded = as_float.clamp(0, 255).round().to(torch.uint8)
+            differences.append(float((uint8.int() - rounded.int()).abs().float().mean()))
+    assert max(differences) < 0.5 and np.mean(differences) < 0.3, differences
+
+
+def test_a_batch_does_not_depend_on_the_workers_and_an_epoch_resumes_part_way(image_folder):
+    full = passes(image_folder, "pytorch-gpu", workers=0)[0]
+    assert same(passes(image_folder, "pytorch-gpu", workers=2)[0], full)
+    assert same(passes(image_folder, "pytorch-gpu", workers=1, start_batch=2)[0], full[2:])
+    assert not same(passes(image_folder, "pytorch-gpu", epoch=2)[0], full)
+
+
+def test_a_packed_set_gives_its_folder_s_batches(image_folder, tmp_path):
+    packed = tmp_path / "packed"
+    result = run_script(["-m", "image_classification.data.pack", image_folder, packed, "--shard-size", "64KB"],
+                        cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    folder, shards = passes(image_folder, "pytorch-gpu"), passes(packed, "pytorch-gpu")
+    assert same(folder[0], shards[0]) and same(folder[1], shards[1])
+
+
+# -- what nvJPEG cannot decode ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def mixed_folder(tmp_path_factory):
+    """Two classes of JPEGs; class_00 also holds what the workers decode on the CPU (a PNG, a CMYK JPEG), what the
+    device's decoder takes besides colour baseline JPEGs (greyscale, progressive) and what nothing decodes
+    (truncated, empty, not an image)."""
+    root = write_image_folder(tmp_path_factory.mktemp("mixed"), num_classes=2, train_per_class=6, val_per_class=3)
+    rng = np.random.default_rng(1)
+    photo = Image.fromarray(rng.integers(0, 256, (30, 44, 3), dtype=np.uint8))
+    for split in ("train", "val"):
+        folder = root / split / "class_00"
+        photo.save(folder / "png.png")
+        photo.convert("CMYK").save(folder / "cmyk.jpg", quality=90)
+        photo.convert("L").save(folder / "grey.jpg", quality=90)
+        photo.save(folder / "progressive.jpg", quality=90, progressive=True)
+        whole = io.BytesIO()
+        photo.save(whole, "JPEG", quality=90)
+        (folder / "truncated.jpg").write_bytes(whole.getvalue()[:len(whole.getvalue()) // 2])
+        (folder / "empty.jpg").write_bytes(b"")
+        (folder / "text.jpg").write_bytes(b"not an image at all")
+    return root
+
+
+def _warnings(err: str) -> list[str]:
+    """The skipped-image warnings of ``err``, a PIL message's object address left out."""
+    return sorted(re.sub(r" at 0x[0-9a-f]+", "", line) for line in err.splitlines()
+                  if line.startswith("warning: skipped unreadable image"))
+
+
+def test_the_workers_leave_encoded_only_what_the_gpu_decodes_as_the_cpu_would(mixed_folder):
+    """Colour, greyscale and progressive JPEGs go to the device whole; a PNG, a CMYK JPEG, and a JPEG cut short
+    or with bytes after its end (which nvJPEG might decode where libjpeg-turbo refuses it, or the reverse) are
+    the CPU's."""
+    from image_classification.data.encoded import gpu_decodable
+
+    folder = mixed_folder / "train" / "class_00"
+    whole = (folder / "img_000.jpg").read_bytes()
+    assert gpu_decodable(whole) == (40, 48) and gpu_decodable(whole + b"\0" * 7) == (40, 48)
+    for name in ("grey.jpg", "progressive.jpg"):
+        assert gpu_decodable((folder / name).read_bytes()) == (30, 44), name
+    for raw in ((folder / "png.png").read_bytes(), (folder / "cmyk.jpg").read_bytes(), whole + b"trailer",
+                (folder / "truncated.jpg").read_bytes()):
+        assert gpu_decodable(raw) is None
+
+
+def test_what_cannot_be_decoded_is_skipped_and_counted_as_the_pytorch_backend_does(mixed_folder, capsys):
+    """PNG, CMYK and truncated JPEGs are decoded by the workers on the CPU (the last refused there), greyscale
+    and progressive JPEGs by the device's decoder; each broken image is named once in the pytorch backend's
+    words, and counted."""
+    capsys.readouterr()
+    ours = passes(mixed_folder, "pytorch-gpu", batch_size=3)
+    ours_err = capsys.readouterr().err
+    theirs = passes(mixed_folder, "pytorch", batch_size=3)
+    theirs_err = capsys.readouterr().err
+    assert ours[2] == theirs[2] == (3, 3)
+    assert _warnings(ours_err) == _warnings(theirs_err) and len(_warnings(ours_err)) == 6
+    assert same(ours[0], theirs[0]) and sum(len(t) for _, t in ours[0]) == 18 - 3
+    assert levels(ours[1], theirs[1]) < 0.05
+
+
+def test_a_jpeg_the_device_s_decoder_refuses_is_decoded_on_the_cpu(image_folder, monkeypatch):
+    """nvJPEG refusing one image fails the batch's call: the batch is decoded image by image, and the one refused
+    goes through the pytorch backend's CPU decoder (the same pixels here)."""
+    import torchvision.io
+
+    decode = torchvision.io.decode_jpeg
+    refused_size = len((image_folder / "train" / "class_01" / "img_003.jpg").read_bytes())
+    calls = []
+
+    def refusing(data, **kwargs):
+        if not isinstance(data, list):  # the pytorch backend's CPU decoder, one image
+            return decode(data, **kwargs)
+        calls.append(len(data))
+        if any(len(one) == refused_size for one in data):
+            raise RuntimeError("Error while decoding JPEG images: unsupported")
+        return decode(data, **kwargs)
+
+    expected = passes(image_folder, "pytorch-gpu")
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", refusing)
+    assert same(passes(image_folder, "pytorch-gpu")[0], expected[0])
+    assert 1 in calls and 4 in calls  # batches in one call, then the failing one's images one by one
+
+
+def test_the_decode_holds_a_bounded_number_of_pixels(image_folder, monkeypatch):
+    """Decoded images are held a run of at most CHUNK_PIXELS at a time (a larger image alone), in order."""
+    assert list(device_decode.chunks([(10, 10)] * 5 + [(30, 30), (10, 10)], limit=250)) == \
+        [[0, 1], [2, 3], [4], [5], [6]]
+    calls = []
+    decode = device_decode.decode_jpegs
+    monkeypatch.setattr(device_decode, "decode_jpegs", lambda data, device: calls.append(len(data)) or
+                        decode(data, device))
+    expected = passes(image_folder, "pytorch-gpu")
+    monkeypatch.setattr(device_decode, "CHUNK_PIXELS", 2 * 48 * 40)
+    calls.clear()
+    monkeypatch.setattr(device_decode.decoded_images, "__defaults__", (2 * 48 * 40,))
+    assert same(passes(image_folder, "pytorch-gpu")[0], expected[0])
+    assert calls and max(calls) == 2
+
+
+HOST_READS = ("item", "tolist", "__bool__", "cpu", "numpy", "__float__", "__int__")
+
+
+def test_preparing_batches_reads_nothing_back(image_folder, monkeypatch):
+    """The training process decodes, crops and normalises (in its background thread) and hands batches over (in
+    the loop's) without reading a tensor back to the host: on a GPU each read would wait for the device (the CPU
+    twin of the GPU test below; the DataLoader's and the sampler's own reads of host tensors are not counted)."""
+    import threading
+
+    from image_classification.data.device_decode import DeviceDecodedLoader
+
+    config = DataConfig(data=str(image_folder), backend="pytorch-gpu", image_size=SIZE, batch_size=4, workers=1)
+    train, val = get_loaders(config, runtime(), want_train=True, want_val=True)
+    reads, counting = [], threading.local()
+    for name in HOST_READS:
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *args, _original=original, _name=name, **kwargs:
+                            (reads.append(_name) if getattr(counting, "on", False) else None)
+                            or _original(self, *args, **kwargs))
+
+    def counted(method, materialise=False):
+        def call(*args):
+            counting.on = True
+            try:
+                return list(method(*args)) if materialise else method(*args)
+            finally:
+                counting.on = False
+        return call
+
+    monkeypatch.setattr(DeviceDecodedLoader, "_prepare", counted(DeviceDecodedLoader._prepare))
+    monkeypatch.setattr(DeviceDecodedLoader, "_deliver", counted(DeviceDecodedLoader._deliver, materialise=True))
+    for loader in (train, val):
+        loader.set_epoch(0)
+        assert sum(len(targets) for _, targets in loader) > 0
+    assert reads == []
+
+
+# -- choosing the backend, and what refuses it --------------------------------------------------------------
+def test_main_refuses_the_backend_off_cuda_naming_the_pytorch_backend(image_folder, tmp_path, capsys):
+    code = run(main, ["-a", "resnet18", "--device", "cpu", "--data-backend", "pytorch-gpu", "--workspace",
+                      str(tmp_path), str(image_folder)])
+    assert "--data-backend pytorch," in refused(code, capsys)
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_torchvision_without_gpu_decoding_and_augmix_are_refused_naming_what_to_use(image_folder, monkeypatch):
+    monkeypatch.setattr(device_decode, "gpu_decoding_problem", lambda: "RuntimeError: not compiled with nvJPEG")
+    with pytest.raises(UserError, match=r"torchvision .* lacks \(RuntimeError: not compiled with nvJPEG\); use "
+                                        r"--data-backend pytorch$"):
+        device_decode.check_device_decode_request(True, None, training=True)
+    config = DataConfig(data=str(image_folder), backend="pytorch-gpu", image_size=SIZE, batch_size=4,
+                        augmentation="augmix")
+    with pytest.raises(UserError, match="augmix is not supported with --data-backend pytorch-gpu.*use "
+                                        "--data-backend pytorch$"):
+        get_loaders(config, runtime(), want_train=True, want_val=False)
+    get_loaders(config, runtime(), want_train=False, want_val=True)  # validation applies no augmentation
+
+
+@pytest.mark.parametrize("dali, cuda, problem, backend", [
+    (True, True, None, "dali-cpu"), (False, True, None, "pytorch-gpu"), (False, True, "no nvJPEG", "pytorch"),
+    (False, False, None, "pytorch"),
+])
+def test_the_default_is_the_fastest_backend_installed(monkeypatch, dali, cuda, problem, backend):
+    """On CUDA without DALI, the GPU decoding backend where torchvision can decode there; the CPU keeps its
+    default; --data-backend always wins.  The start-up line says which and why."""
+    monkeypatch.setattr("image_classification.data.dali_available", lambda: dali)
+    monkeypatch.setattr(device_decode, "gpu_decoding_problem", lambda: problem)
+    assert resolve_backend(None, cuda) == backend
+    assert resolve_backend("pytorch", cuda) == "pytorch"
+    notice = default_backend_notice(backend, cuda)
+    assert notice.startswith(f"=> data backend: {backend}, the default ") and "\n" not in notice
+    assert (problem or "GPU") in notice if cuda and not dali else True
+
+
+def test_no_preset_names_a_data_backend_but_synthetic_data():
+    """launch.py's presets and recipes leave the backend to main.py's default, the fastest installed."""
+    import yaml
+
+    text = (REPO / "configs.yml").read_text()
+    assert text == (REPO / "image_classification" / "configs.yml").read_text()
+    presets = yaml.safe_load(text)
+    named = [value for section in ("anchors", "recipes", "mode") for value in presets[section].values()
+             if isinstance(value, dict) and "data_backend" in value]
+    assert [value["data_backend"] for value in named] == ["synthetic"]
+
+
+def test_trains_end_to_end_on_the_cpu_and_resumes_a_crashed_run_bitwise(image_folder, tmp_path, tiny_arch,
+                                                                       monkeypatch):
+    """main.py's loop with the backend, on the CPU's decoder (main.py itself refuses it off CUDA), the recipe
+    augmentations on top: a run killed after a mid-epoch checkpoint and resumed ends with the weights of one
+    that was not."""
+    monkeypatch.setattr("image_classification.plan.check_backend", lambda *args, **kwargs: None)
+    run = ["-a", tiny_arch, "--num-classes", "3", "--device", "cpu", "--data-backend", "pytorch-gpu", "-j", "1",
+           "--image-size", str(SIZE), "-b", "4", "-p", "1", "--lr", "0.05", "--seed", "3", "--epochs", "1",
+           "--augmentation", "trivialaugment", "--mixup", "0.2", "--cutmix", "1.0", "--random-erase", "0.25",
+           "--checkpoint-interval", "2", "--resume", "auto", str(image_folder)]
+    assert main(run + ["--workspace", str(tmp_path / "straight")]) == 0
+    train_until_crash(run + ["--workspace", str(tmp_path / "crashed")], 5)  # a step after the checkpoint at 4
+    assert torch.load(tmp_path / "crashed" / "checkpoint.pth.tar", weights_only=True)["batch"] == 4
+    assert main(run + ["--workspace", str(tmp_path / "crashed")]) == 0
+    straight, resumed = (torch.load(tmp_path / name / "checkpoint.pth.tar", weights_only=True)
+                         for name in ("straight", "crashed"))
+    assert straight["epoch"] == resumed["epoch"] == 1 and straight["best_prec1"] == resumed["best_prec1"]
+    for name, tensor in straight["state_dict"].items():
+        assert torch.equal(tensor, resumed["state_dict"][name]), name
+
+
+def test_compare_val_backends_holds_one_model_s_top1_to_the_pytorch_backend_s(image_folder, tmp_path, tiny_arch,
+                                                                            capsys):
+    """The script evaluates a checkpoint's model with both backends: their top-1s and differing predictions, and
+    whether they agree within --within points (exit 1 where not)."""
+    assert main(["-a", tiny_arch, "--device", "cpu", "--data-backend", "pytorch", "--image-size", str(SIZE), "-b", "4",
+                 "-j", "0", "--epochs", "1", "--lr", "0.01", "--workspace", str(tmp_path), str(image_folder)]) == 0
+    compare = load_script("compare_val_backends")
+    argv = ["--backend", "pytorch-gpu", "--checkpoint", str(tmp_path / "checkpoint.pth.tar"), "--device", "cpu",
+            "-j", "0", str(image_folder)]
+    capsys.readouterr()
+    assert compare.main(argv) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^12 images of .*/val: pytorch top-1 ([\d.]+)%, pytorch-gpu top-1 \1%, difference \+0\.00 "
+                     r"points; 0 of 12 predictions differ$", out, re.M), out
+    assert out.rstrip().endswith("agree within 0.2 points")
+    assert compare.main([*argv, "--within", "-1"]) == 1
+    assert capsys.readouterr().out.rstrip().endswith("differ by more than -1.0 points")
+
+
+# -- on a GPU (each has its CPU twin above) -----------------------------------------------------------------
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
+def test_on_cuda_the_batches_are_the_cpu_s_within_the_decoder_s_rounding(photos, memory_format):
+    """nvJPEG and the float resize on the device against libjpeg-turbo and the uint8 resize on the CPU: the same
+    images in the same crops and order, the pixels within a few grey levels on average."""
+    fields = dict(image_size=64, batch_size=7, memory_format=memory_format)
+    ours = passes(photos, "pytorch-gpu", device="cuda", **fields)
+    theirs = passes(photos, "pytorch", **fields)
+    assert ours[2] == theirs[2] == (0, 0)
+    assert all(images.is_contiguous(memory_format=memory_format) for images, _ in ours[0])
+    assert levels(ours[0], theirs[0]) < 3 and levels(ours[1], theirs[1]) < 3
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_cuda_what_cannot_be_decoded_is_skipped_and_counted_as_on_the_cpu(mixed_folder, capsys):
+    capsys.readouterr()
+    ours = passes(mixed_folder, "pytorch-gpu", device="cuda", batch_size=3)
+    ours_err = capsys.readouterr().err
+    theirs = passes(mixed_folder, "pytorch", batch_size=3)
+    assert ours[2] == theirs[2] == (3, 3)
+    assert _warnings(ours_err) == _warnings(capsys.readouterr().err)
+    assert levels(ours[0], theirs[0]) < 3
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_cuda_without_dali_a_run_takes_the_backend_by_default_and_never_syncs_in_a_step(image_folder, tmp_path,
+                                                                                         tiny_arch, monkeypatch,
+                                                                                         capsys):
+    """The default on CUDA without DALI, said at start-up; CUDA's sync debug mode finds no synchronisation inside
+    the training steps, while the next batch is decoded beside them."""
+    syncs = count_step_syncs(monkeypatch)
+    monkeypatch.setattr("image_classification.data.dali_available", lambda: False)
+    code = main(["-a", tiny_arch, "--device", "cuda", "--image-size", str(SIZE), "-b", "4", "-j", "2", "-p", "2",
+                 "--epochs", "1", "--lr", "0.01", "--augmentation", "trivialaugment", "--mixup", "0.2",
+                 "--workspace", str(tmp_path), str(image_folder)])
+    assert code == 0
+    assert "=> data backend: pytorch-gpu, the default on CUDA without NVIDIA DALI" in capsys.readouterr().out
+    assert len(syncs) == 6 and syncs[1:] == [0] * 5, syncs
