@@ -242,6 +242,31 @@ def test_a_jpeg_the_device_s_decoder_refuses_is_decoded_on_the_cpu(image_folder,
     assert 1 in calls and 4 in calls  # batches in one call, then the failing one's images one by one
 
 
+def test_every_call_of_the_device_s_decoder_waits_first_for_the_stream_it_allocates_on(image_folder, monkeypatch):
+    """torchvision's CUDA decoder writes its outputs from a stream that does not wait for the caller's, into blocks
+    the caller's stream may still be reading: each call, the batch's and each one-image retry after a refusal,
+    comes after :func:`settle` (the CPU twin of the GPU test below; on the CPU the wait does nothing)."""
+    import torchvision.io
+
+    decode, events = torchvision.io.decode_jpeg, []
+    refused_size = len((image_folder / "train" / "class_01" / "img_003.jpg").read_bytes())
+
+    def decoder(data, **kwargs):
+        events.append(("decode", len(data)))
+        if len(data) > 1 and any(len(one) == refused_size for one in data):
+            raise RuntimeError("Error while decoding JPEG images: unsupported")
+        return decode(data, **kwargs)
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", decoder)
+    settle = device_decode.settle
+    monkeypatch.setattr(device_decode, "settle", lambda device: events.append(("settle", device.type)) or
+                        settle(device))
+    jpegs = [read_file(str(path)) for path in sorted((image_folder / "train" / "class_01").glob("*.jpg"))[:4]]
+    assert any(len(one) == refused_size for one in jpegs)
+    assert all(image is not None for image in device_decode.decode_jpegs(jpegs, torch.device("cpu")))
+    assert events == [("settle", "cpu"), ("decode", 4)] + [("settle", "cpu"), ("decode", 1)] * 4
+
+
 def test_the_decode_holds_a_bounded_number_of_pixels(image_folder, monkeypatch):
     """Decoded images are held a run of at most CHUNK_PIXELS at a time (a larger image alone), in order."""
     assert list(device_decode.chunks([(10, 10)] * 5 + [(30, 30), (10, 10)], limit=250)) == \
@@ -406,6 +431,30 @@ def test_on_cuda_the_batches_are_the_cpu_s_within_the_decoder_s_rounding(photos,
     assert ours[2] == theirs[2] == (0, 0)
     assert all(images.is_contiguous(memory_format=memory_format) for images, _ in ours[0])
     assert levels(ours[0], theirs[0]) < 3 and levels(ours[1], theirs[1]) < 3
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_cuda_a_decode_never_writes_memory_its_stream_is_still_reading():
+    """Tensors freed on the stream while kernels queued behind a long one still read them: the decode that
+    follows, on that stream, may be handed their blocks, and torchvision's decoder would overwrite them before
+    those kernels run; :func:`settle` makes it wait.  Each trial's sums are exact only if it did."""
+    from torchvision.io import encode_jpeg
+
+    device, shape = torch.device("cuda", torch.cuda.current_device()), (3, 256, 256)
+    jpegs = [encode_jpeg(torch.randint(0, 256, shape, dtype=torch.uint8)) for _ in range(8)]
+    stream = torch.cuda.Stream(device)
+    with torch.cuda.stream(stream):
+        for _ in range(10):
+            tensors = [torch.full(shape, 7, dtype=torch.uint8, device=device) for _ in jpegs]
+            torch.cuda.synchronize(device)
+            torch.cuda._sleep(50_000_000)  # tens of milliseconds of work queued ahead of the sums
+            sums = torch.stack([tensor.sum(dtype=torch.int64) for tensor in tensors])
+            del tensors
+            decoded = device_decode.decode_jpegs(jpegs, device)
+            stream.synchronize()
+            assert sums.tolist() == [7 * 3 * 256 * 256] * len(jpegs)
+            assert all(image.shape == shape for image in decoded)
 
 
 @pytest.mark.gpu

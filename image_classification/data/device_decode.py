@@ -13,7 +13,8 @@ neither decodes is left out and reported as that backend reports it.
 A batch is prepared (decoded, cropped, stacked and normalised) in one background thread while the training
 loop runs the step before: ``decode_jpeg`` on CUDA returns once the batch is decoded, and the thread is what
 keeps the loop launching its kernels meanwhile.  On CUDA the thread queues its work on a side stream, which
-the loop's stream waits for on the device: no host synchronisation.  ``--augmentation``'s policies draw from
+the loop's stream waits for on the device: no host synchronisation in the loop (the thread itself waits for
+its side stream before each decode: :func:`settle`).  ``--augmentation``'s policies draw from
 torch's CPU generator, the training process's, so they run in the loop's thread, each image under the
 generator state its worker's draws left.  The decode holds at most :data:`CHUNK_PIXELS` decoded pixels at once
 (one image, where a single one is larger), and the thread prepares one batch ahead of the loop.
@@ -91,12 +92,30 @@ def check_augmentation(augmentation: str | None, *, training: bool) -> None:
                         "and waits for the GPU on every image; use --data-backend pytorch")
 
 
+def settle(device: torch.device) -> None:
+    """Wait (in the calling thread) for the work queued on ``device``'s current stream; nothing on the CPU.
+
+    torchvision's CUDA decoder (its batched form, since 0.19) allocates its output tensors on the caller's
+    current stream, then writes them from a private stream of its own that does not wait for the caller's.  The caching
+    allocator hands a block freed on a stream straight to that stream's next allocation, so a block whose last
+    readers are still queued (the previous batch's decoded images, read by its crops and resizes) can be given
+    to the decoder and overwritten before those kernels run: crops of the wrong pixels, with no error.  Waiting
+    for the stream first closes that.  The loader calls the decoder from its background thread, on its side
+    stream: the wait holds that thread alone, never the training loop.  Where a torchvision orders its writes
+    itself, the wait only costs what it waits for.  It waits on an event, which CUDA's sync debug mode
+    (``torch.cuda.set_sync_debug_mode``, global to the process) leaves alone: the wait is meant, and off the
+    loop's thread, where a user hunting the loop's synchronisations would take its warning for one."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).record_event().synchronize()
+
+
 def decode_jpegs(data: list[torch.Tensor], device: torch.device) -> list[torch.Tensor | None]:
     """Each JPEG of ``data`` decoded to a uint8 CHW RGB tensor on ``device``, in one call where all decode;
     None for each that the decoder refuses (a failure fails the whole call, which is then made image by image)."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
     try:
+        settle(device)
         return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
     except RuntimeError:
         return [_decode_one(one, device) for one in data]
@@ -106,6 +125,7 @@ def _decode_one(data: torch.Tensor, device: torch.device) -> torch.Tensor | None
     from torchvision.io import ImageReadMode, decode_jpeg
 
     try:
+        settle(device)
         return decode_jpeg([data], mode=ImageReadMode.RGB, device=device)[0]
     except RuntimeError:
         return None
