@@ -285,9 +285,12 @@ class Loop:
             if window_ends:
                 reading = engine.read_window(f"epoch {epoch}, iteration {progress.batch}", control.local_flags())
                 control.agree(reading.flags)
+            measured = self.train_warmup.next()
+            if not measured and self.train_warmup.seen == self.train_warmup.length:
+                runtime.synchronize()  # measuring starts once the device, not only the host, is past the warm-up
             now = time.perf_counter()
             record_iteration(raport, "train", data_time=data_time, iteration_time=now - end,
-                             images=targets.shape[0] * runtime.world_size, measured=self.train_warmup.next())
+                             images=targets.shape[0] * runtime.world_size, measured=measured)
             end = now  # wall clock to wall clock: logging and saving below count in the next iteration
             if window_ends:
                 raport.record("train.lr", lr)

@@ -202,6 +202,24 @@ def test_the_benchmark_warmup_is_left_out_of_the_summary_and_kept_in_the_wall_fi
     assert windows == pytest.approx([4.0, 4.0, 40.0, 40.0])
 
 
+def test_the_measured_time_starts_after_the_device_has_finished_the_warm_up(tmp_path, monkeypatch):
+    """A GPU runs behind the host: the warm-up's last iteration waits for the device before the measured
+    iterations' clock starts, once per process (not again in the second epoch), and never without a warm-up."""
+    from image_classification.engine import Engine
+    from image_classification.runtime import Runtime
+
+    steps, synchronised = [], []
+    train_step = Engine.train_step
+    monkeypatch.setattr(Engine, "train_step", lambda engine, *args, **kwargs: steps.append(1) or
+                        train_step(engine, *args, **kwargs))
+    monkeypatch.setattr(Runtime, "synchronize", lambda runtime: synchronised.append(len(steps)))
+    for warmup, expected in (("3", [3]), ("0", [])):
+        steps.clear(), synchronised.clear()
+        assert main(SYNTHETIC + ["--prof", "4", "-p", "2", "--epochs", "2", "--benchmark-warmup", warmup,
+                                 "--no-checkpoints", "--workspace", str(tmp_path / warmup)]) == 0
+        assert len(steps) == 8 and synchronised == expected
+
+
 def test_a_run_with_no_iteration_after_its_warmup_prints_no_throughput(tmp_path, monkeypatch, capsys):
     ScriptedClock(monkeypatch, steps=[1.0, 1.0], forwards=[1.0, 1.0])
     assert main(SYNTHETIC + ["--prof", "2", "-p", "1", "--epochs", "1", "--benchmark-warmup", "5",
