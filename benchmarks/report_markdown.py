@@ -171,7 +171,9 @@ def markdown(report: dict) -> str:
     lines = [f"# GPU report{smoke}", "",
              f"* Machine: {report['machine']['description']}",
              f"* Command: `{report['command']}`",
-             f"* Started {report['started']}; {report['seconds']:.0f} s of the {report['budget_s']:.0f} s budget.", ""]
+             f"* Started {report['started']}; {report['seconds']:.0f} s of the {report['budget_s']:.0f} s budget"
+             + (f" (the first H100 report's times foretold {report['expected_s']:.0f} s)." if "expected_s" in report
+                else "."), ""]
     lines += training_markdown(report) + tests_markdown(report) + inference_markdown(report)
     lines += ["## Steps", "", "| section | step | status | seconds | error |", "|---|---|---|---:|---|"]
     for step in report["steps"]:
