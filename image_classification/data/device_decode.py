@@ -114,8 +114,8 @@ def decode_jpegs(data: list[torch.Tensor], device: torch.device) -> list[torch.T
     None for each that the decoder refuses (a failure fails the whole call, which is then made image by image)."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
+    settle(device)
     try:
-        settle(device)
         return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
     except RuntimeError:
         return [_decode_one(one, device) for one in data]
@@ -124,8 +124,8 @@ def decode_jpegs(data: list[torch.Tensor], device: torch.device) -> list[torch.T
 def _decode_one(data: torch.Tensor, device: torch.device) -> torch.Tensor | None:
     from torchvision.io import ImageReadMode, decode_jpeg
 
+    settle(device)
     try:
-        settle(device)
         return decode_jpeg([data], mode=ImageReadMode.RGB, device=device)[0]
     except RuntimeError:
         return None
