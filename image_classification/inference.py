@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,8 +100,20 @@ def expand_image_paths(paths: Sequence[str]) -> list[Path]:
         elif path.is_file():
             found.append(path)
         else:
-            raise UserError(f"image file {path} does not exist")
+            raise UserError(f"image file {path} {_missing(path)}")
     return readable_images(found)
+
+
+def _missing(path: Path) -> str:
+    """Why ``path``, which is not a regular file (nor, for an image, a folder), cannot be read: the end of a
+    sentence that begins with its name.  Reading a FIFO would wait for a writer for good."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return "does not exist"
+    kind = ("a folder" if stat.S_ISDIR(mode) else "a pipe" if stat.S_ISFIFO(mode) else
+            "a socket" if stat.S_ISSOCK(mode) else "a device")
+    return f"is {kind}, not a regular file"
 
 
 def readable_images(paths: Sequence[Path], short_side: int | None = None) -> list[Path]:
@@ -312,7 +325,7 @@ def classify(args: argparse.Namespace) -> int:
         require_onnxruntime("--runtime onnxruntime")
     paths = expand_image_paths(args.image)
     if args.labels and not Path(args.labels).is_file():
-        raise UserError(f"labels file {args.labels} does not exist")
+        raise UserError(f"labels file {args.labels} {_missing(Path(args.labels))}")
     if not args.weights and not args.pretrained:
         warn(f"warning: no --weights given: {args.arch or 'resnet50'} is untrained and its predictions "
              "mean nothing")

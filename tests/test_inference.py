@@ -347,6 +347,20 @@ def test_weights_that_do_not_fit_are_one_line_and_exit_2(bad_inputs, case, words
     assert captured.out == ""
 
 
+def test_a_fifo_given_as_the_image_or_the_labels_is_named_so_without_waiting(tmp_path, photo, capsys):
+    """A FIFO is not "missing", and reading it would wait for a writer for good: one line naming what it is."""
+    import os
+
+    fifo = tmp_path / "pipe.jpg"
+    os.mkfifo(fifo)
+    cases = ((["--image", str(fifo)], f"image file {fifo} is a pipe"),
+             (["--image", str(photo), "--labels", str(fifo)], f"labels file {fifo} is a pipe"),
+             (["--image", str(photo), "--labels", str(tmp_path)], f"labels file {tmp_path} is a folder"))
+    for argv, said in cases:
+        assert run(classify_main, ["-a", "resnet18", *argv]) == 2
+        assert capsys.readouterr().err == f"error: {said}, not a regular file\n"
+
+
 # ------------------------------------------------------------------------------------------------
 # scripts/inference_benchmark.py
 # ------------------------------------------------------------------------------------------------

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import io
 import json
 import os
+import re
 import signal
 import threading
 from pathlib import Path
@@ -123,7 +125,8 @@ def test_a_packed_set_counts_what_data_check_counts_on_its_folder(tmp_path, caps
     for report in reports:
         assert report.returncode == 1
         assert "train/: 2 classes, 14 images" in report.stdout
-        assert "train/ unreadable images: 4" in report.stdout and "train/ links not followed: 1" in report.stdout
+        assert "train/ unreadable images: 4" in report.stdout
+        assert "train/ entries left out (links not followed, files that are not regular): 1" in report.stdout
         for name in ("empty.jpg", "corrupt.jpg", "huge.png", "dangling.jpg", "ImageTooLarge"):
             assert name in report.stdout
     from image_classification.data.common import ShardSampler
@@ -617,6 +620,53 @@ def test_a_fifo_in_place_of_a_manifest_or_a_shard_is_refused_without_waiting(pac
     for said in outcome:
         assert f"{copy / 'train' / fifo} is not a regular file (a folder, a device or a pipe); pack the dataset " \
                "again" in said
+
+
+def test_a_fifo_named_like_an_image_is_left_out_and_never_waited_on(image_folder, tmp_path):
+    """A FIFO in a class folder, named like an image: training's listing, data.check and the pack left it out
+    with a warning, where each waited on it for good (the pack ignoring SIGTERM meanwhile); a file swapped for
+    a FIFO after it was listed is refused by the reader without waiting."""
+    import shutil
+
+    from image_classification.data import DataConfig, get_loaders
+    from image_classification.data.check import check
+    from image_classification.data.files import NotARegularFile, read_bytes
+    from image_classification.data.pack import pack
+
+    copy = tmp_path / "copy"
+    shutil.copytree(image_folder, copy)
+    fifos = [copy / "train" / "class_00" / "zz_fifo.jpg", copy / "val" / "class_01" / "zz_fifo.png"]
+    for fifo in fifos:
+        os.mkfifo(fifo)
+    said = "not a regular file (a pipe, a socket or a device)"
+
+    def train_and_validate():
+        config = DataConfig(str(copy), "pytorch", image_size=32, batch_size=4, workers=0)
+        train, val = get_loaders(config, Runtime(torch.device("cpu"), None, torch.contiguous_format),
+                                 want_train=True, want_val=True)
+        for loader in (train, val):
+            loader.set_epoch(0)
+            print(sum(len(targets) for _, targets in loader))
+
+    def swapped():  # listed as a regular file, a FIFO by the time it is read
+        with pytest.raises(NotARegularFile, match=re.escape(said)):
+            read_bytes(str(fifos[0]))
+        print("refused")
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            outcome = _without_waiting(train_and_validate, lambda: check(copy, workers=1),
+                                       lambda: pack(copy, tmp_path / "packed", workers=1), swapped)
+    finally:  # a reader still waiting: a writer lets it go
+        for fifo in fifos:
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert len(outcome) == 4, "waited on a FIFO"
+    assert outcome[0].split() == ["24", "12"]  # every image but the FIFOs
+    assert f"{fifos[0]}: {said}" in outcome[1] and f"{fifos[1]}: {said}" in outcome[1]
+    assert "train: 3 classes, 24 images" in outcome[2] and "val: 3 classes, 12 images" in outcome[2]
+    assert outcome[3] == "refused\n"
+    assert f"warning: leaving out {fifos[0]}: {said}" in err.getvalue()
 
 
 def _dies_at(monkeypatch, sample: int, how) -> None:

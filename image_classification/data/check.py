@@ -224,7 +224,7 @@ def check(root: Path, workers: int, out: TextIO | None = None, resize: int = DEF
         sections = (
             ("damaged files", report.damaged),
             ("unreadable images", report.unreadable),
-            ("links not followed", report.links),
+            ("entries left out (links not followed, files that are not regular)", report.links),
             ("class folders without images", [name for name, count in report.classes.items() if count == 0]),
             ("class folders whose names are not UTF-8 text", [name for name in report.classes if not is_utf8(name)]),
         )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import stat
 import struct
 import warnings
 from dataclasses import dataclass, field
@@ -85,7 +86,8 @@ class ClassWalk:
     """The image files of one class folder, in a stable order, and the links that were not followed."""
 
     files: list[str] = field(default_factory=list)
-    skipped_links: list[str] = field(default_factory=list)  # "path: why" for each link not followed
+    # "path: why" for each link not followed, and each entry named like an image that is not a regular file
+    skipped_links: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -113,7 +115,9 @@ def _link_refusal(real: str, root: str, split_root: str | None, other_splits: li
 
 
 def walk_class(class_dir: Path, split_dir: Path | None = None, shared: SplitWalk | None = None) -> ClassWalk:
-    """Image files under ``class_dir`` (depth first, names sorted), each counted once, where it really lives.
+    """Image files under ``class_dir`` (depth first, names sorted), each counted once, where it really lives;
+    an entry named like an image that is not a regular file (a FIFO, a socket, a device) is left out and
+    reported, since reading it would wait for good or never end.
 
     A link, to a folder or to a file, is followed unless its target lies in another class folder or in
     another split of the dataset (``split_dir``'s siblings), or was already counted: walked by this split
@@ -165,6 +169,9 @@ def walk_class(class_dir: Path, split_dir: Path | None = None, shared: SplitWalk
                     target = entry.stat(follow_symlinks=True)
                 except OSError:  # a dangling link: listed, so that reading it is reported as unreadable
                     walk.files.append(entry.path)
+                    continue
+                if not stat.S_ISREG(target.st_mode):  # opening a FIFO would wait for a writer, for good
+                    walk.skipped_links.append(f"{entry.path}: {NotARegularFile.WHAT}")
                     continue
                 if (target.st_dev, target.st_ino) in shared.images:
                     walk.skipped_links.append(f"{entry.path}: an image already counted under another name")
@@ -337,7 +344,7 @@ def check_jpeg_header(source, short_side: int | None = None) -> None:
     file that holds a JPEG (nothing otherwise); a file is left where it stood.  Raises ImageTooLarge or
     UnreadableHeader."""
     if isinstance(source, (str, os.PathLike)):
-        with open(source, "rb") as handle:
+        with open_file(source) as handle:
             check_jpeg_header(handle, short_side)
         return
     start = source.tell()
@@ -418,9 +425,31 @@ def _named(error: Exception) -> str:
     return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'unreadable'}"
 
 
+class NotARegularFile(OSError):
+    """An image's path names a FIFO, a socket or a device: what reads it would wait for a writer for good, or
+    never reach an end.  An OSError, so that each reader reports it as it reports a file it cannot read."""
+
+    WHAT = "not a regular file (a pipe, a socket or a device)"
+
+
+def open_file(path: str | os.PathLike):
+    """``path`` opened for binary reading, a link followed, only if it is a regular file: the open itself does
+    not wait (a FIFO's would, for a writer), and a file swapped for a FIFO after it was listed is refused
+    as well.  Raises what ``open`` raises, and :class:`NotARegularFile`."""
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise NotARegularFile(f"{printable(path)}: {NotARegularFile.WHAT}")
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
 def read_bytes(path: str) -> bytes:
-    """The whole file at ``path``: what every reader of a folder hands the decoders."""
-    with open(path, "rb") as handle:
+    """The whole file at ``path`` (see :func:`open_file`): what every reader of a folder hands the decoders."""
+    with open_file(path) as handle:
         return handle.read()
 
 

@@ -32,11 +32,12 @@ _reported_links: set[str] = set()
 
 
 def _report_links(problems: list[str]) -> None:
-    """One warning per link not followed, however often the folder is listed."""
+    """One warning per entry left out (a link not followed, a file that is not regular), however often the
+    folder is listed."""
     for problem in problems:
         if problem not in _reported_links:
             _reported_links.add(problem)
-            print(f"warning: not following {problem}", file=sys.stderr, flush=True)
+            print(f"warning: leaving out {problem}", file=sys.stderr, flush=True)
 
 
 class Split(Protocol):

@@ -41,7 +41,7 @@ from ..datafile import DataFileError, parse_json, read_json, read_regular
 from ..errors import UserError
 from ..signals import stop_raises
 from ..tool_arguments import pack_parser
-from .files import SPLITS, printable
+from .files import SPLITS, printable, read_bytes
 from .layout import _report_links, check_dataset, relative_names, walk_split
 from .pack_destination import PackLock, open_own, prepare_destination, remove_temporaries
 from .packed import (BLOCK, FORMAT, MANIFEST, MAX_MANIFEST_BYTES, NAMES, PROGRESS, SHARD, TABLE, TABLE_DTYPE, VERSION,
@@ -177,8 +177,7 @@ def _read_source(plan: SplitPlan, index: int) -> bytes | str:
     if index in plan.problems:
         return plan.problems[index]
     try:
-        with open(plan.paths[index], "rb") as handle:
-            data = handle.read()
+        data = read_bytes(plan.paths[index])
     except OSError as error:
         return f"{type(error).__name__}: {error}"
     if len(data) != plan.sizes[index]:
