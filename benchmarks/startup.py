@@ -18,7 +18,6 @@ sample table) and prints what opening it adds to a fresh process's resident memo
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -141,12 +140,14 @@ def time_split_open(data: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from image_classification.cli import UserErrorParser, positive_int
+
+    parser = UserErrorParser(prog="startup.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("data", metavar="DIR", type=Path, help="the folder (DIR) and its packed copy (DIR-packed)")
-    parser.add_argument("--make", nargs=2, type=int, metavar=("CLASSES", "PER_CLASS"),
+    parser.add_argument("--make", nargs=2, type=positive_int, metavar=("CLASSES", "PER_CLASS"),
                         help="first write DIR/train/ with this many tiny JPEGs and pack it")
-    parser.add_argument("--rounds", type=int, default=2, help="runs of each, alternating (default: 2)")
-    parser.add_argument("--table-memory", type=int, metavar="N",
+    parser.add_argument("--rounds", type=positive_int, default=2, help="runs of each, alternating (default: 2)")
+    parser.add_argument("--table-memory", type=positive_int, metavar="N",
                         help="only measure the memory a packed split of N samples takes when opened")
     opts = parser.parse_args(argv)
     if opts.table_memory:
@@ -177,4 +178,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from image_classification.cli import run
+
+    sys.exit(run(main))

@@ -7,7 +7,6 @@ five) for a few erase probabilities, on one thread.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from image_classification.batch_augment import erase_box  # noqa: E402
+from image_classification.cli import UserErrorParser, positive_int, run  # noqa: E402
 
 
 def draw_ms(batch: int, size: int, p: float, repeats: int = 5) -> float:
@@ -31,9 +31,9 @@ def draw_ms(batch: int, size: int, p: float, repeats: int = 5) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict[float, float]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--size", type=int, default=224)
+    parser = UserErrorParser(prog="augment_draws.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=positive_int, default=256)
+    parser.add_argument("--size", type=positive_int, default=224)
     opts = parser.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -44,5 +44,10 @@ def main(argv: list[str] | None = None) -> dict[float, float]:
     return results
 
 
+def command(argv: list[str] | None = None) -> int:
+    main(argv)
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(run(command))

@@ -12,7 +12,6 @@ returns the block's new text, naming the machine it ran on.  Everything outside 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -30,6 +29,7 @@ if str(REPO) not in sys.path:
 
 from benchmarks.common import ratio_text  # noqa: E402
 from image_classification import machine  # noqa: E402
+from image_classification.cli import UserErrorParser, run  # noqa: E402
 
 DOCS = REPO / "docs"  # the charts lie here, beside the page that shows them (docs/performance.md)
 SUMMARY_FIELDS = ("train.loss", "train.total_ips", "val.top1", "val.top5")
@@ -460,7 +460,7 @@ def check(texts: dict[Path, str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = UserErrorParser(prog="readme_figures.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("sections", nargs="*", help=f"sections to measure (default: all of {', '.join(GENERATORS)})")
     parser.add_argument("--check", action="store_true", help="only check the markers against the generators")
     parser.add_argument("--print", action="store_true", help="print the new blocks, writing no page")
@@ -487,4 +487,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

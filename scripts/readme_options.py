@@ -8,7 +8,6 @@ The list sits between ``<!-- options:main.py -->`` and ``<!-- /options:main.py -
 the markers is left as it is.  tests/test_readme.py runs the check.
 """
 
-import argparse
 import os
 import re
 import sys
@@ -18,6 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from image_classification.arguments import build_parser  # noqa: E402
+from image_classification.cli import UserErrorParser, run  # noqa: E402
 
 OPTIONS_PAGE = REPO / "docs" / "options.md"
 BLOCK = re.compile(r"^(<!-- options:main\.py -->\n).*?^(<!-- /options:main\.py -->)$", re.S | re.M)
@@ -37,7 +37,7 @@ def with_options(page: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = UserErrorParser(prog="readme_options.py", description=__doc__.split("\n\n")[0])
     action = parser.add_mutually_exclusive_group()
     action.add_argument("--check", action="store_true", help="only check that docs/options.md is up to date")
     action.add_argument("--print", action="store_true", help="print the option list instead of writing it")
@@ -61,4 +61,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

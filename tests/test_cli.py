@@ -39,6 +39,22 @@ def test_an_unknown_flag_is_named_alone_with_the_closest_one(entry, argv, flag, 
     assert line.endswith(f": unknown flag {flag}; did you mean {meant}?"), line
 
 
+def test_every_script_and_benchmark_answers_a_typo_as_the_commands_do(capsys):
+    """The helper scripts too: one line naming the unknown flag and the closest, exit 2 (no plain argparse)."""
+    from helpers import REPO, load_script
+
+    plain = [path.relative_to(REPO).as_posix() for folder in ("scripts", "benchmarks")
+             for path in sorted((REPO / folder).glob("*.py")) if "argparse.ArgumentParser(" in path.read_text()]
+    assert plain == []
+    import benchmarks.startup
+
+    for entry, argv, meant in ((load_script("augment_draws").command, ["--bacth", "8"], "--batch"),
+                               (benchmarks.startup.main, ["--rouns", "1", "DIR"], "--rounds"),
+                               (load_script("readme_options").main, ["--chek"], "--check")):
+        line = refused(run(entry, argv), capsys)
+        assert line.endswith(f"unknown flag {argv[0]}; did you mean {meant}?"), line
+
+
 def test_a_flag_nothing_resembles_points_to_the_help(capsys):
     assert refused(run(parse_args, ["-x", "/data"]), capsys) == "error: main.py: unknown flag -x; main.py -h lists the flags"
 
