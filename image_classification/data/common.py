@@ -141,22 +141,12 @@ class SideStream:
             tensor.record_stream(current)
 
 
-class DeviceLoader:
-    """Moves host batches to the device, normalises them and applies the memory format.
+class WrappingLoader:
+    """A :class:`Loader` over another (``source``, its host batches): its length, skipped images, epoch and
+    fingerprint are the source's."""
 
-    On CUDA the copy and normalisation of the next batch run on a side stream while the current one
-    is used; on CPU the work is done in line.  ``normalized=True`` skips normalisation for backends
-    that already produce float, normalised batches.
-    """
-
-    def __init__(self, source, runtime: Runtime, num_samples: int, normalized: bool = False,
-                 mean: tuple[float, ...] = MEAN_255, std: tuple[float, ...] = STD_255):
+    def __init__(self, source):
         self.source = source
-        self.runtime = runtime
-        self.num_samples = num_samples
-        self.normalized = normalized
-        self.mean = channel_values(mean, runtime.device)
-        self.std = channel_values(std, runtime.device)
 
     def __len__(self) -> int:
         return len(self.source)
@@ -170,6 +160,24 @@ class DeviceLoader:
 
     def fingerprint(self) -> dict:
         return self.source.fingerprint()
+
+
+class DeviceLoader(WrappingLoader):
+    """Moves host batches to the device, normalises them and applies the memory format.
+
+    On CUDA the copy and normalisation of the next batch run on a side stream while the current one
+    is used; on CPU the work is done in line.  ``normalized=True`` skips normalisation for backends
+    that already produce float, normalised batches.
+    """
+
+    def __init__(self, source, runtime: Runtime, num_samples: int, normalized: bool = False,
+                 mean: tuple[float, ...] = MEAN_255, std: tuple[float, ...] = STD_255):
+        super().__init__(source)
+        self.runtime = runtime
+        self.num_samples = num_samples
+        self.normalized = normalized
+        self.mean = channel_values(mean, runtime.device)
+        self.std = channel_values(std, runtime.device)
 
     def _prepare(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         device = self.runtime.device

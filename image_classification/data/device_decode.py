@@ -36,7 +36,7 @@ from PIL import Image
 from ..errors import UserError
 from ..preprocessing import val_resize_size
 from ..runtime import Runtime
-from .common import DataConfig, SideStream, channel_values, normalized
+from .common import DataConfig, SideStream, WrappingLoader, channel_values, normalized
 from .encoded import EncodedBatch, EncodedImages, collate_encoded
 from .files import decode_rgb_tensor
 from .layout import Split, open_split
@@ -206,7 +206,7 @@ class Prepared:
     done: object = None
 
 
-class DeviceDecodedLoader:
+class DeviceDecodedLoader(WrappingLoader):
     """A :class:`.common.Loader` over one split: host batches of encoded images from the workers, decoded and
     cropped on the runtime's device (``crop``: a decoded image and its draw to a uint8 crop), a batch ahead of
     the loop, in a background thread."""
@@ -215,32 +215,20 @@ class DeviceDecodedLoader:
 
     def __init__(self, host: HostBatches, samples: Split, runtime: Runtime, config: DataConfig,
                  crop: Callable[[torch.Tensor, Draw | None], torch.Tensor], policy=None, *, num_samples: int):
-        self.host, self.samples, self.runtime = host, samples, runtime
+        super().__init__(host)
+        self.samples, self.runtime = samples, runtime
         self.crop, self.policy, self.num_samples = crop, policy, num_samples
         self.mean = channel_values(config.mean, runtime.device)
         self.std = channel_values(config.std, runtime.device)
         self.side = SideStream(runtime.device)
         self._pool: ThreadPoolExecutor | None = None
 
-    def __len__(self) -> int:
-        return len(self.host)
-
-    @property
-    def skipped(self) -> int:
-        return self.host.skipped
-
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        self.host.set_epoch(epoch, start_batch)
-
-    def fingerprint(self) -> dict:
-        return self.host.fingerprint()
-
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
         pending: deque[Future] = deque()
         try:
-            for batch, labels in self.host:
+            for batch, labels in self.source:
                 pending.append(self._pool.submit(self._prepare, batch, labels))
                 if len(pending) > self.AHEAD:
                     yield from self._deliver(pending.popleft().result())
@@ -277,7 +265,7 @@ class DeviceDecodedLoader:
     def _deliver(self, prepared: Prepared) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
         """Runs in the loop's thread: reports what could not be decoded, applies the policy, hands the batch over."""
         for index, reason in prepared.broken:
-            self.host.unreadable.add(self.samples.name(index), reason)
+            self.source.unreadable.add(self.samples.name(index), reason)
         if not len(prepared.targets):
             return
         self.side.hand_over([prepared.targets, *prepared.crops,
