@@ -1,7 +1,8 @@
 """Reading the toolkit's own files as data: the manifests, sample tables and shards of packed sets, the ONNX
 cache's records, a workspace's lock record, raports and the presets file.
 
-Every one is opened the same way (:func:`open_regular`): without waiting (``open`` of a FIFO waits for a
+Every one is opened the same way (:func:`open_regular`, over :func:`open_descriptor`, which the readers of
+images and the pack's writer share): without waiting (``open`` of a FIFO waits for a
 writer, for good), without following a link where the file must be the toolkit's own, and only when it is a
 regular file; it is read whole with a bound on its size (:func:`read_regular`).  JSON is parsed by
 :func:`parse_json` under more bounds, so that no content turns into a traceback: the nesting (Python's
@@ -34,28 +35,42 @@ class DataFileError(ValueError):
     ("is a symbolic link", "nests its values more than 32 levels deep")."""
 
 
-def open_regular(path: str | os.PathLike, *, follow_links: bool = False) -> int:
-    """A read-only descriptor of ``path``, a regular file; a link is refused unless ``follow_links``, and a
-    FIFO is refused without waiting for a writer.  The descriptor blocks as usual; DataFileError otherwise."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+class NotARegularFile(OSError):
+    """A path that names a folder, a FIFO, a socket or a device where a regular file was to be opened."""
+
+
+def open_descriptor(path: str | os.PathLike, flags: int = os.O_RDONLY, *, follow_links: bool = False,
+                    mode: int = 0o644) -> int:
+    """``os.open(path, flags, mode)`` of a regular file, which blocks as usual once open: the open itself never
+    waits (that of a FIFO would wait for a writer, for good), nor goes through a link unless ``follow_links``.
+    Raises what ``os.open`` raises (ELOOP for a link), and :class:`NotARegularFile`."""
+    flags |= getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     if not follow_links:
         flags |= getattr(os, "O_NOFOLLOW", 0)
+    descriptor = os.open(path, flags, mode)
     try:
-        descriptor = os.open(path, flags)
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise NotARegularFile(errno.EINVAL, "not a regular file")
+        os.set_blocking(descriptor, True)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor
+
+
+def open_regular(path: str | os.PathLike, *, follow_links: bool = False) -> int:
+    """A read-only descriptor of ``path``, a regular file (see :func:`open_descriptor`); a link is refused unless
+    ``follow_links``, and a FIFO without waiting for a writer; DataFileError otherwise."""
+    try:
+        return open_descriptor(path, follow_links=follow_links)
+    except NotARegularFile:
+        raise DataFileError("is not a regular file (a folder, a device or a pipe)") from None
     except OSError as error:
         if error.errno == errno.ELOOP and not follow_links:
             raise DataFileError("is a symbolic link") from None
         if error.errno == errno.ENOENT:
             raise DataFileError("does not exist") from None
         raise DataFileError(f"cannot be opened ({error.strerror or error})") from None
-    try:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            raise DataFileError("is not a regular file (a folder, a device or a pipe)")
-        os.set_blocking(descriptor, True)
-    except BaseException:
-        os.close(descriptor)
-        raise
-    return descriptor
 
 
 def read_regular(path: str | os.PathLike, max_bytes: int | None = None, *, follow_links: bool = False) -> bytes:

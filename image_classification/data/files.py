@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 from PIL import Image
 
+from ..datafile import NotARegularFile, open_descriptor
+
 if TYPE_CHECKING:
     import torch
 
@@ -171,7 +173,7 @@ def walk_class(class_dir: Path, split_dir: Path | None = None, shared: SplitWalk
                     walk.files.append(entry.path)
                     continue
                 if not stat.S_ISREG(target.st_mode):  # opening a FIFO would wait for a writer, for good
-                    walk.skipped_links.append(f"{entry.path}: {NotARegularFile.WHAT}")
+                    walk.skipped_links.append(f"{entry.path}: {NOT_REGULAR}")
                     continue
                 if (target.st_dev, target.st_ino) in shared.images:
                     walk.skipped_links.append(f"{entry.path}: an image already counted under another name")
@@ -425,26 +427,18 @@ def _named(error: Exception) -> str:
     return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'unreadable'}"
 
 
-class NotARegularFile(OSError):
-    """An image's path names a FIFO, a socket or a device: what reads it would wait for a writer for good, or
-    never reach an end.  An OSError, so that each reader reports it as it reports a file it cannot read."""
-
-    WHAT = "not a regular file (a pipe, a socket or a device)"
+NOT_REGULAR = "not a regular file (a pipe, a socket or a device)"
 
 
 def open_file(path: str | os.PathLike):
     """``path`` opened for binary reading, a link followed, only if it is a regular file: the open itself does
     not wait (a FIFO's would, for a writer), and a file swapped for a FIFO after it was listed is refused
-    as well.  Raises what ``open`` raises, and :class:`NotARegularFile`."""
-    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    as well.  Raises what ``open`` raises, and :class:`~image_classification.datafile.NotARegularFile` (an
+    OSError, so that each reader reports it as it reports a file it cannot read)."""
     try:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            raise NotARegularFile(f"{printable(path)}: {NotARegularFile.WHAT}")
-        os.set_blocking(descriptor, True)
-        return os.fdopen(descriptor, "rb")
-    except BaseException:
-        os.close(descriptor)
-        raise
+        return os.fdopen(open_descriptor(path, follow_links=True), "rb")
+    except NotARegularFile:
+        raise NotARegularFile(f"{printable(path)}: {NOT_REGULAR}") from None
 
 
 def read_bytes(path: str) -> bytes:

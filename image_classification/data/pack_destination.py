@@ -12,31 +12,27 @@ DST (:class:`PackLock`).
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 
+from ..datafile import NotARegularFile, open_descriptor
 from ..errors import UserError
 from .files import SPLITS, printable
 from .packed import TEMPORARY, written_by_pack
 
 LOCK = ".pack.lock"
-_OWN_FLAGS = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def open_own(path: Path, flags: int) -> int:
     """A descriptor of the regular file ``path``, opened with ``flags`` (os.O_*) but never through a link nor
-    waiting on a FIFO; UserError otherwise."""
+    waiting on a FIFO (:func:`~image_classification.datafile.open_descriptor`); UserError otherwise."""
     try:
-        descriptor = os.open(path, flags | _OWN_FLAGS, 0o644)
+        return open_descriptor(path, flags)
+    except NotARegularFile:
+        raise UserError(f"{printable(path)} is not a regular file, which a pack would write; remove it") from None
     except OSError as error:
         if os.path.islink(path):
             raise UserError(f"{printable(path)} is a symbolic link, which a pack never writes through; remove it") from None
         raise UserError(f"cannot write {printable(path)} ({error.strerror or error})") from None
-    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-        os.close(descriptor)
-        raise UserError(f"{printable(path)} is not a regular file, which a pack would write; remove it")
-    os.set_blocking(descriptor, True)
-    return descriptor
 
 
 def _inside(path: Path, folder: Path) -> bool:
