@@ -286,7 +286,7 @@ class Loop:
                 reading = engine.read_window(f"epoch {epoch}, iteration {progress.batch}", control.local_flags())
                 control.agree(reading.flags)
             measured = self.train_warmup.next()
-            if not measured and self.train_warmup.seen == self.train_warmup.length:
+            if self.train_warmup.seen == self.train_warmup.length:  # its last iteration (never for none)
                 runtime.synchronize()  # measuring starts once the device, not only the host, is past the warm-up
             now = time.perf_counter()
             record_iteration(raport, "train", data_time=data_time, iteration_time=now - end,

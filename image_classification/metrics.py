@@ -13,26 +13,25 @@ LATENCY_PERCENTILES = (90, 95, 99, 100)
 
 def register_metrics(raport: Raport, prefixes: list[str], topk: int, training: bool, warmup: int = 0) -> None:
     """Every metric the loop records; with ``warmup`` (``--benchmark-warmup``) also ``*.wall_ips``."""
-    if training:
-        raport.register("train.loss", "loss", LOSS_META)
-        raport.register("train.total_ips", "perf", PERF_META)
-        if warmup:
-            raport.register("train.wall_ips", "perf", PERF_META)
-        raport.register("train.compute_ips", "perf", PERF_META)
-        raport.register("train.data_time", "perf", TIME_META, VERBOSE)
-        raport.register("train.compute_time", "perf", TIME_META, VERBOSE)
-        raport.register("train.lr", "lr", LR_META)
-        raport.register("train.grad_scale", "perf", LOSS_META)
-    for prefix in prefixes:  # a validation window's accuracy and loss: the figure so far, as readers take it
-        raport.register(f"{prefix}.top1", "acc", ACC_META, running=True)
-        raport.register(f"{prefix}.top{topk}", "acc", ACC_META, running=True)
-        raport.register(f"{prefix}.loss", "loss", LOSS_META, running=True)
+
+    def times(prefix: str) -> None:  # what record_iteration records for every phase
         raport.register(f"{prefix}.total_ips", "perf", PERF_META)
         if warmup:
             raport.register(f"{prefix}.wall_ips", "perf", PERF_META)
         raport.register(f"{prefix}.compute_ips", "perf", PERF_META)
         raport.register(f"{prefix}.data_time", "perf", TIME_META, VERBOSE)
         raport.register(f"{prefix}.compute_time", "perf", TIME_META, VERBOSE)
+
+    if training:
+        raport.register("train.loss", "loss", LOSS_META)
+        times("train")
+        raport.register("train.lr", "lr", LR_META)
+        raport.register("train.grad_scale", "perf", LOSS_META)
+    for prefix in prefixes:  # a validation window's accuracy and loss: the figure so far, as readers take it
+        raport.register(f"{prefix}.top1", "acc", ACC_META, running=True)
+        raport.register(f"{prefix}.top{topk}", "acc", ACC_META, running=True)
+        raport.register(f"{prefix}.loss", "loss", LOSS_META, running=True)
+        times(prefix)
         raport.register(f"{prefix}.compute_latency", "perf", TIME_META)
         for q in LATENCY_PERCENTILES:
             raport.register(f"{prefix}.compute_latency_at{q}", f"q{q}", TIME_META, VERBOSE)
