@@ -17,7 +17,7 @@ from image_classification.arguments import parse_args
 from image_classification.batch_augment import augment_batch, cutmix_box, random_erase
 from image_classification.cli import run as cli_run
 from image_classification.data.common import DataConfig, ShardSampler
-from image_classification.data.transforms import train_transform
+from image_classification.data.transforms import TrainTransform
 from image_classification.errors import UserError
 from image_classification.losses import classification_loss, cutmix, mixup
 from image_classification.training import main
@@ -147,15 +147,15 @@ def test_training_transform_applies_torchvision_s_augmentation(augmentation, the
                         randaugment_magnitude=17, randaugment_num_ops=3)
     plain = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=4)
     image = torch.randint(0, 256, (3, 48, 40), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
-    expected_steps = [train_transform(plain), theirs()]
+    expected_steps = [TrainTransform(plain), theirs()]
     changed = 0
     for seed in range(6):
         torch.manual_seed(seed)
-        ours = train_transform(config)(image)
+        ours = TrainTransform(config)(image)
         torch.manual_seed(seed)
         assert torch.equal(ours, v2.Compose(expected_steps)(image)), seed
         torch.manual_seed(seed)
-        changed += not torch.equal(ours, train_transform(plain)(image))
+        changed += not torch.equal(ours, TrainTransform(plain)(image))
     assert changed >= 4
 
 

@@ -164,10 +164,10 @@ def test_training_crops_follow_torchvision_random_resized_crop():
     from torchvision import transforms as T
     from torchvision.transforms import functional as F
 
-    from image_classification.data.transforms import train_transform
+    from image_classification.data.transforms import TrainTransform
 
     config = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=4, crop_scale=(0.08, 1.0), hflip=0)
-    ours = train_transform(config)
+    ours = TrainTransform(config)
     image = torch.randint(0, 256, (3, 60, 80), dtype=torch.uint8)
     areas = []
     for seed in range(200):
@@ -187,10 +187,10 @@ def test_training_crops_are_torchvision_s_pixels_exactly(interpolation):
     (resuming a run made before the faster crop replays the same images)."""
     from torchvision.transforms import v2
 
-    from image_classification.data.transforms import INTERPOLATION, train_transform
+    from image_classification.data.transforms import INTERPOLATION, TrainTransform
 
     config = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=4, interpolation=interpolation)
-    ours = train_transform(config)
+    ours = TrainTransform(config)
     theirs = v2.Compose([v2.RandomResizedCrop(32, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
                                               interpolation=INTERPOLATION[interpolation], antialias=True),
                          v2.RandomHorizontalFlip(0.5)])

@@ -21,7 +21,7 @@ from .common import DataConfig, DeviceLoader
 from ..preprocessing import val_resize_size
 from .files import decode_rgb_tensor, open_rgb
 from .layout import Split, open_split
-from .transforms import seeded, train_transform, val_transform
+from .transforms import TrainTransform, seeded, val_transform
 from .workers import HostBatches, host_loader, shared_tensor, split_sampler
 
 
@@ -114,7 +114,7 @@ def folder_loaders(
     train = val = None
     if want_train:
         samples = open_split(root, "train", classes, batch_size=config.batch_size, world_size=runtime.world_size)
-        train = _loader(samples, train_transform(config), config, runtime, train=True)
+        train = _loader(samples, TrainTransform(config), config, runtime, train=True)
     if want_val:
         samples = open_split(root, "val", classes)
         transform = val_transform(config.image_size, config.interpolation, config.crop_ratio)

@@ -58,8 +58,7 @@ def crop_box(height: int, width: int, scale: tuple[float, float]) -> tuple[int, 
     """(top, left, height, width) of torchvision's RandomResizedCrop in a ``height`` x ``width`` image, drawn
     from torch's CPU generator by torchvision's own ``get_params``."""
     like = torch.empty(1).expand(1, height, width)  # get_params reads only the shape
-    top, left, box_height, box_width = transforms.RandomResizedCrop.get_params(like, list(scale), list(ASPECT_RATIOS))
-    return top, left, box_height, box_width
+    return tuple(transforms.RandomResizedCrop.get_params(like, list(scale), list(ASPECT_RATIOS)))
 
 
 def resized_crop(image: torch.Tensor, box: tuple[int, int, int, int], size: int,
@@ -118,11 +117,6 @@ class TrainTransform:
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         out = self.crop(image, self.draw(*image.shape[-2:]))
         return out if self.augmentation is None else self.augmentation(out)
-
-
-def train_transform(config: DataConfig) -> TrainTransform:
-    """The training augmentation ``config`` describes (see :class:`TrainTransform`)."""
-    return TrainTransform(config)
 
 
 def val_transform(image_size: int, interpolation: str = "bilinear", crop_ratio: float = CROP_RATIO):

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from ..runtime import Runtime
 from ..signals import ignore_in_worker
-from .common import DataConfig, ShardSampler, Unreadable
+from .common import DataConfig, ShardSampler, Unreadable, train_sampler
 
 
 def shared_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -50,8 +50,6 @@ def host_loader(dataset: Dataset, sampler: ShardSampler, collate, config: DataCo
 def split_sampler(size: int, config: DataConfig, runtime: Runtime, train: bool) -> ShardSampler:
     """This rank's sampler of a split: shuffled and dealt for training (:func:`.common.train_sampler`), dealt in
     order for validation."""
-    from .common import train_sampler
-
     if train:
         return train_sampler(size, config, runtime)
     return ShardSampler(size, runtime.rank, runtime.world_size, shuffle=False, seed=config.seed)
