@@ -27,7 +27,15 @@ def format_duration(seconds: float) -> str:
     return f"{hours}h {minutes:02d}m"
 
 
-class Heartbeat:
+class _NoProgress:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Heartbeat(_NoProgress):
     """Counts a pass's steps as a progress bar does (``update``, ``close``) and says, at most once every
     ``every`` seconds (default :data:`HEARTBEAT_SECONDS`), ``<description>: <done>/<total> <unit>, <elapsed> so far, about <left> left``.
 
@@ -53,17 +61,6 @@ class Heartbeat:
         left = f", about {format_duration((self.total - self.done) / rate)} left" if rate > 0 else ""
         self.log(f"{self.description}: {self.done}/{self.total} {self.unit}, {format_duration(elapsed)} so far"
                  f"{left}")
-
-    def close(self) -> None:
-        pass
-
-
-class _NoProgress:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def pass_length(loader, prof: int) -> int:
