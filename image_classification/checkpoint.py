@@ -245,11 +245,17 @@ def is_epoch_checkpoint_name(name: str) -> bool:
     return _EPOCH_FILE.match(name) is not None
 
 
+def epoch_checkpoint_index(name: str) -> int | None:
+    """The 0-based finished epoch a per-epoch file's name gives (None for another name)."""
+    match = _EPOCH_FILE.match(name)
+    return int(match.group(1)) if match else None
+
+
 def epoch_checkpoints(workspace: str | os.PathLike) -> list[Path]:
     """The per-epoch files in ``workspace``, oldest epoch first."""
     return sorted(
         (p for p in Path(workspace).iterdir() if _EPOCH_FILE.match(p.name)),
-        key=lambda p: int(_EPOCH_FILE.match(p.name).group(1)),
+        key=lambda p: epoch_checkpoint_index(p.name),
     )
 
 

@@ -183,7 +183,7 @@ def _broadcast_choice(value, runtime: Runtime):
 
 def find_resume_checkpoint(args: argparse.Namespace, workspace: Workspace, runtime: Runtime, log
                            ) -> tuple[str | None, dict | None]:
-    """(path, checkpoint) that --resume names; ``auto``: the newest valid one in the workspace, or none."""
+    """(path, checkpoint) that --resume names; ``auto``: the valid one of the workspace furthest along, or none."""
     if not args.resume:
         return None, None
     if args.resume != "auto":
@@ -191,22 +191,38 @@ def find_resume_checkpoint(args: argparse.Namespace, workspace: Workspace, runti
             raise UserError(f"--resume {args.resume}: no such checkpoint file")
         log(f"=> loading checkpoint '{args.resume}'")
         return args.resume, ckpt.load_checkpoint(args.resume)
-    chosen = None
-    if runtime.is_main:
-        for candidate in workspace.resume_candidates():
-            try:
-                ckpt.load_checkpoint(candidate)
-            except UserError as error:
-                log(f"=> cannot resume from {candidate}: {error}; trying an older checkpoint")
-                continue
-            chosen = str(candidate)
-            break
+    chosen, state = furthest_checkpoint(workspace.resume_candidates(), log) if runtime.is_main else (None, None)
     chosen = _broadcast_choice(chosen, runtime)
     if chosen is None:
         log(f"=> --resume auto: no checkpoint in {workspace.path}; starting from scratch")
         return None, None
     log(f"=> --resume auto: loading checkpoint '{chosen}'")
-    return chosen, ckpt.load_checkpoint(chosen)
+    return chosen, state if state is not None else ckpt.load_checkpoint(chosen)
+
+
+def recorded_progress(state: dict) -> tuple[int, int]:
+    """How far a checkpoint's run got: (epochs finished, batches of the next one)."""
+    return state["epoch"], state.get("batch", 0)
+
+
+def furthest_checkpoint(candidates: list, log) -> tuple[str | None, dict | None]:
+    """(path, checkpoint) of the one among ``candidates`` (in the order that wins a tie) whose recorded progress is
+    furthest along, its hash verified; a damaged one is named in a line and passed over.  A per-epoch file is
+    read only when its name promises more than the best one read so far (the last epoch's comes first)."""
+    chosen, state = None, None
+    for candidate in candidates:
+        index = ckpt.epoch_checkpoint_index(candidate.name)
+        if state is not None and index is not None and (index + 1, 0) <= recorded_progress(state):
+            continue
+        try:
+            loaded = ckpt.load_checkpoint(candidate)
+            check_progress(loaded, str(candidate))
+        except UserError as error:
+            log(f"=> cannot resume from {candidate}: {error}; trying the other checkpoints")
+            continue
+        if state is None or recorded_progress(loaded) > recorded_progress(state):
+            chosen, state = str(candidate), loaded
+    return chosen, state
 
 
 def _recorded(resumed: dict | None, pretrained: dict | None, evaluate: bool) -> tuple[dict, str]:

@@ -410,11 +410,11 @@ class Workspace:
         return name == BEST_NAME or is_epoch_checkpoint_name(name) or name.endswith(".pth.tar")
 
     def resume_candidates(self) -> list[Path]:
-        """Checkpoints ``--resume auto`` may continue from, newest first (the latest file wins a tie); none
-        in a workspace not made yet (a run reads it before it creates it)."""
+        """Checkpoints ``--resume auto`` may continue from, in the order that wins a tie of the progress they
+        record: the latest file, the per-epoch files (the last epoch first), the best; none in a workspace not
+        made yet (a run reads it before it creates it).  Their times say nothing: a copy made file by file
+        (cp, a download) gives them the order of the copy."""
         if not self.path.is_dir():
             return []
         files = [self.latest, *reversed(epoch_checkpoints(self.path)), self.best]
-        existing = [f for f in dict.fromkeys(files) if f.is_file()]
-        order = {path: index for index, path in enumerate(existing)}
-        return sorted(existing, key=lambda p: (-p.stat().st_mtime_ns, order[p]))
+        return [f for f in dict.fromkeys(files) if f.is_file()]

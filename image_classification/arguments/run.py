@@ -39,8 +39,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                      help="the second accuracy reported, top-K, at most the class count (default: 5, or the "
                      "class count when smaller)")
     run.add_argument("--resume", metavar="PATH", default=None,
-                     help="path to latest checkpoint; 'auto': the newest valid checkpoint in --workspace, or a "
-                     "fresh start when there is none (default: none)")
+                     help="path to latest checkpoint; 'auto': the valid checkpoint in --workspace that got furthest "
+                     "(epoch, then batch), or a fresh start when there is none (default: none)")
     run.add_argument("--workspace", metavar="DIR", default="./",
                      help="where checkpoints and raports go (default: ./; --evaluate --resume F: F's folder)")
     run.add_argument("--checkpoint-filename", "--checkpoint", metavar="NAME", default="checkpoint.pth.tar",

@@ -69,6 +69,26 @@ def test_resume_auto_falls_back_from_damaged_files_to_the_newest_valid_one(data,
     TALLY["bad_inputs"] += len(damaged)
 
 
+def test_resume_auto_takes_the_checkpoint_furthest_along_whatever_the_files_times(data, straight, tmp_path,
+                                                                                  capsys):
+    """A workspace copied file by file (cp, a download) gets the times of the copy: here the epoch-1 file is
+    the newest.  The resume goes by the progress each checkpoint records (epoch 2), so nothing is trained again
+    and nothing is overwritten."""
+    workspace = tmp_path / "ws"
+    shutil.copytree(straight, workspace)
+    copied = ["checkpoint.pth.tar", "checkpoint_0001.pth.tar", "model_best.pth.tar", "checkpoint_0000.pth.tar"]
+    for when, name in enumerate(copied):
+        os.utime(workspace / name, (1_000_000 + when, 1_000_000 + when))
+    before = {name: (workspace / name).read_bytes() for name in copied}
+    result = train_here(data, workspace, "--epochs", "2", "-j", "0", "--resume", "auto", capsys=capsys)
+    assert result.returncode == 0, explain(result)
+    assert f"{workspace / 'checkpoint.pth.tar'} already finished all 2 epochs: nothing to do" in result.stdout
+    assert {name: (workspace / name).read_bytes() for name in copied} == before
+    result = train_here(data, workspace, "--epochs", "3", "-j", "0", "--resume", "auto", "--prof", "1",
+                        capsys=capsys)
+    assert result.returncode == 0 and "RUNNING EPOCHS FROM 2 TO 3" in result.stdout, explain(result)
+
+
 def test_resume_auto_in_an_empty_workspace_starts_afresh(data, tmp_path, capsys):
     result = train_here(data, tmp_path / "ws", "--epochs", "1", "--prof", "1", "-j", "0", "--resume", "auto",
                         capsys=capsys)
