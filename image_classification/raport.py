@@ -21,14 +21,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Callable, TextIO
 
-from .datafile import parse_json
-from .errors import StorageError
+from .datafile import folder_problem, open_own, parse_json, refused_own_file
+from .errors import StorageError, UserError, write_failure
 
 DEFAULT, VERBOSE = 0, 1
 MAX_RECORD_BYTES = 16 << 20  # far more than a record's line takes (the PARAMETER record: a few KB)
@@ -132,52 +133,87 @@ def format_step(step) -> str:
     return "".join(f"{label}: {value} " for label, value in zip(labels, step)).rstrip()
 
 
+def check_tensorboard(log_dir: str | os.PathLike) -> None:
+    """Refuse a ``--tensorboard`` folder that cannot be written, with the start's other checks: before the
+    workspace is made or locked, so that the refusal leaves nothing behind."""
+    problem = folder_problem(log_dir)
+    if problem is not None:
+        raise UserError(f"--tensorboard {log_dir} {problem}")
+
+
+def _quiet_writer_threads() -> None:
+    """Leave out the traceback of TensorBoard's writer thread when its write fails: TensorBoard raises the same
+    error again in the main thread's next call, where :class:`TensorBoardMirror` turns it into one line."""
+    previous = threading.excepthook
+    if getattr(previous, "quiet_tensorboard", False):
+        return
+
+    def hook(args) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError):
+            return
+        previous(args)
+
+    hook.quiet_tensorboard = True
+    threading.excepthook = hook
+
+
 class TensorBoardMirror:
     """Writes the raport's metrics as TensorBoard scalars (``torch.utils.tensorboard``, rank 0 only).
 
     Train windows and epoch aggregates (under ``epoch/``) are plotted against the run's iteration, one
     step axis for every tag, so that a resumed run at iteration T can hide what a killed one wrote after
     T (``purge_step``) instead of showing those steps twice. The run's parameters are written once as
-    hyperparameters with the summary.
+    hyperparameters with the summary.  A write that fails (a full disk, storage gone read-only) is one
+    line (:func:`~image_classification.errors.write_failure`), and the mirror writes nothing more.
     """
 
     def __init__(self, log_dir: str | os.PathLike, purge_step: int | None = None):
-        from .errors import UserError
-
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as error:  # the tensorboard package is missing
             raise UserError(f"--tensorboard needs the tensorboard package ({error}); "
                             "pip install tensorboard") from None
-        folder = Path(log_dir)
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            probe = folder / ".write-test"
-            probe.touch()
-            probe.unlink()
-        except OSError as error:
-            why = "is not a folder" if folder.exists() and not folder.is_dir() else (error.strerror or str(error))
-            raise UserError(f"--tensorboard {log_dir}: {why}") from None
-        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
+        check_tensorboard(log_dir)
+        self.log_dir, self.failed = log_dir, False
         self.parameters: dict = {}
+        _quiet_writer_threads()
+        self.writer = self._written(lambda: SummaryWriter(log_dir=str(log_dir), purge_step=purge_step))
+
+    def _written(self, write: Callable):
+        """``write()``'s result; an OSError of it, or of TensorBoard's writer thread before it, as one line.
+        Nothing once a write has failed."""
+        if self.failed:
+            return None
+        try:
+            return write()
+        except OSError as error:
+            self.failed = True
+            raise write_failure(f"--tensorboard {self.log_dir}", error) from None
 
     def window(self, values: dict, global_step: int) -> None:
-        for name, value in values.items():
-            if isinstance(value, (int, float)):
-                self.writer.add_scalar(name, value, global_step)
+        def write() -> None:
+            for name, value in values.items():
+                if isinstance(value, (int, float)):
+                    self.writer.add_scalar(name, value, global_step)
+        self._written(write)
 
     def epoch(self, values: dict, global_step: int) -> None:
-        for name, value in values.items():
-            if isinstance(value, (int, float)):
-                self.writer.add_scalar(f"epoch/{name}", value, global_step)
-        self.writer.flush()
+        def write() -> None:
+            for name, value in values.items():
+                if isinstance(value, (int, float)):
+                    self.writer.add_scalar(f"epoch/{name}", value, global_step)
+            self.writer.flush()
+        self._written(write)
 
     def end(self, summary: dict) -> None:
         hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in self.parameters.items()}
         metrics = {f"summary/{k}": v for k, v in summary.items() if isinstance(v, (int, float))}
-        if metrics:
-            self.writer.add_hparams(hparams, metrics, run_name=".")
-        self.writer.close()
+
+        def write() -> None:
+            if metrics:
+                self.writer.add_hparams(hparams, metrics, run_name=".")
+            self.writer.close()
+        self._written(write)
 
 
 class Raport:
@@ -209,12 +245,15 @@ class Raport:
     def _open(path: Path, resume_offset: int | None) -> TextIO:
         try:
             if resume_offset is not None and path.is_file() and path.stat().st_size >= resume_offset:
-                handle = open(path, "r+", encoding="utf-8")
+                handle = open_own(path, "r+", encoding="utf-8")
                 handle.seek(resume_offset)
                 handle.truncate()
                 return handle
-            return open(path, "a" if resume_offset is not None else "w", encoding="utf-8")
+            return open_own(path, "a" if resume_offset is not None else "w", encoding="utf-8")
         except OSError as error:
+            problem = refused_own_file(path, error)
+            if problem is not None:  # a link or a FIFO put there after the workspace's check
+                raise UserError(f"the raport {path} {problem}; remove it") from None
             raise StorageError(f"could not open the raport {path}: {error.strerror or error}") from None
 
     # -- low level ------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from .arguments import parse_args, raport_file
 from .cli import report
 from .data import get_loaders
 from .data.layout import data_change_notice
+from .datafile import open_own
 from .distributed import lost_peer_reason
 from .engine import Engine
 from .errors import EXIT_PREEMPTED, PeerLost, UserError
@@ -216,7 +217,7 @@ def _written_by(path: Path, run_id: str | None) -> bool:
         return True
     marker = f'"run_id": "{run_id}"'
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
+        with open_own(path, "r", encoding="utf-8", errors="replace") as handle:
             return any(marker in line for line in handle if '"PARAMETER"' in line)
     except OSError:
         return False

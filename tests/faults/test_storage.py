@@ -22,7 +22,7 @@ from helpers import one_error_line
 from image_classification.errors import StorageError
 
 from . import runner
-from .harness import TALLY, explain, load, never_trained, start, train_here
+from .harness import TALLY, explain, load, never_trained, start, train, train_here
 
 INTERVAL_RUN = ["--epochs", "1", "-j", "0", "--checkpoint-interval", "2"]
 
@@ -131,6 +131,15 @@ def test_a_disk_that_fills_while_logging_ends_the_run_with_one_line(data, tmpfs,
     TALLY["storage_faults"] += 1
 
 
+def test_a_disk_that_fills_under_tensorboard_ends_the_run_with_one_line(data, tmpfs, tmp_path, capsys):
+    """TensorBoard writes from a thread of its own: its failure was two tracebacks and exit 1."""
+    (tmpfs / "filler").write_bytes(bytes(1024 * 1024 - 8192))
+    result = train_here(data, tmp_path / "ws", *INTERVAL_RUN, "--tensorboard", tmpfs / "tb", capsys=capsys)
+    line = one_error_line(result, code=StorageError.exit_code)
+    assert f"--tensorboard {tmpfs / 'tb'}" in line and "No space left on device" in line, line
+    TALLY["storage_faults"] += 1
+
+
 def test_a_writer_failing_midway_keeps_the_previous_checkpoint(data, tmp_path, capsys, monkeypatch):
     """The same fault where no tmpfs can be mounted: the second save writes half and gets ENOSPC."""
     monkeypatch.setattr(torch, "save", runner.faulty_save(torch.save, 2, runner.disk_full))
@@ -210,3 +219,25 @@ def test_a_second_run_on_a_workspace_in_use_stops_and_a_dead_run_s_lock_does_not
     third = train_here(data, workspace, "--epochs", "1", "-j", "0", "--resume", "auto", capsys=capsys)
     assert third.returncode == 0, explain(third)
     assert "in use" not in third.stderr and load(workspace / "checkpoint.pth.tar")["epoch"] >= 1
+
+
+# -- a link or a pipe in place of a file the run writes -------------------------------------------------------
+@pytest.mark.parametrize("name", [".workspace.lock", "experiment_raport.json"], ids=["lock", "raport"])
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_a_link_or_a_fifo_named_like_a_workspace_file_is_refused_before_training(data, tmp_path, name, kind):
+    """A link planted as the lock or the raport would have the run write through it, outside the workspace; a
+    FIFO would hang the open, a SIGTERM unanswered, the lock held.  Either is one line and exit 2, in a moment,
+    with the link's target as it was."""
+    workspace, victim = tmp_path / "ws", tmp_path / "victim.txt"
+    workspace.mkdir()
+    victim.write_text("not the toolkit's\n")
+    if kind == "link":
+        (workspace / name).symlink_to("../victim.txt")
+    else:
+        os.mkfifo(workspace / name)
+    result = train(data, workspace, "--epochs", "1", "-j", "0", timeout=60)
+    line = one_error_line(result)
+    assert name in line and ("symbolic link" in line if kind == "link" else "not a regular file" in line), line
+    assert never_trained(result) and victim.read_text() == "not the toolkit's\n"
+    assert sorted(path.name for path in workspace.iterdir()) == [name]
+    TALLY["bad_inputs"] += 1
