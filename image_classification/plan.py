@@ -24,7 +24,9 @@ from . import checkpoint as ckpt
 from . import machine
 from .arguments import DEFAULT_RAPORT_FILE, DEFAULT_WORKERS, CheckpointInterval, raport_file
 from .data import DataConfig, default_backend_notice, resolve_backend
+from .data.files import printable
 from .errors import UserError
+from .integrity import recorded_description
 from .models import build_model, default_image_size, load_weights
 from .models.weights import checked_arch, recorded_num_classes
 from .optim import lr_at
@@ -227,8 +229,6 @@ def furthest_checkpoint(candidates: list, log) -> tuple[str | None, dict | None]
 
 def _recorded(resumed: dict | None, pretrained: dict | None, evaluate: bool) -> tuple[dict, str]:
     """What the weights we start from record about the model, and how to call them in messages."""
-    from .integrity import recorded_description
-
     if resumed is not None:
         return recorded_description(resumed), "the checkpoint"
     if pretrained is not None and evaluate:
@@ -305,6 +305,43 @@ def resolve_preprocessing(args, recorded: dict, source: str, log) -> Preprocessi
                                 image_size=args.image_size, train_crop_size=args.train_crop_size,
                                 val_crop_size=args.val_crop_size, val_resize_size=args.val_resize_size,
                                 interpolation=args.interpolation)
+
+
+def class_label_changes(recorded: list[str], classes: list[str]) -> list[str]:
+    """What changed between the class names a checkpoint records, in label order, and the dataset's: each class
+    at another label ("class_01 from label 1 to 0"), each new one at a label the checkpoint trained ("class_zz
+    (new) at class_02's label 2"), then each recorded class gone; [] when every label the two share names the
+    same class (classes added after the last one, or the last ones removed, move nothing)."""
+    if all(then == now for then, now in zip(recorded, classes)):
+        return []
+    before, changes = {name: label for label, name in enumerate(recorded)}, []
+    for label, name in enumerate(classes):
+        if name in before and before[name] != label:
+            changes.append(f"{printable(name)} from label {before[name]} to {label}")
+        elif name not in before and label < len(recorded):
+            changes.append(f"{printable(name)} (new) at {printable(recorded[label])}'s label {label}")
+    now = set(classes)
+    return changes + [f"{printable(name)} is gone" for name in recorded if name not in now]
+
+
+def check_class_labels(weights: dict | None, classes: list[str], source: str | None, allowed: bool, log) -> None:
+    """Refuse weights (a checkpoint resumed or evaluated) whose recorded classes sit at other labels than the
+    dataset's class folders give them: every image of such a class would train, or be scored on, another class's
+    output.  One line naming the classes that moved; ``allowed`` (``--allow-class-changes``) goes on, said."""
+    recorded = recorded_description(weights).get("classes") if weights is not None else None
+    if not classes or not isinstance(recorded, list) or not all(isinstance(name, str) for name in recorded):
+        return
+    changes = class_label_changes(recorded, classes)
+    if not changes:
+        return
+    shown = ", ".join(changes[:6]) + (f" and {len(changes) - 6} more" if len(changes) > 6 else "")
+    moved = f"the class folders do not give the labels {source} was trained with: {shown}"
+    if allowed:
+        log(f"=> --allow-class-changes: {moved}; each label now stands for the class the folders give it")
+        return
+    raise UserError(f"{moved}; every image of those classes would train, or be scored on, another class's "
+                    "output: restore the class folders' names, or pass --allow-class-changes to go "
+                    "on with the labels they give now")
 
 
 def resolve_topk(args, num_classes: int) -> int:
@@ -438,6 +475,7 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     reseed(seed, runtime.rank)
     recorded, source = _recorded(resumed, pretrained, args.evaluate)
     described = resumed if resumed is not None else (pretrained if args.evaluate else None)
+    check_class_labels(described, classes, resume_path or args.pretrained_weights, args.allow_class_changes, log)
     num_classes = resolve_num_classes(args, described, classes, log)
     preprocessing = resolve_preprocessing(args, recorded, source, log)
     if not args.evaluate and args.batch_size == 1 and preprocessing.image_size <= 32:

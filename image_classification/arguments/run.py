@@ -41,6 +41,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--resume", metavar="PATH", default=None,
                      help="path to latest checkpoint; 'auto': the valid checkpoint in --workspace that got furthest "
                      "(epoch, then batch), or a fresh start when there is none (default: none)")
+    run.add_argument("--allow-class-changes", action="store_true",
+                     help="go on when the class folders give labels other than those of the checkpoint resumed or "
+                     "evaluated (a class renamed, removed or added before others): each label then stands for the "
+                     "class the folders give it now (default: refuse, naming the classes that moved)")
     run.add_argument("--workspace", metavar="DIR", default="./",
                      help="where checkpoints and raports go (default: ./; --evaluate --resume F: F's folder)")
     run.add_argument("--checkpoint-filename", "--checkpoint", metavar="NAME", default="checkpoint.pth.tar",
