@@ -4,8 +4,10 @@ The JSON file holds one record per line, ``DLLL {json}``, as DLLogger 1.1 writes
 ``timestamp`` and ``elapsedtime`` (seconds, as strings) and a timezone-aware ``datetime``; PARAMETER
 records come first, then one METADATA record per metric (``{"type": "METADATA", "metric": name,
 "metadata": {...}}``), then LOG records whose ``step`` is ``[epoch, iteration]`` (train), ``[epoch,
-iteration, val_iteration]`` (validation), ``[epoch]`` (end of epoch) or ``[]`` (run summary).  Standard
-output mirrors DEFAULT-level records as ``DLL {datetime} - {step} {name} : {value} {unit} ...``.
+iteration, val_iteration]`` (validation), ``[epoch]`` (end of epoch) or ``[]`` (run summary).  Every line is
+strict JSON: a metric without a figure (nothing recorded, or a value that is not finite) is left out of its
+record, never written as null or a bare NaN.  Standard output mirrors DEFAULT-level records as
+``DLL {datetime} - {step} {name} : {value} {unit} ...``.
 
 Aggregates: a throughput (``*_ips``) is recorded per iteration with its wall time as the weight, so a
 window's, an epoch's and the run's value is images divided by wall time over every iteration in it;
@@ -19,6 +21,7 @@ mirrors the same metrics to TensorBoard event files.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import threading
@@ -124,6 +127,27 @@ class Metric:
         return _mean(self.epoch_values)
 
 
+def _figure(value) -> bool:
+    """Whether ``value`` is something to log: not None, and finite where it is a number."""
+    return value is not None and not (isinstance(value, float) and not math.isfinite(value))
+
+
+def _strict_json(record: dict) -> str:
+    """``record`` as strict JSON: a float that is not finite (json.dumps writes a bare NaN) becomes null."""
+    try:
+        return json.dumps(record, allow_nan=False)
+    except ValueError:
+        def finite(value):
+            if isinstance(value, float) and not math.isfinite(value):
+                return None
+            if isinstance(value, dict):
+                return {key: finite(item) for key, item in value.items()}
+            if isinstance(value, (list, tuple)):
+                return [finite(item) for item in value]
+            return value
+        return json.dumps(finite(record), allow_nan=False)
+
+
 def format_step(step) -> str:
     if isinstance(step, str):
         return step
@@ -193,14 +217,14 @@ class TensorBoardMirror:
     def window(self, values: dict, global_step: int) -> None:
         def write() -> None:
             for name, value in values.items():
-                if isinstance(value, (int, float)):
+                if isinstance(value, (int, float)) and _figure(value):
                     self.writer.add_scalar(name, value, global_step)
         self._written(write)
 
     def epoch(self, values: dict, global_step: int) -> None:
         def write() -> None:
             for name, value in values.items():
-                if isinstance(value, (int, float)):
+                if isinstance(value, (int, float)) and _figure(value):
                     self.writer.add_scalar(f"epoch/{name}", value, global_step)
             self.writer.flush()
         self._written(write)
@@ -260,7 +284,7 @@ class Raport:
     def _write(self, record: dict) -> None:
         if self.file is not None:
             try:
-                self.file.write("DLLL " + json.dumps(record) + "\n")
+                self.file.write("DLLL " + _strict_json(record) + "\n")
             except OSError as error:
                 raise StorageError(f"could not write the raport {self.path}: {error.strerror or error}") from None
 
@@ -337,10 +361,18 @@ class Raport:
     def record(self, name: str, value: float, n: float = 1.0, *, window: bool = True, epoch: bool = True) -> None:
         self.metrics[name].record(value, n, window=window, epoch=epoch)
 
+    def drop_window(self, names) -> None:
+        """Forget what the window of each metric in ``names`` holds, unlogged (a validation whose figure so far
+        stopped being one)."""
+        for name in names:
+            metric = self.metrics[name]
+            metric.window, metric.unread = [], 0
+
     def _emit(self, step, values: dict[str, float | None]) -> None:
-        """Log ``values`` at ``step``; a metric with nothing recorded (None) is left out, not logged as null."""
+        """Log ``values`` at ``step``; a metric with no figure (None, or a value that is not finite) is left out,
+        not logged as null or as a bare NaN, which strict JSON readers refuse."""
         for level in (DEFAULT, VERBOSE):
-            data = {k: v for k, v in values.items() if v is not None and self.metrics[k].verbosity == level}
+            data = {k: v for k, v in values.items() if _figure(v) and self.metrics[k].verbosity == level}
             if data:
                 self.log(step, data, level if len(step) > 1 else DEFAULT)
 
@@ -382,7 +414,7 @@ class Raport:
 
 def read_raport(path: str | os.PathLike) -> list[dict]:
     """Parse a raport file into its records (the ``DLLL `` prefix removed), each line's JSON under
-    :func:`.datafile.parse_json`'s bounds (NaN and infinities allowed: a diverging run records them); a line
+    :func:`.datafile.parse_json`'s bounds (NaN and infinities accepted: raports of earlier versions hold them); a line
     that breaks them raises a ValueError (:class:`.datafile.DataFileError`)."""
     records = []
     with open(path, encoding="utf-8") as handle:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -572,6 +573,10 @@ def test_a_model_with_non_finite_validation_outputs_is_never_the_best(image_fold
     records = read_raport(tmp_path / "ws" / "experiment_raport.json")
     epoch = next(r["data"] for r in records if r.get("step") == [0] and "val.not_finite" in r["data"])
     assert epoch["val.not_finite"] == 12 and "val.top1" not in epoch and "val.loss" not in epoch
+    windows = [r["data"] for r in records if isinstance(r.get("step"), list) and len(r["step"]) == 3]
+    assert windows and not any(key in window for window in windows for key in ("val.top1", "val.top3", "val.loss"))
+    for line in (tmp_path / "ws" / "experiment_raport.json").read_text().splitlines():  # strict JSON: no NaN
+        json.loads(line[len("DLLL "):], parse_constant=lambda name: pytest.fail(f"{name} in {line}"))
     assert "val.top1" not in summary(tmp_path / "ws" / "experiment_raport.json")
     code = cli_run(main, TINY + ["--data-backend", "pytorch", "-j", "0", "--evaluate", "--resume",
                                  str(tmp_path / "ws" / "checkpoint.pth.tar"), "--workspace", str(tmp_path / "ev"),

@@ -24,7 +24,8 @@ def add_optimisation_arguments(parser: argparse.ArgumentParser) -> None:
     optim.add_argument("--run-epochs", metavar="N", type=int, default=-1,
                        help="run only N epochs, used for checkpointing runs (default: -1, all)")
     optim.add_argument("--early-stopping-patience", metavar="N", type=int, default=-1,
-                       help="stop after N epochs in a row without a new best top1 (default: -1, never)")
+                       help="stop after N validated epochs in a row without a new best top1; an epoch whose validation "
+                       "gives no figure (outputs not finite) does not count (default: -1, never)")
     optim.add_argument("-b", "--batch-size", metavar="N", type=positive_int, default=256,
                        help="mini-batch size (default: 256) per gpu")
     optim.add_argument("--optimizer-batch-size", metavar="N", type=int, default=-1,
