@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 from . import worker_shim
-from .cli import UserErrorParser
+from .cli import UserErrorParser, whole_number
 from .datafile import open_own, refused_own_file
 from .errors import EXIT_PREEMPTED, PeerLost, UserError, write_failure
 from .worker_shim import WORKER_LOG
@@ -59,16 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
         "stopped and multiproc.py exits 1; when they stop early after saving a checkpoint (SIGTERM, "
         "SIGUSR1, Ctrl-C), it exits 75.",
     )
-    parser.add_argument("--nnodes", metavar="N", type=int, default=1, help="number of nodes (default: 1)")
-    parser.add_argument("--node_rank", "--node-rank", metavar="R", type=int, default=0,
+    parser.add_argument("--nnodes", metavar="N", type=whole_number, default=1, help="number of nodes (default: 1)")
+    parser.add_argument("--node_rank", "--node-rank", metavar="R", type=whole_number, default=0,
                         help="rank of this node, 0 to nnodes-1 (default: 0)")
-    parser.add_argument("--nproc_per_node", "--nproc-per-node", metavar="N", type=int, default=1,
+    parser.add_argument("--nproc_per_node", "--nproc-per-node", metavar="N", type=whole_number, default=1,
                         help="processes on this node, usually one per GPU (default: 1)")
     parser.add_argument("--master_addr", "--master-addr", metavar="HOST", default="127.0.0.1",
                         help="address of the node with node_rank 0 (default: 127.0.0.1)")
-    parser.add_argument("--master_port", "--master-port", metavar="PORT", type=int, default=29500,
+    parser.add_argument("--master_port", "--master-port", metavar="PORT", type=whole_number, default=29500,
                         help="a free port on the master node (default: 29500)")
-    parser.add_argument("--max-restarts", "--max_restarts", metavar="N", type=int, default=0,
+    parser.add_argument("--max-restarts", "--max_restarts", metavar="N", type=whole_number, default=0,
                         help="restart every process of this node up to N times when one fails; with "
                         "--resume auto and --checkpoint-interval the run continues where it was (default: 0)")
     parser.add_argument("--rdzv-backend", "--rdzv_backend", choices=("static", "c10d"), default="static",

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import platform
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -90,6 +91,17 @@ class Runtime:
         """Print on the global rank 0 only."""
         if self.is_main:
             print(*values, **kwargs, flush=True)
+
+
+def out_of_memory_reason(error: RuntimeError) -> str | None:
+    """What ran out, when ``error`` is an allocation that failed (the device's memory, or the host's: the CPU
+    allocator's "can't allocate memory"); else None.  A size taken from the flags (``-b``, ``--num-classes``)
+    that no memory holds is then one line, not a traceback."""
+    text = str(error)
+    if not (isinstance(error, torch.OutOfMemoryError) or "can't allocate memory" in text):
+        return None
+    first = text.splitlines()[0] if text else "out of memory"
+    return re.sub(r"^\[enforce fail at [^\]]*\] (err == 0\. )?", "", first)[:200]
 
 
 def _env_int(*names: str) -> int | None:

@@ -33,7 +33,7 @@ from .onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
 from .plan import RunConfig, resolve_run
 from .startup import check_workspace, workspace_folder
 from .raport import Raport
-from .runtime import Runtime, make_runtime
+from .runtime import Runtime, make_runtime, out_of_memory_reason
 from .signals import StopSignal, Stopped
 from .workspace import Workspace
 
@@ -65,6 +65,13 @@ def _train(args: argparse.Namespace, signals: StopSignal) -> int:
             _leave_distributed(workspace, code)
         return code
     except RuntimeError as error:
+        memory = out_of_memory_reason(error)
+        if memory is not None:
+            full = UserError(f"out of memory on {runtime.device} ({memory}); lower -b/--batch-size (now "
+                             f"{args.batch_size}), the image size or --num-classes")
+            if runtime.distributed:
+                _leave_distributed(workspace, report(full))
+            raise full from None
         reason = lost_peer_reason(error) if runtime.distributed else None
         if reason is None:
             raise

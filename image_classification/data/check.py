@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TextIO
 
 from .. import machine
-from ..cli import UserErrorParser, positive_int
+from ..cli import UserErrorParser, positive_int, whole_number
 from ..cli import run
 from ..errors import UserError
 from ..models import default_image_size
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("data", metavar="DIR", help="the dataset: DIR/train/<class>/<image>, DIR/val/<class>/<image>, "
                         "or a set packed from one (DIR/train/manifest.json)")
-    parser.add_argument("-j", "--workers", type=int, default=machine.cores(),
+    parser.add_argument("-j", "--workers", type=whole_number, default=machine.cores(),
                         help="processes decoding the images (default: this machine's cores)")
     parser.add_argument("--val-resize-size", metavar="S", type=positive_int, default=DEFAULT_RESIZE,
                         help="the short side validation resizes val/ images to, as main.py's flag: an image that "
