@@ -68,9 +68,10 @@ _MODE_FLAGS = {"r": os.O_RDONLY, "r+": os.O_RDWR, "w": os.O_WRONLY | os.O_CREAT 
 
 
 def open_own(path: str | os.PathLike, mode: str = "r", **options):
-    """``open(path, mode, **options)`` of a file the toolkit writes in place (a workspace's lock and raport, a log), through
-    :func:`open_descriptor`: never through a link, never waiting on a FIFO, a regular file only.  Raises what
-    ``os.open`` raises (ELOOP for a link, ENXIO for a FIFO that nobody reads), and :class:`NotARegularFile`."""
+    """``open(path, mode, **options)`` of a file the toolkit writes in place (a workspace's lock and raport, a
+    log), through :func:`open_descriptor`: never through a link, never waiting on a FIFO, a regular file only.
+    Raises what ``os.open`` raises (ELOOP for a link, ENXIO for a FIFO that nobody reads), and
+    :class:`NotARegularFile`."""
     flags = _MODE_FLAGS[mode.replace("b", "")]
     return os.fdopen(open_descriptor(path, flags), mode, **options)
 

@@ -68,8 +68,13 @@ def read_only_folder(tmp_path, monkeypatch):
             return call
 
         real_access = os.access
-        monkeypatch.setattr(os, "access", lambda path, mode, *args, **kwargs: False if (
-            mode & os.W_OK and Path(path).absolute().is_relative_to(folder)) else real_access(path, mode, *args, **kwargs))
+
+        def access(path, mode, *args, **kwargs):
+            if mode & os.W_OK and Path(path).absolute().is_relative_to(folder):
+                return False
+            return real_access(path, mode, *args, **kwargs)
+
+        monkeypatch.setattr(os, "access", access)
         monkeypatch.setattr(os, "open", refuse(os.open, lambda flags, *_: flags & (os.O_CREAT | os.O_WRONLY)))
         monkeypatch.setattr(os, "mkdir", refuse(os.mkdir))
         monkeypatch.setattr(os, "replace", refuse(os.replace))

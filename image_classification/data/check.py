@@ -35,7 +35,7 @@ from ..cli import run
 from ..errors import UserError
 from ..models import default_image_size
 from ..preprocessing import val_resize_size
-from .files import MAX_IMAGE_PIXELS, decode_problem, is_utf8, printable
+from .files import LABEL_PROBLEMS, MAX_IMAGE_PIXELS, decode_problem, label_problem, printable
 from .layout import class_folders, refuse_unfinished_pack, walk_split
 from .packed import (BLOCK, MANIFEST, TABLE, SampleNames, index_name, is_packed, open_plain, read_manifest,
                      read_table, shard_starts)
@@ -226,7 +226,8 @@ def check(root: Path, workers: int, out: TextIO | None = None, resize: int = DEF
             ("unreadable images", report.unreadable),
             ("entries left out (links not followed, files that are not regular)", report.links),
             ("class folders without images", [name for name, count in report.classes.items() if count == 0]),
-            ("class folders whose names are not UTF-8 text", [name for name in report.classes if not is_utf8(name)]),
+            (f"class folders whose names {LABEL_PROBLEMS}",
+             [name for name in report.classes if label_problem(name) is not None]),
         )
         for title, items in sections:
             if items:
