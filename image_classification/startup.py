@@ -34,6 +34,17 @@ def workspace_folder(args: argparse.Namespace) -> str:
     return args.workspace
 
 
+def workspace_of(args: argparse.Namespace) -> Workspace:
+    """The workspace a run with ``args`` writes into (:func:`workspace_folder`), named in messages as the user
+    gave it: ``--workspace``, or the folder of the checkpoint an evaluation writes its raport beside."""
+    folder = workspace_folder(args)
+    named = None
+    if folder != args.workspace:
+        named = (f"{folder} (the folder of --resume {args.resume}, where an evaluation writes its raport unless "
+                 "--workspace says where)")
+    return Workspace(folder, args.checkpoint_filename, raport_file(args), named)
+
+
 def check_workspace(args: argparse.Namespace, workspace: Workspace) -> None:
     """What the workspace itself refuses (its names, a folder that cannot be written, another run holding it),
     and a ``--tensorboard`` folder that cannot be written, found without writing anything; rank 0 checks them
@@ -51,7 +62,7 @@ def check_before_start(args: argparse.Namespace, *, workspace: bool = True) -> N
     and exit 2 with nothing written, not a failure of every process, each in its log."""
     dataset_classes(args, resolve_backend(args.data_backend))
     if workspace:
-        folder = Workspace(workspace_folder(args), args.checkpoint_filename, raport_file(args))
+        folder = workspace_of(args)
         check_workspace(args, folder)
         check_fresh_start(args, folder, log=lambda line: None)
 

@@ -18,7 +18,7 @@ from typing import NoReturn
 
 import torch.distributed as dist
 
-from .arguments import parse_args, raport_file
+from .arguments import parse_args
 from .cli import report
 from .data import get_loaders
 from .data.layout import data_change_notice
@@ -31,7 +31,7 @@ from .loop import Loop, RunControl
 from .metrics import register_metrics
 from .onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
 from .plan import RunConfig, resolve_run
-from .startup import check_workspace, workspace_folder
+from .startup import check_workspace, workspace_of
 from .raport import Raport
 from .runtime import Runtime, make_runtime, out_of_memory_reason
 from .signals import StopSignal, Stopped
@@ -56,7 +56,7 @@ def _train(args: argparse.Namespace, signals: StopSignal) -> int:
     runtime = make_runtime(args.device, args.amp, args.amp_dtype, args.memory_format, args.tf32,
                            gpu_affinity=args.gpu_affinity, dist_timeout=args.dist_timeout)
     log = runtime.print
-    workspace = Workspace(workspace_folder(args), args.checkpoint_filename, raport_file(args))
+    workspace = workspace_of(args)
     try:
         code = _run(args, runtime, workspace, signals, log)
         if runtime.distributed and dist.is_initialized():

@@ -159,8 +159,11 @@ def _recorded_holder_is_dead(path: Path) -> bool:
 
 
 class Workspace:
-    def __init__(self, path: str | os.PathLike, checkpoint_filename: str, raport_file: str):
+    def __init__(self, path: str | os.PathLike, checkpoint_filename: str, raport_file: str, named: str | None = None):
+        """``named``: how messages call the folder (``--workspace PATH`` unless given: a folder the user did not
+        name, say where it comes from)."""
         self.path = Path(path)
+        self.named = named or f"--workspace {self.path}"
         self.checkpoint_filename = checkpoint_filename
         self.raport_file = raport_file
         self._lock_handle = None
@@ -253,7 +256,7 @@ class Workspace:
         folder takes, a workspace (or the folder it would be made in) that cannot be written."""
         problem = folder_problem(self.path)
         if problem is not None:
-            raise UserError(f"--workspace {self.path} {problem}")
+            raise UserError(f"{self.named} {problem}")
         for name in (self.raport_file,) + ((self.checkpoint_filename,) if saving else ()):
             target = self.path / name
             holder = nearest_existing(target.parent)
@@ -300,11 +303,11 @@ class Workspace:
 
     def _cannot_write(self, error: OSError) -> UserError:
         if error.errno == errno.ENAMETOOLONG:
-            return UserError(f"--workspace {self.path} with --checkpoint-filename / --raport-file makes a path too "
+            return UserError(f"{self.named} with --checkpoint-filename / --raport-file makes a path too "
                              "long for the file system; choose shorter names")
         reason = "it is read-only" if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else \
             (error.strerror or str(error))
-        return UserError(f"--workspace {self.path} cannot be written: {reason}")
+        return UserError(f"{self.named} cannot be written: {reason}")
 
     # -- lock ---------------------------------------------------------------------------------------
     def lock(self) -> None:
@@ -359,7 +362,7 @@ class Workspace:
             holder = read_regular(path, MAX_LOCK_RECORD_BYTES).decode("utf-8", "replace").splitlines()[0].strip()
         except (OSError, IndexError, ValueError):
             holder = "another process"
-        return UserError(f"--workspace {self.path} is in use by another run ({holder}); wait for it to end "
+        return UserError(f"{self.named} is in use by another run ({holder}); wait for it to end "
                          "or choose another --workspace")
 
     def unlock(self) -> None:
