@@ -123,6 +123,25 @@ def distributed_env() -> tuple[int, int, int]:
     return 0, 0, 1
 
 
+def lone_slurm_task_notice() -> str | None:
+    """What to say of a process that SLURM's variables place in a job of several tasks, when no task count of a
+    step (``SLURM_STEP_NUM_TASKS``, what :func:`distributed_env` reads, set by srun in every task) says it runs
+    with others: ``SLURM_NTASKS`` alone is also a batch script's, whose one process runs alone, said in a line;
+    a task numbered above 0 would run alone too and meet rank 0's workspace lock, so it is refused."""
+    if "WORLD_SIZE" in os.environ or "SLURM_STEP_NUM_TASKS" in os.environ:
+        return None
+    procid, tasks = _env_int("SLURM_PROCID"), _env_int("SLURM_NTASKS")
+    reads = ("main.py takes the number of processes from SLURM_STEP_NUM_TASKS, which srun sets in every task "
+             "(SLURM_NTASKS is a batch script's too, whose one process runs alone)")
+    if procid:
+        raise UserError(f"SLURM_PROCID is {procid} but SLURM_STEP_NUM_TASKS is not set: {reads}; start the tasks "
+                        "with srun, or set WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT")
+    if tasks is not None and tasks > 1:
+        return (f"=> SLURM_NTASKS is {tasks} but SLURM_STEP_NUM_TASKS is not set: this process runs alone; {reads}, "
+                "so start the tasks with srun to run them together")
+    return None
+
+
 def make_runtime(
     device: str = "auto",
     amp: bool = False,
@@ -146,6 +165,9 @@ def make_runtime(
         raise UserError("--device cuda was asked for, but no CUDA device is available")
     use_cuda = cuda_available if device == "auto" else device == "cuda"
     rank, local_rank, world_size = distributed_env()
+    notice = lone_slurm_task_notice()
+    if notice is not None:
+        log(notice)
 
     gpu = local_rank % torch.cuda.device_count() if use_cuda else None
     if gpu_affinity != "none":

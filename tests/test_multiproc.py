@@ -248,3 +248,26 @@ def test_slurm_rendezvous_env():
     assert multiproc.slurm_rendezvous_env({}) == {}
     with pytest.raises(ValueError):
         multiproc.first_host("node[01-04")
+
+
+def test_a_slurm_task_count_that_srun_did_not_set_is_said(monkeypatch):
+    """main.py takes the number of processes from SLURM_STEP_NUM_TASKS, which srun sets in every task:
+    SLURM_NTASKS alone is also a batch script's (the job's count, while one process runs the script).  A task
+    that says it is rank 1 with no step count would run alone and meet rank 0's lock: one line, exit 2.  Rank 0
+    runs alone, said in a line naming what is read."""
+    from image_classification.errors import UserError
+    from image_classification.runtime import make_runtime
+
+    for name in [key for key in os.environ if key.startswith("SLURM_")] + ["WORLD_SIZE", "RANK", "LOCAL_RANK"]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    with pytest.raises(UserError, match="SLURM_PROCID is 1 but SLURM_STEP_NUM_TASKS is not set"):
+        make_runtime("cpu")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    said: list[str] = []
+    assert make_runtime("cpu", log=said.append).world_size == 1
+    assert len(said) == 1 and "SLURM_NTASKS is 2 but SLURM_STEP_NUM_TASKS is not set" in said[0], said
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    said.clear()
+    assert make_runtime("cpu", log=said.append).world_size == 1 and not said
