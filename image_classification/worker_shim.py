@@ -16,13 +16,14 @@ def exec_worker(argv: list[str]) -> None:
     monitoring and signals reach the training script).
 
     The log is the empty regular file multiproc.py made (``multiproc.prepare_logs``), appended to: a restarted
-    process (multiproc.py --max-restarts) writes after its predecessor's last words, which say why.  It is
-    never created here, nor opened through a link or waiting on a FIFO put in its place since."""
+    process (multiproc.py --max-restarts) writes after its predecessor's last words, which say why.  It is never
+    opened through a link, nor waiting on a FIFO put in its place since (made again where it went)."""
     log_dir, script, *args = argv
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if local_rank > 0:
         path = os.path.join(log_dir, WORKER_LOG.format(local_rank))
-        log = os.open(path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        log = os.open(path, flags, 0o644)
         os.set_blocking(log, True)
         os.dup2(log, 1)
         os.dup2(log, 2)

@@ -410,7 +410,7 @@ class Workspace:
         try:
             for name in names:
                 try:
-                    with open(wanted.with_name(name), "x", encoding="utf-8"):
+                    with open_own(wanted.with_name(name), "x", encoding="utf-8"):
                         pass
                 except FileExistsError:
                     continue
