@@ -66,6 +66,14 @@ def test_a_validation_without_a_figure_does_not_count_toward_early_stopping(tmp_
     assert state["epoch"] == 3 and state["stopped_early"] and state["best_epoch"] == 0, state["epoch"]
 
 
+def test_early_stopping_without_validation_is_refused_as_a_flag():
+    from image_classification.arguments import parse_args
+    from image_classification.errors import UserError
+
+    with pytest.raises(UserError, match="--early-stopping-patience counts validated epochs"):
+        parse_args(SYNTHETIC + ["--early-stopping-patience", "2", "--training-only"])
+
+
 def test_a_training_batch_of_one_is_trained_not_a_batchnorm_traceback():
     """Skipped unreadable images can leave one image in a batch; BatchNorm cannot normalise it alone."""
     from image_classification.engine import Engine

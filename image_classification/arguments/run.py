@@ -87,6 +87,9 @@ def check_run_combinations(args: argparse.Namespace) -> None:
     """Run flags that exclude each other, or another group's. Raises :class:`UserError`."""
     if args.evaluate and args.training_only:
         raise UserError("--evaluate and --training-only exclude each other")
+    if args.training_only and args.early_stopping_patience > 0:
+        raise UserError("--early-stopping-patience counts validated epochs without a better top1, and --training-only "
+                        "validates none: give one of them")
     if args.resume and args.pretrained_weights:
         raise UserError("--resume and --pretrained-weights exclude each other: a checkpoint already holds weights")
 
