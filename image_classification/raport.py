@@ -231,7 +231,7 @@ class TensorBoardMirror:
 
     def end(self, summary: dict) -> None:
         hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in self.parameters.items()}
-        metrics = {f"summary/{k}": v for k, v in summary.items() if isinstance(v, (int, float))}
+        metrics = {f"summary/{k}": v for k, v in summary.items() if isinstance(v, (int, float)) and _figure(v)}
 
         def write() -> None:
             if metrics:
@@ -414,8 +414,8 @@ class Raport:
 
 def read_raport(path: str | os.PathLike) -> list[dict]:
     """Parse a raport file into its records (the ``DLLL `` prefix removed), each line's JSON under
-    :func:`.datafile.parse_json`'s bounds (NaN and infinities accepted: raports of earlier versions hold them); a line
-    that breaks them raises a ValueError (:class:`.datafile.DataFileError`)."""
+    :func:`.datafile.parse_json`'s bounds (NaN and infinities accepted: raports of earlier versions hold them); a
+    line that breaks them raises a ValueError (:class:`.datafile.DataFileError`)."""
     records = []
     with open(path, encoding="utf-8") as handle:
         for line in handle:
