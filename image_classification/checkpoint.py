@@ -53,6 +53,18 @@ def _storage_error(path: Path, error: OSError | None, fallback: str = "") -> Sto
 _ZIP_WRITER_FAILURE = re.compile(r"inline_container\.cc|PytorchStreamWriter")
 
 
+def _interrupt_behind(error: BaseException) -> BaseException | None:
+    """The interrupt (a second Ctrl-C's KeyboardInterrupt, a stop signal's exception: anything that is not an
+    Exception) that ``error`` stands for, when it was raised inside torch.save's zip writer, which reports it
+    as its own RuntimeError; None otherwise."""
+    cause = error.__cause__ or error.__context__
+    while cause is not None:
+        if not isinstance(cause, Exception):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def _zip_writer_failure(error: RuntimeError) -> tuple[OSError | None, str] | None:
     """(the OSError behind it, if Python saw one; torch's words) when ``error`` is the zip writer failing,
     None for any other RuntimeError, which stays a bug to show."""
@@ -92,7 +104,8 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
     """Write ``path`` through a temporary file beside it, fsync and rename: never a half-written file.
 
     Any OSError (a full disk, a read-only folder), and torch.save's zip writer failing on one, removes
-    the temporary file, leaves ``path`` as it was and becomes a :class:`StorageError`.
+    the temporary file, leaves ``path`` as it was and becomes a :class:`StorageError`; an interrupt the zip
+    writer reported as its failure (a second Ctrl-C during the save) is raised again as itself.
     """
     path = Path(path)
     tmp = None
@@ -107,9 +120,12 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
         os.replace(tmp, path)
         tmp = None
         _fsync_folder(path.parent)
-    except OSError as error:
-        raise _storage_error(path, error) from None
-    except RuntimeError as error:
+    except (OSError, RuntimeError) as error:
+        interrupt = _interrupt_behind(error)
+        if interrupt is not None:
+            raise interrupt from None
+        if isinstance(error, OSError):
+            raise _storage_error(path, error) from None
         failure = _zip_writer_failure(error)
         if failure is None:
             raise
@@ -245,11 +261,17 @@ def is_epoch_checkpoint_name(name: str) -> bool:
     return _EPOCH_FILE.match(name) is not None
 
 
+def epoch_checkpoint_index(name: str) -> int | None:
+    """The 0-based finished epoch a per-epoch file's name gives (None for another name)."""
+    match = _EPOCH_FILE.match(name)
+    return int(match.group(1)) if match else None
+
+
 def epoch_checkpoints(workspace: str | os.PathLike) -> list[Path]:
     """The per-epoch files in ``workspace``, oldest epoch first."""
     return sorted(
         (p for p in Path(workspace).iterdir() if _EPOCH_FILE.match(p.name)),
-        key=lambda p: int(_EPOCH_FILE.match(p.name).group(1)),
+        key=lambda p: epoch_checkpoint_index(p.name),
     )
 
 

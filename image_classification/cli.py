@@ -59,6 +59,14 @@ class UserErrorParser(argparse.ArgumentParser):
                 hint = f"did you mean {close[0]}?" if close else f"{self.prog} -h lists the flags"
                 raise UserError(f"{self.prog}: unknown flag {flag}; {hint}")
 
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]):
+        """A flag's value is never ``--``: argparse drops it from ``--workers=--`` (or ``-j--``) and sets the flag
+        to an empty list, on which the checks after parsing failed with a TypeError."""
+        if action.option_strings and action.nargs not in (argparse.PARSER, argparse.REMAINDER) \
+                and "--" in arg_strings:
+            self.error(f"argument {'/'.join(action.option_strings)}: expected a value, got '--'")
+        return super()._get_values(action, arg_strings)
+
     def _knows(self, token: str) -> bool:
         """Whether argparse takes ``token`` for one of this parser's flags: the flag, ``--flag=value``, a
         prefix of one long flag (or of several: argparse names them), or a short flag with its value (``-b8``)."""
@@ -69,10 +77,30 @@ class UserErrorParser(argparse.ArgumentParser):
         return token in known or token[:2] in known
 
 
+MAX_COUNT = 2**31 - 1  # the largest whole number a flag takes: beyond any run, within what torch's kernels index
+
+
+def whole(value: str) -> int:
+    """``value`` as an integer; argparse's one-line error where it is none."""
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+
+
+def whole_number(value: str) -> int:
+    """A whole-number flag's value, at most :data:`MAX_COUNT` in size (10^20 was an OverflowError or an allocator's
+    traceback further on); the flag's own range is checked after parsing."""
+    number = whole(value)
+    if abs(number) > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_COUNT:,} in size, got {number}")
+    return number
+
+
 def positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    number = whole(value)
+    if not 1 <= number <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be at least 1 and at most {MAX_COUNT:,}, got {number}")
     return number
 
 

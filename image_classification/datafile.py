@@ -1,13 +1,15 @@
 """Reading the toolkit's own files as data: the manifests, sample tables and shards of packed sets, the ONNX
-cache's records, a workspace's lock record, raports and the presets file.
+cache's records, a workspace's lock record, raports and the presets file; and opening the files it writes in
+place (a workspace's lock and raport, multiproc.py's logs).
 
-Every one is opened the same way (:func:`open_regular`, over :func:`open_descriptor`, which the readers of
-images and the pack's writer share): without waiting (``open`` of a FIFO waits for a
-writer, for good), without following a link where the file must be the toolkit's own, and only when it is a
-regular file; it is read whole with a bound on its size (:func:`read_regular`).  JSON is parsed by
-:func:`parse_json` under more bounds, so that no content turns into a traceback: the nesting (Python's
-parser recurses once a level and dies of RecursionError near 1,000), and the numbers (integers within
-int64, which numpy and the formats' fields hold, and finite floats: ``1e999`` parses as infinity).
+Every one is opened the same way (:func:`open_regular` to read, :func:`open_own` to write in place, both over
+:func:`open_descriptor`, which the readers of images and the pack's writer share too): without waiting (``open``
+of a FIFO waits for a writer, or a reader, for good), without following a link where the file must be the
+toolkit's own, and only when it is a regular file; a file read is read whole with a bound on its size
+(:func:`read_regular`).  JSON is parsed by :func:`parse_json` under more bounds, so that no content turns into a
+traceback: the nesting (Python's parser recurses once a level and dies of RecursionError near 1,000), and the
+numbers (integers within int64, which numpy and the formats' fields hold, and finite floats: ``1e999`` parses as
+infinity).
 
 Whatever fails is a :class:`DataFileError` whose text completes a sentence that begins with the file's name
 ("... is a symbolic link"); each caller ends that sentence its own way: one line and exit code 2 for a
@@ -22,6 +24,7 @@ import math
 import os
 import re
 import stat
+from pathlib import Path
 
 MAX_DEPTH = 32  # far deeper than the toolkit's files nest (a manifest: 4), far shallower than the parser's limit
 INT_LIMIT = 2**63  # integers are refused outside [-INT_LIMIT, INT_LIMIT): an int64 holds every one accepted
@@ -56,6 +59,66 @@ def open_descriptor(path: str | os.PathLike, flags: int = os.O_RDONLY, *, follow
         os.close(descriptor)
         raise
     return descriptor
+
+
+# Python's open() modes, as the flags of open_descriptor
+_MODE_FLAGS = {"r": os.O_RDONLY, "r+": os.O_RDWR, "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+               "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND, "a+": os.O_RDWR | os.O_CREAT | os.O_APPEND,
+               "x": os.O_WRONLY | os.O_CREAT | os.O_EXCL}
+
+
+def open_own(path: str | os.PathLike, mode: str = "r", **options):
+    """``open(path, mode, **options)`` of a file the toolkit writes in place (a workspace's lock and raport, a
+    log), through :func:`open_descriptor`: never through a link, never waiting on a FIFO, a regular file only.
+    Raises what ``os.open`` raises (ELOOP for a link, ENXIO for a FIFO that nobody reads), and
+    :class:`NotARegularFile`."""
+    flags = _MODE_FLAGS[mode.replace("b", "")]
+    return os.fdopen(open_descriptor(path, flags), mode, **options)
+
+
+def own_file_problem(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be a file that the toolkit writes in place (see :func:`open_own`), the end of a sentence
+    that begins with its name: "is a symbolic link", "is not a regular file (...)"; None when it is a regular
+    file or does not exist.  Found without opening it (a FIFO's open would wait)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return None  # a path the open itself will refuse, with its own reason
+    if stat.S_ISLNK(mode):
+        return "is a symbolic link"
+    if not stat.S_ISREG(mode):
+        return "is not a regular file (a folder, a FIFO, a socket or a device)"
+    return None
+
+
+def nearest_existing(path: str | os.PathLike) -> Path:
+    """``path`` itself when it exists, else the closest folder above it that does (where mkdir would start)."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
+def folder_problem(folder: str | os.PathLike) -> str | None:
+    """Why no file can be written into ``folder`` (made first where it is missing), as far as can be told without
+    writing anything, the end of a sentence that begins with what is written there: "cannot be written: X is a
+    file, not a folder", "cannot be written: X is read-only"; None when nothing tells."""
+    existing = nearest_existing(folder)
+    if not existing.is_dir():
+        return f"cannot be written: {existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"cannot be written: {existing} is read-only"
+    return None
+
+
+def refused_own_file(path: str | os.PathLike, error: OSError) -> str | None:
+    """What :func:`own_file_problem` says of ``path`` when ``error``, raised by :func:`open_own`, is its refusal of a
+    link, a FIFO or another file that is not regular; None for any other error (a full disk, a read-only one)."""
+    if isinstance(error, NotARegularFile) or error.errno in (errno.ELOOP, errno.ENXIO):
+        return own_file_problem(path) or "is not a regular file (a folder, a FIFO, a socket or a device)"
+    return None
 
 
 def open_regular(path: str | os.PathLike, *, follow_links: bool = False) -> int:

@@ -207,7 +207,8 @@ class Engine:
 
     def end_epoch(self, val_top1: float | None) -> bool:
         """Close the epoch being trained; True when ``val_top1`` (None: not validated, or not finite) makes
-        its weights the best so far.  The first finite validation is always the best, even at 0%."""
+        its weights the best so far.  The first finite validation is always the best, even at 0%.  An epoch
+        without a figure is neither an improvement nor the lack of one: early stopping does not count it."""
         progress = self.progress
         epoch = progress.epoch
         progress.epoch, progress.batch = epoch + 1, 0
@@ -215,7 +216,7 @@ class Engine:
         if is_best:
             progress.best_prec1, progress.best_epoch = val_top1, epoch
             progress.epochs_without_improvement = 0
-        else:
+        elif val_top1 is not None:
             progress.epochs_without_improvement += 1
         patience = self.config.early_stopping_patience
         progress.stopped_early = 0 < patience <= progress.epochs_without_improvement

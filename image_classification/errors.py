@@ -9,7 +9,12 @@ Each is explained in one sentence on stderr; the exit code tells a scheduler wha
 * 5 (:class:`PeerLost`): a process of a distributed run stopped because another one is gone (killed,
   crashed); the launcher, multiproc.py, names the one that failed and itself exits 1;
 * 75 (:data:`EXIT_PREEMPTED`): stopped early by SIGTERM or SIGUSR1 after saving; ``--resume`` continues.
+
+:func:`write_failure` turns an OSError of a writer into its one line: exit 2 where the place is read-only, 4
+where the disk is full.
 """
+
+import errno
 
 EXIT_PREEMPTED = 75  # sysexits.h's EX_TEMPFAIL: "a temporary failure; the user is invited to retry"
 
@@ -30,6 +35,22 @@ class StorageError(UserError):
     """A checkpoint or raport could not be written; whatever was there before is left as it was."""
 
     exit_code = 4
+
+
+# a place that cannot be written at all, which the user fixes by choosing another (exit 2)
+READ_ONLY_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def write_failure(what: str, error: OSError, outcome: str = "") -> UserError:
+    """The one line for ``what`` (``--tensorboard runs``, ``DST packed``), which ``error`` stopped from being
+    written, ``outcome`` (what was kept) after it: a :class:`UserError` (exit 2) where the place is read-only or
+    may not be written (EROFS, EACCES, EPERM), a :class:`StorageError` (exit 4) for a full disk (ENOSPC, EDQUOT)
+    and any other failure of the storage."""
+    reason = error.strerror or str(error) or type(error).__name__
+    tail = f"; {outcome}" if outcome else ""
+    if error.errno in READ_ONLY_ERRNOS:
+        return UserError(f"{what} cannot be written ({reason}){tail}")
+    return StorageError(f"{what} could not be written ({reason}){tail}")
 
 
 class PeerLost(UserError):

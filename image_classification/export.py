@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,8 @@ import torch
 from torch import nn
 
 from .checkpoint import load_checkpoint, save_weights
-from .errors import StorageError, UserError
+from .datafile import folder_problem
+from .errors import UserError, write_failure
 from .inference import LoadedModel, calibrate, class_names_for, load_model, warn
 from .integrity import recorded_description
 from .models.weights import checked_arch, extract_state_dict, recorded_num_classes
@@ -28,7 +28,6 @@ from .scratch import scratch_folder
 from .signals import stop_raises
 from .tool_arguments import DEFAULT_MAX_BATCH_SIZE, check_int8_flags, checkpoint2model_parser, model2onnx_parser
 from .triton_repository import check_free, check_model_name, write_model
-from .workspace import _nearest_existing
 
 
 # ------------------------------------------------------------------------------------------------
@@ -177,11 +176,9 @@ def destination(args: argparse.Namespace, loaded: LoadedModel) -> Destination:
         if output.is_dir():
             raise UserError(f"--output {output} is a folder; give a file name")
         found = Destination(output, output.parent, str(output))
-    existing = _nearest_existing(found.folder)
-    if not existing.is_dir():
-        raise UserError(f"{found.what} cannot be written: {existing} is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"{found.what} cannot be written: {existing} is read-only")
+    problem = folder_problem(found.folder)
+    if problem is not None:
+        raise UserError(f"{found.what} {problem}")
     return found
 
 
@@ -195,11 +192,7 @@ def export_scratch(target: Destination) -> Iterator[Path]:
         with scratch_folder(target.folder, target.model_name or target.output.name) as scratch:
             yield scratch
     except OSError as error:
-        reason = error.strerror or str(error)
-        if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-            raise UserError(f"{target.what} cannot be written into {target.folder} ({reason}); nothing was "
-                            "written") from None
-        raise StorageError(f"{target.what} could not be written ({reason}); nothing was written") from None
+        raise write_failure(target.what, error, "nothing was written") from None
 
 
 def model2onnx(args: argparse.Namespace) -> int:

@@ -331,6 +331,8 @@ class Loop:
         length = len(loader) if config.prof <= 0 else min(config.prof, len(loader))
         batches = iter_from(loader, epoch, 0)
         warmup = Warmup(config.benchmark_warmup)  # each pass: its first batches of a shape tune cuDNN again
+        figures = (f"{prefix}.top1", f"{prefix}.top{config.topk}", f"{prefix}.loss")  # a window's: the pass so far
+        finite_so_far = True  # once an output is NaN or inf, the pass has no accuracy, nor its windows
         end = time.perf_counter()
         for index in range(length):
             try:
@@ -352,9 +354,13 @@ class Loop:
             record_iteration(raport, prefix, data_time=data_time, iteration_time=now - end,
                              images=batch * runtime.world_size, measured=warmup.next(), latency=compute_time)
             end = now
-            raport.record(f"{prefix}.top1", 100.0 * local[1] / batch, batch, epoch=False)
-            raport.record(f"{prefix}.top{config.topk}", 100.0 * local[2] / batch, batch, epoch=False)
-            raport.record(f"{prefix}.loss", local[0] / batch, batch, epoch=False)
+            if finite_so_far and local[4]:
+                finite_so_far = False
+                raport.drop_window(figures)
+            if finite_so_far:
+                raport.record(figures[0], 100.0 * local[1] / batch, batch, epoch=False)
+                raport.record(figures[1], 100.0 * local[2] / batch, batch, epoch=False)
+                raport.record(figures[2], local[0] / batch, batch, epoch=False)
             if (index + 1) % config.print_freq == 0:
                 raport.log_window(prefix, [epoch, train_iteration, index + 1])
             progress_bar.update(1)

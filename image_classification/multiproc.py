@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 from . import worker_shim
-from .cli import UserErrorParser
-from .errors import EXIT_PREEMPTED, PeerLost, UserError
+from .cli import UserErrorParser, whole_number
+from .datafile import open_own, refused_own_file
+from .errors import EXIT_PREEMPTED, PeerLost, UserError, write_failure
 from .worker_shim import WORKER_LOG
 
 DEFAULT_SLURM_PORT = 29500
@@ -58,16 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
         "stopped and multiproc.py exits 1; when they stop early after saving a checkpoint (SIGTERM, "
         "SIGUSR1, Ctrl-C), it exits 75.",
     )
-    parser.add_argument("--nnodes", metavar="N", type=int, default=1, help="number of nodes (default: 1)")
-    parser.add_argument("--node_rank", "--node-rank", metavar="R", type=int, default=0,
+    parser.add_argument("--nnodes", metavar="N", type=whole_number, default=1, help="number of nodes (default: 1)")
+    parser.add_argument("--node_rank", "--node-rank", metavar="R", type=whole_number, default=0,
                         help="rank of this node, 0 to nnodes-1 (default: 0)")
-    parser.add_argument("--nproc_per_node", "--nproc-per-node", metavar="N", type=int, default=1,
+    parser.add_argument("--nproc_per_node", "--nproc-per-node", metavar="N", type=whole_number, default=1,
                         help="processes on this node, usually one per GPU (default: 1)")
     parser.add_argument("--master_addr", "--master-addr", metavar="HOST", default="127.0.0.1",
                         help="address of the node with node_rank 0 (default: 127.0.0.1)")
-    parser.add_argument("--master_port", "--master-port", metavar="PORT", type=int, default=29500,
+    parser.add_argument("--master_port", "--master-port", metavar="PORT", type=whole_number, default=29500,
                         help="a free port on the master node (default: 29500)")
-    parser.add_argument("--max-restarts", "--max_restarts", metavar="N", type=int, default=0,
+    parser.add_argument("--max-restarts", "--max_restarts", metavar="N", type=whole_number, default=0,
                         help="restart every process of this node up to N times when one fails; with "
                         "--resume auto and --checkpoint-interval the run continues where it was (default: 0)")
     parser.add_argument("--rdzv-backend", "--rdzv_backend", choices=("static", "c10d"), default="static",
@@ -208,6 +209,28 @@ def _restart_notice(record: logging.LogRecord) -> bool:
     return record.levelno >= logging.WARNING
 
 
+def prepare_logs(log_dir: str, nproc_per_node: int) -> None:
+    """Make ``log_dir`` and an empty ``GPU_k.log`` there for each local rank k > 0, which its process then appends
+    to (a restarted one after its predecessor's last words), before any starts: a log_dir that cannot be
+    written is one line (exit 2 read-only, 4 full) instead of a traceback in each process, and a link or a FIFO
+    named like a log is refused (written through, a link would change a file outside log_dir; a FIFO's open
+    would hang the job)."""
+    try:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        for local_rank in range(1, nproc_per_node):
+            path = Path(log_dir, WORKER_LOG.format(local_rank))
+            try:
+                open_own(path, "wb").close()
+            except OSError as error:
+                problem = refused_own_file(path, error)
+                if problem is not None:
+                    raise UserError(f"{path} {problem}, where multiproc.py writes local rank {local_rank}'s output as "
+                                    "a regular file of its own; remove it, or choose another --log_dir") from None
+                raise
+    except OSError as error:
+        raise write_failure(f"--log_dir {log_dir}", error) from None
+
+
 def remove_empty_logs(log_dir: str, nproc_per_node: int) -> None:
     """Delete the GPU_k.log files that stayed empty; the others hold what those ranks printed."""
     for local_rank in range(1, nproc_per_node):
@@ -308,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    Path(ns.log_dir).mkdir(parents=True, exist_ok=True)
+    prepare_logs(ns.log_dir, ns.nproc_per_node)
     if "OMP_NUM_THREADS" not in os.environ:  # share the cores instead of oversubscribing them
         from .machine import cores
 

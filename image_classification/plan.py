@@ -24,7 +24,9 @@ from . import checkpoint as ckpt
 from . import machine
 from .arguments import DEFAULT_RAPORT_FILE, DEFAULT_WORKERS, CheckpointInterval, raport_file
 from .data import DataConfig, default_backend_notice, resolve_backend
+from .data.files import printable
 from .errors import UserError
+from .integrity import recorded_description
 from .models import build_model, default_image_size, load_weights
 from .models.weights import checked_arch, recorded_num_classes
 from .optim import lr_at
@@ -183,7 +185,7 @@ def _broadcast_choice(value, runtime: Runtime):
 
 def find_resume_checkpoint(args: argparse.Namespace, workspace: Workspace, runtime: Runtime, log
                            ) -> tuple[str | None, dict | None]:
-    """(path, checkpoint) that --resume names; ``auto``: the newest valid one in the workspace, or none."""
+    """(path, checkpoint) that --resume names; ``auto``: the valid one of the workspace furthest along, or none."""
     if not args.resume:
         return None, None
     if args.resume != "auto":
@@ -191,28 +193,42 @@ def find_resume_checkpoint(args: argparse.Namespace, workspace: Workspace, runti
             raise UserError(f"--resume {args.resume}: no such checkpoint file")
         log(f"=> loading checkpoint '{args.resume}'")
         return args.resume, ckpt.load_checkpoint(args.resume)
-    chosen = None
-    if runtime.is_main:
-        for candidate in workspace.resume_candidates():
-            try:
-                ckpt.load_checkpoint(candidate)
-            except UserError as error:
-                log(f"=> cannot resume from {candidate}: {error}; trying an older checkpoint")
-                continue
-            chosen = str(candidate)
-            break
+    chosen, state = furthest_checkpoint(workspace.resume_candidates(), log) if runtime.is_main else (None, None)
     chosen = _broadcast_choice(chosen, runtime)
     if chosen is None:
         log(f"=> --resume auto: no checkpoint in {workspace.path}; starting from scratch")
         return None, None
     log(f"=> --resume auto: loading checkpoint '{chosen}'")
-    return chosen, ckpt.load_checkpoint(chosen)
+    return chosen, state if state is not None else ckpt.load_checkpoint(chosen)
+
+
+def recorded_progress(state: dict) -> tuple[int, int]:
+    """How far a checkpoint's run got: (epochs finished, batches of the next one)."""
+    return state["epoch"], state.get("batch", 0)
+
+
+def furthest_checkpoint(candidates: list, log) -> tuple[str | None, dict | None]:
+    """(path, checkpoint) of the one among ``candidates`` (in the order that wins a tie) whose recorded progress is
+    furthest along, its hash verified; a damaged one is named in a line and passed over.  A per-epoch file is
+    read only when its name promises more than the best one read so far (the last epoch's comes first)."""
+    chosen, state = None, None
+    for candidate in candidates:
+        index = ckpt.epoch_checkpoint_index(candidate.name)
+        if state is not None and index is not None and (index + 1, 0) <= recorded_progress(state):
+            continue
+        try:
+            loaded = ckpt.load_checkpoint(candidate)
+            check_progress(loaded, str(candidate))
+        except UserError as error:
+            log(f"=> cannot resume from {candidate}: {error}; trying the other checkpoints")
+            continue
+        if state is None or recorded_progress(loaded) > recorded_progress(state):
+            chosen, state = str(candidate), loaded
+    return chosen, state
 
 
 def _recorded(resumed: dict | None, pretrained: dict | None, evaluate: bool) -> tuple[dict, str]:
     """What the weights we start from record about the model, and how to call them in messages."""
-    from .integrity import recorded_description
-
     if resumed is not None:
         return recorded_description(resumed), "the checkpoint"
     if pretrained is not None and evaluate:
@@ -289,6 +305,43 @@ def resolve_preprocessing(args, recorded: dict, source: str, log) -> Preprocessi
                                 image_size=args.image_size, train_crop_size=args.train_crop_size,
                                 val_crop_size=args.val_crop_size, val_resize_size=args.val_resize_size,
                                 interpolation=args.interpolation)
+
+
+def class_label_changes(recorded: list[str], classes: list[str]) -> list[str]:
+    """What changed between the class names a checkpoint records, in label order, and the dataset's: each class
+    at another label ("class_01 from label 1 to 0"), each new one at a label the checkpoint trained ("class_zz
+    (new) at class_02's label 2"), then each recorded class gone; [] when every label the two share names the
+    same class (classes added after the last one, or the last ones removed, move nothing)."""
+    if all(then == now for then, now in zip(recorded, classes)):
+        return []
+    before, changes = {name: label for label, name in enumerate(recorded)}, []
+    for label, name in enumerate(classes):
+        if name in before and before[name] != label:
+            changes.append(f"{printable(name)} from label {before[name]} to {label}")
+        elif name not in before and label < len(recorded):
+            changes.append(f"{printable(name)} (new) at {printable(recorded[label])}'s label {label}")
+    now = set(classes)
+    return changes + [f"{printable(name)} is gone" for name in recorded if name not in now]
+
+
+def check_class_labels(weights: dict | None, classes: list[str], source: str | None, allowed: bool, log) -> None:
+    """Refuse weights (a checkpoint resumed or evaluated) whose recorded classes sit at other labels than the
+    dataset's class folders give them: every image of such a class would train, or be scored on, another class's
+    output.  One line naming the classes that moved; ``allowed`` (``--allow-class-changes``) goes on, said."""
+    recorded = recorded_description(weights).get("classes") if weights is not None else None
+    if not classes or not isinstance(recorded, list) or not all(isinstance(name, str) for name in recorded):
+        return
+    changes = class_label_changes(recorded, classes)
+    if not changes:
+        return
+    shown = ", ".join(changes[:6]) + (f" and {len(changes) - 6} more" if len(changes) > 6 else "")
+    moved = f"the class folders do not give the labels {source} was trained with: {shown}"
+    if allowed:
+        log(f"=> --allow-class-changes: {moved}; each label now stands for the class the folders give it")
+        return
+    raise UserError(f"{moved}; every image of those classes would train, or be scored on, another class's "
+                    "output: restore the class folders' names, or pass --allow-class-changes to go "
+                    "on with the labels they give now")
 
 
 def resolve_topk(args, num_classes: int) -> int:
@@ -422,6 +475,7 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     reseed(seed, runtime.rank)
     recorded, source = _recorded(resumed, pretrained, args.evaluate)
     described = resumed if resumed is not None else (pretrained if args.evaluate else None)
+    check_class_labels(described, classes, resume_path or args.pretrained_weights, args.allow_class_changes, log)
     num_classes = resolve_num_classes(args, described, classes, log)
     preprocessing = resolve_preprocessing(args, recorded, source, log)
     if not args.evaluate and args.batch_size == 1 and preprocessing.image_size <= 32:

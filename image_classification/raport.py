@@ -4,8 +4,10 @@ The JSON file holds one record per line, ``DLLL {json}``, as DLLogger 1.1 writes
 ``timestamp`` and ``elapsedtime`` (seconds, as strings) and a timezone-aware ``datetime``; PARAMETER
 records come first, then one METADATA record per metric (``{"type": "METADATA", "metric": name,
 "metadata": {...}}``), then LOG records whose ``step`` is ``[epoch, iteration]`` (train), ``[epoch,
-iteration, val_iteration]`` (validation), ``[epoch]`` (end of epoch) or ``[]`` (run summary).  Standard
-output mirrors DEFAULT-level records as ``DLL {datetime} - {step} {name} : {value} {unit} ...``.
+iteration, val_iteration]`` (validation), ``[epoch]`` (end of epoch) or ``[]`` (run summary).  Every line is
+strict JSON: a metric without a figure (nothing recorded, or a value that is not finite) is left out of its
+record, never written as null or a bare NaN.  Standard output mirrors DEFAULT-level records as
+``DLL {datetime} - {step} {name} : {value} {unit} ...``.
 
 Aggregates: a throughput (``*_ips``) is recorded per iteration with its wall time as the weight, so a
 window's, an epoch's and the run's value is images divided by wall time over every iteration in it;
@@ -19,16 +21,18 @@ mirrors the same metrics to TensorBoard event files.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Callable, TextIO
 
-from .datafile import parse_json
-from .errors import StorageError
+from .datafile import folder_problem, open_own, parse_json, refused_own_file
+from .errors import StorageError, UserError, write_failure
 
 DEFAULT, VERBOSE = 0, 1
 MAX_RECORD_BYTES = 16 << 20  # far more than a record's line takes (the PARAMETER record: a few KB)
@@ -123,6 +127,27 @@ class Metric:
         return _mean(self.epoch_values)
 
 
+def _figure(value) -> bool:
+    """Whether ``value`` is something to log: not None, and finite where it is a number."""
+    return value is not None and not (isinstance(value, float) and not math.isfinite(value))
+
+
+def _strict_json(record: dict) -> str:
+    """``record`` as strict JSON: a float that is not finite (json.dumps writes a bare NaN) becomes null."""
+    try:
+        return json.dumps(record, allow_nan=False)
+    except ValueError:
+        def finite(value):
+            if isinstance(value, float) and not math.isfinite(value):
+                return None
+            if isinstance(value, dict):
+                return {key: finite(item) for key, item in value.items()}
+            if isinstance(value, (list, tuple)):
+                return [finite(item) for item in value]
+            return value
+        return json.dumps(finite(record), allow_nan=False)
+
+
 def format_step(step) -> str:
     if isinstance(step, str):
         return step
@@ -132,52 +157,87 @@ def format_step(step) -> str:
     return "".join(f"{label}: {value} " for label, value in zip(labels, step)).rstrip()
 
 
+def check_tensorboard(log_dir: str | os.PathLike) -> None:
+    """Refuse a ``--tensorboard`` folder that cannot be written, with the start's other checks: before the
+    workspace is made or locked, so that the refusal leaves nothing behind."""
+    problem = folder_problem(log_dir)
+    if problem is not None:
+        raise UserError(f"--tensorboard {log_dir} {problem}")
+
+
+def _quiet_writer_threads() -> None:
+    """Leave out the traceback of TensorBoard's writer thread when its write fails: TensorBoard raises the same
+    error again in the main thread's next call, where :class:`TensorBoardMirror` turns it into one line."""
+    previous = threading.excepthook
+    if getattr(previous, "quiet_tensorboard", False):
+        return
+
+    def hook(args) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError):
+            return
+        previous(args)
+
+    hook.quiet_tensorboard = True
+    threading.excepthook = hook
+
+
 class TensorBoardMirror:
     """Writes the raport's metrics as TensorBoard scalars (``torch.utils.tensorboard``, rank 0 only).
 
     Train windows and epoch aggregates (under ``epoch/``) are plotted against the run's iteration, one
     step axis for every tag, so that a resumed run at iteration T can hide what a killed one wrote after
     T (``purge_step``) instead of showing those steps twice. The run's parameters are written once as
-    hyperparameters with the summary.
+    hyperparameters with the summary.  A write that fails (a full disk, storage gone read-only) is one
+    line (:func:`~image_classification.errors.write_failure`), and the mirror writes nothing more.
     """
 
     def __init__(self, log_dir: str | os.PathLike, purge_step: int | None = None):
-        from .errors import UserError
-
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as error:  # the tensorboard package is missing
             raise UserError(f"--tensorboard needs the tensorboard package ({error}); "
                             "pip install tensorboard") from None
-        folder = Path(log_dir)
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            probe = folder / ".write-test"
-            probe.touch()
-            probe.unlink()
-        except OSError as error:
-            why = "is not a folder" if folder.exists() and not folder.is_dir() else (error.strerror or str(error))
-            raise UserError(f"--tensorboard {log_dir}: {why}") from None
-        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
+        check_tensorboard(log_dir)
+        self.log_dir, self.failed = log_dir, False
         self.parameters: dict = {}
+        _quiet_writer_threads()
+        self.writer = self._written(lambda: SummaryWriter(log_dir=str(log_dir), purge_step=purge_step))
+
+    def _written(self, write: Callable):
+        """``write()``'s result; an OSError of it, or of TensorBoard's writer thread before it, as one line.
+        Nothing once a write has failed."""
+        if self.failed:
+            return None
+        try:
+            return write()
+        except OSError as error:
+            self.failed = True
+            raise write_failure(f"--tensorboard {self.log_dir}", error) from None
 
     def window(self, values: dict, global_step: int) -> None:
-        for name, value in values.items():
-            if isinstance(value, (int, float)):
-                self.writer.add_scalar(name, value, global_step)
+        def write() -> None:
+            for name, value in values.items():
+                if isinstance(value, (int, float)) and _figure(value):
+                    self.writer.add_scalar(name, value, global_step)
+        self._written(write)
 
     def epoch(self, values: dict, global_step: int) -> None:
-        for name, value in values.items():
-            if isinstance(value, (int, float)):
-                self.writer.add_scalar(f"epoch/{name}", value, global_step)
-        self.writer.flush()
+        def write() -> None:
+            for name, value in values.items():
+                if isinstance(value, (int, float)) and _figure(value):
+                    self.writer.add_scalar(f"epoch/{name}", value, global_step)
+            self.writer.flush()
+        self._written(write)
 
     def end(self, summary: dict) -> None:
         hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in self.parameters.items()}
-        metrics = {f"summary/{k}": v for k, v in summary.items() if isinstance(v, (int, float))}
-        if metrics:
-            self.writer.add_hparams(hparams, metrics, run_name=".")
-        self.writer.close()
+        metrics = {f"summary/{k}": v for k, v in summary.items() if isinstance(v, (int, float)) and _figure(v)}
+
+        def write() -> None:
+            if metrics:
+                self.writer.add_hparams(hparams, metrics, run_name=".")
+            self.writer.close()
+        self._written(write)
 
 
 class Raport:
@@ -209,19 +269,22 @@ class Raport:
     def _open(path: Path, resume_offset: int | None) -> TextIO:
         try:
             if resume_offset is not None and path.is_file() and path.stat().st_size >= resume_offset:
-                handle = open(path, "r+", encoding="utf-8")
+                handle = open_own(path, "r+", encoding="utf-8")
                 handle.seek(resume_offset)
                 handle.truncate()
                 return handle
-            return open(path, "a" if resume_offset is not None else "w", encoding="utf-8")
+            return open_own(path, "a" if resume_offset is not None else "w", encoding="utf-8")
         except OSError as error:
+            problem = refused_own_file(path, error)
+            if problem is not None:  # a link or a FIFO put there after the workspace's check
+                raise UserError(f"the raport {path} {problem}; remove it") from None
             raise StorageError(f"could not open the raport {path}: {error.strerror or error}") from None
 
     # -- low level ------------------------------------------------------------------------------
     def _write(self, record: dict) -> None:
         if self.file is not None:
             try:
-                self.file.write("DLLL " + json.dumps(record) + "\n")
+                self.file.write("DLLL " + _strict_json(record) + "\n")
             except OSError as error:
                 raise StorageError(f"could not write the raport {self.path}: {error.strerror or error}") from None
 
@@ -298,10 +361,18 @@ class Raport:
     def record(self, name: str, value: float, n: float = 1.0, *, window: bool = True, epoch: bool = True) -> None:
         self.metrics[name].record(value, n, window=window, epoch=epoch)
 
+    def drop_window(self, names) -> None:
+        """Forget what the window of each metric in ``names`` holds, unlogged (a validation whose figure so far
+        stopped being one)."""
+        for name in names:
+            metric = self.metrics[name]
+            metric.window, metric.unread = [], 0
+
     def _emit(self, step, values: dict[str, float | None]) -> None:
-        """Log ``values`` at ``step``; a metric with nothing recorded (None) is left out, not logged as null."""
+        """Log ``values`` at ``step``; a metric with no figure (None, or a value that is not finite) is left out,
+        not logged as null or as a bare NaN, which strict JSON readers refuse."""
         for level in (DEFAULT, VERBOSE):
-            data = {k: v for k, v in values.items() if v is not None and self.metrics[k].verbosity == level}
+            data = {k: v for k, v in values.items() if _figure(v) and self.metrics[k].verbosity == level}
             if data:
                 self.log(step, data, level if len(step) > 1 else DEFAULT)
 
@@ -343,8 +414,8 @@ class Raport:
 
 def read_raport(path: str | os.PathLike) -> list[dict]:
     """Parse a raport file into its records (the ``DLLL `` prefix removed), each line's JSON under
-    :func:`.datafile.parse_json`'s bounds (NaN and infinities allowed: a diverging run records them); a line
-    that breaks them raises a ValueError (:class:`.datafile.DataFileError`)."""
+    :func:`.datafile.parse_json`'s bounds (NaN and infinities accepted: raports of earlier versions hold them); a
+    line that breaks them raises a ValueError (:class:`.datafile.DataFileError`)."""
     records = []
     with open(path, encoding="utf-8") as handle:
         for line in handle:

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import platform
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -92,6 +93,17 @@ class Runtime:
             print(*values, **kwargs, flush=True)
 
 
+def out_of_memory_reason(error: RuntimeError) -> str | None:
+    """What ran out, when ``error`` is an allocation that failed (the device's memory, or the host's: the CPU
+    allocator's "can't allocate memory"); else None.  A size taken from the flags (``-b``, ``--num-classes``)
+    that no memory holds is then one line, not a traceback."""
+    text = str(error)
+    if not (isinstance(error, torch.OutOfMemoryError) or "can't allocate memory" in text):
+        return None
+    first = text.splitlines()[0] if text else "out of memory"
+    return re.sub(r"^\[enforce fail at [^\]]*\] (err == 0\. )?", "", first)[:200]
+
+
 def _env_int(*names: str) -> int | None:
     for name in names:
         if name in os.environ:
@@ -109,6 +121,25 @@ def distributed_env() -> tuple[int, int, int]:
     if slurm_world is not None and slurm_world > 1:
         return _env_int("SLURM_PROCID") or 0, _env_int("SLURM_LOCALID") or 0, slurm_world
     return 0, 0, 1
+
+
+def lone_slurm_task_notice() -> str | None:
+    """What to say of a process that SLURM's variables place in a job of several tasks, when no task count of a
+    step (``SLURM_STEP_NUM_TASKS``, what :func:`distributed_env` reads, set by srun in every task) says it runs
+    with others: ``SLURM_NTASKS`` alone is also a batch script's, whose one process runs alone, said in a line;
+    a task numbered above 0 would run alone too and meet rank 0's workspace lock, so it is refused."""
+    if "WORLD_SIZE" in os.environ or "SLURM_STEP_NUM_TASKS" in os.environ:
+        return None
+    procid, tasks = _env_int("SLURM_PROCID"), _env_int("SLURM_NTASKS")
+    reads = ("main.py takes the number of processes from SLURM_STEP_NUM_TASKS, which srun sets in every task "
+             "(SLURM_NTASKS is a batch script's too, whose one process runs alone)")
+    if procid:
+        raise UserError(f"SLURM_PROCID is {procid} but SLURM_STEP_NUM_TASKS is not set: {reads}; start the tasks "
+                        "with srun, or set WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT")
+    if tasks is not None and tasks > 1:
+        return (f"=> SLURM_NTASKS is {tasks} but SLURM_STEP_NUM_TASKS is not set: this process runs alone; {reads}, "
+                "so start the tasks with srun to run them together")
+    return None
 
 
 def make_runtime(
@@ -134,6 +165,9 @@ def make_runtime(
         raise UserError("--device cuda was asked for, but no CUDA device is available")
     use_cuda = cuda_available if device == "auto" else device == "cuda"
     rank, local_rank, world_size = distributed_env()
+    notice = lone_slurm_task_notice()
+    if notice is not None:
+        log(notice)
 
     gpu = local_rank % torch.cuda.device_count() if use_cuda else None
     if gpu_affinity != "none":

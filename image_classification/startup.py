@@ -17,7 +17,9 @@ from pathlib import Path
 
 from .arguments import raport_file
 from .data import resolve_backend
+from .datafile import open_own
 from .errors import UserError
+from .raport import check_tensorboard
 from .workspace import Workspace
 
 DEFAULT_WORKSPACE = "./"  # --workspace's default (arguments.py)
@@ -32,11 +34,25 @@ def workspace_folder(args: argparse.Namespace) -> str:
     return args.workspace
 
 
+def workspace_of(args: argparse.Namespace) -> Workspace:
+    """The workspace a run with ``args`` writes into (:func:`workspace_folder`), named in messages as the user
+    gave it: ``--workspace``, or the folder of the checkpoint an evaluation writes its raport beside."""
+    folder = workspace_folder(args)
+    named = None
+    if folder != args.workspace:
+        named = (f"{folder} (the folder of --resume {args.resume}, where an evaluation writes its raport unless "
+                 "--workspace says where)")
+    return Workspace(folder, args.checkpoint_filename, raport_file(args), named)
+
+
 def check_workspace(args: argparse.Namespace, workspace: Workspace) -> None:
     """What the workspace itself refuses (its names, a folder that cannot be written, another run holding it),
-    found without writing anything; rank 0 checks it first."""
+    and a ``--tensorboard`` folder that cannot be written, found without writing anything; rank 0 checks them
+    first."""
     workspace.check(args.save_checkpoints and not args.evaluate, locking=not args.evaluate,
                     raport_must_be_new=args.evaluate and args.raport_file is not None)
+    if args.tensorboard:
+        check_tensorboard(args.tensorboard)
 
 
 def check_before_start(args: argparse.Namespace, *, workspace: bool = True) -> None:
@@ -46,7 +62,7 @@ def check_before_start(args: argparse.Namespace, *, workspace: bool = True) -> N
     and exit 2 with nothing written, not a failure of every process, each in its log."""
     dataset_classes(args, resolve_backend(args.data_backend))
     if workspace:
-        folder = Workspace(workspace_folder(args), args.checkpoint_filename, raport_file(args))
+        folder = workspace_of(args)
         check_workspace(args, folder)
         check_fresh_start(args, folder, log=lambda line: None)
 
@@ -102,7 +118,7 @@ def _stopped_before_saving(raport: Path) -> bool:
     says so), not one of a run with ``--no-checkpoints`` or of an evaluation: a run stopped (Ctrl-C, SIGTERM
     during start-up) or killed before its first save, which the same command with ``--resume auto`` runs again."""
     try:
-        with open(raport, "rb") as handle:
+        with open_own(raport, "rb") as handle:
             first = handle.readline(1 << 20)
         record = json.loads(first[len(b"DLLL "):]) if first.startswith(b"DLLL ") else None
     except (OSError, ValueError, RecursionError):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from . import machine
-from .cli import UserErrorParser, positive_int
+from .cli import UserErrorParser, positive_int, whole
 from .errors import UserError
 from .models import MODEL_CONFIGS, list_models
 
@@ -21,11 +21,11 @@ LARGEST_MAX_BATCH_SIZE = 2**31 - 1  # config.pbtxt's max_batch_size is an int32:
 
 def max_batch_size(value: str) -> int:
     """--max-batch-size: a positive int that config.pbtxt can hold."""
-    number = positive_int(value)
+    number = whole(value)
     if number > LARGEST_MAX_BATCH_SIZE:
         raise argparse.ArgumentTypeError(f"must be at most {LARGEST_MAX_BATCH_SIZE} (config.pbtxt holds it as a "
                                          f"32-bit integer; Triton would not load the model), got {number}")
-    return number
+    return positive_int(value)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, default_arch: str | None) -> None:

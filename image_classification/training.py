@@ -18,10 +18,11 @@ from typing import NoReturn
 
 import torch.distributed as dist
 
-from .arguments import parse_args, raport_file
+from .arguments import parse_args
 from .cli import report
 from .data import get_loaders
 from .data.layout import data_change_notice
+from .datafile import open_own
 from .distributed import lost_peer_reason
 from .engine import Engine
 from .errors import EXIT_PREEMPTED, PeerLost, UserError
@@ -30,9 +31,9 @@ from .loop import Loop, RunControl
 from .metrics import register_metrics
 from .onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
 from .plan import RunConfig, resolve_run
-from .startup import check_workspace, workspace_folder
+from .startup import check_workspace, workspace_of
 from .raport import Raport
-from .runtime import Runtime, make_runtime
+from .runtime import Runtime, make_runtime, out_of_memory_reason
 from .signals import StopSignal, Stopped
 from .workspace import Workspace
 
@@ -55,7 +56,7 @@ def _train(args: argparse.Namespace, signals: StopSignal) -> int:
     runtime = make_runtime(args.device, args.amp, args.amp_dtype, args.memory_format, args.tf32,
                            gpu_affinity=args.gpu_affinity, dist_timeout=args.dist_timeout)
     log = runtime.print
-    workspace = Workspace(workspace_folder(args), args.checkpoint_filename, raport_file(args))
+    workspace = workspace_of(args)
     try:
         code = _run(args, runtime, workspace, signals, log)
         if runtime.distributed and dist.is_initialized():
@@ -64,6 +65,13 @@ def _train(args: argparse.Namespace, signals: StopSignal) -> int:
             _leave_distributed(workspace, code)
         return code
     except RuntimeError as error:
+        memory = out_of_memory_reason(error)
+        if memory is not None:
+            full = UserError(f"out of memory on {runtime.device} ({memory}); lower -b/--batch-size (now "
+                             f"{args.batch_size}), the image size or --num-classes")
+            if runtime.distributed:
+                _leave_distributed(workspace, report(full))
+            raise full from None
         reason = lost_peer_reason(error) if runtime.distributed else None
         if reason is None:
             raise
@@ -216,7 +224,7 @@ def _written_by(path: Path, run_id: str | None) -> bool:
         return True
     marker = f'"run_id": "{run_id}"'
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
+        with open_own(path, "r", encoding="utf-8", errors="replace") as handle:
             return any(marker in line for line in handle if '"PARAMETER"' in line)
     except OSError:
         return False

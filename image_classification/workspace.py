@@ -31,7 +31,8 @@ from typing import TextIO
 
 from .checkpoint import (BEST_NAME, TEMP_SUFFIX, epoch_checkpoints, is_epoch_checkpoint_name, longest_name,
                          temporary_name)
-from .datafile import parse_json
+from .datafile import (folder_problem, nearest_existing, open_own, own_file_problem, parse_json, read_regular,
+                       refused_own_file)
 from .errors import StorageError, UserError
 
 LOCK_NAME = ".workspace.lock"
@@ -147,26 +148,22 @@ def _try_flock(handle: TextIO, mode: int | None = None) -> bool | None:
     return True
 
 
-def _nearest_existing(path: Path) -> Path:
-    """``path`` itself when it exists, else the closest folder above it that does (where mkdir would start)."""
-    path = Path(os.path.abspath(path))
-    while not path.exists() and path.parent != path:
-        path = path.parent
-    return path
-
-
 def _recorded_holder_is_dead(path: Path) -> bool:
     """Whether the lock file names a holder that is proven dead (then only its children can hold it)."""
     try:
-        record = parse_json(path.read_text(encoding="utf-8").splitlines()[1], MAX_LOCK_RECORD_BYTES)
-    except (OSError, IndexError, ValueError):  # ValueError: no JSON within datafile's bounds
+        lines = read_regular(path, MAX_LOCK_RECORD_BYTES).decode("utf-8").splitlines()
+        record = parse_json(lines[1], MAX_LOCK_RECORD_BYTES)
+    except (OSError, IndexError, ValueError):  # ValueError: not UTF-8, or no JSON within datafile's bounds
         return False  # written by an older version, or half written: cannot tell
     return isinstance(record, dict) and holder_is_dead(record)
 
 
 class Workspace:
-    def __init__(self, path: str | os.PathLike, checkpoint_filename: str, raport_file: str):
+    def __init__(self, path: str | os.PathLike, checkpoint_filename: str, raport_file: str, named: str | None = None):
+        """``named``: how messages call the folder (``--workspace PATH`` unless given: a folder the user did not
+        name, say where it comes from)."""
         self.path = Path(path)
+        self.named = named or f"--workspace {self.path}"
         self.checkpoint_filename = checkpoint_filename
         self.raport_file = raport_file
         self._lock_handle = None
@@ -236,27 +233,37 @@ class Workspace:
         if raport_must_be_new and self.raport.exists():
             raise UserError(f"--raport-file {self.raport} already holds records: an evaluation writes a raport of "
                             "its own, never into another one; give another --raport-file, or move that file away")
+        self._check_own_files(locking)
         if locking:
             self._check_not_in_use()
+
+    def _check_own_files(self, locking: bool) -> None:
+        """A link, a FIFO or anything but a regular file where the run writes in place (the raport, and the lock
+        when it takes it): written through, a link would change a file outside the workspace; a FIFO's open
+        would wait for good, the workspace taken and a SIGTERM unanswered."""
+        for path, what in ((self.raport, "--raport-file"), *(((self.path / LOCK_NAME, "the workspace's lock"),)
+                                                             if locking else ())):
+            problem = own_file_problem(path)
+            if problem is not None:
+                raise self._not_own(path, what, problem)
+
+    @staticmethod
+    def _not_own(path: Path, what: str, problem: str) -> UserError:
+        return UserError(f"{path} {problem}, where a run writes {what} as a regular file of its own; remove it")
 
     def _check_writable(self, saving: bool) -> None:
         """A workspace that is a file or lies below one, a file name whose folder is a file or whose place a
         folder takes, a workspace (or the folder it would be made in) that cannot be written."""
-        if self.path.exists() and not self.path.is_dir():
-            raise UserError(f"--workspace {self.path} is a file, not a folder")
-        existing = _nearest_existing(self.path)
-        if not existing.is_dir():
-            raise UserError(f"--workspace {self.path} cannot be made: {existing} is a file")
+        problem = folder_problem(self.path)
+        if problem is not None:
+            raise UserError(f"{self.named} {problem}")
         for name in (self.raport_file,) + ((self.checkpoint_filename,) if saving else ()):
             target = self.path / name
-            holder = _nearest_existing(target.parent)
+            holder = nearest_existing(target.parent)
             if not holder.is_dir():
                 raise UserError(f"{holder} is a file, so {name} cannot be written inside --workspace")
             if target.is_dir():
                 raise UserError(f"{target} is a folder; it must be free for a file")
-        if not os.access(existing, os.W_OK | os.X_OK):
-            raise UserError(f"--workspace {self.path} cannot be written: "
-                            f"{'it' if self.path.exists() else existing} is read-only")
 
     def _check_not_in_use(self) -> None:
         """Refuse a workspace whose lock another live run holds, as :meth:`lock` would, without taking it.
@@ -272,7 +279,7 @@ class Workspace:
             return  # prepare() says what is wrong with the folder
         try:
             fcntl.flock(guard, fcntl.LOCK_EX)
-            with open(path, encoding="utf-8") as handle:
+            with open_own(path, "r", encoding="utf-8") as handle:
                 if _try_flock(handle, fcntl.LOCK_SH) is False and not _recorded_holder_is_dead(path):
                     raise self._in_use(path)
         except OSError:
@@ -296,11 +303,11 @@ class Workspace:
 
     def _cannot_write(self, error: OSError) -> UserError:
         if error.errno == errno.ENAMETOOLONG:
-            return UserError(f"--workspace {self.path} with --checkpoint-filename / --raport-file makes a path too "
+            return UserError(f"{self.named} with --checkpoint-filename / --raport-file makes a path too "
                              "long for the file system; choose shorter names")
         reason = "it is read-only" if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else \
             (error.strerror or str(error))
-        return UserError(f"--workspace {self.path} cannot be written: {reason}")
+        return UserError(f"{self.named} cannot be written: {reason}")
 
     # -- lock ---------------------------------------------------------------------------------------
     def lock(self) -> None:
@@ -318,12 +325,12 @@ class Workspace:
                 fcntl.flock(guard, fcntl.LOCK_EX)
             except OSError:
                 return  # a file system without locks (some network mounts): run unlocked
-            handle = open(path, "a+", encoding="utf-8")
+            handle = self._open_lock(path)
             locked = _try_flock(handle)
             if locked is False and _recorded_holder_is_dead(path):
                 handle.close()
                 path.unlink()  # the dead run's children keep the old file locked; a new file is free
-                handle = open(path, "a+", encoding="utf-8")
+                handle = self._open_lock(path)
                 locked = _try_flock(handle)
             if not locked:
                 handle.close()
@@ -341,12 +348,21 @@ class Workspace:
         finally:
             os.close(guard)
 
+    def _open_lock(self, path: Path) -> TextIO:
+        try:
+            return open_own(path, "a+", encoding="utf-8")
+        except OSError as error:
+            problem = refused_own_file(path, error)
+            if problem is not None:
+                raise self._not_own(path, "the workspace's lock", problem) from None
+            raise self._cannot_write(error) from None
+
     def _in_use(self, path: Path) -> UserError:
         try:
-            holder = path.read_text(encoding="utf-8", errors="replace").splitlines()[0].strip()
-        except (OSError, IndexError):
+            holder = read_regular(path, MAX_LOCK_RECORD_BYTES).decode("utf-8", "replace").splitlines()[0].strip()
+        except (OSError, IndexError, ValueError):
             holder = "another process"
-        return UserError(f"--workspace {self.path} is in use by another run ({holder}); wait for it to end "
+        return UserError(f"{self.named} is in use by another run ({holder}); wait for it to end "
                          "or choose another --workspace")
 
     def unlock(self) -> None:
@@ -394,7 +410,7 @@ class Workspace:
         try:
             for name in names:
                 try:
-                    with open(wanted.with_name(name), "x", encoding="utf-8"):
+                    with open_own(wanted.with_name(name), "x", encoding="utf-8"):
                         pass
                 except FileExistsError:
                     continue
@@ -410,11 +426,11 @@ class Workspace:
         return name == BEST_NAME or is_epoch_checkpoint_name(name) or name.endswith(".pth.tar")
 
     def resume_candidates(self) -> list[Path]:
-        """Checkpoints ``--resume auto`` may continue from, newest first (the latest file wins a tie); none
-        in a workspace not made yet (a run reads it before it creates it)."""
+        """Checkpoints ``--resume auto`` may continue from, in the order that wins a tie of the progress they
+        record: the latest file, the per-epoch files (the last epoch first), the best; none in a workspace not
+        made yet (a run reads it before it creates it).  Their times say nothing: a copy made file by file
+        (cp, a download) gives them the order of the copy."""
         if not self.path.is_dir():
             return []
         files = [self.latest, *reversed(epoch_checkpoints(self.path)), self.best]
-        existing = [f for f in dict.fromkeys(files) if f.is_file()]
-        order = {path: index for index, path in enumerate(existing)}
-        return sorted(existing, key=lambda p: (-p.stat().st_mtime_ns, order[p]))
+        return [f for f in dict.fromkeys(files) if f.is_file()]

@@ -51,7 +51,7 @@ def tiny_arch(monkeypatch) -> str:
 def read_only_folder(tmp_path, monkeypatch):
     """A folder, and a function that makes it read-only: a tmpfs remounted read-only where the tests may
     mount (root writes into a 0555 folder), else creating folders and creating, replacing and removing
-    files in it fail with EROFS as they would there."""
+    files in it fail with EROFS as they would there, and ``os.access`` says it cannot be written."""
     folder = tmp_path / "read-only"
     folder.mkdir()
     mounted = succeeds("mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(folder))
@@ -67,6 +67,14 @@ def read_only_folder(tmp_path, monkeypatch):
                 return real(path, *args, **kwargs)
             return call
 
+        real_access = os.access
+
+        def access(path, mode, *args, **kwargs):
+            if mode & os.W_OK and Path(path).absolute().is_relative_to(folder):
+                return False
+            return real_access(path, mode, *args, **kwargs)
+
+        monkeypatch.setattr(os, "access", access)
         monkeypatch.setattr(os, "open", refuse(os.open, lambda flags, *_: flags & (os.O_CREAT | os.O_WRONLY)))
         monkeypatch.setattr(os, "mkdir", refuse(os.mkdir))
         monkeypatch.setattr(os, "replace", refuse(os.replace))

@@ -141,6 +141,58 @@ def test_bad_values_are_one_line_and_exit_2(name, capsys):
     refused(run(main, BAD_FLAGS[name] + ["--data-backend", "synthetic", "--device", "cpu"]), capsys)
 
 
+HUGE = "100000000000000000000"  # 10^20: an OverflowError or an allocator's traceback, once
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--workers=--"], "argument -j/--workers: expected a value, got '--'"),  # argparse made it []: a TypeError
+    (["--lr=--"], "argument --lr/--learning-rate: expected a value, got '--'"),
+    (["--seed=--"], "argument --seed: expected a value, got '--'"),
+    (["-j--"], "argument -j/--workers: expected a value, got '--'"),
+    (["--prof", HUGE], f"argument --prof: must be at most 2,147,483,647 in size, got {HUGE}"),
+    (["-b", HUGE], f"argument -b/--batch-size: must be at least 1 and at most 2,147,483,647, got {HUGE}"),
+    (["--num-classes", HUGE], f"argument --num-classes/--num_classes: must be at least 1 and at most 2,147,483,647, "
+                              f"got {HUGE}"),
+    (["-j", "x"], "argument -j/--workers: expected a whole number, got 'x'"),
+    # positive as a Python float, 0 or a subnormal in float32: 1/scale was infinite, a NaN step, exit 3
+    (["--static-loss-scale", "1e-40"], "argument --static-loss-scale: must be 0 or from 1.175e-38 to 3.403e+38 in "
+                                       "size (what float32 holds), got 1e-40"),
+    (["--rmsprop-eps", "1e-50"], "argument --rmsprop-eps: must be 0 or from 1.175e-38"),
+    (["--lr", "1e39"], "argument --lr/--learning-rate: must be 0 or from 1.175e-38 to 3.403e+38 in size"),
+    (["--hflip", "1e-45"], "argument --hflip: must be 0 or from 1.175e-38"),
+    (["--crop-scale", "1e-40", "1"], "argument --crop-scale: must be 0 or from 1.175e-38"),
+])
+def test_a_value_no_flag_can_hold_is_one_line_with_the_bounds(argv, said, capsys, tmp_path):
+    from image_classification.cli import run
+    from image_classification.training import main
+
+    workspace = tmp_path / "ws"
+    line = refused(run(main, argv + ["--data-backend", "synthetic", "--device", "cpu", "--workspace", str(workspace)]),
+                   capsys)
+    assert line.startswith(f"error: main.py: {said}"), line
+    assert not workspace.exists()
+
+
+def test_a_size_that_no_memory_holds_is_one_line(capsys, tmp_path, monkeypatch):
+    """--num-classes 2147483647 parses, and its head needs 4 TB: the allocator's failure is one line naming the
+    flags that size what is allocated, not a traceback."""
+    from image_classification import plan
+    from image_classification.cli import run
+    from image_classification.training import main
+
+    def no_memory(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 4398046509056 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(plan, "build_model", no_memory)
+    line = refused(run(main, ["--data-backend", "synthetic", "--device", "cpu", "-b", "4", "--num-classes",
+                              str(2**31 - 1), "--workspace", str(tmp_path / "ws")]), capsys)
+    assert line == ("error: out of memory on cpu (DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                    "4398046509056 bytes. Error code 12 (Cannot allocate memory)); lower -b/--batch-size (now 4), the "
+                    "image size or --num-classes")
+    assert not (tmp_path / "ws").exists()
+
+
 @pytest.mark.parametrize("name", BAD_PRESETS)
 def test_bad_preset_values_fail_like_the_flags_and_name_the_key(name, capsys):
     from image_classification.cli import run

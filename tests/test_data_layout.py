@@ -45,8 +45,8 @@ def test_a_class_folder_whose_name_is_not_utf8_is_refused_before_the_first_step(
     assert "has a name that is not UTF-8 text" in one_error_line(pack(latin1_folder, tmp_path / "packed",
                                                                       capsys=capsys))
     checked = run_script(["-m", "image_classification.data.check", latin1_folder, "-j", "1"], capsys, cwd=REPO)
-    assert checked.returncode == 1 and "  train/ class folders whose names are not UTF-8 text: 1\n    cl\\xe9\n" \
-        in checked.stdout
+    assert checked.returncode == 1 and "  train/ class folders whose names cannot be labels (not UTF-8 text, or a " \
+        "line break or another control character in them): 1\n    cl\\xe9\n" in checked.stdout
 
 
 def test_a_packed_class_whose_name_is_not_utf8_is_refused_before_the_first_step(image_folder, tmp_path, tiny_arch,
@@ -62,8 +62,29 @@ def test_a_packed_class_whose_name_is_not_utf8_is_refused_before_the_first_step(
     assert f"{packed}/train/manifest.json lists the class cl\\xe9, whose name is not UTF-8 text" in refused
     assert not (tmp_path / "ws").exists()
     checked = run_script(["-m", "image_classification.data.check", packed, "-j", "1"], capsys, cwd=REPO)
-    assert checked.returncode == 1 and "  val/ class folders whose names are not UTF-8 text: 1\n    cl\\xe9\n" \
-        in checked.stdout
+    assert checked.returncode == 1 and "  val/ class folders whose names cannot be labels (not UTF-8 text, or a line " \
+        "break or another control character in them): 1\n    cl\\xe9\n" in checked.stdout
+
+
+def test_class_folders_whose_names_hold_a_line_break_or_a_control_character_are_refused(tmp_path, tiny_arch,
+                                                                                          capsys):
+    """Such a name passed data.check and training, then broke classify.py's output (a line break: another line;
+    ESC: the terminal's control sequence) and Triton's labels file, refused only after the export.  Refused where
+    UTF-8 is checked, in one line naming each escaped."""
+    folder = write_image_folder(tmp_path / "data", num_classes=3, train_per_class=4, val_per_class=2)
+    for split in ("train", "val"):
+        os.rename(folder / split / "class_01", folder / split / "class\n01")
+        os.rename(folder / split / "class_02", folder / split / "class\x1b[2J02")
+    refused = one_error_line(run_script(train_argv(tiny_arch, tmp_path / "ws", folder), capsys))
+    assert f"class folders {folder}/train/class\\x0a01, {folder}/train/class\\x1b[2J02 have names that hold a line " \
+           "break or another control character" in refused, refused
+    assert not (tmp_path / "ws").exists()
+    assert "hold a line break or another control character" in one_error_line(pack(folder, tmp_path / "packed",
+                                                                                    capsys=capsys))
+    checked = run_script(["-m", "image_classification.data.check", folder, "-j", "1"], capsys, cwd=REPO)
+    assert checked.returncode == 1 and ("  train/ class folders whose names cannot be labels (not UTF-8 text, or a "
+                                        "line break or another control character in them): 2\n    class\\x0a01\n"
+                                        "    class\\x1b[2J02\n") in checked.stdout, checked.stdout
 
 
 def test_a_stop_signal_ends_a_start_up_whose_read_of_the_dataset_hangs(image_folder, tmp_path, tiny_arch, capsys,

@@ -219,6 +219,30 @@ def test_what_cannot_be_decoded_is_skipped_and_counted_as_the_pytorch_backend_do
     assert levels(ours[1], theirs[1]) < 0.05
 
 
+def test_a_jpeg_whose_header_says_zero_pixels_is_skipped_and_counted_as_the_pytorch_backend_does(tmp_path, capsys):
+    """A frame header of height 0 (or width 0) is no image: the crop box of a 0-pixel image was a
+    ZeroDivisionError in a worker.  It is skipped and counted, in the pytorch backend's words."""
+    from image_classification.data.encoded import gpu_decodable
+
+    root = write_image_folder(tmp_path / "data", num_classes=2, train_per_class=4, val_per_class=2)
+    for split in ("train", "val"):
+        raw = bytearray((root / split / "class_00" / "img_000.jpg").read_bytes())
+        frame = raw.index(b"\xff\xc0")  # SOF0: length (2 bytes), precision (1), height (2), width (2)
+        for name, field in (("zero_high.jpg", frame + 5), ("zero_wide.jpg", frame + 7)):
+            flat = bytearray(raw)
+            flat[field:field + 2] = b"\0\0"
+            (root / split / "class_00" / name).write_bytes(bytes(flat))
+            assert gpu_decodable(bytes(flat)) is None
+    capsys.readouterr()
+    ours = passes(root, "pytorch-gpu", batch_size=3)
+    ours_err = capsys.readouterr().err
+    theirs = passes(root, "pytorch", batch_size=3)
+    theirs_err = capsys.readouterr().err
+    assert ours[2] == theirs[2] == (2, 2)
+    assert _warnings(ours_err) == _warnings(theirs_err) and len(_warnings(ours_err)) == 4
+    assert same(ours[0], theirs[0])
+
+
 def test_a_jpeg_the_device_s_decoder_refuses_is_decoded_on_the_cpu(image_folder, monkeypatch):
     """nvJPEG refusing one image fails the batch's call: the batch is decoded image by image, and the one refused
     goes through the pytorch backend's CPU decoder (the same pixels here)."""

@@ -117,7 +117,7 @@ def test_use_ema_keeps_the_reference_ema_and_model_ema_is_torchvisions():
     (["--model-ema-decay", "1"], "--model-ema-decay needs a decay between 0 and 1"),
     (["--bn-weight-decay", "--norm-weight-decay", "0"], "--bn-weight-decay and --norm-weight-decay"),
     (["--bias-weight-decay", "-1"], "--bias-weight-decay must be 0 or more"),
-    (["--norm-weight-decay", "nan"], "--norm-weight-decay must be a finite number"),
+    (["--norm-weight-decay", "nan"], "argument --norm-weight-decay: must be 0 or from 1.175e-38"),
 ])
 def test_conflicting_or_bad_flags_are_one_line_and_exit_2(flags, message, capsys):
     from image_classification.training import main

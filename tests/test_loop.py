@@ -40,6 +40,40 @@ def test_an_early_stopped_run_is_finished_for_a_requeue(tmp_path, capsys):
     assert torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)["epoch"] == 2
 
 
+def test_a_validation_without_a_figure_does_not_count_toward_early_stopping(tmp_path, monkeypatch, capsys):
+    """Epoch 2's validation gives no accuracy (its outputs are not finite, the weights are): it is neither an
+    improvement nor the lack of one, so patience 1 ends the run after epoch 3, which does not improve, not
+    after epoch 2."""
+    from image_classification import loop
+
+    real_validate, calls = loop.Loop.validate, []
+
+    def validate(self, *args, **kwargs):
+        result = real_validate(self, *args, **kwargs)
+        calls.append(result)
+        top1 = (50.0, None, 10.0, 90.0)[len(calls) - 1]
+        if top1 is None:
+            return loop.ValResult(result.top1, float("nan"), result.count, result.count)
+        result.top1 = top1
+        return result
+
+    monkeypatch.setattr(loop.Loop, "validate", validate)
+    run = SYNTHETIC + ["--prof", "2", "--epochs", "4", "--early-stopping-patience", "1", "--workspace", str(tmp_path)]
+    assert main(run) == 0
+    out = capsys.readouterr().out
+    assert "this validation gives no accuracy" in out and "Early stopping: no better top1 for 1 epochs" in out
+    state = torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)
+    assert state["epoch"] == 3 and state["stopped_early"] and state["best_epoch"] == 0, state["epoch"]
+
+
+def test_early_stopping_without_validation_is_refused_as_a_flag():
+    from image_classification.arguments import parse_args
+    from image_classification.errors import UserError
+
+    with pytest.raises(UserError, match="--early-stopping-patience counts validated epochs"):
+        parse_args(SYNTHETIC + ["--early-stopping-patience", "2", "--training-only"])
+
+
 def test_a_training_batch_of_one_is_trained_not_a_batchnorm_traceback():
     """Skipped unreadable images can leave one image in a batch; BatchNorm cannot normalise it alone."""
     from image_classification.engine import Engine

@@ -153,6 +153,42 @@ def test_a_job_that_every_process_would_refuse_is_refused_before_any_starts(tmp_
     assert "does not exist" in line
 
 
+@pytest.mark.parametrize("kind", ["fifo", "link"])
+def test_a_rank_s_log_that_is_a_fifo_or_a_link_is_refused_before_any_process_starts(worker_script, tmp_path,
+                                                                                   monkeypatch, capsys, kind):
+    """A FIFO named GPU_1.log would hang rank 1's start for good, and the job with it; a link would have rank 1
+    write through it, outside --log_dir.  Either is one line and exit 2, nothing started."""
+    from torch.distributed import run as torchrun
+
+    from helpers import refused
+
+    monkeypatch.setattr(torchrun, "run", _never_started)
+    logs, victim = tmp_path / "logs", tmp_path / "victim.txt"
+    logs.mkdir()
+    victim.write_text("not a log\n")
+    if kind == "fifo":
+        os.mkfifo(logs / "GPU_1.log")
+    else:
+        (logs / "GPU_1.log").symlink_to(victim)
+    line = refused(run(multiproc.main, ["--nproc_per_node", "2", "--log_dir", str(logs), str(worker_script)]), capsys)
+    assert str(logs / "GPU_1.log") in line and ("symbolic link" if kind == "link" else "not a regular file") in line
+    assert victim.read_text() == "not a log\n"
+
+
+def test_a_read_only_log_dir_is_refused_before_any_process_starts(worker_script, read_only_folder, monkeypatch,
+                                                                  capsys):
+    from torch.distributed import run as torchrun
+
+    from helpers import refused
+
+    monkeypatch.setattr(torchrun, "run", _never_started)
+    folder, seal = read_only_folder
+    seal()
+    line = refused(run(multiproc.main, ["--nproc_per_node", "2", "--log_dir", str(folder), str(worker_script)]),
+                   capsys)
+    assert str(folder) in line and "cannot be written" in line and "Read-only file system" in line, line
+
+
 def test_an_installed_command_is_found_on_path(tmp_path, monkeypatch):
     command = tmp_path / "ic-train"
     command.write_text("#!/usr/bin/env python\n")
@@ -212,3 +248,26 @@ def test_slurm_rendezvous_env():
     assert multiproc.slurm_rendezvous_env({}) == {}
     with pytest.raises(ValueError):
         multiproc.first_host("node[01-04")
+
+
+def test_a_slurm_task_count_that_srun_did_not_set_is_said(monkeypatch):
+    """main.py takes the number of processes from SLURM_STEP_NUM_TASKS, which srun sets in every task:
+    SLURM_NTASKS alone is also a batch script's (the job's count, while one process runs the script).  A task
+    that says it is rank 1 with no step count would run alone and meet rank 0's lock: one line, exit 2.  Rank 0
+    runs alone, said in a line naming what is read."""
+    from image_classification.errors import UserError
+    from image_classification.runtime import make_runtime
+
+    for name in [key for key in os.environ if key.startswith("SLURM_")] + ["WORLD_SIZE", "RANK", "LOCAL_RANK"]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    with pytest.raises(UserError, match="SLURM_PROCID is 1 but SLURM_STEP_NUM_TASKS is not set"):
+        make_runtime("cpu")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    said: list[str] = []
+    assert make_runtime("cpu", log=said.append).world_size == 1
+    assert len(said) == 1 and "SLURM_NTASKS is 2 but SLURM_STEP_NUM_TASKS is not set" in said[0], said
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    said.clear()
+    assert make_runtime("cpu", log=said.append).world_size == 1 and not said

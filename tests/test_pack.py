@@ -529,6 +529,39 @@ def test_what_a_pack_refuses(image_folder, packed, tmp_path, capsys):
     assert (tmp_path / "foreign" / "train" / "notes.txt").read_text() == "mine"
 
 
+def test_a_read_only_dst_is_one_line(image_folder, read_only_folder, capsys):
+    folder, seal = read_only_folder
+    seal()
+    line = one_error_line(pack(image_folder, folder / "packed", capsys=capsys))
+    assert line.startswith(f"error: DST {folder / 'packed'} cannot be written") and "read-only" in line.lower(), line
+    assert not (folder / "packed").exists()
+
+
+def test_a_dst_whose_disk_fills_is_one_line_and_a_re_run_finishes_it(image_folder, tmp_path, capsys, monkeypatch):
+    """The second shard is written where every write fails as on a full disk (/dev/full): exit 4, the first
+    shard kept, the half-written one removed; the same command then finishes the pack."""
+    from image_classification.data import pack_destination
+
+    real = pack_destination.open_own
+
+    def filling(path, flags):
+        if path.name.startswith(".shard-000001"):
+            real(path, flags)  # made as usual, written to a full disk
+            return os.open("/dev/full", os.O_WRONLY)
+        return real(path, flags)
+
+    monkeypatch.setattr(pack_destination, "open_own", filling)
+    destination = tmp_path / "dst"
+    line = one_error_line(pack(image_folder, destination, capsys=capsys), code=4)
+    assert line.startswith(f"error: DST {destination} could not be written (No space left on device)"), line
+    assert "the shards finished are kept" in line
+    assert sorted(os.listdir(destination / "train")) == [".pack-progress.jsonl", "shard-000000.idx",
+                                                         "shard-000000.tar"]
+    monkeypatch.setattr(pack_destination, "open_own", real)
+    again = pack(image_folder, destination, capsys=capsys)
+    assert again.returncode == 0 and "2 shard(s), 0.1 MB (1 written, 1 kept)" in again.stdout, again.stdout
+
+
 def test_a_dst_inside_src_or_beside_other_files_is_refused(image_folder, tmp_path, capsys):
     """As the docs say: a DST inside SRC (not only inside its splits), or whose top folder holds other files."""
     import shutil

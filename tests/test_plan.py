@@ -169,8 +169,10 @@ def test_a_mixup_alpha_too_small_to_draw_is_refused_as_a_flag():
     from image_classification.arguments import parse_args
     from image_classification.errors import UserError
 
-    with pytest.raises(UserError, match="--mixup must be 0"):
-        parse_args(["--mixup", "1e-320", "/data"])
+    with pytest.raises(UserError, match="argument --mixup: must be 0 or from 1.175e-38"):
+        parse_args(["--mixup", "1e-320", "/data"])  # a subnormal in float32
+    with pytest.raises(UserError, match="--mixup must be 0 .off. or at least 0.001"):
+        parse_args(["--mixup", "1e-5", "/data"])
     assert parse_args(["--mixup", "0", "/data"]).mixup == 0 and parse_args(["--mixup", "0.2", "/data"]).mixup == 0.2
 
 
@@ -227,3 +229,38 @@ def test_a_run_without_data_backend_says_which_it_uses(dali, backend, image_fold
     assert run(main, ["-a", "resnet18", "--device", "cpu", "--data-backend", backend, "--workspace", str(tmp_path),
                       str(image_folder)]) == 2
     assert "data backend" not in capsys.readouterr().out  # asked for: nothing to say
+
+
+@pytest.mark.parametrize("change", ["renamed", "removed"])
+def test_a_resume_onto_class_folders_that_moved_is_refused_naming_them(image_folder, tmp_path, tiny_arch, capsys,
+                                                                        change):
+    """Labels follow the class folders' sorted names: renaming class_00 to class_zz (or removing it) gives every
+    class another label, and each would train (or be scored on) another class's output.  The resume, and an
+    evaluation, are refused in one line naming the classes that moved; --allow-class-changes goes on, said."""
+    import shutil
+
+    from image_classification.cli import run
+    from image_classification.training import main
+
+    data, workspace = tmp_path / "data", tmp_path / "ws"
+    shutil.copytree(image_folder, data)
+    common = ["-a", tiny_arch, "--data-backend", "pytorch", "-j", "0", "--image-size", "32", "-b", "4",
+              "--prof", "1", "--num-classes", "3", "--workspace", str(workspace), str(data)]
+    assert run(main, [*common, "--epochs", "1"]) == 0
+    for split in ("train", "val"):
+        if change == "renamed":
+            (data / split / "class_00").rename(data / split / "class_zz")
+        else:
+            shutil.rmtree(data / split / "class_00")
+    before = (workspace / "checkpoint.pth.tar").read_bytes()
+    capsys.readouterr()
+    evaluate = ["--evaluate", "--resume", str(workspace / "checkpoint.pth.tar"), "--workspace", str(tmp_path / "eval")]
+    for extra in (["--epochs", "2", "--resume", "auto"], evaluate):
+        line = refused(run(main, [*common, *extra]), capsys)
+        assert "class_01 from label 1 to 0" in line and "class_02 from label 2 to 1" in line, line
+        assert ("class_zz (new) at class_02's label 2" in line) == (change == "renamed"), line
+        assert "class_00 is gone" in line, line
+        assert "--allow-class-changes" in line
+    assert (workspace / "checkpoint.pth.tar").read_bytes() == before
+    assert run(main, [*common, "--epochs", "2", "--resume", "auto", "--allow-class-changes"]) == 0
+    assert "=> --allow-class-changes: " in capsys.readouterr().out

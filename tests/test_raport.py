@@ -142,9 +142,9 @@ def test_tensorboard_shows_each_step_once_after_a_resume_from_an_earlier_checkpo
 
 
 @pytest.mark.parametrize("make", ["file", "read-only"])
-def test_a_tensorboard_folder_that_cannot_be_written_is_one_line(tmp_path, capsys, make):
-    import os
-
+def test_a_tensorboard_folder_that_cannot_be_written_is_one_line_before_the_workspace_is_made(
+        tmp_path, capsys, make, read_only_folder):
+    """Refused with the other checks of the start: no workspace, no lock, no empty raport left behind."""
     from image_classification.cli import run
     from image_classification.training import main
 
@@ -152,15 +152,16 @@ def test_a_tensorboard_folder_that_cannot_be_written_is_one_line(tmp_path, capsy
     if make == "file":
         target.write_text("not a folder")
     else:
-        target.mkdir()
-        target.chmod(0o500)
-        if os.access(target, os.W_OK):
-            pytest.skip("running as a user who can write anywhere")
+        folder, seal = read_only_folder
+        target = folder / "tb"
+        seal()
     code = run(main, ["-a", "resnet18", "--image-size", "32", "-b", "4", "--data-backend", "synthetic",
                       "--prof", "1", "--epochs", "1", "--tensorboard", str(target), "--workspace",
                       str(tmp_path / "ws")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and err[0].startswith("error: --tensorboard"), err
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"error: --tensorboard {target}"), err
+    assert ("read-only" if make == "read-only" else "not a folder") in err[0], err
+    assert not (tmp_path / "ws").exists()
 
 
 def test_a_running_metric_s_window_is_the_figure_so_far_and_is_logged_once(tmp_path, capsys):

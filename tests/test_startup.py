@@ -42,3 +42,24 @@ def test_an_evaluation_of_a_checkpoint_writes_into_that_run_s_workspace():
         assert workspace_folder(parse(argv)) == "ws"
     assert workspace_folder(argparse.Namespace(evaluate=False, resume="runs/a/c.pth.tar",
                                                workspace=DEFAULT_WORKSPACE)) == DEFAULT_WORKSPACE
+
+
+def test_an_evaluation_beside_a_checkpoint_in_a_read_only_folder_says_where_the_raport_goes(read_only_folder, capsys,
+                                                                                            tiny_arch, image_folder):
+    """The user passed no --workspace: the refusal names the checkpoint's folder as the raport's place, and
+    --workspace as the way to move it, not a flag the user never typed as the culprit."""
+    import shutil
+
+    folder, seal = read_only_folder
+    trained = folder.parent / "trained"
+    common = ["-a", tiny_arch, "--data-backend", "pytorch", "-j", "0", "--image-size", "32", "-b", "4", "--prof", "1"]
+    assert run(main, [*common, "--epochs", "1", "--workspace", str(trained), str(image_folder)]) == 0
+    shutil.copy(trained / "checkpoint.pth.tar", folder / "checkpoint.pth.tar")
+    seal()
+    capsys.readouterr()
+    line = refused(run(main, [*common, "--evaluate", "--resume", str(folder / "checkpoint.pth.tar"),
+                              str(image_folder)]), capsys)
+    assert line.startswith(f"error: {folder} (the folder of --resume {folder / 'checkpoint.pth.tar'}, where an "
+                           "evaluation writes its raport unless --workspace says where) cannot be written"), line
+    assert run(main, [*common, "--evaluate", "--resume", str(folder / "checkpoint.pth.tar"), "--workspace",
+                      str(folder.parent / "eval"), str(image_folder)]) == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -342,6 +343,41 @@ def test_a_second_ctrl_c_stops_at_once_without_saving(image_folder, tmp_path, ca
     assert signal.getsignal(signal.SIGINT) is before  # the run's handler is gone with it
 
 
+def test_a_second_ctrl_c_during_the_save_stops_at_once_not_as_a_full_disk(image_folder, tmp_path, capsys,
+                                                                         monkeypatch):
+    """The first Ctrl-C's save is under way when the second comes: raised inside torch.save's zip writer, the
+    interrupt surfaced as the writer's RuntimeError, and the run ended with exit 4, "is the disk full?".  It is
+    the interrupt: exit 130, the partial file removed."""
+    import signal
+
+    real_save = torch.save
+
+    class Interrupting:
+        """A file whose third write (the zip writer's, from C++) is where the second Ctrl-C arrives."""
+
+        def __init__(self, handle):
+            self.handle, self.writes = handle, 0
+
+        def write(self, data):
+            self.writes += 1
+            if self.writes == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+            return self.handle.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.handle, name)
+
+    monkeypatch.setattr(torch, "save", lambda obj, handle, *args, **kwargs: real_save(obj, Interrupting(handle),
+                                                                                       *args, **kwargs))
+    argv = TINY + ["--data-backend", "pytorch", "-j", "0", "--epochs", "1", "--seed", "11", "-p", "1", "-b", "4",
+                   "--workspace", str(tmp_path), str(image_folder)]
+    with signalled_at_step(2, signal.SIGINT):
+        assert cli_run(main, argv) == 130
+    err = capsys.readouterr().err
+    assert "Received SIGINT again: stopping at once, without saving" in err and "disk" not in err, err
+    assert sorted(path.name for path in tmp_path.iterdir()) == [".workspace.lock", "experiment_raport.json"]
+
+
 def test_a_run_stopped_before_its_first_checkpoint_is_offered_resume_auto(tmp_path, capsys):
     """A run stopped during its start-up (exit 75) leaves its raport and no checkpoint: the same command again
     names --resume auto first, which runs it again."""
@@ -572,6 +608,10 @@ def test_a_model_with_non_finite_validation_outputs_is_never_the_best(image_fold
     records = read_raport(tmp_path / "ws" / "experiment_raport.json")
     epoch = next(r["data"] for r in records if r.get("step") == [0] and "val.not_finite" in r["data"])
     assert epoch["val.not_finite"] == 12 and "val.top1" not in epoch and "val.loss" not in epoch
+    windows = [r["data"] for r in records if isinstance(r.get("step"), list) and len(r["step"]) == 3]
+    assert windows and not any(key in window for window in windows for key in ("val.top1", "val.top3", "val.loss"))
+    for line in (tmp_path / "ws" / "experiment_raport.json").read_text().splitlines():  # strict JSON: no NaN
+        json.loads(line[len("DLLL "):], parse_constant=lambda name: pytest.fail(f"{name} in {line}"))
     assert "val.top1" not in summary(tmp_path / "ws" / "experiment_raport.json")
     code = cli_run(main, TINY + ["--data-backend", "pytorch", "-j", "0", "--evaluate", "--resume",
                                  str(tmp_path / "ws" / "checkpoint.pth.tar"), "--workspace", str(tmp_path / "ev"),

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import math
 
-from ..cli import positive_int
+from ..cli import positive_int, whole_number
 from ..errors import UserError
-from .values import check_float32, probability, raise_first
+from .values import float32, probability, raise_first
 
 DATA_BACKENDS = ("pytorch", "pytorch-gpu", "synthetic", "dali-cpu", "dali-gpu")
 BACKEND_ALIASES = {"syntetic": "synthetic"}  # the reference README's spelling
@@ -41,7 +41,7 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
         "| dali-cpu | dali-gpu (default: dali-cpu where NVIDIA DALI is installed; else, on CUDA, "
         "pytorch-gpu where torchvision decodes JPEGs there; else pytorch)",
     )
-    data.add_argument("-j", "--workers", metavar="N", type=int, default=DEFAULT_WORKERS,
+    data.add_argument("-j", "--workers", metavar="N", type=whole_number, default=DEFAULT_WORKERS,
                       help="number of data loading workers; 0 loads in the main process (default: 5)")
     data.add_argument("--prefetch", metavar="N", type=positive_int, default=2,
                       help="batches each pytorch-backend worker loads ahead (default: 2)")
@@ -62,7 +62,7 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--augmentation", choices=AUGMENTATIONS, default=None,
                       help="extra training augmentation, torchvision's AutoAugment (ImageNet policy), RandAugment, "
                       "TrivialAugmentWide or AugMix (default: none)")
-    data.add_argument("--randaugment-magnitude", metavar="M", type=int, default=None,
+    data.add_argument("--randaugment-magnitude", metavar="M", type=whole_number, default=None,
                       help="--augmentation randaugment: magnitude of each operation, 0 to 30 (default: 9)")
     data.add_argument("--randaugment-num-ops", metavar="N", type=positive_int, default=None,
                       help="--augmentation randaugment: operations applied to each image (default: 2)")
@@ -72,7 +72,7 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--ra-reps", metavar="N", type=positive_int, default=1,
                       help="repeated augmentation: each epoch shows every image N times, in different "
                       "augmentations and to different processes, in an epoch as long as without (default: 1, off)")
-    data.add_argument("--crop-scale", metavar=("MIN", "MAX"), type=float, nargs=2, default=(0.08, 1.0),
+    data.add_argument("--crop-scale", metavar=("MIN", "MAX"), type=float32, nargs=2, default=(0.08, 1.0),
                       help="area range of the random-resized crop, as fractions of the image (default: 0.08 1.0)")
     data.add_argument("--hflip", metavar="P", type=probability, default=0.5,
                       help="probability of a horizontal flip in training; 0 turns flips off (default: 0.5)")
@@ -80,7 +80,6 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_data_values(args: argparse.Namespace) -> None:
     """The data flags' ranges that argparse's types do not cover. Raises :class:`UserError`."""
-    check_float32(args, ("hflip",))
     low, high = args.crop_scale
     if not (math.isfinite(low) and math.isfinite(high) and 0.0 < low <= high <= 1.0):
         raise UserError(f"--crop-scale needs 0 < MIN <= MAX <= 1, got {low} {high}")

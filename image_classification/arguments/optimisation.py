@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli import positive_int
+from ..cli import positive_int, whole_number
 from ..errors import UserError
-from .values import check_float32, probability, raise_first
+from .values import float32, probability, raise_first
 
 LR_SCHEDULES = ("step", "linear", "cosine")
 OPTIMIZERS = ("sgd", "rmsprop", "adamw", "lamb", "lars")
 MIN_MIXUP = 1e-3
-# the float flags of this group, checked to be finite and within float32
-FLOAT_FLAGS = ("lr", "end_lr", "momentum", "weight_decay", "label_smoothing", "mixup", "cutmix", "rmsprop_alpha",
-               "rmsprop_eps", "use_ema", "norm_weight_decay", "bias_weight_decay", "model_ema_decay")
 
 
 def add_optimisation_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,58 +18,59 @@ def add_optimisation_arguments(parser: argparse.ArgumentParser) -> None:
     optim = parser.add_argument_group("optimisation")
     optim.add_argument("--epochs", metavar="N", type=positive_int, default=90,
                        help="number of total epochs to run; the length of the LR schedule (default: 90)")
-    optim.add_argument("--run-epochs", metavar="N", type=int, default=-1,
+    optim.add_argument("--run-epochs", metavar="N", type=whole_number, default=-1,
                        help="run only N epochs, used for checkpointing runs (default: -1, all)")
-    optim.add_argument("--early-stopping-patience", metavar="N", type=int, default=-1,
-                       help="stop after N epochs in a row without a new best top1 (default: -1, never)")
+    optim.add_argument("--early-stopping-patience", metavar="N", type=whole_number, default=-1,
+                       help="stop after N validated epochs in a row without a new best top1; an epoch whose validation "
+                       "gives no figure (outputs not finite) does not count (default: -1, never)")
     optim.add_argument("-b", "--batch-size", metavar="N", type=positive_int, default=256,
                        help="mini-batch size (default: 256) per gpu")
-    optim.add_argument("--optimizer-batch-size", metavar="N", type=int, default=-1,
+    optim.add_argument("--optimizer-batch-size", metavar="N", type=whole_number, default=-1,
                        help="size of a total batch size, for simulating bigger batches using gradient "
                        "accumulation; a multiple of world size x batch size (default: -1, off)")
     optim.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd",
                        help="optimizer: sgd | rmsprop | adamw | lamb | lars; AdamW and LAMB use betas 0.9, 0.999 and "
                        "take no --momentum (default: sgd)")
-    optim.add_argument("--lr", "--learning-rate", metavar="LR", type=float, default=0.1,
+    optim.add_argument("--lr", "--learning-rate", metavar="LR", type=float32, default=0.1,
                        help="initial learning rate (default: 0.1)")
     optim.add_argument("--lr-schedule", metavar="SCHEDULE", choices=LR_SCHEDULES, default="step",
                        help="type of LR schedule: step, linear, cosine (default: step)")
-    optim.add_argument("--end-lr", metavar="LR", type=float, default=0.0,
+    optim.add_argument("--end-lr", metavar="LR", type=float32, default=0.0,
                        help="final learning rate of the cosine schedule (default: 0)")
-    optim.add_argument("--warmup", metavar="E", type=int, default=0,
+    optim.add_argument("--warmup", metavar="E", type=whole_number, default=0,
                        help="number of warmup epochs (default: 0)")
-    optim.add_argument("--label-smoothing", metavar="S", type=float, default=0.0,
+    optim.add_argument("--label-smoothing", metavar="S", type=float32, default=0.0,
                        help="label smoothing (default: 0)")
-    optim.add_argument("--mixup", metavar="ALPHA", type=float, default=0.0, help="mixup alpha (default: 0, off)")
-    optim.add_argument("--cutmix", metavar="ALPHA", type=float, default=0.0,
+    optim.add_argument("--mixup", metavar="ALPHA", type=float32, default=0.0, help="mixup alpha (default: 0, off)")
+    optim.add_argument("--cutmix", metavar="ALPHA", type=float32, default=0.0,
                        help="cutmix alpha: paste a box of another image, the labels mixed by its area (default: 0, off)")
     optim.add_argument("--mixup-switch-prob", metavar="P", type=probability, default=None,
                        help="with both --mixup and --cutmix, the probability that a batch is mixed by CutMix rather "
                        "than MixUp (default: 0.5)")
-    optim.add_argument("--momentum", metavar="M", type=float, default=0.9, help="momentum (default: 0.9)")
-    optim.add_argument("--weight-decay", "--wd", metavar="W", type=float, default=1e-4,
+    optim.add_argument("--momentum", metavar="M", type=float32, default=0.9, help="momentum (default: 0.9)")
+    optim.add_argument("--weight-decay", "--wd", metavar="W", type=float32, default=1e-4,
                        help="weight decay (default: 1e-4)")
     optim.add_argument("--bn-weight-decay", action="store_true",
                        help="use weight_decay on batch normalization learnable parameters, (default: false)")
-    optim.add_argument("--norm-weight-decay", metavar="W", type=float, default=None,
+    optim.add_argument("--norm-weight-decay", metavar="W", type=float32, default=None,
                        help="weight decay of the normalisation layers' parameters (default: 0, or --weight-decay "
                        "with --bn-weight-decay)")
-    optim.add_argument("--bias-weight-decay", metavar="W", type=float, default=None,
+    optim.add_argument("--bias-weight-decay", metavar="W", type=float32, default=None,
                        help="weight decay of every bias, normalisation layers' included (default: as the layer's "
                        "other parameters)")
     optim.add_argument("--nesterov", action="store_true", help="use nesterov momentum, (default: false)")
-    optim.add_argument("--rmsprop-alpha", metavar="A", type=float, default=0.9,
+    optim.add_argument("--rmsprop-alpha", metavar="A", type=float32, default=0.9,
                        help="RMSprop smoothing constant (default: 0.9)")
-    optim.add_argument("--rmsprop-eps", metavar="EPS", type=float, default=1e-3,
+    optim.add_argument("--rmsprop-eps", metavar="EPS", type=float32, default=1e-3,
                        help="RMSprop epsilon (default: 1e-3)")
-    optim.add_argument("--use-ema", metavar="DECAY", type=float, default=None,
+    optim.add_argument("--use-ema", metavar="DECAY", type=float32, default=None,
                        help="keep an exponential moving average of the weights with this decay, "
                        "validated as val_ema: the reference's EMA, updated every optimizer step with a warm-up "
                        "of min(DECAY, (1 + step) / (10 + step)) (default: off)")
     optim.add_argument("--model-ema", action="store_true",
                        help="torchvision's EMA instead: --model-ema-decay adjusted to the batch and the update "
                        "interval, restarted from the weights during --warmup epochs (default: off)")
-    optim.add_argument("--model-ema-decay", metavar="DECAY", type=float, default=None,
+    optim.add_argument("--model-ema-decay", metavar="DECAY", type=float32, default=None,
                        help="torchvision's --model-ema-decay, before it is adjusted to the batch and the interval; "
                        "implies --model-ema (default: 0.99998)")
     optim.add_argument("--model-ema-steps", metavar="N", type=positive_int, default=None,
@@ -84,7 +82,6 @@ def add_optimisation_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_optimisation_values(args: argparse.Namespace) -> None:
     """The optimisation flags' ranges that argparse's types do not cover. Raises :class:`UserError`."""
-    check_float32(args, FLOAT_FLAGS)
     raise_first((
         (args.lr < 0, f"--lr must be 0 or more, got {args.lr}"),
         (args.end_lr < 0, f"--end-lr must be 0 or more, got {args.end_lr}"),

@@ -7,7 +7,7 @@ import argparse
 
 from ..cli import positive_float
 from ..gpu_affinity import MODES as GPU_AFFINITY_MODES
-from .values import MAX_WAIT_S, check_float32, raise_first
+from .values import MAX_WAIT_S, float32, raise_first
 
 
 def add_precision_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,7 +20,7 @@ def add_precision_arguments(parser: argparse.ArgumentParser) -> None:
                            "CUDA, bf16 on CPU")
     precision.add_argument("--amp-dtype", choices=("float16", "bfloat16"), default=None,
                            help="autocast type under --amp (default: float16 on CUDA, bfloat16 on CPU)")
-    precision.add_argument("--static-loss-scale", metavar="S", type=float, default=None,
+    precision.add_argument("--static-loss-scale", metavar="S", type=float32, default=None,
                            help="Static loss scale, positive power of 2 values can improve amp convergence. "
                            "Alone it fixes the fp16 scale at S (default: none: fp16 --amp scales "
                            "dynamically from 65536)")
@@ -43,7 +43,6 @@ def add_precision_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_precision_values(args: argparse.Namespace) -> None:
     """The precision and device flags' ranges that argparse's types do not cover. Raises :class:`UserError`."""
-    check_float32(args, ("static_loss_scale",))
     raise_first((
         (args.static_loss_scale is not None and args.static_loss_scale <= 0,
          f"--static-loss-scale must be positive, got {args.static_loss_scale}"),

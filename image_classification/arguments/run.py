@@ -12,7 +12,7 @@ import argparse
 import re
 from dataclasses import dataclass
 
-from ..cli import positive_int
+from ..cli import positive_int, whole, whole_number
 from ..errors import UserError
 from .values import MAX_WAIT_S, raise_first, shown
 
@@ -22,14 +22,14 @@ DEFAULT_RAPORT_FILE = "experiment_raport.json"
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``run, checkpoints and logging`` group."""
     run = parser.add_argument_group("run, checkpoints and logging")
-    run.add_argument("--seed", metavar="SEED", type=int, default=None,
+    run.add_argument("--seed", metavar="SEED", type=whole, default=None,
                      help="random seed; every RNG is seeded from it and the global rank (default: a random one, "
                      "recorded in checkpoints)")
     run.add_argument("--print-freq", "-p", metavar="N", type=positive_int, default=10,
                      help="print frequency (default: 10)")
-    run.add_argument("--prof", metavar="N", type=int, default=-1,
+    run.add_argument("--prof", metavar="N", type=whole_number, default=-1,
                      help="Run only N iterations of training and of validation per epoch (default: -1, all)")
-    run.add_argument("--benchmark-warmup", metavar="N", type=int, default=0,
+    run.add_argument("--benchmark-warmup", metavar="N", type=whole_number, default=0,
                      help="leave the first N iterations of training and of each validation out of the throughput "
                      "and latency of epochs and of the summary (cuDNN's autotuning, the allocator's growth); "
                      "*.wall_ips keeps every iteration (default: 0; 20 in launch.py's benchmark modes)")
@@ -39,8 +39,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                      help="the second accuracy reported, top-K, at most the class count (default: 5, or the "
                      "class count when smaller)")
     run.add_argument("--resume", metavar="PATH", default=None,
-                     help="path to latest checkpoint; 'auto': the newest valid checkpoint in --workspace, or a "
-                     "fresh start when there is none (default: none)")
+                     help="path to latest checkpoint; 'auto': the valid checkpoint in --workspace that got furthest "
+                     "(epoch, then batch), or a fresh start when there is none (default: none)")
+    run.add_argument("--allow-class-changes", action="store_true",
+                     help="go on when the class folders give labels other than those of the checkpoint resumed or "
+                     "evaluated (a class renamed, removed or added before others): each label then stands for the "
+                     "class the folders give it now (default: refuse, naming the classes that moved)")
     run.add_argument("--workspace", metavar="DIR", default="./",
                      help="where checkpoints and raports go (default: ./; --evaluate --resume F: F's folder)")
     run.add_argument("--checkpoint-filename", "--checkpoint", metavar="NAME", default="checkpoint.pth.tar",
@@ -53,7 +57,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--checkpoint-interval", metavar="N|Nm", default=None,
                      help="also write the latest checkpoint in the middle of an epoch, every N iterations or "
                      "every N minutes (Nm); a killed run loses at most that much (default: at epoch ends only)")
-    run.add_argument("--gather-checkpoints", metavar="N", type=int, nargs="?", const=-1, default=0,
+    run.add_argument("--gather-checkpoints", metavar="N", type=whole_number, nargs="?", const=-1, default=0,
                      help="also keep per-epoch checkpoints: alone, all of them; with N, the last N "
                      "(default: only the latest and the best are kept)")
     run.add_argument("--raport-file", metavar="FILE", default=None,
@@ -83,6 +87,9 @@ def check_run_combinations(args: argparse.Namespace) -> None:
     """Run flags that exclude each other, or another group's. Raises :class:`UserError`."""
     if args.evaluate and args.training_only:
         raise UserError("--evaluate and --training-only exclude each other")
+    if args.training_only and args.early_stopping_patience > 0:
+        raise UserError("--early-stopping-patience counts validated epochs without a better top1, and --training-only "
+                        "validates none: give one of them")
     if args.resume and args.pretrained_weights:
         raise UserError("--resume and --pretrained-weights exclude each other: a checkpoint already holds weights")
 

@@ -14,8 +14,11 @@ from ..errors import UserError
 # threading's waits (TIMEOUT_MAX, about 292 years on Linux) and timedelta (the process group's timeout) hold.
 MAX_WAIT_S = 365 * 24 * 3600
 # Every float flag ends up in float32 tensors (the optimizers' steps, the loss scale): a larger value overflows
-# there, in some optimizers as a crash, in others as weights that go non-finite, so it is a flag error.
-FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, written out: the parser imports no torch
+# there, in some optimizers as a crash, in others as weights that go non-finite, and a smaller one than float32's
+# smallest normal number is 0 or a subnormal there (a loss scale of 1e-40: 1/scale is infinite, the unscaled
+# gradients NaN), so both are flag errors.  Written out: the parser imports no torch.
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
+FLOAT32_TINY = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny, the smallest normal number
 
 
 def str2bool(value: str) -> bool:
@@ -27,20 +30,24 @@ def str2bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
-def probability(value: str) -> float:
-    number = float(value)
-    if not 0.0 <= number <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {number}")
+def float32(value: str) -> float:
+    """A float flag's value, held to the float32 it becomes: 0, or finite and from :data:`FLOAT32_TINY` to
+    :data:`FLOAT32_MAX` in size (the flag's own range is checked after parsing)."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if number != 0 and not (math.isfinite(number) and FLOAT32_TINY <= abs(number) <= FLOAT32_MAX):
+        raise argparse.ArgumentTypeError(f"must be 0 or from {FLOAT32_TINY:.4g} to {FLOAT32_MAX:.4g} in size (what "
+                                         f"float32 holds), got {value}")
     return number
 
 
-def check_float32(args: argparse.Namespace, names: tuple[str, ...]) -> None:
-    """Each float flag of ``names`` (dests) that is given must be finite and fit float32. Raises :class:`UserError`."""
-    for name in names:
-        value = getattr(args, name)
-        if value is not None and not (math.isfinite(value) and abs(value) <= FLOAT32_MAX):
-            raise UserError(f"--{name.replace('_', '-')} must be a finite number that float32 can hold (at most "
-                            f"{FLOAT32_MAX:.4g} in size), got {value}")
+def probability(value: str) -> float:
+    number = float32(value)
+    if not 0.0 <= number <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {number}")
+    return number
 
 
 def raise_first(checks: Iterable[tuple[bool, str]]) -> None:

@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import TextIO
 
 from .. import machine
-from ..cli import UserErrorParser, positive_int
+from ..cli import UserErrorParser, positive_int, whole_number
 from ..cli import run
 from ..errors import UserError
 from ..models import default_image_size
 from ..preprocessing import val_resize_size
-from .files import MAX_IMAGE_PIXELS, decode_problem, is_utf8, printable
+from .files import LABEL_PROBLEMS, MAX_IMAGE_PIXELS, decode_problem, label_problem, printable
 from .layout import class_folders, refuse_unfinished_pack, walk_split
 from .packed import (BLOCK, MANIFEST, TABLE, SampleNames, index_name, is_packed, open_plain, read_manifest,
                      read_table, shard_starts)
@@ -226,7 +226,8 @@ def check(root: Path, workers: int, out: TextIO | None = None, resize: int = DEF
             ("unreadable images", report.unreadable),
             ("entries left out (links not followed, files that are not regular)", report.links),
             ("class folders without images", [name for name, count in report.classes.items() if count == 0]),
-            ("class folders whose names are not UTF-8 text", [name for name in report.classes if not is_utf8(name)]),
+            (f"class folders whose names {LABEL_PROBLEMS}",
+             [name for name in report.classes if label_problem(name) is not None]),
         )
         for title, items in sections:
             if items:
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("data", metavar="DIR", help="the dataset: DIR/train/<class>/<image>, DIR/val/<class>/<image>, "
                         "or a set packed from one (DIR/train/manifest.json)")
-    parser.add_argument("-j", "--workers", type=int, default=machine.cores(),
+    parser.add_argument("-j", "--workers", type=whole_number, default=machine.cores(),
                         help="processes decoding the images (default: this machine's cores)")
     parser.add_argument("--val-resize-size", metavar="S", type=positive_int, default=DEFAULT_RESIZE,
                         help="the short side validation resizes val/ images to, as main.py's flag: an image that "

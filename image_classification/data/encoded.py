@@ -50,7 +50,8 @@ class Sample:
 
 def gpu_decodable(raw: bytes, short_side: int | None = None) -> tuple[int, int] | None:
     """(height, width) of a JPEG that nvJPEG decodes, after the size rule (for its resize to ``short_side``
-    too, when given); None for any other image.  Raises ImageTooLarge and UnreadableHeader.
+    too, when given); None for any other image, one whose header says 0 pixels high or wide included (the CPU's
+    decoder refuses it, as in the pytorch backend).  Raises ImageTooLarge and UnreadableHeader.
 
     A JPEG that does not end in its end-of-image marker (zero padding aside) was cut short, or has bytes after
     its end: libjpeg-turbo refuses the first and ignores the second, where nvJPEG might decode a truncated image
@@ -60,6 +61,8 @@ def gpu_decodable(raw: bytes, short_side: int | None = None) -> tuple[int, int] 
     handle = io.BytesIO(raw)  # shares the bytes: no copy
     handle.seek(2)  # past the start of image
     frame = jpeg_frame(handle)
+    if not frame.width or not frame.height:  # no image (libjpeg refuses it), and no crop box to draw in it
+        return None
     check_size(frame.width, frame.height, short_side)
     if frame.marker in GPU_CODINGS and frame.precision == 8 and frame.components in GPU_COMPONENTS:
         return frame.height, frame.width

@@ -30,6 +30,7 @@ import numpy as np
 from PIL import Image
 
 from ..datafile import NotARegularFile, open_descriptor
+from ..errors import UserError
 
 if TYPE_CHECKING:
     import torch
@@ -53,24 +54,60 @@ def is_image_file(name: str) -> bool:
     return name.lower().endswith(IMG_EXTENSIONS)
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# control characters (Unicode's Cc: C0, DEL, C1) and the line and paragraph separators, which split a line too
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _escaped(match: re.Match) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def printable(path: str | os.PathLike) -> str:
     """``path`` as a message prints it, whatever its name: a byte that is not UTF-8 as ``\\xNN`` (as ``ls -b``
-    shows it) and a control character too, so that no stdout refuses the line and no name splits it."""
+    shows it) and a control character or a line separator too, so that no stdout refuses the line and no name
+    splits it."""
     text = os.fspath(path)
     try:
         raw = os.fsencode(text)
     except UnicodeEncodeError:  # a lone surrogate that stands for no byte (from a JSON escape)
         raw = text.encode("utf-8", "backslashreplace")
-    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", raw.decode("utf-8", "backslashreplace"))
+    return _CONTROL.sub(_escaped, raw.decode("utf-8", "backslashreplace"))
 
 
-# why a class folder's name must be text, and what to do: the names are the labels a checkpoint, a raport and
-# Triton's label file record, as text
-UNDECODABLE_ADVICE = ("rename the class folder to UTF-8 (its name is a label that checkpoints, raports and Triton's "
-                      "labels record as text; `convmv` renames from another encoding)")
+# why a class folder's name must be a line of text, and what to do: the names are the labels a checkpoint, a raport,
+# classify.py's output and Triton's label file (one a line) record, as text
+UNDECODABLE_ADVICE = ("rename the class folder to UTF-8 text without control characters (its name is a label that "
+                      "checkpoints, raports, classify.py's output and Triton's labels record as a line of text; "
+                      "`convmv` renames from another encoding)")
+LABEL_PROBLEMS = "cannot be labels (not UTF-8 text, or a line break or another control character in them)"
+
+
+def label_problem(name: str) -> str | None:
+    """Why a class folder's name cannot be a label, the end of a sentence "has a name that ...": "is not UTF-8
+    text", "holds a line break or another control character"; None when it can be one."""
+    if not is_utf8(name):
+        return "is not UTF-8 text"
+    if _CONTROL.search(name):
+        return "holds a line break or another control character"
+    return None
+
+
+def refuse_labels(names: list[str], where) -> None:
+    """Raise a :class:`UserError` naming (escaped) the class folders of ``names`` whose names cannot be labels,
+    ``where(name)`` giving each one's path; nothing when every name can be."""
+    bad = [name for name in names if label_problem(name) is not None]
+    if not bad:
+        return
+    problems = {label_problem(name) for name in bad}
+    problem = problems.pop() if len(problems) == 1 else "is not UTF-8 text or holds a control character"
+    shown = ", ".join(printable(where(name)) for name in bad[:5])
+    if len(bad) > 5:
+        shown += f" and {len(bad) - 5} more"
+    if len(bad) == 1:
+        raise UserError(f"class folder {shown} has a name that {problem}; {UNDECODABLE_ADVICE}")
+    plural = problem.replace("is not", "are not").replace("holds", "hold")
+    raise UserError(f"class folders {shown} have names that {plural}; {UNDECODABLE_ADVICE}")
 
 
 def is_utf8(name: str) -> bool:

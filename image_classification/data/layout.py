@@ -18,8 +18,7 @@ from typing import Protocol
 
 from ..errors import UserError
 from ..signals import stop_raises
-from .files import (UNDECODABLE_ADVICE, SplitWalk, decode_problem, is_image_file, is_utf8, printable, read_bytes,
-                    walk_class)
+from .files import SplitWalk, decode_problem, is_image_file, read_bytes, refuse_labels, walk_class
 from .packed import MANIFEST, check_packed, fingerprint, is_packed, names_blob, open_packed_split, unfinished_pack
 
 
@@ -181,10 +180,7 @@ def _check_dataset(data_dir: str, num_classes: int | None, *, want_train: bool, 
         if not classes:
             refuse_unfinished_pack(split_dir)
             raise UserError(f"{split_dir} has no class folders; expected {split}/<class>/<image> files")
-        undecodable = [name for name in classes if not is_utf8(name)]
-        if undecodable:
-            raise UserError(f"class folder {printable(split_dir / undecodable[0])} has a name that is not UTF-8 text; "
-                            f"{UNDECODABLE_ADVICE}")
+        refuse_labels(classes, lambda name: split_dir / name)
         for name in classes:
             if not _has_images(split_dir / name, split_dir):
                 raise UserError(f"class folder {split_dir / name} holds no images")

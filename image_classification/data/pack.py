@@ -20,6 +20,7 @@ images are read by ``-j`` threads, in order.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import io
 import json
@@ -38,7 +39,7 @@ import numpy as np
 
 from ..cli import run
 from ..datafile import DataFileError, parse_json, read_json, read_regular
-from ..errors import UserError
+from ..errors import UserError, write_failure
 from ..signals import stop_raises
 from ..tool_arguments import pack_parser
 from .files import SPLITS, printable, read_bytes
@@ -376,6 +377,19 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 # ------------------------------------------------------------------------------------------------
 # The command
 # ------------------------------------------------------------------------------------------------
+KEPT = "the shards finished are kept: run the same command again to finish"  # what an interrupted pack leaves
+
+
+@contextlib.contextmanager
+def _writing(destination: Path, outcome: str) -> Iterator[None]:
+    """A write into DST that fails is one line (``outcome`` after it): exit 2 where DST is read-only, 4 where its
+    disk is full (:func:`~image_classification.errors.write_failure`)."""
+    try:
+        yield
+    except OSError as error:
+        raise write_failure(f"DST {destination}", error, outcome) from None
+
+
 def pack(source: Path, destination: Path, shard_size: int = DEFAULT_SHARD_SIZE, workers: int = 8) -> int:
     """Pack every split of ``source`` into ``destination``; the number of images packed."""
     if not source.is_dir():
@@ -386,16 +400,18 @@ def pack(source: Path, destination: Path, shard_size: int = DEFAULT_SHARD_SIZE, 
     if not splits:
         raise UserError(f"SRC {source} has neither train/ nor val/; expected train/<class>/<image> files")
     classes = check_dataset(str(source), None, want_train="train" in splits, want_val="val" in splits)
-    prepare_destination(source, destination, splits)
+    with _writing(destination, "nothing was written"):
+        prepare_destination(source, destination, splits)
     started, total = time.perf_counter(), 0
     with PackLock(destination):
-        remove_temporaries(destination, splits)
+        with _writing(destination, KEPT):
+            remove_temporaries(destination, splits)
         plans = [plan_split(source / split, destination / split, classes, shard_size) for split in splits]
         from tqdm import tqdm
 
         for split, plan in zip(splits, plans):
             with tqdm(total=len(plan.paths), unit="img", desc=f"{split}/", file=sys.stderr,
-                      disable=not sys.stderr.isatty(), dynamic_ncols=True) as progress:
+                      disable=not sys.stderr.isatty(), dynamic_ncols=True) as progress, _writing(destination, KEPT):
                 manifest = pack_split(plan, workers, progress)
             for index, reason in manifest["unreadable"]:
                 print(f"warning: {plan.paths[index]} cannot be read ({reason}); packed as an unreadable image",
@@ -417,8 +433,7 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m image_classifi
 
 def pack_command(args: argparse.Namespace) -> int:
     """The command, its arguments parsed by :func:`tool_arguments.pack_parser`; returns the exit code."""
-    with stop_raises(f"packing {args.destination}",
-                     "the shards finished are kept: run the same command again to finish"):
+    with stop_raises(f"packing {args.destination}", KEPT):
         pack(Path(args.source), Path(args.destination), parse_size(args.shard_size), args.workers)
     return 0
 

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from ..datafile import NotARegularFile, open_descriptor
-from ..errors import UserError
+from ..errors import UserError, write_failure
 from .files import SPLITS, printable
 from .packed import TEMPORARY, written_by_pack
 
@@ -32,7 +32,7 @@ def open_own(path: Path, flags: int) -> int:
     except OSError as error:
         if os.path.islink(path):
             raise UserError(f"{printable(path)} is a symbolic link, which a pack never writes through; remove it") from None
-        raise UserError(f"cannot write {printable(path)} ({error.strerror or error})") from None
+        raise write_failure(printable(path), error) from None
 
 
 def _inside(path: Path, folder: Path) -> bool:

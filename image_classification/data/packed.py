@@ -38,7 +38,7 @@ import numpy as np
 
 from ..datafile import DataFileError, open_regular, read_json
 from ..errors import UserError
-from .files import SPLITS, UNDECODABLE_ADVICE, decode_problem, is_utf8, printable
+from .files import SPLITS, UNDECODABLE_ADVICE, decode_problem, label_problem, printable
 
 FORMAT = "image-classification packed split"
 VERSION = 1
@@ -191,10 +191,10 @@ def check_packed(root: Path, num_classes: int | None, *, want_train: bool, want_
         manifest = read_manifest(root / split)
         if not manifest["classes"]:
             raise UserError(f"{root / split / MANIFEST} lists no classes; pack the dataset again")
-        undecodable = [name for name in manifest["classes"] if not is_utf8(name)]
-        if undecodable:
-            raise UserError(f"{root / split / MANIFEST} lists the class {printable(undecodable[0])}, whose name is not "
-                            f"UTF-8 text; {UNDECODABLE_ADVICE}, and pack the dataset again")
+        unusable = [name for name in manifest["classes"] if label_problem(name) is not None]
+        if unusable:
+            raise UserError(f"{root / split / MANIFEST} lists the class {printable(unusable[0])}, whose name "
+                            f"{label_problem(unusable[0])}; {UNDECODABLE_ADVICE}, and pack the dataset again")
         found[split] = manifest["classes"]
     if len(found) == 2 and found["train"] != found["val"]:
         raise UserError(f"the manifests of {root}/train and {root}/val list different classes; pack the dataset "

@@ -71,17 +71,24 @@ def start(data: Path, workspace: Path, *args, log: Path, **faults):
                                 env=environment(**faults))
 
 
-def train(data: Path, workspace: Path, *args, **faults):
+def train(data: Path, workspace: Path, *args, timeout: float = 600, **faults):
     """Run the training to its end in a process of its own (``faults``: see :mod:`tests.faults.runner`);
-    its exit code and output, as ``subprocess.run`` gives them."""
+    its exit code and output, as ``subprocess.run`` gives them.  A run still going after ``timeout`` seconds
+    is killed (exit -9)."""
     argv = command(data, workspace, *args)
     if not forkable():
-        return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=environment(**faults),
-                              timeout=600)
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=environment(**faults),
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired as expired:
+            return Result(argv, -9, str(expired.stdout or ""), str(expired.stderr or ""))
     with tempfile.TemporaryDirectory() as folder:
         out, err = Path(folder, "stdout"), Path(folder, "stderr")
         run = Forked(_runner(argv[3:]), argv, out, err, env=environment(**faults), cwd=REPO)
-        wait_or_kill(run)
+        try:
+            wait_or_kill(run, timeout)
+        except subprocess.TimeoutExpired:
+            pass
         return Result(argv, run.returncode, out.read_text(), err.read_text())
 
 

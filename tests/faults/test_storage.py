@@ -22,7 +22,7 @@ from helpers import one_error_line
 from image_classification.errors import StorageError
 
 from . import runner
-from .harness import TALLY, explain, load, never_trained, start, train_here
+from .harness import TALLY, explain, load, never_trained, start, train, train_here
 
 INTERVAL_RUN = ["--epochs", "1", "-j", "0", "--checkpoint-interval", "2"]
 
@@ -69,6 +69,26 @@ def test_resume_auto_falls_back_from_damaged_files_to_the_newest_valid_one(data,
     TALLY["bad_inputs"] += len(damaged)
 
 
+def test_resume_auto_takes_the_checkpoint_furthest_along_whatever_the_files_times(data, straight, tmp_path,
+                                                                                  capsys):
+    """A workspace copied file by file (cp, a download) gets the times of the copy: here the epoch-1 file is
+    the newest.  The resume goes by the progress each checkpoint records (epoch 2), so nothing is trained again
+    and nothing is overwritten."""
+    workspace = tmp_path / "ws"
+    shutil.copytree(straight, workspace)
+    copied = ["checkpoint.pth.tar", "checkpoint_0001.pth.tar", "model_best.pth.tar", "checkpoint_0000.pth.tar"]
+    for when, name in enumerate(copied):
+        os.utime(workspace / name, (1_000_000 + when, 1_000_000 + when))
+    before = {name: (workspace / name).read_bytes() for name in copied}
+    result = train_here(data, workspace, "--epochs", "2", "-j", "0", "--resume", "auto", capsys=capsys)
+    assert result.returncode == 0, explain(result)
+    assert f"{workspace / 'checkpoint.pth.tar'} already finished all 2 epochs: nothing to do" in result.stdout
+    assert {name: (workspace / name).read_bytes() for name in copied} == before
+    result = train_here(data, workspace, "--epochs", "3", "-j", "0", "--resume", "auto", "--prof", "1",
+                        capsys=capsys)
+    assert result.returncode == 0 and "RUNNING EPOCHS FROM 2 TO 3" in result.stdout, explain(result)
+
+
 def test_resume_auto_in_an_empty_workspace_starts_afresh(data, tmp_path, capsys):
     result = train_here(data, tmp_path / "ws", "--epochs", "1", "--prof", "1", "-j", "0", "--resume", "auto",
                         capsys=capsys)
@@ -108,6 +128,15 @@ def test_a_disk_that_fills_while_logging_ends_the_run_with_one_line(data, tmpfs,
     result = train_here(data, tmpfs, *INTERVAL_RUN, capsys=capsys)
     line = one_error_line(result, code=StorageError.exit_code)
     assert "raport" in line and "No space left on device" in line
+    TALLY["storage_faults"] += 1
+
+
+def test_a_disk_that_fills_under_tensorboard_ends_the_run_with_one_line(data, tmpfs, tmp_path, capsys):
+    """TensorBoard writes from a thread of its own: its failure was two tracebacks and exit 1."""
+    (tmpfs / "filler").write_bytes(bytes(1024 * 1024 - 8192))
+    result = train_here(data, tmp_path / "ws", *INTERVAL_RUN, "--tensorboard", tmpfs / "tb", capsys=capsys)
+    line = one_error_line(result, code=StorageError.exit_code)
+    assert f"--tensorboard {tmpfs / 'tb'}" in line and "No space left on device" in line, line
     TALLY["storage_faults"] += 1
 
 
@@ -190,3 +219,25 @@ def test_a_second_run_on_a_workspace_in_use_stops_and_a_dead_run_s_lock_does_not
     third = train_here(data, workspace, "--epochs", "1", "-j", "0", "--resume", "auto", capsys=capsys)
     assert third.returncode == 0, explain(third)
     assert "in use" not in third.stderr and load(workspace / "checkpoint.pth.tar")["epoch"] >= 1
+
+
+# -- a link or a pipe in place of a file the run writes -------------------------------------------------------
+@pytest.mark.parametrize("name", [".workspace.lock", "experiment_raport.json"], ids=["lock", "raport"])
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_a_link_or_a_fifo_named_like_a_workspace_file_is_refused_before_training(data, tmp_path, name, kind):
+    """A link planted as the lock or the raport would have the run write through it, outside the workspace; a
+    FIFO would hang the open, a SIGTERM unanswered, the lock held.  Either is one line and exit 2, in a moment,
+    with the link's target as it was."""
+    workspace, victim = tmp_path / "ws", tmp_path / "victim.txt"
+    workspace.mkdir()
+    victim.write_text("not the toolkit's\n")
+    if kind == "link":
+        (workspace / name).symlink_to("../victim.txt")
+    else:
+        os.mkfifo(workspace / name)
+    result = train(data, workspace, "--epochs", "1", "-j", "0", timeout=60)
+    line = one_error_line(result)
+    assert name in line and ("symbolic link" in line if kind == "link" else "not a regular file" in line), line
+    assert never_trained(result) and victim.read_text() == "not the toolkit's\n"
+    assert sorted(path.name for path in workspace.iterdir()) == [name]
+    TALLY["bad_inputs"] += 1
