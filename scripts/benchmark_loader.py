@@ -127,6 +127,50 @@ def make_dataset(root: Path, classes: int = 2, per_class: int = 200, size=(500, 
                 progress.update()
 
 
+CAMERA_SIZE = (4032, 3024)  # a 12 MP phone photograph, landscape
+CAMERA_GRAIN = 6.0  # the grain's standard deviation, in grey levels: a sensor's noise at ordinary light
+
+
+def camera_photo(photo, rng, size: tuple[int, int] = CAMERA_SIZE):
+    """A photograph of ``size`` with a real one's texture: a 4:3 cut of ``photo`` upscaled (bicubic), with
+    per-pixel grain added, as a phone's sensor leaves it (what makes its JPEG 3-4 MB, not a few hundred KB)."""
+    import numpy as np
+    from PIL import Image
+
+    width, height = photo.size
+    crop_w = min(width, height * 4 // 3)
+    crop_w = int(crop_w * rng.uniform(0.7, 1))
+    crop_h = crop_w * 3 // 4
+    left, top = rng.integers(width - crop_w + 1), rng.integers(height - crop_h + 1)
+    image = photo.crop((left, top, left + crop_w, top + crop_h)).resize(size, Image.BICUBIC)
+    if rng.random() < 0.5:
+        image = image.transpose(Image.FLIP_LEFT_RIGHT)
+    pixels = np.asarray(image, dtype=np.float32)
+    grain = rng.normal(0, CAMERA_GRAIN, size=pixels.shape[:2] + (1,)).astype(np.float32)  # luminance grain
+    grain = grain + rng.normal(0, CAMERA_GRAIN / 3, size=pixels.shape).astype(np.float32)  # and a little colour
+    return Image.fromarray(np.clip(np.rint(pixels + grain), 0, 255).astype(np.uint8))
+
+
+def make_camera_set(root: Path, count: int, size: tuple[int, int] = CAMERA_SIZE, seed: int = 0,
+                    progress=None) -> None:
+    """``count`` camera photographs (:func:`camera_photo`) of PHOTO_SET's photographs, a class per photograph,
+    saved as quality-90 JPEGs (4:2:0, as phones save them) under DIR/train; a DIR that already has train/ is used
+    as it is.  ``progress.update()`` after each image."""
+    import numpy as np
+
+    if (root / "train").is_dir():
+        return
+    rng = np.random.default_rng(seed)
+    photos = _sample_photos(PHOTO_SET)
+    for index in range(count):
+        label = index % len(PHOTO_SET)
+        folder = root / "train" / PHOTO_SET[label]
+        folder.mkdir(parents=True, exist_ok=True)
+        camera_photo(photos[label], rng, size).save(folder / f"img_{index:04d}.jpg", quality=90)
+        if progress is not None:
+            progress.update()
+
+
 def make_photo_set(root: Path, per_class: int = PHOTO_SET_PER_CLASS, size=(500, 375), seed: int = 0,
                    progress=None) -> None:
     """The photo set: a class per photograph of PHOTO_SET, ``per_class`` quality-90 JPEG cuts of it; a DIR

@@ -16,6 +16,7 @@ INTERPOLATIONS = ("bilinear", "bicubic", "triangular")
 AUGMENTATIONS = ("autoaugment", "randaugment", "trivialaugment", "augmix")
 RANDAUGMENT_BINS = 31  # torchvision's num_magnitude_bins: a magnitude is 0 to 30
 MIN_IMAGE_SIZE = 32  # a ResNet reduces its input 32-fold
+DECODE_SCALES = ("auto", "full")  # data.reduced's, written out so that -h needs no PIL
 
 
 def _backend(value: str) -> str:
@@ -59,6 +60,11 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
                       "export (default: --image-size)")
     data.add_argument("--interpolation", choices=INTERPOLATIONS, default=None,
                       help="resize interpolation (default: the checkpoint's, else bilinear)")
+    data.add_argument("--decode-scale", choices=DECODE_SCALES, default="auto",
+                      help="auto: decode each JPEG at the smallest of libjpeg's scales (1/2, 1/4, 1/8) at which its "
+                      "training crop (its validation resize) keeps at least the output's pixels, never upsampling "
+                      "more; full: decode every pixel, the batches of earlier versions (pytorch backend, "
+                      "classify.py; DALI decodes the crop window either way) (default: auto)")
     data.add_argument("--augmentation", choices=AUGMENTATIONS, default=None,
                       help="extra training augmentation, torchvision's AutoAugment (ImageNet policy), RandAugment, "
                       "TrivialAugmentWide or AugMix (default: none)")
