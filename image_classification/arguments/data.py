@@ -7,6 +7,7 @@ import math
 
 from ..cli import positive_int
 from ..errors import UserError
+from ..preprocessing import DECODE_SCALES
 from .values import check_float32, probability, raise_first
 
 DATA_BACKENDS = ("pytorch", "pytorch-gpu", "synthetic", "dali-cpu", "dali-gpu")
@@ -16,7 +17,6 @@ INTERPOLATIONS = ("bilinear", "bicubic", "triangular")
 AUGMENTATIONS = ("autoaugment", "randaugment", "trivialaugment", "augmix")
 RANDAUGMENT_BINS = 31  # torchvision's num_magnitude_bins: a magnitude is 0 to 30
 MIN_IMAGE_SIZE = 32  # a ResNet reduces its input 32-fold
-DECODE_SCALES = ("auto", "full")  # data.reduced's, written out so that -h needs no PIL
 
 
 def _backend(value: str) -> str:
