@@ -93,13 +93,16 @@ class Resizing:
                 target = self.target(*image.size)
                 if target is None:
                     return None
+                extent = (0, 0, *image.size)
                 if image.format == "JPEG":
-                    image.draft("RGB", target)  # the largest of libjpeg's reductions that keeps the target
+                    # the largest of libjpeg's reductions that keeps the target; the image's extent in it, which
+                    # its last row and column may overhang
+                    extent = image.draft("RGB", target)[1]
                     pixels = image.convert("RGB")
                 else:
                     pixels = open_rgb(io.BytesIO(data))
             out = io.BytesIO()
-            pixels.resize(target, Image.LANCZOS).save(out, "JPEG", quality=self.quality)
+            pixels.resize(target, Image.LANCZOS, box=extent).save(out, "JPEG", quality=self.quality)
         except Exception:  # anything Pillow raises: the bytes are stored as they are, and reported where read
             return None
         return out.getvalue()

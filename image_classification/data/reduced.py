@@ -36,8 +36,8 @@ from .files import check_size, decode_rgb_tensor, is_jpeg, jpeg_frame, open_imag
 SCALES = (8, 4, 2)  # libjpeg's reduced scales that Pillow's draft asks for, smallest image first
 # The difference from the full-size decode at the same box, measured on photographs (tests/test_reduced.py):
 # the mean absolute difference of a batch and the largest of any pixel, in grey levels (0-255).
-MEAN_BOUND = 2.0
-MAX_BOUND = 96
+MEAN_BOUND = 3.0
+MAX_BOUND = 64
 _FILTERS = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "triangular": Image.BILINEAR}
 _COMPONENTS = frozenset({1, 3})  # greyscale and YCbCr: CMYK, YCCK and 12-bit JPEGs decode as before
 
@@ -162,5 +162,7 @@ def open_resized(source, short_side: int, interpolation: str = "bilinear", decod
             with open_image(io.BytesIO(raw), short_side):  # the size rule, for the resize too
                 pass
             image = _drafted(raw, jpeg.width, jpeg.height, scale)
-            return image.resize(resized_size(jpeg.width, jpeg.height, short_side), _FILTERS[interpolation])
+            # from the full image's extent, jpeg.width / scale wide: libjpeg's last column may stand for fewer pixels
+            return image.resize(resized_size(jpeg.width, jpeg.height, short_side), _FILTERS[interpolation],
+                                box=(0, 0, jpeg.width / scale, jpeg.height / scale))
     return functional.resize(open_rgb(io.BytesIO(raw), short_side), short_side, INTERPOLATION[interpolation])
