@@ -25,6 +25,7 @@ from torchvision import transforms
 
 from . import machine
 from .data.files import is_image_file, open_image, open_rgb
+from .data.reduced import open_resized
 from .data.transforms import val_transform
 from .errors import UserError
 from .integrity import recorded_description
@@ -61,7 +62,7 @@ def image_transform(preprocessing: Preprocessing | int) -> Callable[[Image.Image
 def calibrate(request: Int8Request, preprocessing: Preprocessing, log: Callable[[str], None] = warn) -> Quantization:
     """The int8 calibration set ``request`` names, each image prepared as validation prepares it."""
     transform = image_transform(preprocessing)
-    return read_calibration(request, lambda path: transform(load_image(path, short_side=preprocessing.resize_size)), log)
+    return read_calibration(request, lambda path: transform(load_resized(path, preprocessing)), log)
 
 
 def load_image(path: str | os.PathLike, decode: bool = True, short_side: int | None = None) -> Image.Image | None:
@@ -70,11 +71,27 @@ def load_image(path: str | os.PathLike, decode: bool = True, short_side: int | N
 
     With ``decode=False`` only the header is read: a cheap check before any work starts.
     """
-    try:
-        if not decode:
+    if not decode:
+        def header():
             with open_image(path, short_side):  # the size rule, from the header
                 return None
-        return open_rgb(path, short_side)
+
+        return _as_user_error(path, header)
+    return _as_user_error(path, lambda: open_rgb(path, short_side))
+
+
+def load_resized(path: str | os.PathLike, preprocessing: Preprocessing, decode_scale: str = "auto") -> Image.Image:
+    """``path`` as validation resizes it, its short side to the preprocessing's resize size, a JPEG decoded at the
+    smallest of libjpeg's scales that keeps that size (``decode_scale`` "auto"; "full" decodes every pixel); a
+    :class:`UserError` as :func:`load_image` raises it."""
+    return _as_user_error(path, lambda: open_resized(path, preprocessing.resize_size, preprocessing.interpolation,
+                                                     decode_scale))
+
+
+def _as_user_error(path: str | os.PathLike, read: Callable[[], Image.Image | None]) -> Image.Image | None:
+    """``read()``, what it raises for a file that is no readable image turned into a :class:`UserError`."""
+    try:
+        return read()
     except FileNotFoundError:
         raise UserError(f"image file {path} does not exist") from None
     except (UnidentifiedImageError, OSError, ValueError) as error:
@@ -253,9 +270,10 @@ def top_predictions(probabilities: torch.Tensor, names: Sequence[str], k: int) -
 
 
 def classify_paths(model: nn.Module, paths: Sequence[Path], runtime: Runtime, preprocessing: Preprocessing | int,
-                   names: Sequence[str], topk: int) -> Iterator[tuple[Path, list[dict]]]:
-    """(path, top-k predictions) for every image, classified ``BATCH_SIZE`` at a time; an image that cannot be
-    decoded (a header that reads, a body that does not) is named on stderr and left out."""
+                   names: Sequence[str], topk: int, decode_scale: str = "auto") -> Iterator[tuple[Path, list[dict]]]:
+    """(path, top-k predictions) for every image, classified ``BATCH_SIZE`` at a time (each decoded as
+    :func:`load_resized` says); an image that cannot be decoded (a header that reads, a body that does not) is
+    named on stderr and left out."""
     if isinstance(preprocessing, int):
         preprocessing = Preprocessing(preprocessing)
     transform = image_transform(preprocessing)
@@ -263,7 +281,7 @@ def classify_paths(model: nn.Module, paths: Sequence[Path], runtime: Runtime, pr
         chunk, images = [], []
         for path in paths[start:start + BATCH_SIZE]:
             try:
-                images.append(transform(load_image(path, short_side=preprocessing.resize_size)))
+                images.append(transform(load_resized(path, preprocessing, decode_scale)))
             except UserError as error:
                 skipped(str(error))
                 continue
@@ -343,7 +361,8 @@ def classify(args: argparse.Namespace) -> int:
         runtime = classify_runtime(args.device, args.precision, args.memory_format)
         model = loaded.model.to(runtime.device, memory_format=runtime.memory_format)
     predicted = 0
-    for path, predictions in classify_paths(model, paths, runtime, preprocessing, names, args.topk):
+    for path, predictions in classify_paths(model, paths, runtime, preprocessing, names, args.topk,
+                                                 args.decode_scale):
         predicted += 1
         if args.json:
             print(json.dumps({"path": str(path), "predictions": predictions}), flush=True)

@@ -244,6 +244,7 @@ def data_config(args: argparse.Namespace, image_size: int, **overrides) -> DataC
         crop_scale=tuple(args.crop_scale), hflip=args.hflip, interpolation=args.interpolation or "bilinear",
         augmentation=args.augmentation, ra_reps=args.ra_reps, seed=args.seed if args.seed is not None else 0,
         num_classes=args.num_classes, synthetic_length=max(0, args.prof),
+        decode_scale=args.decode_scale,
     )
     if args.randaugment_magnitude is not None:
         fields["randaugment_magnitude"] = args.randaugment_magnitude

@@ -27,6 +27,9 @@ IMAGENET_MEAN_255 = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD_255 = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 CROP_RATIO = 0.875  # validation crops 224 out of 256
 INTERPOLATIONS = ("bilinear", "bicubic", "triangular")
+# --decode-scale: "auto" decodes a JPEG at the smallest of libjpeg's scales that keeps the crop's or the resize's
+# pixels (data.reduced), "full" decodes every pixel
+DECODE_SCALES = ("auto", "full")
 # What a recorded preprocessing may say: a ResNet needs 32 px, and nothing trains on gigapixel crops.
 IMAGE_SIZES = range(32, 8192 + 1)
 MIN_CROP_RATIO = 0.1

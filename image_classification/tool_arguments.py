@@ -12,6 +12,7 @@ from . import machine
 from .cli import UserErrorParser, positive_int, whole
 from .errors import UserError
 from .models import MODEL_CONFIGS, list_models
+from .preprocessing import DECODE_SCALES
 
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 DEFAULT_CALIBRATION_IMAGES = 100
@@ -124,6 +125,9 @@ def classify_parser() -> argparse.ArgumentParser:
                      "it with ONNX Runtime, on the CPU, or on CUDA with onnxruntime-gpu; needs the onnx extra "
                      "(default: torch)")
     add_int8_arguments(run, "with --runtime onnxruntime, classify with")
+    run.add_argument("--decode-scale", choices=DECODE_SCALES, default="auto",
+                     help="auto: decode each JPEG at the smallest of libjpeg's scales (1/2, 1/4, 1/8) whose short side "
+                     "still holds the resize's, as validation does; full: decode every pixel (default: auto)")
     run.add_argument("--topk", metavar="K", type=positive_int, default=5,
                      help="how many classes to show per image (default: 5)")
     run.add_argument("--labels", metavar="FILE", default=None,
@@ -188,4 +192,10 @@ def pack_parser(prog: str = "python -m image_classification.data.pack") -> argpa
                         help="about how large a shard grows, e.g. 64KB, 500MB, 1GB (default: 1GB)")
     parser.add_argument("-j", "--workers", type=positive_int, default=8,
                         help="threads reading the images (default: 8)")
+    parser.add_argument("--max-size", metavar="S", type=positive_int, default=None,
+                        help="store each image whose longer side is above S px resized to S px on that side (in "
+                        "proportion, antialiased) and encoded as a JPEG; smaller images keep their bytes "
+                        "(default: every image as it is)")
+    parser.add_argument("--quality", metavar="Q", type=positive_int, default=None,
+                        help="--max-size: the JPEG quality of the resized images, 1-100 (default: 90)")
     return parser

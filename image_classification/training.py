@@ -118,6 +118,8 @@ def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signa
                                            want_val=not args.training_only)
     raport: Raport | None = None  # opened below; the engine asks it where it stands only when it saves
     dataset = train_loader.fingerprint() if train_loader is not None else {}
+    if dataset:  # how its JPEGs were decoded: a resume at another scale sees other pixels
+        dataset["decode_scale"] = plan.data.decode_scale
     engine = Engine(config, runtime, plan.model, classes=plan.classes, raport_position=lambda: raport.position(),
                     dataset=dataset, log=log)
     if plan.resumed is not None:

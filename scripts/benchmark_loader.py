@@ -22,7 +22,10 @@ spread: how ``pytorch-gpu`` is held to the ``pytorch`` backend it replaces
 (``--data-backend pytorch-gpu --beside pytorch dali-gpu --device cuda``).  Without a GPU, ``pytorch-gpu`` runs
 its CPU twin (torchvision's CPU decoder in the training process): a check that it works, not its speed.
 ``--make-dataset`` first writes a small JPEG dataset into DIR (photos from scikit-image, cropped and
-resized to 500x375); ``--photos`` uses DIR as the photo set, writing it first where it is not there yet.
+resized to 500x375); ``--photos`` uses DIR as the photo set, writing it first where it is not there yet;
+``--camera`` the same with 12 MP camera photographs (4032x3024, quality 90: scikit-image's photographs upscaled,
+with a sensor's grain); ``--baseline-on ORIGINAL`` times plain torchvision on ORIGINAL while the loader reads DIR
+(a copy packed with ``--max-size``).
 """
 
 from __future__ import annotations
@@ -81,6 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--make-dataset", metavar="N", type=int, nargs="?", const=200, default=0,
                         help="first write 2 classes x N (default 200) JPEGs of 500x375 into DIR/train "
                         "(needs scikit-image)")
+    parser.add_argument("--camera", metavar="N", type=int, nargs="?", const=64, default=0,
+                        help=f"DIR is the camera set: N (default 64) JPEGs of {CAMERA_SIZE[0]}x{CAMERA_SIZE[1]}, quality "
+                        f"90, {', '.join(PHOTO_SET)} upscaled with grain, a class each; written first where DIR has no "
+                        "train/ (needs scikit-image)")
+    parser.add_argument("--baseline-on", metavar="DIR",
+                        help="--baseline reads this folder instead of DIR: plain torchvision on the original photographs "
+                        "against the loader on a copy packed with --max-size")
     parser.add_argument("--photos", metavar="N", type=int, nargs="?", const=PHOTO_SET_PER_CLASS, default=0,
                         help=f"DIR is the photo set: {len(PHOTO_SET)} classes x N (default {PHOTO_SET_PER_CLASS}) "
                         f"JPEGs of 500x375 cut from scikit-image's {', '.join(PHOTO_SET)}; written first where "
@@ -127,6 +137,50 @@ def make_dataset(root: Path, classes: int = 2, per_class: int = 200, size=(500, 
                 progress.update()
 
 
+CAMERA_SIZE = (4032, 3024)  # a 12 MP phone photograph, landscape
+CAMERA_GRAIN = 6.0  # the grain's standard deviation, in grey levels: a sensor's noise at ordinary light
+
+
+def camera_photo(photo, rng, size: tuple[int, int] = CAMERA_SIZE):
+    """A photograph of ``size`` with a real one's texture: a 4:3 cut of ``photo`` upscaled (bicubic), with
+    per-pixel grain added, as a phone's sensor leaves it (what makes its JPEG 3-4 MB, not a few hundred KB)."""
+    import numpy as np
+    from PIL import Image
+
+    width, height = photo.size
+    crop_w = min(width, height * 4 // 3)
+    crop_w = int(crop_w * rng.uniform(0.7, 1))
+    crop_h = crop_w * 3 // 4
+    left, top = rng.integers(width - crop_w + 1), rng.integers(height - crop_h + 1)
+    image = photo.crop((left, top, left + crop_w, top + crop_h)).resize(size, Image.BICUBIC)
+    if rng.random() < 0.5:
+        image = image.transpose(Image.FLIP_LEFT_RIGHT)
+    pixels = np.asarray(image, dtype=np.float32)
+    grain = rng.normal(0, CAMERA_GRAIN, size=pixels.shape[:2] + (1,)).astype(np.float32)  # luminance grain
+    grain = grain + rng.normal(0, CAMERA_GRAIN / 3, size=pixels.shape).astype(np.float32)  # and a little colour
+    return Image.fromarray(np.clip(np.rint(pixels + grain), 0, 255).astype(np.uint8))
+
+
+def make_camera_set(root: Path, count: int, size: tuple[int, int] = CAMERA_SIZE, seed: int = 0,
+                    progress=None) -> None:
+    """``count`` camera photographs (:func:`camera_photo`) of PHOTO_SET's photographs, a class per photograph,
+    saved as quality-90 JPEGs (4:2:0, as phones save them) under DIR/train; a DIR that already has train/ is used
+    as it is.  ``progress.update()`` after each image."""
+    import numpy as np
+
+    if (root / "train").is_dir():
+        return
+    rng = np.random.default_rng(seed)
+    photos = _sample_photos(PHOTO_SET)
+    for index in range(count):
+        label = index % len(PHOTO_SET)
+        folder = root / "train" / PHOTO_SET[label]
+        folder.mkdir(parents=True, exist_ok=True)
+        camera_photo(photos[label], rng, size).save(folder / f"img_{index:04d}.jpg", quality=90)
+        if progress is not None:
+            progress.update()
+
+
 def make_photo_set(root: Path, per_class: int = PHOTO_SET_PER_CLASS, size=(500, 375), seed: int = 0,
                    progress=None) -> None:
     """The photo set: a class per photograph of PHOTO_SET, ``per_class`` quality-90 JPEG cuts of it; a DIR
@@ -158,7 +212,7 @@ class TorchvisionLoader:
             transforms.ToTensor(),
             transforms.Normalize([m / 255 for m in MEAN_255], [s / 255 for s in STD_255]),
         ])
-        dataset = datasets.ImageFolder(str(Path(opts.data) / "train"), transform)
+        dataset = datasets.ImageFolder(str(Path(opts.baseline_on or opts.data) / "train"), transform)
         self.runtime = runtime
         self.loader = DataLoader(
             dataset, batch_size=opts.batch_size, shuffle=True, num_workers=opts.workers, drop_last=True,
@@ -290,16 +344,19 @@ def write_data(opts: argparse.Namespace) -> None:
     if opts.make_dataset:
         _writing(root, 2 * opts.make_dataset, lambda progress: make_dataset(root, per_class=opts.make_dataset,
                                                                            progress=progress))
+    if opts.camera and not (root / "train").is_dir():
+        _writing(root, opts.camera, lambda progress: make_camera_set(root, opts.camera, progress=progress),
+                 f"camera photographs of {CAMERA_SIZE[0]}x{CAMERA_SIZE[1]} made from scikit-image's photos")
     if opts.photos and not (root / "train").is_dir():
         _writing(root, len(PHOTO_SET) * opts.photos, lambda progress: make_photo_set(root, per_class=opts.photos,
                                                                                    progress=progress))
 
 
-def _writing(root: Path, images: int, write) -> None:
+def _writing(root: Path, images: int, write, what: str = "cut from scikit-image's photos") -> None:
     def say(line: str) -> None:
         print(f"=> {line}", flush=True)
 
-    say(f"writing {images} JPEG images cut from scikit-image's photos into {root / 'train'}")
+    say(f"writing {images} JPEG images {what} into {root / 'train'}")
     started = time.monotonic()
     write(Heartbeat(images, "writing", say, unit="images"))
     say(f"wrote {images} images in {time.monotonic() - started:.1f} s")

@@ -7,6 +7,7 @@ import math
 
 from ..cli import positive_int, whole_number
 from ..errors import UserError
+from ..preprocessing import DECODE_SCALES
 from .values import float32, probability, raise_first
 
 DATA_BACKENDS = ("pytorch", "pytorch-gpu", "synthetic", "dali-cpu", "dali-gpu")
@@ -59,6 +60,11 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
                       "export (default: --image-size)")
     data.add_argument("--interpolation", choices=INTERPOLATIONS, default=None,
                       help="resize interpolation (default: the checkpoint's, else bilinear)")
+    data.add_argument("--decode-scale", choices=DECODE_SCALES, default="auto",
+                      help="auto: decode each JPEG at the smallest of libjpeg's scales (1/2, 1/4, 1/8) at which its "
+                      "training crop (its validation resize) keeps at least the output's pixels, never upsampling "
+                      "more; full: decode every pixel, the batches of earlier versions (pytorch backend, "
+                      "classify.py; DALI decodes the crop window either way) (default: auto)")
     data.add_argument("--augmentation", choices=AUGMENTATIONS, default=None,
                       help="extra training augmentation, torchvision's AutoAugment (ImageNet policy), RandAugment, "
                       "TrivialAugmentWide or AugMix (default: none)")

@@ -51,6 +51,7 @@ class SplitReport:
     links: list[str] = field(default_factory=list)  # links not followed, with the reason
     damaged: list[str] = field(default_factory=list)  # a packed set's files that are not as its manifest says
     shards: int = 0  # a packed set's shards
+    max_size: tuple[int, int] | None = None  # a pack's --max-size and --quality, where it resized its images
 
     @property
     def images(self) -> int:
@@ -83,6 +84,8 @@ def check_packed_split(split_dir: Path, workers: int, resize: int | None = None)
 
     manifest = read_manifest(split_dir)
     report = SplitReport(links=list(manifest["links_not_followed"]), shards=len(manifest["shards"]))
+    if "max_size" in manifest:
+        report.max_size = (manifest["max_size"], manifest["quality"])
     try:
         table = read_table(split_dir, manifest["samples"], manifest["table"]["sha256"])
     except UserError as error:
@@ -217,6 +220,12 @@ def check(root: Path, workers: int, out: TextIO | None = None, resize: int = DEF
     for split, report in reports.items():
         shards = f" in {report.shards} shard(s)" if packed else ""
         print(f"  {split}/: {len(report.classes)} classes, {report.images:,} images{shards}", file=out)
+        if report.max_size is not None:
+            size, quality = report.max_size
+            print(f"    packed with --max-size {size} --quality {quality}: images larger than {size} px on their "
+                  f"longer side are stored at {size} px as JPEGs of quality {quality}, so training on this copy sees "
+                  "the folder's images in the same order, but other pixels, its crops drawn on the smaller images",
+                  file=out)
     for split, report in reports.items():
         if not report.classes:
             problems += 1

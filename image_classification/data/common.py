@@ -44,6 +44,9 @@ class DataConfig:
     train_crop_size: int | None = None  # --train-crop-size (FixRes: train smaller than validate); None: image_size
     mean: tuple[float, float, float] = MEAN_255  # on the 0-255 scale: batches stay uint8 until the device
     std: tuple[float, float, float] = STD_255
+    # --decode-scale: "auto" decodes a JPEG at the smallest of libjpeg's scales that keeps its crop's (its resize's)
+    # pixels (:mod:`.reduced`), "full" every pixel, as before; the DALI backends decode the crop window either way
+    decode_scale: str = "auto"
 
     @property
     def train_size(self) -> int:

@@ -21,6 +21,7 @@ from .common import DataConfig, DeviceLoader
 from ..preprocessing import val_resize_size
 from .files import decode_rgb_tensor, open_rgb
 from .layout import Split, open_split
+from .reduced import DecodeFailed, decode_for_crop, open_resized
 from .transforms import TrainTransform, seeded, val_transform
 from .workers import HostBatches, host_loader, shared_tensor, split_sampler
 
@@ -36,12 +37,19 @@ class ImageFiles(Dataset):
     With ``tensors`` the image is decoded into a uint8 tensor and ``transform`` works on tensors (the
     training path); otherwise it is a PIL image (validation, the same pipeline classify.py uses), which
     ``transform`` resizes whole to a ``resize`` px short side: an image too large for that is broken too.
+    With ``decode_scale`` "auto" a JPEG is decoded at reduced size where its crop or its resize keeps its pixels
+    (:mod:`.reduced`): in training, once its box is drawn from its header; in validation, resized here already.
     """
 
-    def __init__(self, samples: Split, transform, tensors: bool = False, resize: int | None = None):
+    def __init__(self, samples: Split, transform, tensors: bool = False, resize: int | None = None,
+                 decode_scale: str = "full", interpolation: str = "bilinear"):
         self.samples = samples
         self.transform = transform
-        self.decode = decode_rgb_tensor if tensors else functools.partial(_open_rgb_bytes, short_side=resize)
+        if decode_scale == "auto":
+            self.decode = decode_for_crop if tensors else functools.partial(
+                open_resized, short_side=resize, interpolation=interpolation)
+        else:
+            self.decode = decode_rgb_tensor if tensors else functools.partial(_open_rgb_bytes, short_side=resize)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -53,7 +61,10 @@ class ImageFiles(Dataset):
             image = self.decode(self.samples.read(index))
         except (OSError, ValueError, Image.DecompressionBombError) as error:
             return None, label, (self.samples.name(index), f"{error.__class__.__name__}: {error}")
-        return seeded(seed, self._augment, image), label, None
+        try:
+            return seeded(seed, self._augment, image), label, None
+        except DecodeFailed as failed:  # a JPEG decoded once its box was drawn
+            return None, label, (self.samples.name(index), f"{failed.cause.__class__.__name__}: {failed.cause}")
 
     def _augment(self, image) -> torch.Tensor:
         """The augmented image as an HWC uint8 tensor."""
@@ -96,7 +107,8 @@ def collate_uint8(batch, normalize: tuple[torch.Tensor, torch.Tensor] | None = N
 
 def _loader(samples: Split, transform, config: DataConfig, runtime: Runtime, train: bool) -> DeviceLoader:
     resize = None if train else val_resize_size(config.image_size, config.crop_ratio)
-    dataset = ImageFiles(samples, transform, tensors=train, resize=resize)
+    dataset = ImageFiles(samples, transform, tensors=train, resize=resize, decode_scale=config.decode_scale,
+                         interpolation=config.interpolation)
     sampler = split_sampler(len(samples), config, runtime, train)
     normalize_in_workers = not runtime.is_cuda and config.workers > 0
     scale = (torch.tensor(config.mean).view(1, 3, 1, 1), torch.tensor(config.std).view(1, 3, 1, 1)) \

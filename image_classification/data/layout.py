@@ -98,12 +98,49 @@ def relative_names(split_dir: Path, paths: list[str]) -> list[str]:
     return [path[len(prefix):] if path.startswith(prefix) else os.path.relpath(path, split_dir) for path in paths]
 
 
+IDENTITY = ("images", "names_sha256")  # which images: a fingerprint's other fields say how they are read
+
+
 def data_change_notice(recorded, current: dict, batch: int) -> str | None:
     """The line a resume says where the training images differ from those its checkpoint ``recorded`` (see
-    :func:`.packed.fingerprint`), ``batch`` batches into an epoch; None where they do not, or where nothing was
-    recorded (a checkpoint of an earlier version, synthetic data)."""
-    if not isinstance(recorded, dict) or not current or recorded == current:
+    :func:`.packed.fingerprint`), ``batch`` batches into an epoch, or where they are read otherwise (packed at
+    another ``--max-size``, decoded at another ``--decode-scale``); None where nothing changed, or where nothing
+    was recorded (a checkpoint of an earlier version, synthetic data)."""
+    if not isinstance(recorded, dict) or not current:
         return None
+    if any(recorded.get(key) != current.get(key) for key in IDENTITY):
+        return _images_changed(recorded, current, batch)
+    resized, decoded = _max_size_change(recorded, current), _decode_scale_change(recorded, current)
+    if resized:  # the boxes are drawn on images of another size: other crops
+        return (f"=> {resized}: the same images in the same order, but their crops are drawn on images of another "
+                "size and resized from other pixels; the resume is not exact")
+    if decoded:
+        return (f"=> {decoded}: the same images, order and crop boxes, resized from other pixels (within the bound "
+                "docs/data.md gives); the resume is not bitwise exact")
+    return None
+
+
+def _max_size_change(recorded: dict, current: dict) -> str | None:
+    """What changed in the longest side the training images were packed at (None: their own size), or None."""
+    before, now = recorded.get("max_size"), current.get("max_size")
+    if before == now:
+        return None
+
+    def said(size) -> str:
+        return f"packed with --max-size {size}" if size else "at their own size"
+
+    return f"the training images were {said(before)} then, {said(now)} now"
+
+
+def _decode_scale_change(recorded: dict, current: dict) -> str | None:
+    """What changed in how the JPEGs were decoded (a checkpoint without the field decoded every pixel), or None."""
+    before, now = recorded.get("decode_scale", "full"), current.get("decode_scale", "full")
+    if before == now:
+        return None
+    return f"the JPEGs were decoded with --decode-scale {before} then, {now} now"
+
+
+def _images_changed(recorded: dict, current: dict, batch: int) -> str:
     before, now = recorded.get("images"), current["images"]
     before = before if isinstance(before, int) else "?"
     what = f"{before} training images then, {now} now" if before != now else \

@@ -1,12 +1,16 @@
 """Pack an ImageFolder into WebDataset shards that training reads as it reads the folder.
 
-    python -m image_classification.data.pack SRC DST [--shard-size SIZE] [-j N]
+    python -m image_classification.data.pack SRC DST [--shard-size SIZE] [-j N] [--max-size S [--quality Q]]
 
 For each split of SRC (``train/``, ``val/``), ``DST/<split>/`` gets tar shards of about ``--shard-size``
 (default 1GB), a DALI index beside each, the sample table and, last, the manifest (the layout is
 described in :mod:`.packed`).  The images are listed exactly as training lists the folder (links
 followed or not by the same rules; an image that cannot be read, a dangling link, is packed as an
-unreadable sample, so the numbering stays the folder's) and stored byte for byte.
+unreadable sample, so the numbering stays the folder's) and stored byte for byte; with ``--max-size S``, an
+image whose longer side is above S is stored resized to S on that side (antialiased, decoded at libjpeg's reduced
+scale where that still holds S) as a JPEG of ``--quality`` (default 90), which the manifest records, and so
+decoding it never needs more than S (one that cannot be decoded, or breaks the size rule, is stored as it is, to
+be reported where it is read, as on the folder).
 
 Packing is deterministic: the same folder packs into byte-identical shards.  Every file appears under its
 name only once complete (written under a temporary name, synced, renamed), and the manifest last, so an
@@ -42,7 +46,7 @@ from ..datafile import DataFileError, parse_json, read_json, read_regular
 from ..errors import UserError, write_failure
 from ..signals import stop_raises
 from ..tool_arguments import pack_parser
-from .files import SPLITS, printable, read_bytes
+from .files import SPLITS, open_image, open_rgb, printable, read_bytes
 from .layout import _report_links, check_dataset, relative_names, walk_split
 from .pack_destination import PackLock, open_own, prepare_destination, remove_temporaries
 from .packed import (BLOCK, FORMAT, MANIFEST, MAX_MANIFEST_BYTES, NAMES, PROGRESS, SHARD, TABLE, TABLE_DTYPE, VERSION,
@@ -55,6 +59,54 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 _HEADER = dict(mode=0o644, uid=0, gid=0, uname="", gname="", mtime=0, type=tarfile.REGTYPE)
 _END = 2 * BLOCK  # a tar ends with two zero blocks, padded to a whole record
 MAX_SIZE = 2**32 - 1  # the table's field for a sample's size
+DEFAULT_QUALITY = 90  # --max-size's JPEG quality unless --quality says
+
+
+@dataclass(frozen=True)
+class Resizing:
+    """``--max-size``: the longest side an image is stored at, and the JPEG quality of those resized."""
+
+    max_size: int
+    quality: int = DEFAULT_QUALITY
+
+    def record(self) -> dict:
+        """What the manifest records of it."""
+        return {"max_size": self.max_size, "quality": self.quality}
+
+    def target(self, width: int, height: int) -> tuple[int, int] | None:
+        """The stored size of a ``width`` x ``height`` image: the longer side at ``max_size``, the other in
+        proportion (rounded, at least 1); None where the image is no larger than that."""
+        longer = max(width, height)
+        if longer <= self.max_size:
+            return None
+        if width >= height:
+            return self.max_size, max(1, round(height * self.max_size / width))
+        return max(1, round(width * self.max_size / height)), self.max_size
+
+    def shrink(self, data: bytes) -> bytes | None:
+        """``data`` (an image file's bytes) stored smaller: resized to :meth:`target` (Pillow's antialiased
+        Lanczos, from libjpeg's reduced scale where that still holds the target) and encoded as a JPEG; None
+        where it keeps its bytes (no larger, or not readable: training then reports it as on the folder)."""
+        from PIL import Image
+
+        try:
+            with open_image(io.BytesIO(data)) as image:
+                target = self.target(*image.size)
+                if target is None:
+                    return None
+                extent = (0, 0, *image.size)
+                if image.format == "JPEG":
+                    # the largest of libjpeg's reductions that keeps the target; the image's extent in it, which
+                    # its last row and column may overhang
+                    extent = image.draft("RGB", target)[1]
+                    pixels = image.convert("RGB")
+                else:
+                    pixels = open_rgb(io.BytesIO(data))
+            out = io.BytesIO()
+            pixels.resize(target, Image.LANCZOS, box=extent).save(out, "JPEG", quality=self.quality)
+        except Exception:  # anything Pillow raises: the bytes are stored as they are, and reported where read
+            return None
+        return out.getvalue()
 
 
 def parse_size(text: str) -> int:
@@ -108,21 +160,28 @@ class SplitPlan:
     problems: dict[int, str]  # samples that cannot be read, with the reason
     links: list[str]  # links not followed, as training reports them
     shards: list[range] = field(default_factory=list)
+    resizing: Resizing | None = None
+    resized: set[int] = field(default_factory=set)  # the samples stored resized (as JPEGs), once read
 
     def extension(self, index: int) -> str:
+        if index in self.resized:
+            return "jpg"
         return os.path.splitext(self.paths[index])[1].lower().lstrip(".")
 
     def sources(self, rows: range) -> str:
         """A digest of what shard ``rows`` is packed from: a kept shard must have the same."""
-        hasher = hashlib.sha256(f"{FORMAT} {VERSION}\n".encode())
+        resized = f" {self.resizing.max_size} {self.resizing.quality}" if self.resizing else ""
+        hasher = hashlib.sha256(f"{FORMAT} {VERSION}{resized}\n".encode())
         for index in rows:
             hasher.update(os.fsencode(self.names[index]) + b"\0")
             hasher.update(f"{self.labels[index]} {self.sizes[index]} {self.mtimes[index]}\n".encode())
         return hasher.hexdigest()
 
 
-def plan_split(source_dir: Path, target_dir: Path, classes: list[str], shard_size: int) -> SplitPlan:
-    """List ``source_dir`` as training does, look at every file, and cut the samples into shards."""
+def plan_split(source_dir: Path, target_dir: Path, classes: list[str], shard_size: int,
+               resizing: Resizing | None = None) -> SplitPlan:
+    """List ``source_dir`` as training does, look at every file, and cut the samples into shards (by their sizes,
+    or, where ``resizing`` stores them smaller, by an estimate from their headers)."""
     samples, links = walk_split(source_dir, classes)
     _report_links(links)
     sizes = np.full(len(samples), -1, dtype=np.int64)
@@ -141,10 +200,14 @@ def plan_split(source_dir: Path, target_dir: Path, classes: list[str], shard_siz
     paths = [path for path, _ in samples]
     names = relative_names(source_dir, paths)
     plan = SplitPlan(source_dir, target_dir, classes, paths, names,
-                     np.array([label for _, label in samples], dtype=np.int64), sizes, mtimes, problems, links)
+                     np.array([label for _, label in samples], dtype=np.int64), sizes, mtimes, problems, links,
+                     resizing=resizing)
     first, used = 0, 0
     for index in range(len(samples)):
-        cost = sample_bytes(max(int(sizes[index]), 0), int(plan.labels[index]))
+        size = max(int(sizes[index]), 0)
+        if resizing is not None and size:
+            size = _estimated_size(paths[index], size, resizing)
+        cost = sample_bytes(size, int(plan.labels[index]))
         if index > first and used + cost + _END > shard_size:
             plan.shards.append(range(first, index))
             first, used = index, 0
@@ -152,6 +215,18 @@ def plan_split(source_dir: Path, target_dir: Path, classes: list[str], shard_siz
     if len(samples):
         plan.shards.append(range(first, len(samples)))
     return plan
+
+
+def _estimated_size(path: str, size: int, resizing: Resizing) -> int:
+    """About how many bytes the image at ``path`` (``size`` bytes) takes once stored: in proportion to its pixels
+    where :class:`Resizing` shrinks it (its header read), else its size."""
+    try:
+        with open_image(path) as image:
+            width, height = image.size
+    except Exception:  # stored as it is
+        return size
+    target = resizing.target(width, height)
+    return size if target is None else max(1, size * target[0] * target[1] // (width * height))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -184,6 +259,11 @@ def _read_source(plan: SplitPlan, index: int) -> bytes | str:
     if len(data) != plan.sizes[index]:
         raise UserError(f"{plan.paths[index]} changed while it was packed ({plan.sizes[index]} bytes when listed, "
                         f"{len(data)} when read); run the pack again")
+    if plan.resizing is not None:
+        smaller = plan.resizing.shrink(data)
+        if smaller is not None:
+            plan.resized.add(index)
+            return smaller
     return data
 
 
@@ -349,6 +429,7 @@ def pack_split(plan: SplitPlan, workers: int, progress) -> dict:
         "shards": [record.entry() for record in done],
         "unreadable": sorted(item for record in done for item in record.unreadable),
         "links_not_followed": plan.links,
+        **(plan.resizing.record() if plan.resizing is not None else {}),
     }
     text = json.dumps(manifest, indent=1, ensure_ascii=True).encode() + b"\n"
     files = {TABLE: table_bytes, NAMES: names, MANIFEST: text}
@@ -390,8 +471,10 @@ def _writing(destination: Path, outcome: str) -> Iterator[None]:
         raise write_failure(f"DST {destination}", error, outcome) from None
 
 
-def pack(source: Path, destination: Path, shard_size: int = DEFAULT_SHARD_SIZE, workers: int = 8) -> int:
-    """Pack every split of ``source`` into ``destination``; the number of images packed."""
+def pack(source: Path, destination: Path, shard_size: int = DEFAULT_SHARD_SIZE, workers: int = 8,
+         resizing: Resizing | None = None) -> int:
+    """Pack every split of ``source`` into ``destination`` (its larger images stored smaller where ``resizing``
+    says); the number of images packed."""
     if not source.is_dir():
         raise UserError(f"SRC {source} does not exist")
     if is_packed(source):
@@ -406,7 +489,7 @@ def pack(source: Path, destination: Path, shard_size: int = DEFAULT_SHARD_SIZE, 
     with PackLock(destination):
         with _writing(destination, KEPT):
             remove_temporaries(destination, splits)
-        plans = [plan_split(source / split, destination / split, classes, shard_size) for split in splits]
+        plans = [plan_split(source / split, destination / split, classes, shard_size, resizing) for split in splits]
         from tqdm import tqdm
 
         for split, plan in zip(splits, plans):
@@ -417,9 +500,11 @@ def pack(source: Path, destination: Path, shard_size: int = DEFAULT_SHARD_SIZE, 
                 print(f"warning: {plan.paths[index]} cannot be read ({reason}); packed as an unreadable image",
                       file=sys.stderr, flush=True)
             written, size = manifest["written"], sum(shard["bytes"] for shard in manifest["shards"])
+            resized = f"; {len(plan.resized):,} of the images written resized to {resizing.max_size} px" \
+                if resizing is not None and written else ""
             print(f"{printable(destination / split)}: {len(classes)} classes, {len(plan.paths):,} images in "
-                  f"{len(plan.shards)} shard(s), {size / 1e6:,.1f} MB ({written} written, {len(plan.shards) - written} kept)",
-                  flush=True)
+                  f"{len(plan.shards)} shard(s), {size / 1e6:,.1f} MB ({written} written, {len(plan.shards) - written} kept)"
+                  f"{resized}", flush=True)
             total += len(plan.paths)
     elapsed = time.perf_counter() - started
     print(f"packed {total:,} images in {elapsed:.1f} s ({total / max(elapsed, 1e-9):,.0f} images/s)", flush=True)
@@ -434,8 +519,21 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m image_classifi
 def pack_command(args: argparse.Namespace) -> int:
     """The command, its arguments parsed by :func:`tool_arguments.pack_parser`; returns the exit code."""
     with stop_raises(f"packing {args.destination}", KEPT):
-        pack(Path(args.source), Path(args.destination), parse_size(args.shard_size), args.workers)
+        pack(Path(args.source), Path(args.destination), parse_size(args.shard_size), args.workers,
+             resizing(args.max_size, args.quality))
     return 0
+
+
+def resizing(max_size: int | None, quality: int | None) -> Resizing | None:
+    """``--max-size`` and ``--quality`` as a :class:`Resizing` (None without ``--max-size``); UserError for a
+    quality out of range, or given alone."""
+    if max_size is None:
+        if quality is not None:
+            raise UserError("--quality sets the JPEG quality of the images --max-size resizes; give --max-size too")
+        return None
+    if quality is not None and not 1 <= quality <= 100:
+        raise UserError(f"--quality {quality}: give 1 to 100 (JPEG's scale; 90 unless told)")
+    return Resizing(max_size, DEFAULT_QUALITY if quality is None else quality)
 
 
 if __name__ == "__main__":

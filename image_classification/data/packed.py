@@ -15,7 +15,8 @@
   blocks), its size and its label; the manifest's shard counts say which shard holds it.
 * ``names.bin``: each sample's path relative to the split folder, NUL-terminated, for messages.
 * ``manifest.json``, written last: classes, shards (samples, bytes, SHA-256), the SHA-256 of the table and
-  of the names, the samples that could not be read when packing, the links not followed.
+  of the names, the samples that could not be read when packing, the links not followed; for a pack with
+  ``--max-size``, that size and the ``--quality`` of the images it resized (their members are then ``.jpg``).
 
 A split is opened by its manifest, read within :mod:`..datafile`'s bounds (size, nesting, numbers).  What is
 checked before a run starts (cheap even for 14 M samples): the format version, every file a plain name of the
@@ -175,6 +176,10 @@ def _manifest_problem(manifest: dict) -> str | None:
     links = manifest.get("links_not_followed", [])
     if not isinstance(links, list) or not all(isinstance(item, str) for item in links):
         return "its list of links not followed is malformed"
+    if "max_size" in manifest or "quality" in manifest:
+        size, quality = manifest.get("max_size"), manifest.get("quality")
+        if not (_is_count(size) and size > 0 and _is_count(quality) and 1 <= quality <= 100):
+            return "its --max-size or --quality is not a positive size and a quality of 1 to 100"
     return None
 
 
@@ -280,6 +285,7 @@ class PackedSplit:
         self._descriptors: list[int] | None = None
         self._open_shards()
         self.names = SampleNames(split_dir, manifest)
+        self.max_size: int | None = manifest.get("max_size")  # --max-size: the images' longest side at most
 
     def _check_table(self, classes: int) -> None:
         labels = self.labels
@@ -377,8 +383,10 @@ class PackedSplit:
         return data
 
     def fingerprint(self) -> dict:
-        """Which images the split holds (see :func:`fingerprint`): those of the folder it was packed from."""
-        return fingerprint(len(self), self.names.sha256)
+        """Which images the split holds (see :func:`fingerprint`): those of the folder it was packed from, and the
+        ``--max-size`` they were stored at where the pack resized them."""
+        found = fingerprint(len(self), self.names.sha256)
+        return found if self.max_size is None else {**found, "max_size": self.max_size}
 
     def problem(self, index: int) -> str | None:
         """Why sample ``index`` cannot be read or decoded, or None."""

@@ -20,6 +20,7 @@ from torchvision.transforms import v2
 
 from ..preprocessing import CROP_RATIO, val_resize_size
 from .common import DataConfig
+from .reduced import ScalableJpeg, crop_scale
 
 INTERPOLATION = {
     "bilinear": transforms.InterpolationMode.BILINEAR,
@@ -103,6 +104,7 @@ class TrainTransform:
     def __init__(self, config: DataConfig):
         self.size, self.scale = config.train_size, tuple(config.crop_scale)
         self.interpolation, self.hflip = INTERPOLATION[config.interpolation], config.hflip
+        self.interpolation_name = config.interpolation
         self.augmentation = auto_augmentation(config)
 
     def draw(self, height: int, width: int) -> Draw:
@@ -110,11 +112,18 @@ class TrainTransform:
         # as v2.RandomHorizontalFlip draws: one number, flipped below hflip; no draw when flips are off
         return Draw(box, self.hflip > 0 and bool(torch.rand(1) < self.hflip))
 
-    def crop(self, image: torch.Tensor, draw: Draw) -> torch.Tensor:
+    def crop(self, image: torch.Tensor | ScalableJpeg, draw: Draw) -> torch.Tensor:
+        """The draw's crop of a decoded image, or of a JPEG not yet decoded (:mod:`.reduced`: decoded at the
+        smallest scale that keeps the crop's pixels, else whole)."""
+        if isinstance(image, ScalableJpeg):
+            if crop_scale(draw.box[2], draw.box[3], self.size) > 1:
+                out = image.resized_crop(draw.box, self.size, self.interpolation_name)
+                return v2.functional.horizontal_flip(out) if draw.flip else out
+            image = image.decoded()
         out = resized_crop(image, draw.box, self.size, self.interpolation)
         return v2.functional.horizontal_flip(out) if draw.flip else out
 
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+    def __call__(self, image: torch.Tensor | ScalableJpeg) -> torch.Tensor:
         out = self.crop(image, self.draw(*image.shape[-2:]))
         return out if self.augmentation is None else self.augmentation(out)
 

@@ -1,0 +1,168 @@
+"""Decoding a JPEG at reduced size: only the pixels its crop or its resize needs (``--decode-scale auto``).
+
+libjpeg(-turbo) scales a JPEG while it decodes (in the DCT domain): at 1/2, 1/4 or 1/8 it gives a
+``ceil(W/s)`` x ``ceil(H/s)`` image, each pixel the average of an ``s`` x ``s`` block, for a fraction of the
+work (the inverse DCT, the colour conversion and the memory shrink ``s**2``-fold; the entropy decoding stays).
+Pillow's ``Image.draft`` asks libjpeg for it; Pillow bundles libjpeg-turbo, so this needs no other library
+(docs/performance.md has the measurement that chose it).
+
+The invariants, for every path that uses it (the ``pytorch`` backend's training and validation, from a folder
+or its packed copy; classify.py, ``--evaluate``, int8 calibration):
+
+* **The draws are unchanged.**  The crop box is drawn on the image's full-size coordinates, from its header,
+  with the same generator calls as a full decode, so the same seed gives the same boxes and flips, and a resume
+  replays them exactly.
+* **Nothing is upsampled that was not before.**  A training box is decoded at ``1/s`` only where it still spans
+  at least ``s`` times the output's side in both directions (:func:`crop_scale`); a validation image only where
+  its reduced short side is still at least the resize's short side (:func:`resize_scale`).  Elsewhere, and for
+  every image that is not an 8-bit greyscale or YCbCr JPEG, the decode and the resize are today's, bit for bit.
+* **The geometry is the full decode's.**  The reduced image is resized from the box's exact, fractional
+  position in it (Pillow's resize with a box), and a validation image to the very size its full decode would be
+  resized to: only the pixels the resize starts from differ, by at most :data:`MEAN_BOUND` grey levels on average
+  and :data:`MAX_BOUND` at most over a batch (tests/test_reduced.py holds the bound on photographs).
+* ``--decode-scale full`` decodes every pixel, as before this module: the batches of older runs.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from .files import check_size, decode_rgb_tensor, is_jpeg, jpeg_frame, open_image
+
+SCALES = (8, 4, 2)  # libjpeg's reduced scales that Pillow's draft asks for, smallest image first
+# The difference from the full-size decode at the same box, measured on photographs (tests/test_reduced.py):
+# the mean absolute difference of a batch and the largest of any pixel, in grey levels (0-255).
+MEAN_BOUND = 3.0
+MAX_BOUND = 64
+_FILTERS = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "triangular": Image.BILINEAR}
+_COMPONENTS = frozenset({1, 3})  # greyscale and YCbCr: CMYK, YCCK and 12-bit JPEGs decode as before
+
+
+def crop_scale(box_height: int, box_width: int, size: int) -> int:
+    """The reduction ``s`` (8, 4, 2 or 1) at which a ``box_height`` x ``box_width`` box still spans at least
+    ``size`` pixels in each direction: the largest with ``s * size`` at most the box's shorter side."""
+    return next((scale for scale in SCALES if scale * size <= min(box_height, box_width)), 1)
+
+
+def resize_scale(width: int, height: int, short_side: int) -> int:
+    """The reduction ``s`` (8, 4, 2 or 1) at which a ``width`` x ``height`` image's short side, as libjpeg scales
+    it (``ceil(side / s)``), is still at least ``short_side``."""
+    return next((scale for scale in SCALES if -(-min(width, height) // scale) >= short_side), 1)
+
+
+def resized_size(width: int, height: int, short_side: int) -> tuple[int, int]:
+    """(width, height) of a ``width`` x ``height`` image after torchvision's ``Resize(short_side)``: the short side
+    to ``short_side``, the long side ``int(short_side * long / short)`` (its own float arithmetic)."""
+    if width <= height:
+        return short_side, int(short_side * height / width)
+    return int(short_side * width / height), short_side
+
+
+class DecodeFailed(Exception):
+    """A JPEG whose header read but whose data did not decode; ``cause`` is what the decoder raised, in whose
+    words the image is reported, as any unreadable image is."""
+
+    def __init__(self, cause: Exception):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class ScalableJpeg:
+    """A JPEG whose size was read from its header, not yet decoded: what training draws its box from."""
+
+    raw: bytes
+    width: int
+    height: int
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(channels, height, width), as a decoded CHW tensor's shape reads."""
+        return 3, self.height, self.width
+
+    def resized_crop(self, box: tuple[int, int, int, int], size: int, interpolation: str):
+        """The ``box`` (top, left, height, width, in full-size pixels) resized to ``size`` x ``size``, as a
+        uint8 CHW tensor, decoded at :func:`crop_scale`'s reduction (callers use this only where it is above 1)."""
+        import torch
+
+        top, left, height, width = box
+        scale = crop_scale(height, width, size)
+        try:
+            image = _drafted(self.raw, self.width, self.height, scale)
+        except (OSError, ValueError, Image.DecompressionBombError) as error:
+            raise DecodeFailed(error) from error
+        out = image.resize((size, size), _FILTERS[interpolation],
+                           box=(left / scale, top / scale, (left + width) / scale, (top + height) / scale))
+        return torch.from_numpy(np.array(out, dtype=np.uint8)).permute(2, 0, 1)
+
+    def decoded(self):
+        """The whole image at full size, as :func:`.files.decode_rgb_tensor` decodes it (a uint8 CHW tensor)."""
+        try:
+            return decode_rgb_tensor(self.raw)
+        except (OSError, ValueError, Image.DecompressionBombError) as error:
+            raise DecodeFailed(error) from error
+
+
+def decode_for_crop(raw: bytes):
+    """What training crops from an image file's bytes: a :class:`ScalableJpeg` (its header read and the size rule
+    applied, nothing decoded) or, for any other image, its uint8 CHW tensor (:func:`.files.decode_rgb_tensor`)."""
+    jpeg = scalable_jpeg(raw)
+    if jpeg is None:
+        return decode_rgb_tensor(raw)
+    check_size(jpeg.width, jpeg.height)
+    return jpeg
+
+
+def scalable_jpeg(raw: bytes) -> ScalableJpeg | None:
+    """``raw`` as a :class:`ScalableJpeg` where it is an 8-bit greyscale or YCbCr JPEG; None for any other image.
+    Raises what the header walk raises (:class:`.files.UnreadableHeader`)."""
+    if not is_jpeg(raw):
+        return None
+    handle = io.BytesIO(raw)
+    handle.seek(2)
+    frame = jpeg_frame(handle)
+    if frame.precision != 8 or frame.components not in _COMPONENTS or not frame.width or not frame.height:
+        return None
+    return ScalableJpeg(raw, frame.width, frame.height)
+
+
+def _drafted(raw: bytes, width: int, height: int, scale: int) -> Image.Image:
+    """The JPEG ``raw`` (``width`` x ``height``) decoded at 1/``scale`` as an RGB image of ``ceil(width / scale)``
+    x ``ceil(height / scale)``.  Raises what Pillow raises for a file it cannot decode, and ValueError where the
+    header libjpeg reads disagrees with ``width`` x ``height``."""
+    with open_image(io.BytesIO(raw)) as image:
+        if image.size != (width, height):
+            raise ValueError(f"a JPEG of {image.size[0]}x{image.size[1]} where its header said {width}x{height}")
+        image.draft("RGB", (width // scale, height // scale))  # Pillow picks the largest scale that keeps these
+        if image.size != (-(-width // scale), -(-height // scale)):
+            raise ValueError(f"libjpeg did not scale a {width}x{height} JPEG by 1/{scale}")
+        return image.convert("RGB")
+
+
+def open_resized(source, short_side: int, interpolation: str = "bilinear", decode_scale: str = "auto"):
+    """The image at ``source`` (a path or an image file's bytes), 8-bit RGB, resized as torchvision's
+    ``Resize(short_side)`` resizes it: what validation, ``--evaluate`` and classify.py centre-crop.  With
+    ``decode_scale`` "auto" a JPEG is decoded at :func:`resize_scale`'s reduction where it is above 1, and resized
+    from there to the size its full decode is resized to; any other image is opened by :func:`.files.open_rgb` and
+    resized as before.  Raises what :func:`.files.open_rgb` raises."""
+    from torchvision.transforms import functional
+
+    from .files import open_rgb, read_bytes
+    from .transforms import INTERPOLATION
+
+    raw = source if isinstance(source, bytes) else read_bytes(source)
+    if decode_scale == "auto":
+        jpeg = scalable_jpeg(raw)
+        scale = resize_scale(jpeg.width, jpeg.height, short_side) if jpeg is not None else 1
+        if scale > 1:
+            with open_image(io.BytesIO(raw), short_side):  # the size rule, for the resize too
+                pass
+            image = _drafted(raw, jpeg.width, jpeg.height, scale)
+            # from the full image's extent, jpeg.width / scale wide: libjpeg's last column may stand for fewer pixels
+            return image.resize(resized_size(jpeg.width, jpeg.height, short_side), _FILTERS[interpolation],
+                                box=(0, 0, jpeg.width / scale, jpeg.height / scale))
+    return functional.resize(open_rgb(io.BytesIO(raw), short_side), short_side, INTERPOLATION[interpolation])
