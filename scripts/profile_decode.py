@@ -9,8 +9,6 @@ figures are milliseconds per image, the median over three passes.
 
 from __future__ import annotations
 
-import argparse
-import io
 import statistics
 import sys
 import time
@@ -20,10 +18,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from image_classification import machine  # noqa: E402
+from image_classification.cli import UserErrorParser, positive_int, run  # noqa: E402
 from image_classification.data import reduced  # noqa: E402
 from image_classification.data.common import DataConfig, MEAN_255, STD_255, sample_seed  # noqa: E402
 from image_classification.data.files import decode_rgb_tensor  # noqa: E402
@@ -50,7 +50,7 @@ def one_pass(split, transform: TrainTransform, count: int, size: int, auto: bool
             top, left, height, width = draw.box
             out = image.resize((size, size), Image.BILINEAR, box=(left / scale, top / scale, (left + width) / scale,
                                                                 (top + height) / scale))
-            crop = torch.from_numpy(__import__("numpy").array(out)).permute(2, 0, 1)
+            crop = torch.from_numpy(np.array(out)).permute(2, 0, 1)
         else:
             image = decode_rgb_tensor(raw)
             now = time.perf_counter(); spent["decode"] += now - clock; clock = now
@@ -65,10 +65,10 @@ def one_pass(split, transform: TrainTransform, count: int, size: int, auto: bool
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="profile_decode.py", description=__doc__.split("\n\n")[0])
+    parser = UserErrorParser(prog="profile_decode.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("data", metavar="DIR")
-    parser.add_argument("--images", type=int, default=32)
-    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--images", type=positive_int, default=32)
+    parser.add_argument("--image-size", type=positive_int, default=224)
     parser.add_argument("--decode-scale", choices=("auto", "full"), default="auto")
     opts = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -86,4 +86,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))
