@@ -5,12 +5,11 @@
 writes DIR/train/class_<c>/img_<i>.jpg: ``--images`` JPEGs of 500x375 at quality 90, spread over
 ``--classes`` folders, each a field of random "pink" noise whose amplitude falls as 1/f^1.6 with the
 spatial frequency f, in three correlated colour channels.  Photographs have such a falling spectrum, and
-the exponent is chosen so that the files are the size of the photo set's (``scripts/benchmark_loader.py
---photos``, random cuts of scikit-image's photographs): on the machine of docs/performance.md about 41 KB
-a file against the photo set's 38 KB, decoded by torchvision's CPU decoder in 0.60 ms against 0.65 ms.
-JPEG decoding costs in proportion to the entropy-coded bytes and the pixels, so the set stands in for
-photographs where none can be had: no download, no scikit-image (a GPU machine may have neither), and the
-same pixels on every machine, image ``i`` drawn from its own seed whatever ``-j``.
+the exponent is chosen so that the files are about the size of the photo set's (``scripts/benchmark_loader.py
+--photos``, random cuts of scikit-image's photographs; docs/performance.md compares the two).  JPEG decoding
+costs in proportion to the entropy-coded bytes and the pixels, so the set stands in for photographs where
+none can be had: no download, no scikit-image (a GPU machine may have neither), and the same pixels on every
+machine, image ``i`` drawn from its own seed whatever ``-j``.
 
 Its last line, and ``-o``'s JSON: the count, the size, the mean bytes per file and the seconds it took.
 """

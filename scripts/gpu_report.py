@@ -225,24 +225,16 @@ class Step:
     note: str = ""  # how the step differs from what it stands for on this device, said in the report
 
 
-def launch_step(scale: Scale, arch: str, precision: str, work: Path, section: str, data_dir: Path | None = None,
-                backend: str = "", note: str = "") -> Step:
-    """launch.py's benchmark of ``arch`` at ``precision``, as a user types it, its raport in its own
-    workspace; with ``data_dir``, on those JPEGs with ``--data-backend backend`` in place of synthetic data."""
+def launch_step(scale: Scale, arch: str, precision: str, section: str, workspace: Path, extra: Sequence[str] = (),
+                name: str = "", **fields) -> Step:
+    """launch.py's benchmark of ``arch`` at ``precision``, as a user types it, then ``extra`` flags; its raport
+    in ``workspace``."""
     launch_precision, flags = scale.launch_precisions[precision]
-    extra = scale.others_flags if section == "train" else ()
-    name, folder = f"{arch} {precision} launch.py", work / "launch" / f"{arch}_{precision}"
-    data: tuple[str, ...] = ()
-    if section == "decode":
-        what = "JPEG" if data_dir else "synthetic"
-        name, folder, extra = f"{name} {what}", work / "decode" / f"{arch}_{precision}_{what}", scale.decode_flags
-        data = ("--data-backend", backend, str(data_dir)) if data_dir else ()
     argv = ("launch.py", "--model", arch, "--precision", launch_precision, "--mode", LAUNCH_MODE, "--platform",
-            scale.platform, *scale.launch_flags, *flags, *extra, "--workspace", str(folder),
-            "--raport-file", "raport.json", *data)
-    return Step(section, name, argv, scale.limits["launch"], folder / "raport.json", arch, precision, env=scale.env,
-                kind="launch", needs="JPEG set" if data_dir else None,
-                data=("JPEG" if data_dir else "synthetic") if section == "decode" else "", note=note)
+            scale.platform, *scale.launch_flags, *flags, "--workspace", str(workspace), "--raport-file", "raport.json",
+            *extra)
+    return Step(section, name or f"{arch} {precision} launch.py", argv, scale.limits["launch"],
+                workspace / "raport.json", arch, precision, env=scale.env, kind="launch", **fields)
 
 
 def throughput_step(scale: Scale, arch: str, precision: str, device: str, work: Path, compiled: bool = False) -> Step:
@@ -296,10 +288,9 @@ def decode_steps(scale: Scale, device: str, work: Path) -> list[Step]:
     training from the JPEGs and from synthetic data with the same command."""
     data_dir = work / DATA_FOLDER / "jpegs"
     summary = work / "decode" / "jpeg_set.json"
-    data = Step("decode", "JPEG set", (JPEG_SET_SCRIPT, "--images", str(scale.jpeg_images), "--classes",
-                                       str(scale.jpeg_classes), "-j", str(scale.jpeg_workers), "-o", str(summary),
-                                       str(data_dir)),
-                scale.limits["data"], summary, env=scale.env, kind="data")
+    write = (JPEG_SET_SCRIPT, "--images", str(scale.jpeg_images), "--classes", str(scale.jpeg_classes), "-j",
+             str(scale.jpeg_workers), "-o", str(summary), str(data_dir))
+    data = Step("decode", "JPEG set", write, scale.limits["data"], summary, env=scale.env, kind="data")
     loader_note = "" if device == "cuda" else ("without CUDA, pytorch-gpu is its CPU twin (torchvision's CPU "
                                                "decoder in the training process): its plumbing, not its speed")
     loader = Step("decode", "loader pytorch-gpu beside pytorch",
@@ -308,8 +299,13 @@ def decode_steps(scale: Scale, device: str, work: Path) -> list[Step]:
                   note=loader_note)
     backend = "pytorch-gpu" if device == "cuda" else "pytorch"
     train_note = "" if device == "cuda" else "main.py refuses pytorch-gpu off CUDA: the pytorch backend stands in"
-    jpeg = launch_step(scale, DECODE_ARCH, "AMP", work, "decode", data_dir, backend, train_note)
-    return [data, loader, jpeg, launch_step(scale, DECODE_ARCH, "AMP", work, "decode")]
+
+    def training(what: str, flags: Sequence[str] = (), **fields) -> Step:
+        return launch_step(scale, DECODE_ARCH, "AMP", "decode", work / "decode" / f"{DECODE_ARCH}_AMP_{what}",
+                           (*scale.decode_flags, *flags), f"{DECODE_ARCH} AMP launch.py {what}", data=what, **fields)
+
+    jpeg = training("JPEG", ("--data-backend", backend, str(data_dir)), needs=data.name, note=train_note)
+    return [data, loader, jpeg, training("synthetic")]
 
 
 def plan(scale: Scale, device: str, work: Path, sections: Sequence[str] = DEFAULT_SECTIONS, compiler: bool = True,
@@ -320,7 +316,7 @@ def plan(scale: Scale, device: str, work: Path, sections: Sequence[str] = DEFAUL
     AMP runs, and last ``--compile``, left out without a compiler)."""
     steps: list[Step] = []
     if "amp" in sections:
-        steps += [launch_step(scale, arch, "AMP", work, "amp") for arch in LAUNCH_MODELS]
+        steps += [launch_step(scale, arch, "AMP", "amp", work / "launch" / f"{arch}_AMP") for arch in LAUNCH_MODELS]
     if "tests" in sections:
         steps.append(tests_step(scale, work, gpu_test_modules() if modules is None else modules))
     first = scale.archs[0]
@@ -334,8 +330,9 @@ def plan(scale: Scale, device: str, work: Path, sections: Sequence[str] = DEFAUL
     if "decode" in sections:
         steps += decode_steps(scale, device, work)
     if "train" in sections:
-        steps += [launch_step(scale, arch, "TF32", work, "train") for arch in LAUNCH_MODELS]
-        steps += [launch_step(scale, arch, "BF16", work, "train") for arch in LAUNCH_BF16]
+        steps += [launch_step(scale, arch, precision, "train", work / "launch" / f"{arch}_{precision}",
+                              scale.others_flags)
+                  for precision, archs in (("TF32", LAUNCH_MODELS), ("BF16", LAUNCH_BF16)) for arch in archs]
         steps += [throughput_step(scale, arch, "AMP", device, work) for arch in scale.archs]
         if compiler:  # the CPU has no fp16 autocast worth compiling: bf16 there
             steps.append(throughput_step(scale, first, "AMP" if device == "cuda" else "BF16", device, work, True))
@@ -517,39 +514,21 @@ def run_step(step: Step, work: Path, left_s: float) -> dict:
     log = work / "logs" / (re.sub(r"[^\w.-]+", "_", step.name) + ".log")
     log.parent.mkdir(parents=True, exist_ok=True)
     record["log"] = str(log.relative_to(work))
-    python_path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg", **dict(step.env)}
     start, started_at = time.monotonic(), time.time()
-    with open(log, "w", encoding="utf-8") as handle:
-        # a process group of its own: what it starts (torch.compile's workers, pytest's) is ended with it
-        process = subprocess.Popen([sys.executable, *step.argv], cwd=REPO, env=env, stdout=handle,
-                                   stderr=subprocess.STDOUT, process_group=0)
-        try:
-            code = process.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            code = None
-        finally:
-            if process.returncode is None:  # timed out, or this process was stopped while waiting
-                _kill(process)
+    code = _run(step, log, limit)
     record["seconds"] = round(time.monotonic() - start, 1)
     output = log.read_text(encoding="utf-8", errors="replace")
     fresh = step.output is not None and step.output.exists() and step.output.stat().st_mtime >= started_at
-    if step.kind == "tests" and fresh:  # pytest's outcomes, whatever its exit code
-        record["result"] = parse_junit(step.output)
+    if step.kind == "tests":  # pytest's outcomes, whatever its exit code
+        try:
+            record["result"] = parse_junit(step.output) if fresh else None
+        except ElementTree.ParseError:  # cut short
+            record["result"] = None
     if code is None:
         return {**record, "status": "timed out", "error": f"stopped after {limit:.0f} s (its limit "
                 f"{step.limit_s:.0f} s, {left_s:.0f} s of the budget left)"}
     if step.kind == "tests":
-        if "result" not in record:
-            return {**record, "status": "failed", "error": f"pytest exited {code} without its JUnit XML: "
-                    f"{_last_line(output)}"}
-        failed, errors = (sorted(t["test"] for t in record["result"]["tests"] if t["outcome"] == outcome)
-                          for outcome in ("failed", "error"))
-        if code != 0:
-            error = (f"{len(failed)} failed and {len(errors)} errors: {', '.join(failed + errors)}"
-                     if failed or errors else f"pytest exited {code}: {_last_line(output)}")
-            return {**record, "status": "failed", "error": error}
-        return record
+        return _tests_record(record, code, output)
     if code != 0:
         return {**record, "status": "failed", "error": f"exit code {code}: {_last_line(output)}"}
     if step.output is None and step.kind != "loader":  # a step with no figures
@@ -561,6 +540,40 @@ def run_step(step: Step, work: Path, left_s: float) -> dict:
         record["result"] = step_result(step, output)
     except (OSError, ValueError, KeyError) as error:
         return {**record, "status": "failed", "error": f"its {what} could not be read: {error}"}
+    return record
+
+
+def _run(step: Step, log: Path, limit: float) -> int | None:
+    """Run the step's command with its output in ``log``; its exit code, None where it was stopped at ``limit``
+    seconds (or this process was stopped while it ran)."""
+    python_path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg", **dict(step.env)}
+    with open(log, "w", encoding="utf-8") as handle:
+        # a process group of its own: what it starts (torch.compile's workers, pytest's) is ended with it
+        process = subprocess.Popen([sys.executable, *step.argv], cwd=REPO, env=env, stdout=handle,
+                                   stderr=subprocess.STDOUT, process_group=0)
+        try:
+            return process.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            if process.returncode is None:  # timed out, or this process was stopped while waiting
+                _kill(process)
+
+
+def _tests_record(record: dict, code: int, output: str) -> dict:
+    """The tests step's record once pytest exited ``code``: failed where any test failed or erred (named) or
+    pytest wrote no outcomes."""
+    if record["result"] is None:
+        return {**record, "status": "failed", "error": f"pytest exited {code} without its JUnit XML: "
+                f"{_last_line(output)}"}
+    failed, errors = (sorted(t["test"] for t in record["result"]["tests"] if t["outcome"] == outcome)
+                      for outcome in ("failed", "error"))
+    if failed or errors:
+        return {**record, "status": "failed",
+                "error": f"{len(failed)} failed and {len(errors)} errors: {', '.join(failed + errors)}"}
+    if code != 0:
+        return {**record, "status": "failed", "error": f"pytest exited {code}: {_last_line(output)}"}
     return record
 
 
