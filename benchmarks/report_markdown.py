@@ -8,6 +8,7 @@ from collections import Counter
 from benchmarks.common import ratio_text
 
 REPORT_PRECISIONS = ("TF32", "AMP", "BF16")
+AMP_TITLES = {"float16": "AMP (fp16)", "bfloat16": "AMP (bf16)"}  # launch.py's amp_dtype
 
 
 def _rate(value: float) -> str:
@@ -197,7 +198,7 @@ def decode_markdown(report: dict) -> list[str]:
     lines = ["## GPU decoding", ""]
     for step in steps:
         lines += [f"{step['name']}: `{step['command']}`" + ("" if step["status"] == "ok" else
-                                                           f": **{step['status']}**: {step.get('error', '')}"), ""]
+                                                           f": **{step['status']}** {step.get('error') or ''}"), ""]
         if step.get("note"):
             lines += [f"Note: {step['note']}.", ""]
         if step["status"] != "ok":
@@ -213,7 +214,8 @@ def decode_markdown(report: dict) -> list[str]:
                       *_loader_lines(step), ""]
     runs = [s for s in steps if s.get("kind") == "launch"]
     if runs:
-        precision = _precision_title(runs[0]["precision"], report["device"])
+        dtypes = {s["result"].get("amp_dtype") for s in runs if s["status"] == "ok"}  # bf16 on the CPU
+        precision = AMP_TITLES.get(dtypes.pop(), "AMP") if len(dtypes) == 1 else "AMP"
         lines += [f"{runs[0]['arch']} training at {precision}, the same launch.py command on the JPEGs and on "
                   "synthetic data: `train.total_ips`, warm-up left out.", "",
                   "| data | backend | Throughput |", "|---|---|---:|"]

@@ -308,17 +308,17 @@ def decode_steps(scale: Scale, device: str, work: Path) -> list[Step]:
     return [data, loader, jpeg, training("synthetic")]
 
 
-def plan(scale: Scale, device: str, work: Path, sections: Sequence[str] = DEFAULT_SECTIONS, compiler: bool = True,
-         modules: Sequence[str] | None = None) -> list[Step]:
+def plan(scale: Scale, device: str, work: Path, sections: Sequence[str] = DEFAULT_SECTIONS,
+         compiler: bool = True) -> list[Step]:
     """Every step of ``sections``, in the order of :data:`SECTIONS`, each with its estimate: the AMP
-    training figures of the three models, the GPU tests (over ``modules``, by default those that hold a GPU
-    test), the inference sweep, GPU decoding, and the other training figures (TF32, bf16, train_throughput.py's
-    AMP runs, and last ``--compile``, left out without a compiler)."""
+    training figures of the three models, the GPU tests (over the modules that hold one), the inference sweep,
+    GPU decoding, and the other training figures (TF32, bf16, train_throughput.py's AMP runs, and last
+    ``--compile``, left out without a compiler)."""
     steps: list[Step] = []
     if "amp" in sections:
         steps += [launch_step(scale, arch, "AMP", "amp", work / "launch" / f"{arch}_AMP") for arch in LAUNCH_MODELS]
     if "tests" in sections:
-        steps.append(tests_step(scale, work, gpu_test_modules() if modules is None else modules))
+        steps.append(tests_step(scale, work, gpu_test_modules()))
     first = scale.archs[0]
     if "infer" in sections:
         output = work / "infer" / f"{first}.json"

@@ -481,9 +481,9 @@ def train_result(median: float, batch: int, compiled: float | None = None, too_l
             "warmup_seconds": {"plain": 1.0, "channels_last": 1.0, **({"compile": 61.4} if compiled else {})}}
 
 
-def launch_result(total: float, wall: float, batch: int, backend: str = "synthetic") -> dict:
+def launch_result(total: float, wall: float, batch: int, backend: str = "synthetic", amp_dtype=None) -> dict:
     return {"total_ips": total, "wall_ips": wall, "batch_size": batch, "warmup": 20, "iterations": 100,
-            "amp_dtype": None, "loss": 6.9, "data_backend": backend}
+            "amp_dtype": amp_dtype, "loss": 6.9, "data_backend": backend}
 
 
 def fake_report() -> dict:
@@ -519,10 +519,10 @@ def fake_report() -> dict:
                 step("infer", "infer", result=infer, arch="resnet50"),
                 step("decode", "JPEG set", result=jpeg_set, kind="data"),
                 step("decode", "loader", result=loader, kind="loader"),
-                step("decode", "rn50-jpeg", result=launch_result(4500.0, 3000.0, 256, "pytorch-gpu"), arch="resnet50",
-                     precision="AMP", kind="launch", data="JPEG"),
-                step("decode", "rn50-synthetic", result=launch_result(4800.0, 3100.0, 256), arch="resnet50",
-                     precision="AMP", kind="launch", data="synthetic"),
+                step("decode", "rn50-jpeg", result=launch_result(4500.0, 3000.0, 256, "pytorch-gpu", "float16"),
+                     arch="resnet50", precision="AMP", kind="launch", data="JPEG"),
+                step("decode", "rn50-synthetic", result=launch_result(4800.0, 3100.0, 256, amp_dtype="float16"),
+                     arch="resnet50", precision="AMP", kind="launch", data="synthetic"),
                 step("train", "rn50-tf32-launch", result=launch_result(1925.0, 1500.0, 256), arch="resnet50",
                      precision="TF32", kind="launch"),
                 step("train", "rn50-bf16-launch", "failed", error="exit code 1: CUDA error | bad", arch="resnet50",
@@ -577,6 +577,7 @@ def test_the_report_gives_the_loader_s_speed_up_and_jpeg_over_synthetic():
     assert "15360 JPEGs of 500x375 at quality 90" in text and "41 KiB on average" in text
     assert "| pytorch-gpu | 5,210 | 0.40 | |" in text
     assert "| pytorch | 2,400 | 5.60 | 2.17x faster |" in text  # the verdict: the speed-up and whether it is one
+    assert "resnet50 training at AMP (fp16), the same launch.py command on the JPEGs and on synthetic data" in text
     assert "| JPEG | pytorch-gpu | 4,500 img/s (batch 256; wall clock 3,000) |" in text
     assert "| synthetic | synthetic | 4,800 img/s (batch 256; wall clock 3,100) |" in text
     assert "**JPEG / synthetic: 0.94** (the goal: 0.90 or more)." in text
