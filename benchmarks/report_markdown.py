@@ -1,5 +1,5 @@
-"""scripts/gpu_report.py's report.md: NVIDIA's table layouts from the report's steps, with every figure's
-command, the machine, and every step's status."""
+"""scripts/gpu_report.py's report.md: NVIDIA's table layouts from the report's steps, the GPU tests' outcomes,
+GPU decoding against synthetic data, with every figure's command, the machine, and every step's status."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections import Counter
 from benchmarks.common import ratio_text
 
 REPORT_PRECISIONS = ("TF32", "AMP", "BF16")
+AMP_TITLES = {"float16": "AMP (fp16)", "bfloat16": "AMP (bf16)"}  # launch.py's amp_dtype
 
 
 def _rate(value: float) -> str:
@@ -46,7 +47,8 @@ def _speedup(step: dict | None, base: dict | None) -> str:
 
 
 def _launch_table(report: dict) -> list[str]:
-    launched = {(s["arch"], s["precision"]): s for s in report["steps"] if s.get("kind") == "launch"}
+    launched = {(s["arch"], s["precision"]): s for s in report["steps"]
+                if s.get("kind") == "launch" and s["section"] != "decode"}
     if not launched:
         return []
     base = _precision_title("TF32", report["device"])
@@ -102,7 +104,7 @@ def training_markdown(report: dict) -> list[str]:
     """NVIDIA's training table (Arch | GPUs | Throughput TF32 | Throughput AMP | speed-up, bf16 beside) from
     launch.py's benchmark, then train_throughput.py's runs against the plain loop and ``--compile``, and the
     command of every figure."""
-    trained = [s for s in report["steps"] if s["section"] == "train"]
+    trained = [s for s in report["steps"] if s["section"] in ("amp", "train")]
     if not trained:
         return []
     lines = ["## Training throughput", ""] + _launch_table(report) + _against_plain_table(report)
@@ -147,7 +149,8 @@ def inference_markdown(report: dict) -> list[str]:
 
 
 def tests_markdown(report: dict) -> list[str]:
-    """The tests' status and count of outcomes, why tests were skipped, and which failed."""
+    """The tests' status and count of outcomes, why tests were skipped, and each failure with its message and
+    the end of its traceback."""
     lines = []
     for step in (s for s in report["steps"] if s["section"] == "tests"):
         error = f" ({step['error']})" if step.get("error") else ""
@@ -155,28 +158,99 @@ def tests_markdown(report: dict) -> list[str]:
         result = step.get("result")
         if result:
             counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(result["counts"].items()))
-            lines.append(f"Outcomes: {counts or 'no test ran'}.")
-            reasons = Counter(t.get("reason", "no reason given") for t in result["tests"] if t["outcome"] == "skipped")
-            lines += [f"* skipped ({n}): {reason}" for reason, n in reasons.items()]
-            lines += [f"* {test['outcome']}: `{test['test']}`" for test in result["tests"]
-                      if test["outcome"] in ("failed", "error")]
+            lines += [f"Outcomes: {counts or 'no test ran'}.", ""]
+            for outcome in ("skipped", "xfailed"):
+                reasons = Counter(t.get("reason") or "no reason given" for t in result["tests"]
+                                  if t["outcome"] == outcome)
+                lines += [f"* {outcome} ({n}): {_md(reason)}" for reason, n in reasons.most_common()]
+            for test in result["tests"]:
+                if test["outcome"] in ("failed", "error"):
+                    lines += ["", f"**{test['outcome']}**: `{test['test']}`: {_md(test.get('message', ''))}", "",
+                              "```", test.get("traceback", ""), "```"]
         lines.append("")
     return lines
 
 
+def _loader_lines(step: dict) -> list[str]:
+    result = step["result"]
+    lines = ["| backend | images/s | CPU ms per image | speed-up over it |", "|---|---:|---:|---|"]
+    cpu_ms = f"{result['cpu_ms']:.2f}" if "cpu_ms" in result else "-"
+    lines.append(f"| {result.get('backend', '-')} | {_rate(result['images_per_s'])} | {cpu_ms} | |")
+    for name, base in result["beside"].items():
+        verdict = base["verdict"] or f"{base['speedup']:.2f}x ({base['spread']})"
+        lines.append(f"| {name} | {_rate(base['images_per_s'])} | {base['cpu_ms']:.2f} | {_md(verdict)} |")
+    return lines
+
+
+def decode_ratio(report: dict) -> float | None:
+    """resnet50's AMP training throughput from JPEGs over the same command's on synthetic data, both having run."""
+    runs = {s["data"]: s for s in report["steps"] if s["section"] == "decode" and s.get("kind") == "launch"}
+    jpeg, synthetic = _figure(runs.get("JPEG")), _figure(runs.get("synthetic"))
+    return jpeg / synthetic if jpeg and synthetic else None
+
+
+def decode_markdown(report: dict) -> list[str]:
+    """The JPEG set, the loader alone (pytorch-gpu beside pytorch) and training from JPEGs against synthetic
+    data, with JPEG over synthetic; what stood in for pytorch-gpu where the device has none."""
+    steps = [s for s in report["steps"] if s["section"] == "decode"]
+    if not steps:
+        return []
+    lines = ["## GPU decoding", ""]
+    for step in steps:
+        lines += [f"{step['name']}: `{step['command']}`" + ("" if step["status"] == "ok" else
+                                                           f": **{step['status']}** {step.get('error') or ''}"), ""]
+        if step.get("note"):
+            lines += [f"Note: {step['note']}.", ""]
+        if step["status"] != "ok":
+            continue
+        result = step["result"]
+        if step["kind"] == "data":
+            kib = result["mean_bytes"] / 1024
+            lines += [f"{result['images']} JPEGs of {result['width']}x{result['height']} at quality "
+                      f"{result['quality']} (pink noise the size of photographs' files: {kib:.0f} KiB on average), "
+                      f"written in {result['seconds']:.0f} s.", ""]
+        elif step["kind"] == "loader":
+            lines += ["The loader alone, epochs alternating: median images/s over the epochs after the first.", "",
+                      *_loader_lines(step), ""]
+    runs = [s for s in steps if s.get("kind") == "launch"]
+    if runs:
+        dtypes = {s["result"].get("amp_dtype") for s in runs if s["status"] == "ok"}  # bf16 on the CPU
+        precision = AMP_TITLES.get(dtypes.pop(), "AMP") if len(dtypes) == 1 else "AMP"
+        lines += [f"{runs[0]['arch']} training at {precision}, the same launch.py command on the JPEGs and on "
+                  "synthetic data: `train.total_ips`, warm-up left out.", "",
+                  "| data | backend | Throughput |", "|---|---|---:|"]
+        for step in runs:
+            backend = (step["result"].get("data_backend") or "-") if step["status"] == "ok" else "-"
+            lines.append(f"| {step['data']} | {backend} | {_cell(step)} |")
+        ratio = decode_ratio(report)
+        lines += ["", f"**JPEG / synthetic: {ratio:.2f}** (the goal: 0.90 or more)." if ratio is not None else
+                  "JPEG / synthetic: not measured (one of the two runs has no figure).", ""]
+    return lines
+
+
 def markdown(report: dict) -> str:
-    """report.md: the machine and the command, then the training, tests and inference tables, and every
-    step's status."""
+    """report.md: the machine and the command, whether the run finished, then the training, tests, inference
+    and GPU decoding sections, and every step's status."""
     smoke = " (smoke run: tiny sizes, the figures say nothing about speed)" if report["smoke"] else ""
+    forecast = (f" (foretold: {report['expected_s']:.0f} s, by the estimates from {report['estimated_on']})"
+                if report.get("expected_s") else "")
     lines = [f"# GPU report{smoke}", "",
              f"* Machine: {report['machine']['description']}",
              f"* Command: `{report['command']}`",
              f"* Started {report['started']}; {report['seconds']:.0f} s of the {report['budget_s']:.0f} s budget"
-             + (f" (the first H100 report's times foretold {report['expected_s']:.0f} s)." if "expected_s" in report
-                else "."), ""]
-    lines += training_markdown(report) + tests_markdown(report) + inference_markdown(report)
-    lines += ["## Steps", "", "| section | step | status | seconds | error |", "|---|---|---|---:|---|"]
+             f"{forecast}."]
+    if report.get("work"):
+        lines.append(f"* The steps worked in `{report['work']}`, removed at the end: logs.tar.gz holds its files "
+                     "(but the JPEG set) under `gpu_report/`.")
+    if not report.get("finished", True):
+        lines.append("* **The run had not finished** when this was written: the steps marked pending had not run.")
+    lines.append("")
+    lines += training_markdown(report) + tests_markdown(report) + inference_markdown(report) + decode_markdown(report)
+    lines += ["## Steps", "", "| section | step | status | seconds | estimate | error |",
+              "|---|---|---|---:|---:|---|"]
     for step in report["steps"]:
         error = _md(step.get("error") or "")
-        lines.append(f"| {step['section']} | {step['name']} | {step['status']} | {step['seconds']:.0f} | {error} |")
+        estimate = f"{step['estimate_s']:.0f}" if step.get("estimate_s") else "-"
+        lines.append(f"| {step['section']} | {step['name']} | {step['status']} | {step['seconds']:.0f} | {estimate} | "
+                     f"{error} |")
     return "\n".join(lines) + "\n"

@@ -1,55 +1,69 @@
-"""A GPU machine's report in one command: training throughput, the GPU tests and the inference sweep.
+"""A GPU machine's report in one command: training throughput, the GPU tests, inference and GPU decoding.
 
-    python scripts/gpu_report.py --out DIR            # on one H100: within 8 minutes
-    python scripts/gpu_report.py --out DIR --smoke    # the same steps at tiny sizes, on a CPU too
+    PYTHONPATH=. python scripts/gpu_report.py --out DIR                   # one H100: steps within 8 minutes
+    PYTHONPATH=. python scripts/gpu_report.py --out DIR --sections train  # the rest, in a second call
+    python scripts/gpu_report.py --out DIR --smoke                        # the same steps tiny, on a CPU too
 
-The steps, in the order they run, what users quote first:
+DIR receives three files and nothing else: ``report.md`` (NVIDIA's table layouts, the GPU, driver, torch
+and CUDA versions, each figure's command), ``report.json`` (every step's command, status, time and figures)
+and ``logs.tar.gz`` (every step's log, launch.py's raports, the benchmarks' JSON and pytest's JUnit XML).
+The steps work in a scratch folder, removed at the end; the archive holds all of it but the JPEG data set.
+All three files are written at the start and again after every step, each replaced whole, so a run that
+is killed leaves them with what it measured (the steps it had not reached marked pending); SIGTERM or
+Ctrl-C end the step under way and record the rest as not run.
 
-* the AMP training figure of resnet50, resnext101-32x4d and se-resnext101-32x4d: ``launch.py --mode
-  benchmark_training_short --platform DGXH100``, the command users type (its throughput leaves out 20
-  warm-up iterations), then ``benchmarks/train_throughput.py`` at AMP (fp16 autocast with a loss scaler):
-  the package's training step, channels-last, against the plain loop a user writes, at the largest batch up
-  to 256 that fits (halved on out-of-memory);
-* ``pytest -m gpu`` over tests/, on several workers (without CUDA they skip, and the report says why);
-* ``benchmarks/infer_throughput.py`` for resnet50 at batch 1 to 256: torchvision eager (the baseline),
-  channels-last TF32, fp16 and bf16, with latency percentiles;
-* launch.py's benchmark at TF32 for the three models, and at bf16 for resnet50 (NVIDIA publishes no bf16
-  figures to compare with; 40 iterations, 20 of them warm-up);
-* resnet50 at AMP with ``--compile`` (compiling more would not fit the budget).
+The sections, in the order they run, what is worth most first (``--sections``; the default runs the first
+four, the fifth fits a second call):
 
-Each step carries its time on an H100 estimated from the first H100 report; the start of the run prints
-the total and names the steps that, by that estimate, the budget will leave out.
+* ``amp``: the AMP training figure of resnet50, resnext101-32x4d and se-resnext101-32x4d, ``launch.py
+  --mode benchmark_training_short --platform DGXH100``, the command users type (its throughput leaves out
+  20 warm-up iterations);
+* ``tests``: ``pytest -m gpu`` over the test modules that hold a ``gpu`` test (found by reading them), on
+  several workers; the outcome of each test from pytest's JUnit XML (without CUDA they skip, saying why);
+* ``infer``: ``benchmarks/infer_throughput.py`` for resnet50 at batch 1 to 256: torchvision eager (the
+  baseline), channels-last TF32, fp16 and bf16, with latency percentiles;
+* ``decode``: JPEGs decoded on the GPU.  A JPEG set written for the run (``benchmarks/jpeg_set.py``: no
+  download, no scikit-image), the loader alone (``scripts/benchmark_loader.py --data-backend pytorch-gpu
+  --beside pytorch``, epochs alternating), and resnet50's AMP training from those JPEGs with pytorch-gpu
+  against the same command on synthetic data: the report gives JPEG over synthetic;
+* ``train``: launch.py at TF32 for the three models and at bf16 for resnet50 (40 iterations, 20 of them
+  warm-up), ``benchmarks/train_throughput.py`` at AMP (the package's training step, channels-last, against
+  the plain loop a user writes, at the largest batch up to 256 that fits), and resnet50's with ``--compile``.
 
-Each step runs in a process of its own, as a user would run it: CUDA memory starts clean, and a crash
-or a hang ends that step only; a step that fails or overruns its limit is recorded with its error, and
-the report goes on.  The steps share one time budget (``--budget``): each gets at most what is left, and
-those for which too little is left are recorded as not run.  After every step DIR/report.json (every
-step's command, status, time and the benchmark's own figures) and DIR/report.md (NVIDIA's table layouts,
-the GPU, driver, torch and CUDA versions, each figure's command) are written again, so a run that is
-killed leaves what it measured; SIGTERM or Ctrl-C end the step under way and record the rest as not
-run.  Each step's output is in DIR/logs/, launch.py's raports in DIR/launch/.
+Each step runs in a process of its own, as a user would run it: CUDA memory starts clean, and a crash or a
+hang ends that step only; a step that fails or overruns its limit is recorded with its error, and the report
+goes on.  Each step carries its time estimated from the first H100 report (:data:`H100_ESTIMATES`); the
+steps share one time budget (``--budget``), and a step whose estimate is more than what is left is not
+started: it is recorded as left out, with why.  The run starts by printing the forecast.
 
-``--smoke`` runs the same steps at 32 px with batches of 1 to 4, one timed iteration and one intra-op
-thread, with resnet18 in resnet50's place for train_throughput.py and the inference sweep, and launch.py's
-CPU platform (its AMP is bf16 there; fp16, slow on a CPU, runs in resnet18's train_throughput.py step):
-every code path, compilation included where a compiler exists, in a few minutes on two CPU cores.  Its
-figures say nothing about speed.  Without CUDA only ``--smoke`` runs.
+``--smoke`` runs the same steps at 32 px with batches of 1 to 8, one timed iteration and one intra-op
+thread, with resnet18 in resnet50's place for train_throughput.py and the inference sweep, launch.py's CPU
+platform (its AMP is bf16 there; fp16, slow on a CPU, runs in resnet18's train_throughput.py step), 64
+JPEGs, the pytorch-gpu loader's CPU twin and, for training, the ``pytorch`` backend (main.py refuses
+pytorch-gpu off CUDA; the report says so): every code path in a few minutes on two CPU cores, by its own
+forecast.  Its figures say nothing about speed.  Without CUDA only ``--smoke`` runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime
+import io
 import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
+import xml.etree.ElementTree as ElementTree
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -66,17 +80,28 @@ from image_classification.cli import UserErrorParser, positive_float, run  # noq
 from image_classification.errors import UserError  # noqa: E402
 from image_classification.raport import read_raport  # noqa: E402
 
+LOADER_SCRIPT = "scripts/benchmark_loader.py"  # the loader benchmark, relative to the repository
+JPEG_SET_SCRIPT = "benchmarks/jpeg_set.py"
+REPORT_FILES = ("report.md", "report.json", "logs.tar.gz")  # all that --out receives
+DATA_FOLDER = "data"  # the JPEG set, in the scratch folder: left out of the archive
+ARCHIVE_MEMBER_LIMIT = 4 << 20  # a longer file is archived as its last 4 MiB: the archive must stay small
+
 # train_throughput.py's precision flags; TF32 is its default on CUDA (the CPU has none: FP32 there)
 PRECISIONS = {"TF32": (), "AMP": ("--amp", "--amp-dtype", "float16"), "BF16": ("--amp", "--amp-dtype", "bfloat16")}
 INFER_PATHS = ("channels_last", "fp16", "bf16")
-SECTIONS = ("tests", "train", "infer")
-MIN_STEP_S = 10  # a step given less than this would only be killed: it is recorded as not run
+SECTIONS = ("amp", "tests", "infer", "decode", "train")
+DEFAULT_SECTIONS = ("amp", "tests", "infer", "decode")  # by the estimates within one call; "train" is the second
+MIN_STEP_S = 10  # a step given less than this would only be killed: it is left out
 LAUNCH_MODE = "benchmark_training_short"  # synthetic data, 100 iterations, the first 20 left out (configs.yml)
+LAUNCH_MODELS = ("resnet50", "resnext101-32x4d", "se-resnext101-32x4d")  # launch.py's presets
+LAUNCH_BF16 = ("resnet50",)  # NVIDIA publishes no bf16 figures: one model shows what bf16 does
+DECODE_ARCH = "resnet50"  # trained from JPEGs and from synthetic data, at AMP
 
 
 @dataclass(frozen=True)
 class Scale:
-    """The models, sizes, iterations and time limits of a report: the real one, or the smoke run's."""
+    """The models, sizes, iterations, time limits and time estimates of a report: the real one, or the
+    smoke run's."""
 
     archs: tuple[str, ...]  # train_throughput.py's; the first is compiled and swept for inference
     image_size: int
@@ -85,61 +110,105 @@ class Scale:
     batch_sizes: tuple[int, ...]  # the inference sweep
     infer_timing: tuple[str, ...]
     budget_s: float
-    limits: dict  # seconds per step: tests, launch, train, compile (the training step that compiles), infer
+    limits: dict  # seconds per kind of step (see Step.kind), killed past it
     platform: str  # launch.py's --platform
     # launch.py's --precision for each of the report's precisions, and flags that follow it
     launch_precisions: dict
+    jpeg_images: int  # the JPEG set: enough for every iteration of the decode section's training runs
+    jpeg_classes: int  # as many as the synthetic data's, so that both runs train the same model
+    jpeg_workers: int  # benchmarks/jpeg_set.py's -j
+    loader_flags: tuple[str, ...]  # benchmark_loader.py's batch, workers, epochs, size, device, layout
+    decode_flags: tuple[str, ...]  # the JPEG and synthetic launch.py runs' (the same for both)
     launch_flags: tuple[str, ...] = ()  # for every launch.py step (typed flags win over the preset)
     others_flags: tuple[str, ...] = ()  # for the TF32 and bf16 launch.py steps (they come after the headline)
     test_workers: int = 1
     fp16_archs: int = 3  # how many of the architectures train_throughput.py runs at AMP
     env: tuple[tuple[str, str], ...] = ()  # set in the steps' environment
-    estimates: tuple[tuple[str, float], ...] = ()  # (step name, seconds expected): for the plan's forecast
+    estimates: dict = field(default_factory=dict)  # step name -> seconds expected, for the budget
+    estimated_on: str = ""  # where the estimates come from, in words
 
 
-# Sized from the first H100 report (one H100 80GB HBM3, torch 2.11): train_throughput.py took 29-40 s a run
-# (two cold models, each autotuned by cuDNN), the inference sweep 72 s, the GPU tests 108 s on 4 workers;
-# launch.py's first iteration took 13 s for resnet50, 10 s for resnext101-32x4d and 19 s for
-# se-resnext101-32x4d (cuDNN's autotuning), then ran at 4,800, 2,180 and 1,400 img/s; starting a process
-# takes about 6 s.  The estimates below follow from these; the budget, 8 minutes less 20 s for starting
-# and writing, leaves out what does not fit, from the end.
-H100_ESTIMATES = (
-    ("resnet50 AMP launch.py", 25), ("resnext101-32x4d AMP launch.py", 25),
-    ("se-resnext101-32x4d AMP launch.py", 35), ("resnet50 AMP", 30), ("resnext101-32x4d AMP", 40),
-    ("se-resnext101-32x4d AMP", 50), ("pytest -m gpu", 100), ("resnet50 inference", 75),
-    ("resnet50 TF32 launch.py", 25), ("resnext101-32x4d TF32 launch.py", 25),
-    ("se-resnext101-32x4d TF32 launch.py", 35), ("resnet50 BF16 launch.py", 25), ("resnet50 AMP compile", 80),
-)
+# From the first H100 report (one H100 80GB HBM3, torch 2.11, 16 host cores): starting a process that
+# imports torch and initialises CUDA takes about 6 s; launch.py's first iteration took 13 s for resnet50,
+# 10 s for resnext101-32x4d and 19 s for se-resnext101-32x4d (cuDNN's autotuning), then they ran at 4,800,
+# 2,180 and 1,400 img/s (AMP); train_throughput.py took 29-40 s a run (two cold models, each autotuned); the
+# inference sweep 72 s; the GPU tests 108 s on 4 workers; the pytorch loader delivered 2,394 img/s of
+# 500x375 JPEGs with 14 workers.  The new steps are estimated from what they do at those rates.
+H100_ESTIMATES = {
+    # amp (85 s)
+    "resnet50 AMP launch.py": 25, "resnext101-32x4d AMP launch.py": 25, "se-resnext101-32x4d AMP launch.py": 35,
+    # tests: fewer modules collected than then, and more GPU tests since
+    "pytest -m gpu": 100,
+    "resnet50 inference": 75,
+    # decode (130 s).  15,360 JPEGs at about 15 ms each (noise, then encoding) on 14 processes, and starting.
+    "JPEG set": 25,
+    # 3 epochs of 15,360 images from each loader: pytorch at 2,400 img/s (19 s), pytorch-gpu at its goal of
+    # 5,000 or more (9 s), with starting CUDA and 2x12 loader workers.
+    "loader pytorch-gpu beside pytorch": 45,
+    # as resnet50's AMP launch.py (6 s start, 13 s autotuning) with 60 iterations of 256 at 4,800 img/s
+    # (3 s; 6 s at half the speed) and the loader's workers starting, and without them
+    "resnet50 AMP launch.py JPEG": 35, "resnet50 AMP launch.py synthetic": 25,
+    # train (340 s): the TF32 and bf16 launch.py runs have 40 iterations, cuDNN's autotuning most of them
+    "resnet50 TF32 launch.py": 25, "resnext101-32x4d TF32 launch.py": 25, "se-resnext101-32x4d TF32 launch.py": 35,
+    "resnet50 BF16 launch.py": 25,
+    "resnet50 AMP": 30, "resnext101-32x4d AMP": 40, "se-resnext101-32x4d AMP": 50,
+    # the plain loop's warm-up, then a cold torch.compile of resnet50's forward and backward (60-90 s)
+    "resnet50 AMP compile": 110,
+}
 FULL = Scale(
     archs=("resnet50", "resnext101-32x4d", "se-resnext101-32x4d"), image_size=224, batch_size=256,
     train_timing=("--iters", "5", "--warmup", "2", "--repeats", "2"), batch_sizes=tuple(2 ** i for i in range(9)),
-    infer_timing=("--iters", "20", "--warmup", "3", "--repeats", "2"), budget_s=460,
-    limits={"tests": 150, "launch": 90, "train": 100, "compile": 180, "infer": 120}, platform="DGXH100",
+    infer_timing=("--iters", "20", "--warmup", "3", "--repeats", "2"), budget_s=480,
+    limits={"tests": 150, "launch": 90, "throughput": 100, "compile": 180, "infer": 120, "data": 60,
+            "loader": 120},
+    platform="DGXH100",
     launch_precisions={"AMP": ("AMP", ()), "TF32": ("TF32", ()), "BF16": ("BF16", ())},
+    jpeg_images=60 * 256, jpeg_classes=1000, jpeg_workers=14,
+    loader_flags=("-b", "256", "-j", "12", "--epochs", "3", "--device", "cuda", "--memory-format", "nhwc"),
+    decode_flags=("--prof", "60"),  # 40 iterations after the 20 of warm-up: 60 x 256 images, one epoch
     others_flags=("--prof", "40"), test_workers=6, estimates=H100_ESTIMATES,
+    estimated_on="the first H100 report",
 )
-# One thread: on two cores shared with other work, two OpenMP threads spin and run several times slower.
-# The limits are the budget's: a cold torch.compile alone takes minutes on a loaded small machine.  fp16 runs
-# on the CPU for resnet18 only: its grouped convolutions take ResNeXt's steps to seconds each.
+# Measured on the 2-core machine of docs/performance.md while other work held a load average of 6 to 13: each
+# step of a --smoke run took 7 to 25 s (launch.py), 32 to 46 s (the tests), 16 to 23 s (inference), 7 to 15 s
+# (the JPEG set), 11 to 16 s (the loader), 27 to 30 s (resnet18's fp16 step) and 210 to 212 s (compiling); the
+# estimates round the longest up by about a quarter.  One thread: on two cores shared with other work, two
+# OpenMP threads spin and run several times slower.  fp16 runs on the CPU for resnet18 only: its grouped
+# convolutions take ResNeXt's steps to seconds each.
+SMOKE_ESTIMATES = {
+    "resnet50 AMP launch.py": 30, "resnext101-32x4d AMP launch.py": 30, "se-resnext101-32x4d AMP launch.py": 30,
+    "pytest -m gpu": 60, "resnet18 inference": 30,
+    "JPEG set": 20, "loader pytorch-gpu beside pytorch": 20, "resnet50 AMP launch.py JPEG": 30,
+    "resnet50 AMP launch.py synthetic": 30,
+    "resnet50 TF32 launch.py": 30, "resnext101-32x4d TF32 launch.py": 30, "se-resnext101-32x4d TF32 launch.py": 30,
+    "resnet50 BF16 launch.py": 30,
+    "resnet18 AMP": 40, "resnet18 BF16 compile": 280,
+}
 SMOKE = Scale(
     archs=("resnet18", "resnext101-32x4d", "se-resnext101-32x4d"), image_size=32, batch_size=4,
     train_timing=("--iters", "1", "--warmup", "1", "--repeats", "2"), batch_sizes=(1, 2),
-    infer_timing=("--iters", "2", "--warmup", "1", "--repeats", "2"), budget_s=420,
-    limits={"tests": 300, "launch": 300, "train": 300, "compile": 300, "infer": 300}, platform="CPU",
+    infer_timing=("--iters", "2", "--warmup", "1", "--repeats", "2"), budget_s=480,
+    limits={"tests": 300, "launch": 300, "throughput": 300, "compile": 300, "infer": 300, "data": 300,
+            "loader": 300},
+    platform="CPU",
     launch_precisions={"AMP": ("AMP", ()), "TF32": ("FP32", ()), "BF16": ("AMP", ("--amp-dtype", "bfloat16"))},
+    jpeg_images=64, jpeg_classes=4, jpeg_workers=2,
+    loader_flags=("-b", "8", "-j", "1", "--epochs", "2", "--image-size", "32", "--device", "cpu"),
+    decode_flags=(),  # launch_flags' 3 iterations, 1 of them warm-up
     launch_flags=("--image-size", "32", "-b", "2", "--prof", "3", "--benchmark-warmup", "1"),
-    fp16_archs=1, env=(("OMP_NUM_THREADS", "1"),),
+    test_workers=2, fp16_archs=1, env=(("OMP_NUM_THREADS", "1"),), estimates=SMOKE_ESTIMATES,
+    estimated_on="smoke runs on 2 CPU cores",
 )
-LAUNCH_MODELS = ("resnet50", "resnext101-32x4d", "se-resnext101-32x4d")  # launch.py's presets
-LAUNCH_BF16 = ("resnet50",)  # NVIDIA publishes no bf16 figures: one model shows what bf16 does
 
 
 @dataclass(frozen=True)
 class Step:
     """One command of the report: ``argv`` after ``python``, run in the repository with ``env`` added to
-    the environment; ``output`` the JSON it writes (a raport for ``launch``; None for the tests); ``skipped``
-    why it cannot run on this device.  ``kind``: ``launch`` (launch.py's benchmark, the figure users type),
-    ``throughput`` (train_throughput.py, against the plain loop), ``compile`` or empty (tests, inference)."""
+    the environment; ``output`` the file it writes (a raport for ``launch``, the JUnit XML for ``tests``,
+    None for the loader, whose figures are in its log); ``skipped`` why it cannot run on this device;
+    ``needs`` a step that must have succeeded first.  ``kind``: ``launch`` (launch.py's benchmark, the figure
+    users type), ``throughput`` (train_throughput.py, against the plain loop), ``compile``, ``tests``,
+    ``infer``, ``data`` (the JPEG set) or ``loader``; ``data``: what a decode section's training run reads."""
 
     section: str
     name: str
@@ -151,85 +220,248 @@ class Step:
     skipped: str | None = None
     env: tuple[tuple[str, str], ...] = ()
     kind: str = ""
+    estimate_s: float = 0.0
+    needs: str | None = None
+    data: str = ""
+    note: str = ""  # how the step differs from what it stands for on this device, said in the report
 
 
-def launch_step(scale: Scale, arch: str, precision: str, out: Path) -> Step:
-    """launch.py's benchmark of ``arch`` at ``precision``, as a user types it, its raport in its own workspace."""
-    workspace = out / "launch" / f"{arch}_{precision}"
+def launch_step(scale: Scale, arch: str, precision: str, section: str, workspace: Path, extra: Sequence[str] = (),
+                name: str = "", **fields) -> Step:
+    """launch.py's benchmark of ``arch`` at ``precision``, as a user types it, then ``extra`` flags; its raport
+    in ``workspace``."""
     launch_precision, flags = scale.launch_precisions[precision]
-    extra = scale.others_flags if precision != "AMP" else ()
     argv = ("launch.py", "--model", arch, "--precision", launch_precision, "--mode", LAUNCH_MODE, "--platform",
-            scale.platform, *scale.launch_flags, *flags, *extra, "--workspace", str(workspace),
-            "--raport-file", "raport.json")
-    return Step("train", f"{arch} {precision} launch.py", argv, scale.limits["launch"], workspace / "raport.json",
-                arch, precision, env=scale.env, kind="launch")
+            scale.platform, *scale.launch_flags, *flags, "--workspace", str(workspace), "--raport-file", "raport.json",
+            *extra)
+    return Step(section, name or f"{arch} {precision} launch.py", argv, scale.limits["launch"],
+                workspace / "raport.json", arch, precision, env=scale.env, kind="launch", **fields)
 
 
-def throughput_step(scale: Scale, arch: str, precision: str, device: str, out: Path, compiled: bool = False) -> Step:
+def throughput_step(scale: Scale, arch: str, precision: str, device: str, work: Path, compiled: bool = False) -> Step:
     """train_throughput.py's run of ``arch`` at ``precision``: ours channels-last (or compiled) against the
     plain loop, at the largest batch up to the scale's that fits."""
     suffix = "_compile" if compiled else ""
-    output = out / "train" / f"{arch}_{precision}{suffix}.json"
+    output = work / "train" / f"{arch}_{precision}{suffix}.json"
     argv = ("benchmarks/train_throughput.py", "-a", arch, "--image-size", str(scale.image_size), "-b",
             str(scale.batch_size), "--largest-batch", "--num-classes", "1000", *scale.train_timing, "--device",
             device, "--paths", "compile" if compiled else "channels_last", *PRECISIONS[precision], "-o", str(output))
     skipped = None
     if precision == "AMP" and device != "cuda" and scale.archs.index(arch) >= scale.fp16_archs:
         skipped = "fp16 on the CPU is run for the first architecture only (its grouped convolutions are slow there)"
-    limit = scale.limits["compile" if compiled else "train"]
-    return Step("train", f"{arch} {precision}{' compile' if compiled else ''}", argv, limit, output, arch, precision,
-                skipped, scale.env, "compile" if compiled else "throughput")
+    kind = "compile" if compiled else "throughput"
+    return Step("train", f"{arch} {precision}{' compile' if compiled else ''}", argv, scale.limits[kind], output,
+                arch, precision, skipped, scale.env, kind)
 
 
-def plan(scale: Scale, device: str, out: Path, sections: Sequence[str] = SECTIONS,
+def is_gpu_mark(node: ast.AST) -> bool:
+    """Whether ``node`` is ``pytest.mark.gpu`` (a decorator, a ``pytestmark`` entry, a parameter's mark)."""
+    return (isinstance(node, ast.Attribute) and node.attr == "gpu" and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "mark" and isinstance(node.value.value, ast.Name)
+            and node.value.value.id == "pytest")
+
+
+def gpu_test_modules(tests: Path = REPO / "tests") -> list[str]:
+    """The test modules under ``tests`` that hold a test marked ``gpu``, found by reading them, relative to the
+    repository: ``pytest -m gpu`` collects only these, so a module that imports what the machine lacks and
+    holds no GPU test costs nothing."""
+    found = []
+    for path in sorted(tests.rglob("test_*.py")):
+        if any(is_gpu_mark(node) for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))):
+            found.append(str(path.relative_to(tests.parent)))
+    return found
+
+
+def tests_step(scale: Scale, work: Path, modules: Sequence[str]) -> Step:
+    """``pytest -m gpu`` over ``modules`` on the scale's workers, its outcomes in JUnit XML (``xunit1``, whose
+    test cases name their file)."""
+    junit = work / "tests" / "junit.xml"
+    argv = ("-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", "--continue-on-collection-errors",
+            *(("-n", str(scale.test_workers)) if scale.test_workers > 1 else ()), "--junitxml", str(junit),
+            "-o", "junit_family=xunit1", *modules)
+    skipped = None if modules else "no test module holds a test marked gpu"
+    return Step("tests", "pytest -m gpu", argv, scale.limits["tests"], junit, skipped=skipped, env=scale.env,
+                kind="tests")
+
+
+def decode_steps(scale: Scale, device: str, work: Path) -> list[Step]:
+    """The JPEG set, the loader alone (pytorch-gpu beside pytorch, epochs alternating) and resnet50's AMP
+    training from the JPEGs and from synthetic data with the same command."""
+    data_dir = work / DATA_FOLDER / "jpegs"
+    summary = work / "decode" / "jpeg_set.json"
+    write = (JPEG_SET_SCRIPT, "--images", str(scale.jpeg_images), "--classes", str(scale.jpeg_classes), "-j",
+             str(scale.jpeg_workers), "-o", str(summary), str(data_dir))
+    data = Step("decode", "JPEG set", write, scale.limits["data"], summary, env=scale.env, kind="data")
+    loader_note = "" if device == "cuda" else ("without CUDA, pytorch-gpu is its CPU twin (torchvision's CPU "
+                                               "decoder in the training process): its plumbing, not its speed")
+    loader = Step("decode", "loader pytorch-gpu beside pytorch",
+                  (LOADER_SCRIPT, "--data-backend", "pytorch-gpu", "--beside", "pytorch", *scale.loader_flags,
+                   str(data_dir)), scale.limits["loader"], env=scale.env, kind="loader", needs=data.name,
+                  note=loader_note)
+    backend = "pytorch-gpu" if device == "cuda" else "pytorch"
+    train_note = "" if device == "cuda" else "main.py refuses pytorch-gpu off CUDA: the pytorch backend stands in"
+
+    def training(what: str, flags: Sequence[str] = (), **fields) -> Step:
+        return launch_step(scale, DECODE_ARCH, "AMP", "decode", work / "decode" / f"{DECODE_ARCH}_AMP_{what}",
+                           (*scale.decode_flags, *flags), f"{DECODE_ARCH} AMP launch.py {what}", data=what, **fields)
+
+    jpeg = training("JPEG", ("--data-backend", backend, str(data_dir)), needs=data.name, note=train_note)
+    return [data, loader, jpeg, training("synthetic")]
+
+
+def plan(scale: Scale, device: str, work: Path, sections: Sequence[str] = DEFAULT_SECTIONS,
          compiler: bool = True) -> list[Step]:
-    """Every step of the report, in the order they run, what users quote first: the AMP training figures of
-    the three models (launch.py's benchmark, then train_throughput.py's against the plain loop), the GPU
-    tests, the inference sweep, TF32 (and bf16 for resnet50), and last ``--compile`` (left out without a
-    compiler)."""
-    train = "train" in sections
+    """Every step of ``sections``, in the order of :data:`SECTIONS`, each with its estimate: the AMP
+    training figures of the three models, the GPU tests (over the modules that hold one), the inference sweep,
+    GPU decoding, and the other training figures (TF32, bf16, train_throughput.py's AMP runs, and last
+    ``--compile``, left out without a compiler)."""
     steps: list[Step] = []
-    if train:
-        steps += [launch_step(scale, arch, "AMP", out) for arch in LAUNCH_MODELS]
-        steps += [throughput_step(scale, arch, "AMP", device, out) for arch in scale.archs]
+    if "amp" in sections:
+        steps += [launch_step(scale, arch, "AMP", "amp", work / "launch" / f"{arch}_AMP") for arch in LAUNCH_MODELS]
     if "tests" in sections:
-        # a test module that cannot be imported there (a package the machine lacks) costs its own tests only
-        argv = ("-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", "--continue-on-collection-errors",
-                *(("-n", str(scale.test_workers)) if scale.test_workers > 1 else ()), "tests")
-        wide = (("COLUMNS", "400"),)  # pytest -v cuts a skip's reason to the terminal's width
-        steps.append(Step("tests", "pytest -m gpu", argv, scale.limits["tests"], env=scale.env + wide))
+        steps.append(tests_step(scale, work, gpu_test_modules()))
     first = scale.archs[0]
     if "infer" in sections:
-        output = out / "infer" / f"{first}.json"
+        output = work / "infer" / f"{first}.json"
         argv = ("benchmarks/infer_throughput.py", "-a", first, "--image-size", str(scale.image_size),
                 "--batch-sizes", *map(str, scale.batch_sizes), "--paths", *INFER_PATHS, *scale.infer_timing,
                 "--device", device, "-o", str(output))
-        steps.append(Step("infer", f"{first} inference", argv, scale.limits["infer"], output, first, env=scale.env))
-    if train:
-        steps += [launch_step(scale, arch, "TF32", out) for arch in LAUNCH_MODELS]
-        steps += [launch_step(scale, arch, "BF16", out) for arch in LAUNCH_BF16]
+        steps.append(Step("infer", f"{first} inference", argv, scale.limits["infer"], output, first, env=scale.env,
+                          kind="infer"))
+    if "decode" in sections:
+        steps += decode_steps(scale, device, work)
+    if "train" in sections:
+        steps += [launch_step(scale, arch, precision, "train", work / "launch" / f"{arch}_{precision}",
+                              scale.others_flags)
+                  for precision, archs in (("TF32", LAUNCH_MODELS), ("BF16", LAUNCH_BF16)) for arch in archs]
+        steps += [throughput_step(scale, arch, "AMP", device, work) for arch in scale.archs]
         if compiler:  # the CPU has no fp16 autocast worth compiling: bf16 there
-            steps.append(throughput_step(scale, first, "AMP" if device == "cuda" else "BF16", device, out, True))
-    return steps
+            steps.append(throughput_step(scale, first, "AMP" if device == "cuda" else "BF16", device, work, True))
+    return [replace(step, estimate_s=scale.estimates.get(step.name, 0.0)) for step in steps]
 
 
-def forecast(scale: Scale, steps: Sequence[Step], budget_s: float) -> tuple[float, list[str]]:
-    """The seconds ``steps`` are expected to take at ``scale`` (0 where it has no estimates), and the names
-    of the runnable steps that, by those estimates, start with less than :data:`MIN_STEP_S` of the budget
-    left or would need more than is left (the runner gives such a step what is left and stops it there)."""
-    expected = dict(scale.estimates)
+def forecast(steps: Sequence[Step], budget_s: float) -> tuple[float, list[str]]:
+    """The seconds ``steps`` are expected to take by their estimates (a step the device cannot run takes
+    none), and the names of those that, if every step before takes its estimate, would be left out."""
     total, cut = 0.0, []
     for step in steps:
-        seconds = 0.0 if step.skipped else expected.get(step.name, 0.0)
-        if seconds and total + seconds > budget_s:
+        if step.skipped:
+            continue
+        if step.estimate_s > budget_s - total:
             cut.append(step.name)
-        total += seconds
+            continue
+        total += step.estimate_s
     return total, cut
 
 
 def command(step: Step) -> str:
     """The step's command as a user types it in the repository."""
     return "python " + shlex.join(step.argv)
+
+
+# ------------------------------------------------------------------------------------------------
+# What a step's files say
+# ------------------------------------------------------------------------------------------------
+TRACEBACK_LINES = 15  # of a failed test's traceback, the last lines kept
+
+
+def parse_junit(path: Path) -> dict:
+    """The outcome of every test in pytest's JUnit XML (``junit_family=xunit1``): passed, failed, error
+    (collection errors included, named by their module), skipped or xfailed, with a skip's reason and a
+    failure's message and the last lines of its traceback; and the count of each outcome."""
+    tests = []
+    for case in ElementTree.parse(path).getroot().iter("testcase"):
+        record = {"test": _test_id(case), "outcome": "passed"}
+        for tag, outcome in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
+            child = case.find(tag)
+            if child is None:
+                continue
+            message = child.get("message", "")
+            if tag == "skipped":
+                outcome = "xfailed" if child.get("type") == "pytest.xfail" else "skipped"
+                record.update(outcome=outcome, reason=_skip_reason(message, child.text or ""))
+            else:
+                lines = (child.text or "").rstrip().splitlines()
+                record.update(outcome=outcome, message=message, traceback="\n".join(lines[-TRACEBACK_LINES:]))
+            break
+        tests.append(record)
+    return {"counts": dict(Counter(test["outcome"] for test in tests)), "tests": tests}
+
+
+def _skip_reason(message: str, text: str) -> str:
+    """A skip's reason; for a module skipped whole (``pytest.importorskip`` at module level), whose message is
+    only "collection skipped", the reason its text holds: ``('path', line, 'Skipped: reason')``."""
+    if message == "collection skipped":
+        try:
+            return str(ast.literal_eval(text)[2]).removeprefix("Skipped: ")
+        except (ValueError, SyntaxError, IndexError, TypeError):
+            pass
+    return message
+
+
+def _test_id(case: ElementTree.Element) -> str:
+    """pytest's node id of a JUnit test case: ``file::Class::name``, or the module alone for a collection
+    error."""
+    file, classname, name = case.get("file", ""), case.get("classname", ""), case.get("name", "")
+    if not classname:  # a module that could not be collected
+        return file or name
+    module = file[:-3].replace("/", ".") if file.endswith(".py") else ""
+    classes = classname[len(module) + 1:].split(".") if module and classname.startswith(module + ".") else []
+    return "::".join([file or classname, *classes, name])
+
+
+LOADER_AGAINST = re.compile(
+    r"^(?P<base>[\w-]+): (?P<base_rate>[\d.]+) images/s, (?P<base_cpu_ms>[\d.]+) CPU ms/image; (?P<backend>[\w-]+): "
+    r"(?P<rate>[\d.]+) images/s, (?P<cpu_ms>[\d.]+) CPU ms/image; speed-up (?P<speedup>[\d.]+)x \((?P<spread>[^)]*)\)",
+    re.M)
+LOADER_VERDICT = re.compile(r"^verdict against (?P<base>[\w-]+): (?P<verdict>.+)$", re.M)
+LOADER_LAST = re.compile(r"^images/s: (?P<rate>[\d.]+)\s*\Z", re.M)
+
+
+def loader_figures(output: str) -> dict:
+    """What benchmark_loader.py printed: the measured backend's images/s (its last line) and, against each
+    ``--beside`` backend, both speeds, CPU ms per image, the speed-up with its spread, and the verdict;
+    ValueError where it printed no figure."""
+    last = LOADER_LAST.search(output)
+    if last is None:
+        raise ValueError(f"its output does not end in 'images/s: N' ({LOADER_SCRIPT}'s last line)")
+    verdicts = {m["base"]: m["verdict"] for m in LOADER_VERDICT.finditer(output)}
+    beside = {}
+    for m in LOADER_AGAINST.finditer(output):
+        beside[m["base"]] = {"images_per_s": float(m["base_rate"]), "cpu_ms": float(m["base_cpu_ms"]),
+                             "speedup": float(m["speedup"]), "spread": m["spread"],
+                             "verdict": verdicts.get(m["base"], "")}
+        backend = {"backend": m["backend"], "cpu_ms": float(m["cpu_ms"])}
+    return {**(backend if beside else {}), "images_per_s": float(last["rate"]), "beside": beside}
+
+
+def launch_figures(raport: Path) -> dict:
+    """What a launch.py benchmark's raport says: the summary's throughput (warm-up left out) and wall-clock
+    throughput, the batch, the warm-up, the iterations and the data backend; ValueError where it has no
+    throughput figure."""
+    parameters, summary = {}, {}
+    for record in read_raport(raport):
+        if record.get("step") == "PARAMETER":
+            parameters.update(record["data"])
+        elif record.get("step") == []:
+            summary.update(record["data"])
+    if "train.total_ips" not in summary:
+        raise ValueError("its summary has no train.total_ips: no iteration after the warm-up")
+    return {"total_ips": summary["train.total_ips"], "wall_ips": summary.get("train.wall_ips"),
+            "batch_size": parameters["batch_size"], "warmup": parameters.get("benchmark_warmup", 0),
+            "iterations": parameters.get("prof"), "amp_dtype": parameters.get("amp_dtype") if parameters.get("amp")
+            else None, "loss": summary.get("train.loss"), "data_backend": parameters.get("data_backend")}
+
+
+def step_result(step: Step, log_text: str) -> dict:
+    """The figures of a step that exited 0, from its output file or (the loader) its log."""
+    if step.kind == "loader":
+        return loader_figures(log_text)
+    if step.kind == "launch":
+        return launch_figures(step.output)
+    if step.kind == "tests":
+        return parse_junit(step.output)
+    return json.loads(step.output.read_text(encoding="utf-8"))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -241,18 +473,6 @@ class Stopped(Exception):
 
 def _stop(signum: int, frame: object) -> None:
     raise Stopped(f"stopped by signal {signum}")
-
-
-TEST_LINE = re.compile(r"^(?P<test>\S+::.+?) (?P<outcome>PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)"
-                       r"(?: \((?P<reason>.*)\))?(?:\s+\[\s*\d+%\])?$", re.M)
-
-
-def parse_tests(output: str) -> dict:
-    """``pytest -v``'s outcome of every test, with a skip's reason, and the count of each outcome; from
-    as much of the output as there is (a run that was stopped counts the tests it finished)."""
-    tests = [{"test": m["test"], "outcome": m["outcome"].lower(), **({"reason": m["reason"]} if m["reason"] else {})}
-             for m in TEST_LINE.finditer(output)]
-    return {"counts": dict(Counter(test["outcome"] for test in tests)), "tests": tests}
 
 
 def _last_line(text: str) -> str:
@@ -270,121 +490,168 @@ def _kill(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def run_step(step: Step, out: Path, left_s: float) -> dict:
-    """Run one step within ``min(its limit, left_s)`` seconds; its record: the command, status (ok,
-    failed, timed out, skipped, not run), seconds, error, log and result (the benchmark's JSON, or the
-    tests' outcomes)."""
+def record_of(step: Step, status: str, error: str | None = None) -> dict:
+    """A step's record before it has run, or of one that does not run."""
     record = {"section": step.section, "name": step.name, "arch": step.arch, "precision": step.precision,
-              "kind": step.kind, "command": command(step), "status": "ok", "seconds": 0.0}
+              "kind": step.kind, "data": step.data, "command": command(step), "status": status, "seconds": 0.0,
+              "estimate_s": step.estimate_s}
+    if step.note:
+        record["note"] = step.note
+    return {**record, "error": error} if error else record
+
+
+def run_step(step: Step, work: Path, left_s: float) -> dict:
+    """Run one step within ``min(its limit, left_s)`` seconds; its record: the command, status (ok, failed,
+    timed out, skipped, left out), seconds, error, log and result (the figures)."""
     if step.skipped:
-        return {**record, "status": "skipped", "error": step.skipped}
+        return record_of(step, "skipped", step.skipped)
+    if step.estimate_s > left_s:
+        return record_of(step, "left out", f"its estimate, {step.estimate_s:.0f} s, is more than the "
+                                           f"{left_s:.0f} s left of the budget")
     limit = min(step.limit_s, left_s)
     if limit < MIN_STEP_S:
-        return {**record, "status": "not run", "error": f"{left_s:.0f} s of the budget were left"}
-    log = out / "logs" / (re.sub(r"[^\w.-]+", "_", step.name) + ".log")
+        return record_of(step, "left out", f"{left_s:.0f} s of the budget were left")
+    record = record_of(step, "ok")
+    log = work / "logs" / (re.sub(r"[^\w.-]+", "_", step.name) + ".log")
     log.parent.mkdir(parents=True, exist_ok=True)
-    record["log"] = str(log)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg", **dict(step.env)}
+    record["log"] = str(log.relative_to(work))
     start, started_at = time.monotonic(), time.time()
-    with open(log, "w", encoding="utf-8") as handle:
-        # a process group of its own: what it starts (torch.compile's workers) is ended with it
-        process = subprocess.Popen([sys.executable, *step.argv], cwd=REPO, env=env, stdout=handle,
-                                   stderr=subprocess.STDOUT, process_group=0)
-        try:
-            code = process.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            code = None
-        finally:
-            if process.returncode is None:  # timed out, or this process was stopped while waiting
-                _kill(process)
+    code = _run(step, log, limit)
     record["seconds"] = round(time.monotonic() - start, 1)
     output = log.read_text(encoding="utf-8", errors="replace")
-    if step.section == "tests":
-        record["result"] = parse_tests(output)
+    fresh = step.output is not None and step.output.exists() and step.output.stat().st_mtime >= started_at
+    if step.kind == "tests":  # pytest's outcomes, whatever its exit code
+        try:
+            record["result"] = parse_junit(step.output) if fresh else None
+        except ElementTree.ParseError:  # cut short
+            record["result"] = None
     if code is None:
         return {**record, "status": "timed out", "error": f"stopped after {limit:.0f} s (its limit "
                 f"{step.limit_s:.0f} s, {left_s:.0f} s of the budget left)"}
-    if step.section == "tests":
-        failed = [t["test"] for t in record["result"]["tests"] if t["outcome"] in ("failed", "error")]
-        if code != 0:
-            error = f"{len(failed)} failed: {', '.join(failed)}" if failed else f"pytest exited {code}: " \
-                f"{_last_line(output)}"
-            return {**record, "status": "failed", "error": error}
-        return record
+    if step.kind == "tests":
+        return _tests_record(record, code, output)
     if code != 0:
         return {**record, "status": "failed", "error": f"exit code {code}: {_last_line(output)}"}
-    if step.output is None:
+    if step.output is None and step.kind != "loader":  # a step with no figures
         return record
-    what = "raport" if step.kind == "launch" else "JSON"
+    what = {"launch": "raport", "loader": "output"}.get(step.kind, "JSON")
     try:
-        if step.output.stat().st_mtime < started_at:  # a file of an earlier run: not this step's figures
-            raise OSError("it was not written by this step")
-        if step.kind == "launch":
-            record["result"] = launch_figures(step.output)
-        else:
-            record["result"] = json.loads(step.output.read_text(encoding="utf-8"))
+        if step.output is not None and not fresh:  # a file of an earlier run: not this step's figures
+            raise OSError(f"{step.output} was not written by this step")
+        record["result"] = step_result(step, output)
     except (OSError, ValueError, KeyError) as error:
-        return {**record, "status": "failed", "error": f"its {what} {step.output} could not be read: {error}"}
+        return {**record, "status": "failed", "error": f"its {what} could not be read: {error}"}
     return record
 
 
-def launch_figures(raport: Path) -> dict:
-    """What a launch.py benchmark's raport says: the summary's throughput (warm-up left out) and wall-clock
-    throughput, the batch, the warm-up and the iterations; ValueError where it has no throughput figure."""
-    parameters, summary = {}, {}
-    for record in read_raport(raport):
-        if record.get("step") == "PARAMETER":
-            parameters.update(record["data"])
-        elif record.get("step") == []:
-            summary.update(record["data"])
-    if "train.total_ips" not in summary:
-        raise ValueError("its summary has no train.total_ips: no iteration after the warm-up")
-    return {"total_ips": summary["train.total_ips"], "wall_ips": summary.get("train.wall_ips"),
-            "batch_size": parameters["batch_size"], "warmup": parameters.get("benchmark_warmup", 0),
-            "iterations": parameters.get("prof"), "amp_dtype": parameters.get("amp_dtype") if parameters.get("amp")
-            else None, "loss": summary.get("train.loss")}
+def _run(step: Step, log: Path, limit: float) -> int | None:
+    """Run the step's command with its output in ``log``; its exit code, None where it was stopped at ``limit``
+    seconds (or this process was stopped while it ran)."""
+    python_path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg", **dict(step.env)}
+    with open(log, "w", encoding="utf-8") as handle:
+        # a process group of its own: what it starts (torch.compile's workers, pytest's) is ended with it
+        process = subprocess.Popen([sys.executable, *step.argv], cwd=REPO, env=env, stdout=handle,
+                                   stderr=subprocess.STDOUT, process_group=0)
+        try:
+            return process.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            if process.returncode is None:  # timed out, or this process was stopped while waiting
+                _kill(process)
 
 
-def _not_run(steps: Sequence[Step], reason: str) -> list[dict]:
-    return [{"section": s.section, "name": s.name, "arch": s.arch, "precision": s.precision, "kind": s.kind,
-             "command": command(s), "status": "not run", "seconds": 0.0, "error": reason} for s in steps]
+def _tests_record(record: dict, code: int, output: str) -> dict:
+    """The tests step's record once pytest exited ``code``: failed where any test failed or erred (named) or
+    pytest wrote no outcomes."""
+    if record["result"] is None:
+        return {**record, "status": "failed", "error": f"pytest exited {code} without its JUnit XML: "
+                f"{_last_line(output)}"}
+    failed, errors = (sorted(t["test"] for t in record["result"]["tests"] if t["outcome"] == outcome)
+                      for outcome in ("failed", "error"))
+    if failed or errors:
+        return {**record, "status": "failed",
+                "error": f"{len(failed)} failed and {len(errors)} errors: {', '.join(failed + errors)}"}
+    if code != 0:
+        return {**record, "status": "failed", "error": f"pytest exited {code}: {_last_line(output)}"}
+    return record
 
 
-def run_report(steps: Sequence[Step], out: Path, header: dict, budget_s: float,
+def run_report(steps: Sequence[Step], work: Path, header: dict, budget_s: float,
                write: Callable[[dict], None], say: Callable[[str], None] = print) -> dict:
-    """Run ``steps`` in turn within ``budget_s`` seconds in all, writing the report with ``write`` after
-    each; SIGTERM (or Ctrl-C) ends the step under way and records it and the rest as not run."""
-    report = {**header, "budget_s": budget_s, "seconds": 0.0, "steps": []}
+    """Run ``steps`` in turn within ``budget_s`` seconds in all, writing the report with ``write`` at the
+    start and after each (the steps not yet run marked pending); SIGTERM (or Ctrl-C) ends the step under way
+    and records it and the rest as not run."""
+    done: list[dict] = []
     start = time.monotonic()
+
+    def snapshot(finished: bool, rest: Sequence[Step] = ()) -> dict:
+        pending = [record_of(step, "pending") for step in rest]
+        return {**header, "budget_s": budget_s, "seconds": round(time.monotonic() - start, 1),
+                "finished": finished, "steps": done + pending}
+
+    write(snapshot(False, steps))
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
         for index, step in enumerate(steps):
+            needed = next((r for r in done if r["name"] == step.needs), None) if step.needs else None
             try:
-                record = run_step(step, out, budget_s - (time.monotonic() - start))
+                if step.needs and (needed is None or needed["status"] != "ok"):
+                    record = record_of(step, "skipped", f"it needs the step '{step.needs}', which "
+                                       + (f"ended {needed['status']}" if needed else "is not in this run"))
+                else:
+                    record = run_step(step, work, budget_s - (time.monotonic() - start))
             except (Stopped, KeyboardInterrupt) as reason:
-                report["steps"] += _not_run(steps[index:], f"the report was {reason or 'interrupted'}")
+                done += [record_of(s, "not run", f"the report was {reason or 'interrupted'}") for s in steps[index:]]
                 break
-            report["steps"].append(record)
-            report["seconds"] = round(time.monotonic() - start, 1)
-            write(report)
-            say(f"  {step.section:>5} {step.name:<28} {record['status']:<9} {record['seconds']:6.0f} s"
+            done.append(record)
+            write(snapshot(False, steps[index + 1:]))
+            say(f"  {step.section:>6} {step.name:<36} {record['status']:<9} {record['seconds']:6.0f} s"
                 + (f"  {record['error']}" if record.get("error") else ""))
     finally:
         signal.signal(signal.SIGTERM, previous)
-    report["seconds"] = round(time.monotonic() - start, 1)
-    write(report)
-    return report
+    final = snapshot(True)
+    write(final)
+    return final
 
 
 # ------------------------------------------------------------------------------------------------
-# The report
+# The three files
 # ------------------------------------------------------------------------------------------------
-def write_report(report: dict, out: Path) -> None:
-    """DIR/report.json and DIR/report.md, each replaced whole (a reader never sees half a file)."""
+def write_report(report: dict, out: Path, work: Path) -> None:
+    """OUT/report.json, OUT/report.md and OUT/logs.tar.gz (the scratch folder ``work`` but its data set),
+    each replaced whole: a reader, or a run killed now, never leaves half a file."""
     write_json(report, str(out / "report.json"))
     temporary = out / f".report.md.{os.getpid()}.tmp"
     temporary.write_text(markdown(report), encoding="utf-8")
     os.replace(temporary, out / "report.md")
+    archive(work, out / "logs.tar.gz")
+
+
+def archive(work: Path, target: Path) -> None:
+    """Every file under ``work`` but the JPEG set (and hidden files: workspace locks), as ``gpu_report/<path>`` in
+    a gzip tar written through a
+    temporary file; a file longer than :data:`ARCHIVE_MEMBER_LIMIT` goes in as its last part, after a line
+    that says so."""
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    with tarfile.open(temporary, "w:gz") as tar:
+        for path in sorted(work.rglob("*")):
+            relative = path.relative_to(work)
+            if relative.parts[0] == DATA_FOLDER or path.name.startswith(".") or not path.is_file():
+                continue
+            size = path.stat().st_size
+            info = tarfile.TarInfo(f"gpu_report/{relative}")
+            info.mtime = int(path.stat().st_mtime)
+            with open(path, "rb") as handle:
+                if size <= ARCHIVE_MEMBER_LIMIT:
+                    data = handle.read()
+                else:
+                    handle.seek(size - ARCHIVE_MEMBER_LIMIT)
+                    data = f"[the first {size - ARCHIVE_MEMBER_LIMIT} bytes left out]\n".encode() + handle.read()
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    os.replace(temporary, target)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -393,15 +660,16 @@ def write_report(report: dict, out: Path) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = UserErrorParser(prog="gpu_report.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, metavar="DIR",
-                        help="folder for report.md, report.json, the benchmarks' JSON and the logs (a new one, "
-                        "or one without a report)")
+                        help="folder for report.md, report.json and logs.tar.gz, and nothing else (a new one, or "
+                        "one without a report)")
     parser.add_argument("--smoke", action="store_true",
-                        help="the same steps at tiny sizes (32 px, batches of 1 to 4), on whatever device there is")
+                        help="the same steps at tiny sizes (32 px, batches of 1 to 8), on whatever device there is")
     parser.add_argument("--budget", type=positive_float, default=None, metavar="SECONDS",
                         help=f"time for all the steps (default: {FULL.budget_s:.0f}, with --smoke "
-                        f"{SMOKE.budget_s:.0f})")
-    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS),
-                        help="which parts to run (default: all of them)")
+                        f"{SMOKE.budget_s:.0f}); a step whose estimate is more than what is left is left out")
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(DEFAULT_SECTIONS),
+                        help=f"which parts to run, in the order of {', '.join(SECTIONS)} (default: "
+                        f"{' '.join(DEFAULT_SECTIONS)}; train fits a second call)")
     return parser
 
 
@@ -420,20 +688,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     budget = args.budget or scale.budget_s
     facts = machine.facts(device)
     no_compiler = compiler_missing(torch.device(device))
-    header = {"report": "gpu_report", "command": "python " + shlex.join(["scripts/gpu_report.py", *argv]),
-              "smoke": args.smoke, "device": device, "compile_missing": no_compiler,
-              "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-              "machine": {**facts, "description": machine.describe(facts)}}
-    steps = plan(scale, device, out.resolve(), args.sections, compiler=not no_compiler)
-    print(f"{len(steps)} steps within {budget:.0f} s on {header['machine']['description']}", flush=True)
-    expected, cut = forecast(scale, steps, budget)
-    if expected:
-        header["expected_s"] = expected
-        print(f"by the first H100 report's times they take about {expected:.0f} s"
-              + (f"; expected not to fit: {', '.join(cut)}" if cut else ""), flush=True)
-    report = run_report(steps, out, header, budget, lambda report: write_report(report, out),
-                        say=lambda line: print(line, flush=True))
-    print(f"wrote {out / 'report.md'} and report.json in {report['seconds']:.0f} s", flush=True)
+    work = Path(tempfile.mkdtemp(prefix="gpu_report."))
+    try:
+        steps = plan(scale, device, work, args.sections, compiler=not no_compiler)
+        expected, cut = forecast(steps, budget)
+        header = {"report": "gpu_report", "command": "python " + shlex.join(["scripts/gpu_report.py", *argv]),
+                  "smoke": args.smoke, "device": device, "sections": list(args.sections),
+                  "compile_missing": no_compiler, "work": str(work), "expected_s": expected,
+                  "estimated_on": scale.estimated_on,
+                  "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                  "machine": {**facts, "description": machine.describe(facts)}}
+        print(f"{len(steps)} steps within {budget:.0f} s on {header['machine']['description']}", flush=True)
+        print(f"by the estimates ({scale.estimated_on}) they take about {expected:.0f} s"
+              + (f"; expected to be left out: {', '.join(cut)}" if cut else ""), flush=True)
+        report = run_report(steps, work, header, budget, lambda report: write_report(report, out, work),
+                            say=lambda line: print(line, flush=True))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"wrote {', '.join(str(out / name) for name in REPORT_FILES)} in {report['seconds']:.0f} s", flush=True)
     return 0 if all(step["status"] in ("ok", "skipped") for step in report["steps"]) else 1
 
 

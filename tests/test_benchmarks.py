@@ -284,6 +284,7 @@ def test_the_loader_benchmark_times_a_backend_beside_others(tmp_path, capsys):
 
 def test_the_int8_path_times_the_quantized_export_on_the_cpu_only(state, tmp_path):
     pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert "int8" in benchmark.default_paths(cpu) and "int8" not in benchmark.default_paths(cuda)
     path = benchmark.build_path("int8", state, "resnet18", 10, cpu, 32, tmp_path)
@@ -291,8 +292,6 @@ def test_the_int8_path_times_the_quantized_export_on_the_cpu_only(state, tmp_pat
     benchmark.measure_paths([baseline, path], [2], 32, cpu, iters=1, warmup=0, repeats=1)
     assert path.dtype.startswith("int8") and len(path.latencies[2]) == 1
     assert path.compared == 2 and path.max_abs_diff > 1e-4  # int8 rounds: measured, not assumed
-    import onnx
-
     graph = onnx.load(str(tmp_path / "model_int8.onnx")).graph
     assert "QuantizeLinear" in {node.op_type for node in graph.node}
     assert benchmark.build_path("int8", state, "resnet18", 10, torch.device("meta"), 32, tmp_path).skipped == \

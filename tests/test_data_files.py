@@ -226,7 +226,7 @@ def test_jpegs_decode_to_the_same_pixels_as_pil(tmp_path):
     from image_classification.data.files import read_rgb_tensor
 
     path = tmp_path / "photo.jpg"
-    from skimage import data as samples
+    samples = pytest.importorskip("skimage.data")
 
     Image.fromarray(samples.chelsea()).save(path, quality=90)
     ours = read_rgb_tensor(str(path)).permute(1, 2, 0).numpy().astype(int)

@@ -66,7 +66,7 @@ def levels(a: list, b: list) -> float:
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
     """scikit-image's photographs as JPEGs (a class each), in train/ and val/."""
-    from skimage import data as samples
+    samples = pytest.importorskip("skimage.data")
 
     root = tmp_path_factory.mktemp("photos")
     for split in ("train", "val"):

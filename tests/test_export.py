@@ -92,6 +92,7 @@ def test_checkpoint2model_failures_leave_the_target_alone(tmp_path, case, script
 
 
 def test_onnx_round_trip(tmp_path, script):
+    onnx, onnxruntime = pytest.importorskip("onnx"), pytest.importorskip("onnxruntime")
     weights = tmp_path / "resnet18.pth"
     model = randomised(build_model("resnet18", num_classes=10), seed=3).eval()
     torch.save(model.state_dict(), weights)
@@ -100,9 +101,6 @@ def test_onnx_round_trip(tmp_path, script):
                     "-b", "2", "--image-size", "64", "--dynamic-batch")
     assert result.returncode == 0, result.stderr
     assert "max abs difference" in result.stdout
-    import onnx
-    import onnxruntime
-
     graph = onnx.load(str(output))
     assert graph.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
     session = onnxruntime.InferenceSession(str(output), providers=["CPUExecutionProvider"])
@@ -241,7 +239,8 @@ def test_a_max_batch_size_that_config_pbtxt_cannot_hold_is_refused(tiny_weights,
 
     text_format = pytest.importorskip("google.protobuf.text_format")
     model_config = pytest.importorskip("tritonclient.grpc.model_config_pb2")
-    from onnx import TensorProto, helper
+    onnx = pytest.importorskip("onnx")
+    TensorProto, helper = onnx.TensorProto, onnx.helper
 
     from image_classification.tool_arguments import LARGEST_MAX_BATCH_SIZE
     from image_classification.triton_repository import config_text

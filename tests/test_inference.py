@@ -46,7 +46,7 @@ def percent_lines(stdout: str) -> list[tuple[str, float]]:
 @pytest.fixture(scope="module")
 def photo(tmp_path_factory) -> Path:
     """A real photograph (scikit-image's cat, Chelsea) as a JPEG."""
-    from skimage import data
+    data = pytest.importorskip("skimage.data")
 
     path = tmp_path_factory.mktemp("photo") / "chelsea.jpg"
     Image.fromarray(data.chelsea()).save(path, quality=90)

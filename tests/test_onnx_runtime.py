@@ -32,7 +32,7 @@ def weights(tmp_path) -> Path:
 
 @pytest.fixture
 def images(tmp_path) -> list[str]:
-    from skimage import data
+    data = pytest.importorskip("skimage.data")
 
     paths = []
     for name in ("chelsea", "coffee", "astronaut"):

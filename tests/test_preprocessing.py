@@ -34,7 +34,7 @@ def trained(tmp_path_factory, image_folder) -> Path:
 
 def test_validation_preprocessing_computed_by_hand():
     """Short side to round(224 / 0.875) = 256, centre 224 crop, ImageNet mean/std: checked without the code."""
-    from skimage import data
+    data = pytest.importorskip("skimage.data")
 
     image = Image.fromarray(data.coffee())  # 600 x 400
     width, height = image.size
@@ -99,10 +99,9 @@ def test_extracted_weights_keep_the_description_and_export_uses_it(trained, tmp_
     loaded = load_model(None, str(weights))
     assert (loaded.arch, loaded.num_classes) == ("resnet18", 3)
     assert loaded.preprocessing.image_size == 32 and loaded.class_names == ["class_00", "class_01", "class_02"]
+    onnx = pytest.importorskip("onnx")  # the export needs it, and reads the graph with it
     onnx_path = tmp_path / "w.onnx"
     assert run(model2onnx_main, ["--weights", str(weights), "--output", str(onnx_path), "-b", "1"]) == 0
-    import onnx
-
     dims = [d.dim_value for d in onnx.load(str(onnx_path)).graph.input[0].type.tensor_type.shape.dim]
     assert dims == [1, 3, 32, 32]
 

@@ -103,7 +103,7 @@ def test_a_resumed_raport_is_cut_back_and_appended(tmp_path):
 
 
 def test_tensorboard_mirrors_windows_epochs_and_parameters(tmp_path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
     from image_classification.training import main
 
@@ -111,7 +111,7 @@ def test_tensorboard_mirrors_windows_epochs_and_parameters(tmp_path):
     assert main(["-a", "resnet18", "--image-size", "32", "-b", "4", "--device", "cpu", "--data-backend",
                  "synthetic", "--prof", "2", "-p", "1", "--epochs", "2", "--num-classes", "3", "--seed", "1",
                  "--lr", "0.01", "--tensorboard", str(logs), "--workspace", str(tmp_path / "ws")]) == 0
-    events = EventAccumulator(str(logs))
+    events = accumulator.EventAccumulator(str(logs))
     events.Reload()
     scalars = set(events.Tags()["scalars"])
     assert {"train.loss", "train.total_ips", "epoch/train.loss", "epoch/val.top1", "epoch/val.loss"} <= scalars
@@ -126,7 +126,7 @@ def test_tensorboard_mirrors_windows_epochs_and_parameters(tmp_path):
 
 def test_tensorboard_shows_each_step_once_after_a_resume_from_an_earlier_checkpoint(tmp_path):
     """What a killed run logged after its checkpoint is hidden (purge_step), not shown twice."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
     from image_classification.training import main
 
@@ -136,7 +136,7 @@ def test_tensorboard_shows_each_step_once_after_a_resume_from_an_earlier_checkpo
            str(logs), "--workspace", str(ws), "--gather-checkpoints"]
     assert main(run) == 0  # steps 1-4; then go back to the end of epoch 0, as a kill after it would
     assert main(run + ["--resume", str(ws / "checkpoint_0000.pth.tar")]) == 0
-    events = EventAccumulator(str(logs))
+    events = accumulator.EventAccumulator(str(logs))
     events.Reload()
     assert [e.step for e in events.Scalars("train.loss")] == [1, 2, 3, 4]
 

@@ -227,7 +227,7 @@ def _ngc_weights(folder: Path, arch: str) -> None:
 def _digits_folder(tmp_path_factory, name: str) -> Path:
     """A folder after `make demo` (one epoch, of 4 steps: the commands need its files, not its accuracy):
     data/digits, workspace/digits, and photographs."""
-    from skimage import data as samples
+    samples = pytest.importorskip("skimage.data")
 
     folder = tmp_path_factory.mktemp(name)
     # the default recipe's workspace, which a demo run with flags of its own would leave alone
