@@ -27,8 +27,7 @@ PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
 def camera(tmp_path_factory) -> Path:
     """scikit-image's photographs upscaled to 1024x768 with grain (a camera's texture, smaller), quality 90, a class
     each, 6 train and 2 val images per class."""
-    from skimage import data as samples
-
+    samples = pytest.importorskip("skimage.data")
     root = tmp_path_factory.mktemp("camera")
     rng = np.random.default_rng(0)
     for name in PHOTOS:
