@@ -124,6 +124,29 @@ def test_the_cuda_prefetcher_gives_the_cpu_path_s_batches_bitwise(image_folder):
         assert b.is_contiguous(memory_format=torch.channels_last)
 
 
+def test_the_cuda_prefetcher_keeps_one_side_stream_for_every_pass(image_folder, monkeypatch):
+    """Three passes of the pytorch backend's loader make one side stream, whose cached blocks every pass reuses
+    (the CPU twin: tests/test_data_files.py)."""
+    from image_classification.data import DataConfig, get_loaders
+    from image_classification.runtime import Runtime
+
+    made = []
+
+    class Counted(torch.cuda.Stream):
+        def __new__(cls, *args, **kwargs):
+            made.append(args)
+            return super().__new__(cls, *args, **kwargs)
+
+    monkeypatch.setattr(torch.cuda, "Stream", Counted)
+    config = DataConfig(str(image_folder), "pytorch", image_size=32, batch_size=4, workers=0, seed=3)
+    train, _ = get_loaders(config, Runtime(torch.device("cuda", 0), None, torch.contiguous_format),
+                           want_train=True, want_val=False)
+    for epoch in range(3):
+        train.set_epoch(epoch)
+        assert sum(len(targets) for _, targets in train) > 0
+    assert len(made) == 1
+
+
 def test_dali_gpu_trains_and_validates_on_a_jpeg_folder(image_folder, tmp_path):
     pytest.importorskip("nvidia.dali")
     args = TINY + ["--data-backend", "dali-gpu", "--num-classes", "3", "--epochs", "2", "-p", "1",

@@ -166,8 +166,10 @@ class DeviceLoader(WrappingLoader):
     """Moves host batches to the device, normalises them and applies the memory format.
 
     On CUDA the copy and normalisation of the next batch run on a side stream while the current one
-    is used; on CPU the work is done in line.  ``normalized=True`` skips normalisation for backends
-    that already produce float, normalised batches.
+    is used: one stream for the loader's life, so the memory the caching allocator keeps for it serves every
+    pass (a new stream each pass would strand the last pass's cached blocks on a stream never used again).
+    On CPU the work is done in line.  ``normalized=True`` skips normalisation for backends that already
+    produce float, normalised batches.
     """
 
     def __init__(self, source, runtime: Runtime, num_samples: int, normalized: bool = False,
@@ -178,6 +180,7 @@ class DeviceLoader(WrappingLoader):
         self.normalized = normalized
         self.mean = channel_values(mean, runtime.device)
         self.std = channel_values(std, runtime.device)
+        self.side = SideStream(runtime.device)
 
     def _prepare(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         device = self.runtime.device
@@ -195,8 +198,7 @@ class DeviceLoader(WrappingLoader):
         yield from self._cuda_prefetch(iter(self.source))
 
     def _cuda_prefetch(self, batches: Iterable) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        side = SideStream(self.runtime.device)
-        pending = None
+        side, pending = self.side, None
         for images, targets in batches:
             with side:
                 ready = self._prepare(images, targets)
