@@ -94,7 +94,7 @@ def count_step_syncs(monkeypatch) -> list[int]:
 class FakeCuda:
     """torch.cuda's streams and current device as the loaders use them, for the CPU twins of CUDA paths: every
     stream made (its device, in ``streams``) and every ``torch.cuda.set_device`` (the device, by the calling
-    thread's name, in ``devices``) are recorded; stream contexts, waits and ``record_stream`` do nothing."""
+    thread, in ``devices``) are recorded; stream contexts, waits and ``record_stream`` do nothing."""
 
     def __init__(self, monkeypatch):
         import threading
@@ -119,7 +119,7 @@ class FakeCuda:
                 pass
 
         def set_device(device) -> None:
-            devices.setdefault(threading.current_thread().name, []).append(torch.device(device))
+            devices.setdefault(threading.current_thread(), []).append(torch.device(device))
 
         monkeypatch.setattr(torch.cuda, "Stream", Stream)
         monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())

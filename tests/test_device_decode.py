@@ -18,10 +18,10 @@ from PIL import Image
 from torchvision import transforms
 from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
-from helpers import REPO, count_step_syncs, load_script, refused, run_script, train_until_crash, write_image_folder
+from helpers import REPO, FakeCuda, count_step_syncs, load_script, refused, run_script, train_until_crash, write_image_folder
 from image_classification.cli import run
 from image_classification.data import DataConfig, default_backend_notice, get_loaders, resolve_backend
-from image_classification.data import device_decode
+from image_classification.data import decoders, device_decode
 from image_classification.data.common import STD_255, ShardSampler
 from image_classification.data.encoded import EncodedImages
 from image_classification.data.layout import open_split
@@ -41,7 +41,7 @@ def runtime(device: str = "cpu", memory_format=torch.contiguous_format) -> Runti
 
 def passes(root, backend: str, *, device: str = "cpu", epoch: int = 1, start_batch: int = 0, **fields):
     """One training and one validation pass of ``backend`` on ``root`` (32 px, batches of 4, seed 3): each as
-    a list of (images, targets) on the CPU, and the (train, val) images skipped."""
+    a list of (images, targets) on the CPU, the (train, val) images skipped, and the (train, val) pass counts."""
     settings = dict(data=str(root), backend=backend, image_size=SIZE, batch_size=4, seed=3, workers=0)
     memory_format = fields.pop("memory_format", torch.contiguous_format)
     train, val = get_loaders(DataConfig(**{**settings, **fields}), runtime(device, memory_format), want_train=True,
@@ -49,7 +49,7 @@ def passes(root, backend: str, *, device: str = "cpu", epoch: int = 1, start_bat
     train.set_epoch(epoch, start_batch)
     val.set_epoch(epoch)
     batches = [[(images.cpu(), targets.cpu()) for images, targets in loader] for loader in (train, val)]
-    return (*batches, (train.skipped, val.skipped))
+    return (*batches, (train.skipped, val.skipped), (train.pass_counts(), val.pass_counts()))
 
 
 def same(a: list, b: list) -> bool:
@@ -219,45 +219,76 @@ def test_what_cannot_be_decoded_is_skipped_and_counted_as_the_pytorch_backend_do
     assert levels(ours[1], theirs[1]) < 0.05
 
 
-def test_a_jpeg_the_device_s_decoder_refuses_is_decoded_on_the_cpu(image_folder, monkeypatch):
-    """nvJPEG refusing one image fails the batch's call: the batch is decoded image by image, and the one refused
-    goes through the pytorch backend's CPU decoder (the same pixels here)."""
-    import torchvision.io
+def refusing_decoder(monkeypatch, refuses, calls: list | None = None) -> None:
+    """The device's decoder replaced by the CPU's, raising ``refuses(data)`` (an exception, or None to decode) for
+    a call on ``data``, each call's length appended to ``calls``."""
+    real = decoders.cpu_decoder()
 
-    decode = torchvision.io.decode_jpeg
+    def decode_batch(data, device):
+        if calls is not None:
+            calls.append(len(data))
+        error = refuses(data)
+        if error is not None:
+            raise error
+        return real.decode_batch(data, device)
+
+    fake = decoders.JpegDecoder("refusing", "0", real.decode, decode_batch)
+    monkeypatch.setattr(device_decode, "device_decoder", lambda device: fake)
+
+
+def test_a_jpeg_the_device_s_decoder_refuses_is_decoded_on_the_cpu_counted_and_said_once(image_folder,
+                                                                                         monkeypatch, capsys):
+    """The device's decoder refusing one image fails the batch's call: the batch is decoded image by image, and the
+    one refused goes through the pytorch backend's CPU decoder (the same pixels here).  Each is counted in the pass
+    (for the raport's ``train.cpu_decoded``), and the first refusal named once on stderr, where nothing said it."""
     refused_size = len((image_folder / "train" / "class_01" / "img_003.jpg").read_bytes())
     calls = []
-
-    def refusing(data, **kwargs):
-        if not isinstance(data, list):  # the pytorch backend's CPU decoder, one image
-            return decode(data, **kwargs)
-        calls.append(len(data))
-        if any(len(one) == refused_size for one in data):
-            raise RuntimeError("Error while decoding JPEG images: unsupported")
-        return decode(data, **kwargs)
-
     expected = passes(image_folder, "pytorch-gpu")
-    monkeypatch.setattr(torchvision.io, "decode_jpeg", refusing)
-    assert same(passes(image_folder, "pytorch-gpu")[0], expected[0])
+    assert expected[3] == ({"cpu_decoded": 0}, {"cpu_decoded": 0})
+    refusing_decoder(monkeypatch, lambda data: RuntimeError("Error while decoding JPEG images: unsupported")
+                     if any(len(one) == refused_size for one in data) else None, calls)
+    capsys.readouterr()
+    ours = passes(image_folder, "pytorch-gpu")
+    assert same(ours[0], expected[0]) and same(ours[1], expected[1])
     assert 1 in calls and 4 in calls  # batches in one call, then the failing one's images one by one
+    assert ours[3] == ({"cpu_decoded": 1}, {"cpu_decoded": 0})  # class_01's img_003 is a training image
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: --data-backend pytorch-gpu (train): the device's JPEG "
+                                               "decoder refused a run of ") and "unsupported" in err[0], err
+
+
+def test_the_decoder_running_out_of_memory_empties_the_cache_once_then_ends_the_run(image_folder, monkeypatch,
+                                                                                  capsys):
+    """Out of memory is not a JPEG the decoder refuses: no image goes to the CPU for it.  The first time, torch's
+    CUDA cache (whose blocks nvJPEG's own allocations cannot use) is emptied and the decode retried, said once;
+    an error again goes through, whatever the decoder calls it."""
+    emptied, failures = [], iter([torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")])
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    expected = passes(image_folder, "pytorch-gpu")
+    refusing_decoder(monkeypatch, lambda data: next(failures, None))
+    capsys.readouterr()
+    ours = passes(image_folder, "pytorch-gpu")
+    assert same(ours[0], expected[0]) and ours[3] == ({"cpu_decoded": 0}, {"cpu_decoded": 0}) and emptied == [True]
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "ran out of memory decoding JPEGs (OutOfMemoryError: CUDA out of memory." in err[0]
+    for message in ("Error while decoding JPEG images: CUDA out of memory. Tried to allocate 20.00 MiB",
+                    "Failed to decode batch: 5", "cudaErrorMemoryAllocation: out of memory"):
+        refusing_decoder(monkeypatch, lambda data, message=message: RuntimeError(message))
+        with pytest.raises(RuntimeError, match=re.escape(message)):
+            passes(image_folder, "pytorch-gpu")
+    refusing_decoder(monkeypatch, lambda data: RuntimeError("Failed to decode batch: 3"))  # NVJPEG_STATUS_BAD_JPEG
+    assert passes(image_folder, "pytorch-gpu")[3][0] == {"cpu_decoded": 24}
 
 
 def test_every_call_of_the_device_s_decoder_waits_first_for_the_stream_it_allocates_on(image_folder, monkeypatch):
     """torchvision's CUDA decoder writes its outputs from a stream that does not wait for the caller's, into blocks
     the caller's stream may still be reading: each call, the batch's and each one-image retry after a refusal,
     comes after :func:`settle` (the CPU twin of the GPU test below; on the CPU the wait does nothing)."""
-    import torchvision.io
-
-    decode, events = torchvision.io.decode_jpeg, []
+    events = []
     refused_size = len((image_folder / "train" / "class_01" / "img_003.jpg").read_bytes())
-
-    def decoder(data, **kwargs):
-        events.append(("decode", len(data)))
-        if len(data) > 1 and any(len(one) == refused_size for one in data):
-            raise RuntimeError("Error while decoding JPEG images: unsupported")
-        return decode(data, **kwargs)
-
-    monkeypatch.setattr(torchvision.io, "decode_jpeg", decoder)
+    refusing_decoder(monkeypatch, lambda data: events.append(("decode", len(data))) or (
+        RuntimeError("Error while decoding JPEG images: unsupported")
+        if len(data) > 1 and any(len(one) == refused_size for one in data) else None))
     settle = device_decode.settle
     monkeypatch.setattr(device_decode, "settle", lambda device: events.append(("settle", device.type)) or
                         settle(device))
@@ -273,12 +304,12 @@ def test_the_decode_holds_a_bounded_number_of_pixels(image_folder, monkeypatch):
         [[0, 1], [2, 3], [4], [5], [6]]
     calls = []
     decode = device_decode.decode_jpegs
-    monkeypatch.setattr(device_decode, "decode_jpegs", lambda data, device: calls.append(len(data)) or
-                        decode(data, device))
+    monkeypatch.setattr(device_decode, "decode_jpegs", lambda data, device, fallbacks: calls.append(len(data)) or
+                        decode(data, device, fallbacks))
     expected = passes(image_folder, "pytorch-gpu")
     monkeypatch.setattr(device_decode, "CHUNK_PIXELS", 2 * 48 * 40)
     calls.clear()
-    monkeypatch.setattr(device_decode.decoded_images, "__defaults__", (2 * 48 * 40,))
+    monkeypatch.setattr(device_decode.decoded_images, "__defaults__", (None, 2 * 48 * 40))
     assert same(passes(image_folder, "pytorch-gpu")[0], expected[0])
     assert calls and max(calls) == 2
 
@@ -286,15 +317,18 @@ def test_the_decode_holds_a_bounded_number_of_pixels(image_folder, monkeypatch):
 HOST_READS = ("item", "tolist", "__bool__", "cpu", "numpy", "__float__", "__int__")
 
 
-def test_preparing_batches_reads_nothing_back(image_folder, monkeypatch):
-    """The training process decodes, crops and normalises (in its background thread) and hands batches over (in
-    the loop's) without reading a tensor back to the host: on a GPU each read would wait for the device (the CPU
-    twin of the GPU test below; the DataLoader's and the sampler's own reads of host tensors are not counted)."""
+@pytest.mark.parametrize("augmentation", [None, "autoaugment", "randaugment", "trivialaugment"])
+def test_preparing_batches_reads_nothing_back(image_folder, monkeypatch, augmentation):
+    """The training process decodes, crops, augments and normalises (in its background thread) and hands batches
+    over (in the loop's) without reading a tensor back to the host: on a GPU each read would wait for the device
+    (the CPU twin of the GPU test below; the DataLoader's and the sampler's own reads of host tensors are not
+    counted).  ``--augmentation``'s draws, reads of torch's CPU generator, are the workers'."""
     import threading
 
     from image_classification.data.device_decode import DeviceDecodedLoader
 
-    config = DataConfig(data=str(image_folder), backend="pytorch-gpu", image_size=SIZE, batch_size=4, workers=1)
+    config = DataConfig(data=str(image_folder), backend="pytorch-gpu", image_size=SIZE, batch_size=4, workers=1,
+                        augmentation=augmentation)
     train, val = get_loaders(config, runtime(), want_train=True, want_val=True)
     reads, counting = [], threading.local()
     for name in HOST_READS:
@@ -320,6 +354,125 @@ def test_preparing_batches_reads_nothing_back(image_folder, monkeypatch):
     assert reads == []
 
 
+@pytest.mark.parametrize("augmentation", ["autoaugment", "randaugment", "trivialaugment"])
+def test_on_an_asynchronous_device_the_policies_wait_for_nothing(augmentation):
+    """Every operation of the policy's space, applied as the background thread applies it, on the meta device:
+    tensors without values, where a read back to the host or a shape that depends on values fails.  Under
+    NonBlockingConstants no tensor is built on the device from Python values: torchvision's affine and rotation
+    matrices and its sharpness kernel are built on the host and copied without waiting (built on a GPU directly,
+    each is a copy that waits for everything queued); without it they are (the CPU twin of the GPU test below)."""
+    from torch.overrides import TorchFunctionMode
+
+    from image_classification.data.transforms import PolicyDraws, auto_augmentation
+
+    built = []
+
+    class DeviceConstants(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in (torch.tensor, torch.as_tensor) and torch.device(kwargs.get("device") or "cpu").type != "cpu":
+                built.append(func.__name__)
+            return func(*args, **kwargs)
+
+    config = DataConfig(data=None, backend="pytorch-gpu", image_size=SIZE, batch_size=4, augmentation=augmentation)
+    halves = PolicyDraws(auto_augmentation(config))
+    operations = []
+    for name, (magnitudes, signed) in halves.policy._AUGMENTATION_SPACE.items():
+        values = magnitudes(10, SIZE, SIZE)
+        operations.append((name, -float(values[5]) if signed else float(values[5]) if values is not None else 0.0))
+    image = torch.zeros(3, SIZE, SIZE, dtype=torch.uint8, device="meta")
+    with DeviceConstants():
+        with device_decode.NonBlockingConstants():
+            for operation in operations:
+                out = halves.apply(image, (operation,))
+                assert out.device.type == "meta" and out.shape == image.shape and out.dtype == torch.uint8
+    assert built == []
+    with DeviceConstants():
+        for operation in operations:
+            halves.apply(image, (operation,))
+    assert built and set(built) == {"tensor"}
+
+
+def test_the_background_thread_touches_no_random_generator(image_folder, monkeypatch):
+    """The loop's thread draws from torch's CPU generator (MixUp, CutMix, random erasing) while the next batch is
+    prepared in the background: the background thread neither draws from that generator nor sets its state (a
+    set_state there would race with the loop's draws), since the workers drew each image's policy under its seed.
+    The loop's draws are those it makes alone, and the batches the pytorch backend's."""
+    import threading
+
+    real, touched = torch.default_generator, []
+
+    class Watched:
+        def __getattr__(self, name):
+            if threading.current_thread() is not threading.main_thread():
+                touched.append(name)
+            return getattr(real, name)
+
+    fields = dict(augmentation="randaugment", workers=1)
+    expected = passes(image_folder, "pytorch", **fields)[0]
+    torch.manual_seed(7)
+    alone = [torch.rand(3) for _ in range(len(expected) + 1)]
+    monkeypatch.setattr(torch, "default_generator", Watched())
+    config = DataConfig(data=str(image_folder), backend="pytorch-gpu", image_size=SIZE, batch_size=4, seed=3,
+                        **fields)
+    train, _ = get_loaders(config, runtime(), want_train=True, want_val=False)
+    train.set_epoch(1)
+    torch.manual_seed(7)
+    ours, drawn = [], []
+    for images, targets in train:
+        drawn.append(torch.rand(3))
+        ours.append((images, targets))
+    drawn.append(torch.rand(3))
+    assert touched == [] and same(ours, expected)
+    assert all(torch.equal(a, b) for a, b in zip(drawn, alone)) and len(drawn) == len(alone)
+
+
+def test_the_background_thread_is_on_the_runtime_s_device_from_its_start(image_folder, monkeypatch):
+    """A new thread starts on CUDA device 0, and leaving a stream's context there makes device 0 current again:
+    a context on GPU 0 for every process of a job.  The thread that prepares the batches sets the runtime's
+    device before anything else (the CPU twin of the GPU test below: torch.cuda's set_device recorded per thread,
+    the runtime's device as CUDA 3); a CPU runtime's thread sets none."""
+    import threading
+
+    from image_classification.data.device_decode import DeviceDecodedLoader
+
+    cuda = FakeCuda(monkeypatch)
+    pool = device_decode.decode_thread(torch.device("cuda", 1))
+    thread = pool.submit(threading.current_thread).result()
+    assert cuda.devices == {thread: [torch.device("cuda", 1)]}
+    device_decode.decode_thread(torch.device("cpu")).submit(lambda: None).result()
+    assert len(cuda.devices) == 1
+    make, prepared_in, prepare = device_decode.decode_thread, [], DeviceDecodedLoader._prepare
+    monkeypatch.setattr(device_decode, "decode_thread", lambda device: make(torch.device("cuda", 3)))
+    monkeypatch.setattr(DeviceDecodedLoader, "_prepare", lambda self, *args: prepared_in.append(
+        list(cuda.devices.get(threading.current_thread(), []))) or prepare(self, *args))
+    passes(image_folder, "pytorch-gpu")
+    assert len(prepared_in) == 6 + 3 and all(devices == [torch.device("cuda", 3)] for devices in prepared_in)
+
+
+def test_the_raport_counts_the_jpegs_decoded_on_the_cpu_per_epoch(image_folder, tmp_path, tiny_arch, monkeypatch):
+    """A run whose device decoder refuses an image says so in its raport, epoch by epoch and in the summary, for
+    training and validation alike (main.py's loop with the backend on the CPU's decoder)."""
+    from image_classification.raport import read_raport
+
+    monkeypatch.setattr("image_classification.plan.check_backend", lambda *args, **kwargs: None)
+    refused_size = len((image_folder / "train" / "class_01" / "img_003.jpg").read_bytes())
+    refusing_decoder(monkeypatch, lambda data: RuntimeError("Error while decoding JPEG images: unsupported")
+                     if any(len(one) == refused_size for one in data) else None)
+    assert main(["-a", tiny_arch, "--num-classes", "3", "--device", "cpu", "--data-backend", "pytorch-gpu", "-j", "0",
+                 "--image-size", str(SIZE), "-b", "4", "--epochs", "2", "--use-ema", "0.9", "--no-checkpoints",
+                 "--workspace", str(tmp_path), str(image_folder)]) == 0
+    records = read_raport(tmp_path / "experiment_raport.json")
+    epochs, summary = {}, {}
+    for record in records:
+        if record.get("type") == "LOG" and isinstance(record["step"], list) and len(record["step"]) <= 1:
+            (epochs.setdefault(record["step"][0], {}) if record["step"] else summary).update(record["data"])
+    epochs = [epochs[epoch] for epoch in sorted(epochs)]
+    names = ("train.cpu_decoded", "val.cpu_decoded", "val_ema.cpu_decoded")
+    assert [[epoch[name] for name in names] for epoch in epochs] == [[1, 0, 0], [1, 0, 0]]
+    assert [summary[name] for name in names] == [2, 0, 0]
+
+
 # -- choosing the backend, and what refuses it --------------------------------------------------------------
 def test_main_refuses_the_backend_off_cuda_naming_the_pytorch_backend(image_folder, tmp_path, capsys):
     code = run(main, ["-a", "resnet18", "--device", "cpu", "--data-backend", "pytorch-gpu", "--workspace",
@@ -330,8 +483,8 @@ def test_main_refuses_the_backend_off_cuda_naming_the_pytorch_backend(image_fold
 
 def test_a_torchvision_without_gpu_decoding_and_augmix_are_refused_naming_what_to_use(image_folder, monkeypatch):
     monkeypatch.setattr(device_decode, "gpu_decoding_problem", lambda: "RuntimeError: not compiled with nvJPEG")
-    with pytest.raises(UserError, match=r"torchvision .* lacks \(RuntimeError: not compiled with nvJPEG\); use "
-                                        r"--data-backend pytorch$"):
+    with pytest.raises(UserError, match=r"needs a GPU JPEG decoder .* lacks \(torchvision [^;]+; RuntimeError: not "
+                                        r"compiled with nvJPEG\); use --data-backend pytorch$"):
         device_decode.check_device_decode_request(True, None, training=True)
     config = DataConfig(data=str(image_folder), backend="pytorch-gpu", image_size=SIZE, batch_size=4,
                         augmentation="augmix")

@@ -60,7 +60,9 @@ class Loader(Protocol):
     ``num_samples`` is how many images this process sees in one pass (validation counts every image
     exactly once overall); ``skipped`` how many unreadable images were left out so far; ``fingerprint()``
     which images the split holds (:func:`.packed.fingerprint`; empty for synthetic data), which a checkpoint
-    records.
+    records; ``pass_counts()`` what the backend counted in its latest pass, by name, that the raport records per
+    epoch (``cpu_decoded`` for ``pytorch-gpu``: the JPEGs its device's decoder refused; none for the others),
+    with the same names before any pass.
     """
 
     num_samples: int
@@ -75,6 +77,8 @@ class Loader(Protocol):
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None: ...
 
     def fingerprint(self) -> dict: ...
+
+    def pass_counts(self) -> dict[str, int]: ...
 
 
 class Unreadable:
@@ -160,6 +164,9 @@ class WrappingLoader:
 
     def fingerprint(self) -> dict:
         return self.source.fingerprint()
+
+    def pass_counts(self) -> dict[str, int]:
+        return {}
 
 
 class DeviceLoader(WrappingLoader):

@@ -104,6 +104,9 @@ class DaliLoader:
     def fingerprint(self) -> dict:
         return self.samples.fingerprint()
 
+    def pass_counts(self) -> dict[str, int]:
+        return {}
+
     def _leave_out(self, index: int, reason: str) -> None:
         self.broken.add(index)
         self.unreadable.add(self.samples.name(index), reason)
