@@ -314,6 +314,62 @@ def test_the_decode_holds_a_bounded_number_of_pixels(image_folder, monkeypatch):
     assert calls and max(calls) == 2
 
 
+def resize_peaks(monkeypatch, image: torch.Tensor, measure) -> tuple[int, int]:
+    """(bytes at the peak of torch's CPU allocator while ``measure(image)`` runs the GPU's arithmetic on the CPU,
+    the CPU kernel's own intermediate image among them): no native uint8 resize, no channels-last copy."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from image_classification.data import transforms as train_transforms
+
+    monkeypatch.setattr(train_transforms, "CHANNELS_LAST_RESIZE", ())
+    monkeypatch.setattr("torchvision.transforms.v2.functional._geometry._do_native_uint8_resize_on_cpu",
+                        lambda interpolation: False)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiled:
+        measure(image)
+    events = sorted((event.start_ns(), event.nbytes()) for event in profiled.profiler.kineto_results.events()
+                    if event.name() == "[memory]")
+    live = peak = 0
+    for _, change in events:
+        live += change
+        peak = max(peak, live)
+    return peak
+
+
+@pytest.mark.slow
+def test_the_device_holds_at_most_what_the_memory_bound_s_docstring_states(monkeypatch, capsys):
+    """The largest images the size rule admits (89,478,485 px), through the GPU's arithmetic run on the CPU, their
+    allocations counted by torch's profiler: a training crop holds its float32 copy beside the decoded image (4
+    bytes a value: 4U, U the image's uint8 bytes), validation the image's float32 copy and its resized float32
+    image.  The CPU's resize adds an intermediate image (C x height x resized width) and weight tables that CUDA's
+    does not; the figures are printed for docs/data.md."""
+    from image_classification.data.files import MAX_IMAGE_PIXELS, check_size
+    from image_classification.data.transforms import Draw, TrainTransform
+
+    side = int(MAX_IMAGE_PIXELS ** 0.5)  # 9,459: the largest square, whose whole-image crop box can be drawn
+    strip = (255, 348_000)  # (height, width): the largest resize under the rule for validation, 256 x 349,364
+    check_size(side, side)
+    check_size(strip[1], strip[0], 256)
+    mib, figures = 1 << 20, {}
+    crop = TrainTransform(DataConfig(data=None, backend="pytorch-gpu", image_size=224, batch_size=1)).crop
+    square = torch.zeros(3, side, side, dtype=torch.uint8)
+    cases = {"training crop of the largest square": (square, lambda image: crop(image, Draw((0, 0, side, side), False)),
+                                                     4 * square.numel(), 3 * side * 224 * 4),
+             "validation of the largest square": (square, lambda image: device_decode.val_crop(image, 224),
+                                                  4 * square.numel(), 3 * side * 256 * 4),
+             "validation of the largest strip": (torch.zeros(3, *strip, dtype=torch.uint8),
+                                                 lambda image: device_decode.val_crop(image, 224),
+                                                 4 * 3 * (255 * 348_000 + 256 * 349_364), 3 * 255 * 349_364 * 4)}
+    for name, (image, measure, on_gpu, cpu_only) in cases.items():
+        peak = resize_peaks(monkeypatch, image, measure)
+        figures[name] = (image.numel(), peak, on_gpu, cpu_only)
+        assert on_gpu <= peak <= on_gpu + cpu_only + 32 * mib, (name, peak / mib, on_gpu / mib, cpu_only / mib)
+    with capsys.disabled():
+        for name, (decoded, peak, on_gpu, cpu_only) in figures.items():
+            print(f"\n{name}: decoded {decoded / mib:.0f} MiB; measured on the CPU {peak / mib:.0f} MiB more, of "
+                  f"which {cpu_only / mib:.0f} MiB the CPU kernel's intermediate image; on a GPU "
+                  f"{on_gpu / mib:.0f} MiB more, {(decoded + on_gpu) / mib:.0f} MiB in all")
+
+
 HOST_READS = ("item", "tolist", "__bool__", "cpu", "numpy", "__float__", "__int__")
 
 
@@ -582,8 +638,10 @@ def test_on_cuda_the_batches_are_the_cpu_s_within_the_decoder_s_rounding(photos,
     ours = passes(photos, "pytorch-gpu", device="cuda", **fields)
     theirs = passes(photos, "pytorch", **fields)
     assert ours[2] == theirs[2] == (0, 0)
+    assert ours[3] == ({"cpu_decoded": 0}, {"cpu_decoded": 0})  # clean JPEGs: none falls back to the CPU
     assert all(images.is_contiguous(memory_format=memory_format) for images, _ in ours[0])
-    assert levels(ours[0], theirs[0]) < 3 and levels(ours[1], theirs[1]) < 3
+    bound = decoders.DEVICE_LEVELS
+    assert levels(ours[0], theirs[0]) < bound and levels(ours[1], theirs[1]) < bound
 
 
 @pytest.mark.gpu
@@ -635,5 +693,83 @@ def test_on_cuda_without_dali_a_run_takes_the_backend_by_default_and_never_syncs
                  "--epochs", "1", "--lr", "0.01", "--augmentation", "trivialaugment", "--mixup", "0.2",
                  "--workspace", str(tmp_path), str(image_folder)])
     assert code == 0
-    assert "=> data backend: pytorch-gpu, the default on CUDA without NVIDIA DALI" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "=> data backend: pytorch-gpu, the default on CUDA without NVIDIA DALI" in out
+    assert re.search(r"^=> JPEG decoder: \S+ \S+ \(nvJPEG on cuda:\d\)", out, re.M), out
     assert len(syncs) == 6 and syncs[1:] == [0] * 5, syncs
+    from image_classification.raport import read_raport
+
+    summary = {}
+    for record in read_raport(tmp_path / "experiment_raport.json"):
+        summary.update(record["data"] if record.get("step") == [] else {})
+    assert summary["train.cpu_decoded"] == summary["val.cpu_decoded"] == 0
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("augmentation", [None, "autoaugment", "randaugment", "trivialaugment"])
+def test_on_cuda_preparing_batches_synchronises_nothing(photos, augmentation):
+    """CUDA's sync debug mode warns at every synchronisation in the process, the background thread's included:
+    none while a pass is decoded, cropped, augmented and handed over (settle's event waits are not counted:
+    they are meant, in the background thread), for every policy."""
+    import warnings
+
+    config = DataConfig(data=str(photos), backend="pytorch-gpu", image_size=64, batch_size=7, workers=1, seed=3,
+                        augmentation=augmentation)
+    train, _ = get_loaders(config, runtime("cuda"), want_train=True, want_val=False)
+    for epoch in range(2):  # the first pass makes the thread, the streams and the decoder's buffers
+        train.set_epoch(epoch)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                images = [batch for batch, _ in train]
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        assert images and all(batch.is_cuda for batch in images)
+        synchronised = [str(warning.message) for warning in caught if "synchroniz" in str(warning.message)]
+        assert epoch == 0 or synchronised == [], synchronised
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_cuda_resizing_holds_the_float32_copies_the_memory_bound_states_and_no_more():
+    """Measured by torch's CUDA allocator (the CPU twin: the slow test above): a crop's resize holds its float32
+    copy (4 bytes a value) and a small output, no channels-last uint8 copy and no second float32 copy (CUDA's
+    antialiased kernel makes a channels-last input contiguous first); validation the image's float32 copy and its
+    float32 resized image."""
+    from image_classification.data.transforms import Draw, TrainTransform
+
+    device, side, slack = torch.device("cuda", torch.cuda.current_device()), 4096, 8 << 20
+    image = torch.randint(0, 256, (3, side, side), dtype=torch.uint8, device=device)
+    crop = TrainTransform(DataConfig(data=None, backend="pytorch-gpu", image_size=224, batch_size=1)).crop
+    strip = torch.randint(0, 256, (3, 255, 60_000), dtype=torch.uint8, device=device)  # resized up to 256 x 60,235
+    for picture, work, expected in ((image, lambda: crop(image, Draw((0, 0, side, side), False)), 4 * image.numel()),
+                                    (image, lambda: device_decode.val_crop(image, 224), 4 * image.numel()),
+                                    (strip, lambda: device_decode.val_crop(strip, 224),
+                                     4 * strip.numel() + 4 * 3 * 256 * (256 * 60_000 // 255))):
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        work()
+        torch.cuda.synchronize(device)
+        extra = torch.cuda.max_memory_allocated(device) - before
+        assert expected <= extra <= expected + slack, (tuple(picture.shape), extra, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_on_a_second_gpu_the_background_thread_works_there(image_folder, monkeypatch):
+    """A rank on GPU 1: its background thread's current device is GPU 1 from its first batch, so leaving the side
+    stream's context never makes GPU 0 current there (and a CUDA context on it)."""
+    from image_classification.data.device_decode import DeviceDecodedLoader
+
+    current, prepare = [], DeviceDecodedLoader._prepare
+    monkeypatch.setattr(DeviceDecodedLoader, "_prepare", lambda self, *args: current.append(
+        torch.cuda.current_device()) or prepare(self, *args))
+    settings = dict(data=str(image_folder), backend="pytorch-gpu", image_size=SIZE, batch_size=4, seed=3, workers=0)
+    train, _ = get_loaders(DataConfig(**settings), Runtime(torch.device("cuda", 1), None, torch.contiguous_format),
+                           want_train=True, want_val=False)
+    train.set_epoch(0)
+    assert all(images.device == torch.device("cuda", 1) for images, _ in train)
+    assert current and set(current) == {1}

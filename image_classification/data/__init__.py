@@ -14,11 +14,13 @@ from .. import machine
 from ..errors import UserError
 
 if TYPE_CHECKING:
+    import torch
+
     from ..runtime import Runtime
     from .common import DataConfig, Loader
 
-__all__ = ["get_loaders", "resolve_backend", "default_backend_notice", "gpu_decoding_problem", "DataConfig", "Loader",
-           "DeviceLoader", "ShardSampler", "val_resize_size", "dali_available"]
+__all__ = ["get_loaders", "resolve_backend", "default_backend_notice", "decoder_notice", "gpu_decoding_problem",
+           "DataConfig", "Loader", "DeviceLoader", "ShardSampler", "val_resize_size", "dali_available"]
 _LAZY = {"DataConfig": ".common", "DeviceLoader": ".common", "Loader": ".common", "ShardSampler": ".common",
          "val_resize_size": "..preprocessing"}  # name: the module that defines it
 
@@ -67,6 +69,15 @@ def default_backend_notice(backend: str, is_cuda: bool) -> str:
     else:
         why = "without NVIDIA DALI"
     return f"=> data backend: {backend}, the default {why} (--data-backend picks another)"
+
+
+def decoder_notice(backend: str, device: torch.device) -> str | None:
+    """The start-up line naming the JPEG decoder ``backend`` uses on ``device`` (None for synthetic data)."""
+    if backend == "synthetic":
+        return None
+    from .decoders import decoder_notice as notice
+
+    return notice(backend, device)
 
 
 def get_loaders(

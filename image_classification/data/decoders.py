@@ -6,7 +6,10 @@ torchvision deprecates its image decoders from 0.29 on, in favour of TorchCodec'
 process decides once, at its first decode (:func:`cpu_decoder`, :func:`device_decoder`):
 
 * on the CPU, TorchCodec's decoder where it imports and decodes the probe JPEGs (:func:`probe_jpegs`: colour,
-  greyscale, progressive) to torchvision's pixels exactly, so that the batches stay what they are with either;
+  greyscale, progressive, and one whose EXIF orientation says "turn me") to torchvision's pixels exactly, so
+  that the batches stay what they are with either.  TorchCodec 0.17 turns a JPEG by its EXIF orientation, which
+  torchvision's decoder (as this toolkit calls it), PIL and DALI leave as stored, and against whose stored size
+  ``pytorch-gpu``'s workers draw the crop boxes: it fails that probe, and torchvision's decoder is taken;
 * on a device, the CPU's choice where its decoder decodes the probes there within :data:`DEVICE_LEVELS` of the
   CPU's pixels (the bound the GPU tests hold the batches to), else torchvision's, else none
   (:func:`device_problem` says why).
@@ -82,16 +85,23 @@ _LOADERS = {"torchcodec": _torchcodec, "torchvision": _torchvision}
 _forced: str | None = None  # use_decoder's choice, in place of the probes'
 
 
+EXIF_ORIENTATION = 0x0112  # the EXIF tag; 6 says "turn 90 degrees clockwise to view"
+
+
 @functools.cache
 def probe_jpegs() -> tuple[torch.Tensor, ...]:
-    """Three small JPEGs that tell decoders apart: a textured colour image (4:2:0, quality 90), the same in
-    greyscale and as a progressive JPEG."""
+    """Four small JPEGs that tell decoders apart: a textured colour image (64 x 48, 4:2:0, quality 90), the same
+    in greyscale, as a progressive JPEG, and with an EXIF orientation of 6 (which a decoder that turns images by it
+    decodes as 48 x 64)."""
     rows, cols = np.mgrid[0:48, 0:64]
     noise = np.random.default_rng(0).integers(0, 64, (48, 64, 3))
     pixels = np.stack([rows * 4, cols * 3, (rows + cols) * 2], -1) + noise
     image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+    turned = image.getexif()
+    turned[EXIF_ORIENTATION] = 6
     probes = []
-    for picture, options in ((image, {}), (image.convert("L"), {}), (image, {"progressive": True})):
+    for picture, options in ((image, {}), (image.convert("L"), {}), (image, {"progressive": True}),
+                             (image, {"exif": turned.tobytes()})):
         encoded = io.BytesIO()
         picture.save(encoded, "JPEG", quality=90, **options)
         probes.append(torch.frombuffer(bytearray(encoded.getvalue()), dtype=torch.uint8))

@@ -62,14 +62,22 @@ def crop_box(height: int, width: int, scale: tuple[float, float]) -> tuple[int, 
     return tuple(transforms.RandomResizedCrop.get_params(like, list(scale), list(ASPECT_RATIOS)))
 
 
+# Devices on which the crop is copied to channels-last memory before its resize: torch's uint8 antialiased CPU
+# kernels are fastest there.  On a GPU torchvision resizes in float32, and torch's antialiased CUDA kernel makes
+# a channels-last input contiguous first: the copy would add a uint8 and a float32 copy of the crop, nothing else.
+CHANNELS_LAST_RESIZE = ("cpu",)
+
+
 def resized_crop(image: torch.Tensor, box: tuple[int, int, int, int], size: int,
                  interpolation: transforms.InterpolationMode) -> torch.Tensor:
     """The ``box`` of a uint8 CHW ``image`` (on any device) resized to ``size`` x ``size``, antialiased, as
-    torchvision's ``resized_crop`` makes it.  Only the crop is copied to channels-last memory before the resize,
-    as torch's uint8 antialiased CPU kernels are fastest there; the result is a CHW view of HWC memory.  On a GPU
-    torchvision resizes in float32 and rounds back to uint8."""
+    torchvision's ``resized_crop`` makes it.  On the CPU only the crop is copied, to channels-last memory, before
+    the resize (the result is then a CHW view of HWC memory); on a GPU torchvision resizes a float32 copy of the
+    crop (4 bytes a value) and rounds back to uint8."""
     top, left, height, width = box
-    crop = image[None, :, top:top + height, left:left + width].contiguous(memory_format=torch.channels_last)
+    crop = image[None, :, top:top + height, left:left + width]
+    if image.device.type in CHANNELS_LAST_RESIZE:
+        crop = crop.contiguous(memory_format=torch.channels_last)
     return v2.functional.resize(crop, [size, size], interpolation, antialias=True)[0]
 
 
