@@ -49,7 +49,7 @@ from image_classification import machine  # noqa: E402
 from image_classification.arguments import DATA_BACKENDS, parse_args  # noqa: E402
 from image_classification.cli import UserErrorParser, run  # noqa: E402
 from image_classification.data import get_loaders  # noqa: E402
-from image_classification.data.decoders import LIBRARIES, decoder_notice, use_decoder  # noqa: E402
+from image_classification.data.decoders import LIBRARIES, decoder_notice, installed, use_decoder  # noqa: E402
 from image_classification.plan import data_config  # noqa: E402
 from image_classification.progress import Heartbeat  # noqa: E402
 from image_classification.data.common import MEAN_255, STD_255  # noqa: E402
@@ -320,6 +320,9 @@ def _writing(root: Path, images: int, write) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     opts = build_parser().parse_args(argv)
+    for flag, library in (("--decoder", opts.decoder), ("--beside-decoder", opts.beside_decoder)):
+        if library in LIBRARIES and not installed(library):
+            raise UserError(f"{flag} {library}: {library} is not installed here (pip install {library})")
     write_data(opts)
     if opts.dali_stages:
         shares = profile_dali_stages(opts)

@@ -289,6 +289,7 @@ def test_the_loader_benchmark_times_one_backend_with_two_jpeg_decoders(tmp_path,
 
     from helpers import load_script
     from image_classification.data import decoders
+    from image_classification.errors import UserError
 
     used = []
     for library in decoders.LIBRARIES:  # stand-ins: torchcodec need not be installed
@@ -306,6 +307,9 @@ def test_the_loader_benchmark_times_one_backend_with_two_jpeg_decoders(tmp_path,
                       ("pytorch/torchcodec", "1")]
     assert used == (["torchvision"] * 8 + ["torchcodec"] * 8) * 2
     assert re.search(r"^verdict against pytorch/torchvision: [\d.]+x", output, re.M)
+    monkeypatch.setitem(decoders._LOADERS, "torchcodec", lambda: __import__("torchcodec_is_not_here"))
+    with pytest.raises(UserError, match=r"^--beside-decoder torchcodec: torchcodec is not installed here"):
+        loader.main(["--data-backend", "pytorch", "--beside-decoder", "torchcodec", str(tmp_path / "photos")])
 
 
 def test_the_int8_path_times_the_quantized_export_on_the_cpu_only(state, tmp_path):

@@ -40,7 +40,7 @@ def dali_available() -> bool:
 
 
 def gpu_decoding_problem() -> str | None:
-    """Why torchvision cannot decode JPEGs on this process's CUDA device (None when it can)."""
+    """Why no JPEG decoder (torchvision's, TorchCodec's) decodes on this process's CUDA device (None when one does)."""
     from .device_decode import gpu_decoding_problem as problem
 
     return problem()
@@ -48,7 +48,7 @@ def gpu_decoding_problem() -> str | None:
 
 def resolve_backend(requested: str | None, is_cuda: bool = False) -> str:
     """The backend to use: the requested one; else dali-cpu where DALI is installed (as in the reference); else, on
-    CUDA, pytorch-gpu where torchvision decodes JPEGs on the GPU (the fastest installed); else pytorch."""
+    CUDA, pytorch-gpu where a JPEG decoder works on the GPU (the fastest installed); else pytorch."""
     if requested is not None:
         return requested
     if dali_available():
@@ -65,7 +65,7 @@ def default_backend_notice(backend: str, is_cuda: bool) -> str:
     elif backend == "pytorch-gpu":
         why = "on CUDA without NVIDIA DALI: JPEGs decoded and augmented on the GPU by torchvision"
     elif is_cuda:
-        why = f"on CUDA without NVIDIA DALI, where torchvision cannot decode on the GPU ({gpu_decoding_problem()})"
+        why = f"on CUDA without NVIDIA DALI, where no JPEG decoder works on the GPU ({gpu_decoding_problem()})"
     else:
         why = "without NVIDIA DALI"
     return f"=> data backend: {backend}, the default {why} (--data-backend picks another)"

@@ -116,6 +116,11 @@ def _load(library: str) -> JpegDecoder | None:
         return None
 
 
+def installed(library: str) -> bool:
+    """Whether ``library``'s decoders import and load here."""
+    return _load(library) is not None
+
+
 def _decodes_alike(candidate: JpegDecoder, reference: JpegDecoder) -> bool:
     try:
         return all(torch.equal(candidate.decode(probe), reference.decode(probe)) for probe in probe_jpegs())
