@@ -55,8 +55,14 @@ from .workers import HostBatches, host_loader, split_sampler
 
 BACKEND = "pytorch-gpu"
 # Decoded pixels held at once: 64 Mpx, 192 MiB as RGB uint8 (a batch of 256 ImageNet photos, about 110,000
-# pixels each on average, is one chunk of about 28 Mpx).  What the device holds at the peak is more: see
-# docs/data.md ("GPU memory stays bounded").
+# pixels each on average, is one chunk of about 28 Mpx), or a single larger image, up to the size rule's
+# 89,478,485 px (files.MAX_IMAGE_PIXELS: 256 MiB).  The device holds more at its peak, while an image is
+# resized: torchvision resizes uint8 images in float32 there (4 bytes a value), so a crop's float32 copy stands
+# beside the decoded run, and in validation the whole image's float32 copy and its float32 resized image (which
+# keeps to the same rule).  For the largest image the rule admits: 256 MiB decoded and 1 GiB more in training;
+# in validation 1 GiB more for a JPEG (65,535 px a side at most, so its resize is small), up to 2 GiB more for
+# an image of another format that the resize enlarges to the rule's limit (255 x 348,000 px to 256 x 349,364).
+# Measured on the CPU by tests/test_device_decode.py; the batches come on top (docs/data.md).
 CHUNK_PIXELS = 1 << 26
 # --augmentation policies that cannot follow each image's seed on a GPU: AugMix draws its mixing weights on
 # the image's device, from the device's generator, after copying its parameters there and back.
