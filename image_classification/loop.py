@@ -182,6 +182,7 @@ class Loop:
                                progress.batch)
             completed = self.train_epoch(train_loader, epoch, bar)
             bar.close()
+            self._record_pass_counts(train_loader, "train")
             if not completed:
                 raport.end_epoch(epoch, progress.iterations)
                 log(f"Stopped by {control.signals.received or 'another process'} after {progress.batch} batches "
@@ -216,6 +217,7 @@ class Loop:
                                self.log)
             results[prefix] = self.validate(models[prefix], val_loader, prefix, epoch, bar)
             bar.close()
+            self._record_pass_counts(val_loader, prefix)
             if results[prefix].count and not results[prefix].finite:
                 self._not_finite_validation(results[prefix], prefix, where)
         return results
@@ -242,6 +244,21 @@ class Loop:
                "the weights yet")
         self.log(f"=> {where}: the outputs are NaN or inf for {images} although the weights are finite ({why}); "
                  "this validation gives no accuracy and no best model, and training goes on")
+
+    def _record_pass_counts(self, loader, prefix: str) -> None:
+        """Record what ``loader`` counted in the pass just made (:meth:`.data.Loader.pass_counts`), summed over
+        the processes (one small all-reduce where there are several; nothing where the backend counts nothing)."""
+        counts = loader.pass_counts()
+        if not counts:
+            return
+        values = list(counts.values())
+        if self.runtime.distributed:
+            summed = torch.tensor(values, dtype=torch.float64, device=self.runtime.device)
+            with self.runtime.waiting_for_peers(f"summing {prefix}'s data counts over the processes"):
+                dist.all_reduce(summed)
+                values = summed.tolist()
+        for name, value in zip(counts, values):
+            self.raport.record(f"{prefix}.{name}", value, window=False)
 
     # -- training -------------------------------------------------------------------------------
     def epoch_plan(self, loader) -> tuple[int, int]:

@@ -11,8 +11,10 @@ from .raport import ACC_META, COUNT_META, LOSS_META, LR_META, PERF_META, TIME_ME
 LATENCY_PERCENTILES = (90, 95, 99, 100)
 
 
-def register_metrics(raport: Raport, prefixes: list[str], topk: int, training: bool, warmup: int = 0) -> None:
-    """Every metric the loop records; with ``warmup`` (``--benchmark-warmup``) also ``*.wall_ips``."""
+def register_metrics(raport: Raport, prefixes: list[str], topk: int, training: bool, warmup: int = 0,
+                     pass_counts: tuple[str, ...] = ()) -> None:
+    """Every metric the loop records; with ``warmup`` (``--benchmark-warmup``) also ``*.wall_ips``; each of the
+    loaders' ``pass_counts`` (:meth:`.data.Loader.pass_counts`) once per phase, an epoch's sum of its passes."""
 
     def times(prefix: str) -> None:  # what record_iteration records for every phase
         raport.register(f"{prefix}.total_ips", "perf", PERF_META)
@@ -36,6 +38,9 @@ def register_metrics(raport: Raport, prefixes: list[str], topk: int, training: b
         for q in LATENCY_PERCENTILES:
             raport.register(f"{prefix}.compute_latency_at{q}", f"q{q}", TIME_META, VERBOSE)
         raport.register(f"{prefix}.not_finite", "acc", COUNT_META)  # recorded only for a validation that is not finite
+    for phase in (["train"] if training else []) + prefixes:
+        for name in pass_counts:
+            raport.register(f"{phase}.{name}", "sum", COUNT_META)
 
 
 @dataclass

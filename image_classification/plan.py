@@ -23,7 +23,7 @@ from torch import nn
 from . import checkpoint as ckpt
 from . import machine
 from .arguments import DEFAULT_RAPORT_FILE, DEFAULT_WORKERS, CheckpointInterval, raport_file
-from .data import DataConfig, default_backend_notice, resolve_backend
+from .data import DataConfig, decoder_notice, default_backend_notice, resolve_backend
 from .data.files import printable
 from .errors import UserError
 from .integrity import recorded_description
@@ -446,6 +446,9 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     # What cannot work at all (this machine, the dataset) is said before what an earlier run left in the
     # workspace: the user fixes the first, then meets the second, never the other way round.
     check_backend(backend, runtime.is_cuda, args.augmentation, training=not args.evaluate)
+    decoder = decoder_notice(backend, runtime.device)
+    if decoder is not None:
+        log(decoder)
     classes = dataset_classes(args, backend)
     check_fresh_start(args, workspace, log)
     resume_path, resumed = find_resume_checkpoint(args, workspace, runtime, log)

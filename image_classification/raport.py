@@ -11,7 +11,8 @@ record, never written as null or a bare NaN.  Standard output mirrors DEFAULT-le
 
 Aggregates: a throughput (``*_ips``) is recorded per iteration with its wall time as the weight, so a
 window's, an epoch's and the run's value is images divided by wall time over every iteration in it;
-times average per iteration; accuracy keeps the best epoch, loss the lowest epoch, lr the last value.
+times average per iteration; accuracy keeps the best epoch, loss the lowest epoch, lr the last value; a
+count (``*.cpu_decoded``) adds up.
 
 A resumed run appends to the raport it continues: the file is cut back to where it stood when the
 checkpoint was written (:meth:`Raport.position`), so no record is repeated.  ``--tensorboard DIR``
@@ -65,8 +66,8 @@ class Metric:
 
     ``kind`` picks the reductions: ``perf`` is a weighted mean everywhere (the run's over every
     iteration, not a mean of epoch means); ``loss`` keeps the best (minimum) epoch for the run; ``acc``
-    the maximum; ``lr`` the last value; ``q<nn>`` is the nn-th percentile of every value recorded in the
-    epoch or run.  A ``running`` metric's window value covers everything recorded since the epoch began
+    the maximum; ``lr`` the last value; ``sum`` adds up what the epoch and the run recorded; ``q<nn>`` is the
+    nn-th percentile of every value recorded in the epoch or run.  A ``running`` metric's window value covers everything recorded since the epoch began
     (a validation's accuracy so far), not only what came since the last window.
     """
 
@@ -93,6 +94,8 @@ class Metric:
             return None
         if self.kind == "lr":
             return pairs[-1][0]
+        if self.kind == "sum":
+            return sum(v for v, _ in pairs)
         if self.kind.startswith("q"):
             return quantile_nearest([v for v, _ in pairs], int(self.kind[1:]) / 100)
         return _mean(pairs)
@@ -124,6 +127,8 @@ class Metric:
             return max(values)
         if self.kind == "lr":
             return values[-1]
+        if self.kind == "sum":
+            return sum(values)
         return _mean(self.epoch_values)
 
 

@@ -136,7 +136,9 @@ def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signa
     if evaluated is not None:
         raport.parameters({f"onnx.{prefix}": model.description for prefix, model in evaluated.items()})
     prefixes = [] if args.training_only else ["val"] + (["val_ema"] if engine.ema else [])
-    register_metrics(raport, prefixes, config.topk, training=not config.evaluate, warmup=config.benchmark_warmup)
+    counted = tuple((train_loader or val_loader).pass_counts())
+    register_metrics(raport, prefixes, config.topk, training=not config.evaluate, warmup=config.benchmark_warmup,
+                     pass_counts=counted)
     if config.benchmark_warmup:
         log(f"=> throughput and latency leave out the first {config.benchmark_warmup} iterations of training and of "
             "each validation (warm-up); *.wall_ips keeps the figure of every iteration")

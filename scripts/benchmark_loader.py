@@ -21,6 +21,10 @@ batch size, workers and device, epochs alternating, and prints the speed of ``--
 spread: how ``pytorch-gpu`` is held to the ``pytorch`` backend it replaces
 (``--data-backend pytorch-gpu --beside pytorch dali-gpu --device cuda``).  Without a GPU, ``pytorch-gpu`` runs
 its CPU twin (torchvision's CPU decoder in the training process): a check that it works, not its speed.
+``--decoder`` picks the JPEG decoder of the ``pytorch`` and ``pytorch-gpu`` backends (TorchCodec's or torchvision's;
+by default the one a run takes, :mod:`image_classification.data.decoders`); ``--beside-decoder NAME`` also times
+``--data-backend`` with decoder NAME, epochs alternating, and prints the speed of the first over it
+(``--data-backend pytorch --decoder torchcodec --beside-decoder torchvision --device cpu``).
 ``--make-dataset`` first writes a small JPEG dataset into DIR (photos from scikit-image, cropped and
 resized to 500x375); ``--photos`` uses DIR as the photo set, writing it first where it is not there yet;
 ``--camera`` the same with 12 MP camera photographs (4032x3024, quality 90: scikit-image's photographs upscaled,
@@ -31,6 +35,7 @@ with a sensor's grain); ``--baseline-on ORIGINAL`` times plain torchvision on OR
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -47,6 +52,7 @@ from image_classification import machine  # noqa: E402
 from image_classification.arguments import DATA_BACKENDS, parse_args  # noqa: E402
 from image_classification.cli import UserErrorParser, run  # noqa: E402
 from image_classification.data import get_loaders  # noqa: E402
+from image_classification.data.decoders import LIBRARIES, decoder_notice, installed, use_decoder  # noqa: E402
 from image_classification.plan import data_config  # noqa: E402
 from image_classification.progress import Heartbeat  # noqa: E402
 from image_classification.data.common import MEAN_255, STD_255  # noqa: E402
@@ -76,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--beside", metavar="BACKEND", nargs="+", default=[], choices=backends[:-1],
                         help="also time these backends, epochs alternating, and print --data-backend's speed over "
                         "each")
+    parser.add_argument("--decoder", choices=("auto", *LIBRARIES), default="auto",
+                        help="JPEG decoder of the pytorch and pytorch-gpu backends (default: auto, the one a run takes)")
+    parser.add_argument("--beside-decoder", metavar="NAME", choices=LIBRARIES,
+                        help="also time --data-backend with this JPEG decoder, epochs alternating, and print "
+                        "--decoder's speed over it")
     parser.add_argument("--packed", metavar="DST",
                         help="also time the loader on DST, DIR packed by image_classification.data.pack, alternating "
                         "epochs, and count the files each opens per epoch")
@@ -256,13 +267,15 @@ class Timing:
     name: str
     rates: list[float] = field(default_factory=list)  # images/s per epoch
     cpu_ms: list[float] = field(default_factory=list)  # CPU milliseconds per image per epoch
+    decoder: str | None = None  # the JPEG decoder its epochs use (its workers, forked in the first, keep it)
 
     def epoch(self, loader, number: int, runtime: Runtime) -> None:
         loader.set_epoch(number)
         start, cpu_start = time.perf_counter(), cpu_seconds()
         images = 0
-        for batch, _ in loader:
-            images += batch.shape[0]
+        with use_decoder(self.decoder) if self.decoder else contextlib.nullcontext():
+            for batch, _ in loader:
+                images += batch.shape[0]
         runtime.synchronize()
         elapsed, cpu = time.perf_counter() - start, cpu_seconds() - cpu_start
         self.rates.append(images / elapsed)
@@ -364,6 +377,9 @@ def _writing(root: Path, images: int, write, what: str = "cut from scikit-image'
 
 def main(argv: list[str] | None = None) -> int:
     opts = build_parser().parse_args(argv)
+    for flag, library in (("--decoder", opts.decoder), ("--beside-decoder", opts.beside_decoder)):
+        if library in LIBRARIES and not installed(library):
+            raise UserError(f"{flag} {library}: {library} is not installed here (pip install {library})")
     write_data(opts)
     if opts.dali_stages:
         shares = profile_dali_stages(opts)
@@ -376,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device: {runtime.device}, batch {opts.batch_size}, workers {opts.workers}, {opts.image_size} px crops",
           flush=True)
     print(f"machine: {machine.description(runtime.device.type)}", flush=True)
+    if opts.data_backend != "torchvision":
+        with use_decoder(opts.decoder) if opts.decoder != "auto" else contextlib.nullcontext():
+            print(decoder_notice(opts.data_backend, runtime.device), flush=True)
     if opts.packed:
         return compare_packed(opts, runtime)
     runs = loaders_to_time(opts, runtime)
@@ -399,7 +418,12 @@ def loaders_to_time(opts: argparse.Namespace, runtime: Runtime) -> list[tuple[Ti
             if backend != opts.data_backend]
     if opts.baseline:
         runs.insert(0, (Timing("torchvision"), TorchvisionLoader(opts, runtime)))
-    return [*runs, (Timing(opts.data_backend), project_loader(opts, runtime))]
+    decoder = None if opts.decoder == "auto" else opts.decoder
+    if opts.beside_decoder:
+        runs.append((Timing(f"{opts.data_backend}/{opts.beside_decoder}", decoder=opts.beside_decoder),
+                     project_loader(opts, runtime)))
+    name = f"{opts.data_backend}/{decoder or 'auto'}" if opts.beside_decoder else opts.data_backend
+    return [*runs, (Timing(name, decoder=decoder), project_loader(opts, runtime))]
 
 
 def report_against(timing: Timing, base: Timing) -> None:

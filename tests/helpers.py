@@ -91,6 +91,43 @@ def count_step_syncs(monkeypatch) -> list[int]:
     return syncs
 
 
+class FakeCuda:
+    """torch.cuda's streams and current device as the loaders use them, for the CPU twins of CUDA paths: every
+    stream made (its device, in ``streams``) and every ``torch.cuda.set_device`` (the device, by the calling
+    thread, in ``devices``) are recorded; stream contexts, waits and ``record_stream`` do nothing."""
+
+    def __init__(self, monkeypatch):
+        import threading
+
+        import torch
+
+        self.streams: list = []
+        self.devices: dict[str, list] = {}
+        streams, devices = self.streams, self.devices
+
+        class Stream:
+            def __init__(self, device=None, *args, **kwargs):
+                streams.append(device)
+
+            def record_event(self):
+                return None
+
+            def wait_stream(self, other) -> None:
+                pass
+
+            def wait_event(self, event) -> None:
+                pass
+
+        def set_device(device) -> None:
+            devices.setdefault(threading.current_thread(), []).append(torch.device(device))
+
+        monkeypatch.setattr(torch.cuda, "Stream", Stream)
+        monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream.__new__(Stream))
+        monkeypatch.setattr(torch.cuda, "set_device", set_device)
+        monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

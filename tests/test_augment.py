@@ -17,7 +17,7 @@ from image_classification.arguments import parse_args
 from image_classification.batch_augment import augment_batch, cutmix_box, random_erase
 from image_classification.cli import run as cli_run
 from image_classification.data.common import DataConfig, ShardSampler
-from image_classification.data.transforms import TrainTransform
+from image_classification.data.transforms import PolicyDraws, TrainTransform, auto_augmentation
 from image_classification.errors import UserError
 from image_classification.losses import classification_loss, cutmix, mixup
 from image_classification.training import main
@@ -157,6 +157,34 @@ def test_training_transform_applies_torchvision_s_augmentation(augmentation, the
         torch.manual_seed(seed)
         changed += not torch.equal(ours, TrainTransform(plain)(image))
     assert changed >= 4
+
+
+@pytest.mark.parametrize("augmentation", ["autoaugment", "randaugment", "trivialaugment"])
+def test_a_policy_drawn_apart_from_its_image_then_applied_is_the_policy_bit_for_bit(augmentation):
+    """What pytorch-gpu's workers draw (the operations and magnitudes, from a stand-in of the image's size) and its
+    background thread applies (drawing nothing) is torchvision's policy on the image: the same pixels, and the
+    generator left where the policy leaves it; every operation of the policy's space comes up."""
+    config = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=4, augmentation=augmentation,
+                        randaugment_magnitude=17, randaugment_num_ops=3)
+    policy = auto_augmentation(config)
+    halves = PolicyDraws(policy)
+    image = torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    seen = set()
+    for seed in range(120):
+        torch.manual_seed(seed)
+        expected = policy(image)
+        after_policy = torch.rand(2)
+        torch.manual_seed(seed)
+        drawn = halves.draw(32, 32)
+        after_draw = torch.rand(2)
+        assert torch.equal(halves.apply(image, drawn), expected), (seed, drawn)
+        assert torch.equal(after_draw, after_policy)
+        seen.update(name for name, _ in drawn)
+    space = ({name for rule in policy._policies for name, _, _ in rule} if augmentation == "autoaugment"
+             else set(policy._AUGMENTATION_SPACE))
+    assert seen == space
+    with pytest.raises(TypeError, match="AugMix does not draw apart"):
+        PolicyDraws(v2.AugMix())
 
 
 # -- repeated augmentation ------------------------------------------------------------------------------

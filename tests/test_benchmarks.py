@@ -282,6 +282,36 @@ def test_the_loader_benchmark_times_a_backend_beside_others(tmp_path, capsys):
     assert re.search(r"^verdict against pytorch: [\d.]+x", output, re.M)
 
 
+def test_the_loader_benchmark_times_one_backend_with_two_jpeg_decoders(tmp_path, capsys, monkeypatch):
+    """--beside-decoder: epochs alternate between the decoders (each epoch decodes with its own, its workers
+    forked under it) and the speed of --decoder's is given over the other's; the start-up line names --decoder's."""
+    import re
+
+    from helpers import load_script
+    from image_classification.data import decoders
+    from image_classification.errors import UserError
+
+    used = []
+    for library in decoders.LIBRARIES:  # stand-ins: torchcodec need not be installed
+        monkeypatch.setitem(decoders._LOADERS, library, lambda library=library: decoders.JpegDecoder(
+            library, "1.0", lambda data, library=library: used.append(library) or decoders._torchvision().decode(data),
+            decoders._torchvision().decode_batch))
+    loader = load_script("benchmark_loader")
+    argv = ["--photos", "2", "--data-backend", "pytorch", "--decoder", "torchcodec", "--beside-decoder", "torchvision",
+            "-b", "2", "-j", "0", "--epochs", "2", "--image-size", "32", "--device", "cpu", str(tmp_path / "photos")]
+    assert loader.main(argv) == 0
+    output = capsys.readouterr().out
+    assert "=> JPEG decoder: torchcodec 1.0 (libjpeg-turbo, in the loader workers" in output
+    epochs = re.findall(r"^(\S+) epoch (\d+): 8 images in", output, re.M)
+    assert epochs == [("pytorch/torchvision", "0"), ("pytorch/torchcodec", "0"), ("pytorch/torchvision", "1"),
+                      ("pytorch/torchcodec", "1")]
+    assert used == (["torchvision"] * 8 + ["torchcodec"] * 8) * 2
+    assert re.search(r"^verdict against pytorch/torchvision: [\d.]+x", output, re.M)
+    monkeypatch.setitem(decoders._LOADERS, "torchcodec", lambda: __import__("torchcodec_is_not_here"))
+    with pytest.raises(UserError, match=r"^--beside-decoder torchcodec: torchcodec is not installed here"):
+        loader.main(["--data-backend", "pytorch", "--beside-decoder", "torchcodec", str(tmp_path / "photos")])
+
+
 def test_the_int8_path_times_the_quantized_export_on_the_cpu_only(state, tmp_path):
     pytest.importorskip("onnxruntime")
     onnx = pytest.importorskip("onnx")

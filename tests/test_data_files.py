@@ -14,13 +14,14 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import REPO, one_error_line, run_script, write_image_folder
-from image_classification.data.common import DataConfig
+from helpers import REPO, FakeCuda, one_error_line, run_script, write_image_folder
+from image_classification.data import common
+from image_classification.data.common import DataConfig, DeviceLoader
 from image_classification.data.files import open_rgb, walk_class
 from image_classification.data.folder import folder_loaders
 from image_classification.data.layout import check_dataset, list_samples
 from image_classification.inference import load_image
-from image_classification.runtime import make_runtime
+from image_classification.runtime import Runtime, make_runtime
 
 LEFT_OUT = "train/ entries left out (links not followed, files that are not regular): {}"
 
@@ -582,3 +583,17 @@ def test_the_image_extensions_are_torchvision_imagefolders():
     from image_classification.data.files import IMG_EXTENSIONS as ours
 
     assert ours == IMG_EXTENSIONS
+
+
+def test_the_cuda_prefetcher_keeps_one_side_stream_for_every_pass(monkeypatch):
+    """The batches the caching allocator keeps for a side stream serve that stream alone: a stream made for each
+    pass would strand every earlier pass's cached memory (the CPU twin of the GPU test: torch.cuda's streams
+    faked, the batches left on the CPU)."""
+    cuda = FakeCuda(monkeypatch)
+    monkeypatch.setattr(common, "channel_values", lambda values, device: torch.tensor(values).view(1, 3, 1, 1))
+    monkeypatch.setattr(DeviceLoader, "_prepare", lambda self, images, targets: (images, targets))
+    batch = (torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.zeros(2, dtype=torch.int64))
+    loader = DeviceLoader([batch] * 3, Runtime(torch.device("cuda", 1), None, torch.contiguous_format), 6)
+    for _ in range(3):
+        assert len(list(loader)) == 3
+    assert cuda.streams == [torch.device("cuda", 1)]

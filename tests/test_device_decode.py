@@ -18,10 +18,10 @@ from PIL import Image
 from torchvision import transforms
 from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
-from helpers import REPO, count_step_syncs, load_script, refused, run_script, train_until_crash, write_image_folder
+from helpers import REPO, FakeCuda, count_step_syncs, load_script, refused, run_script, train_until_crash, write_image_folder
 from image_classification.cli import run
 from image_classification.data import DataConfig, default_backend_notice, get_loaders, resolve_backend
-from image_classification.data import device_decode
+from image_classification.data import decoders, device_decode
 from image_classification.data.common import STD_255, ShardSampler
 from image_classification.data.encoded import EncodedImages
 from image_classification.data.layout import open_split
@@ -41,7 +41,7 @@ def runtime(device: str = "cpu", memory_format=torch.contiguous_format) -> Runti
 
 def passes(root, backend: str, *, device: str = "cpu", epoch: int = 1, start_batch: int = 0, **fields):
     """One training and one validation pass of ``backend`` on ``root`` (32 px, batches of 4, seed 3): each as
-    a list of (images, targets) on the CPU, and the (train, val) images skipped."""
+    a list of (images, targets) on the CPU, the (train, val) images skipped, and the (train, val) pass counts."""
     settings = dict(data=str(root), backend=backend, image_size=SIZE, batch_size=4, seed=3, workers=0)
     memory_format = fields.pop("memory_format", torch.contiguous_format)
     train, val = get_loaders(DataConfig(**{**settings, **fields}), runtime(device, memory_format), want_train=True,
@@ -49,7 +49,7 @@ def passes(root, backend: str, *, device: str = "cpu", epoch: int = 1, start_bat
     train.set_epoch(epoch, start_batch)
     val.set_epoch(epoch)
     batches = [[(images.cpu(), targets.cpu()) for images, targets in loader] for loader in (train, val)]
-    return (*batches, (train.skipped, val.skipped))
+    return (*batches, (train.skipped, val.skipped), (train.pass_counts(), val.pass_counts()))
 
 
 def same(a: list, b: list) -> bool:
@@ -244,45 +244,76 @@ def test_a_jpeg_whose_header_says_zero_pixels_is_skipped_and_counted_as_the_pyto
     assert same(ours[0], theirs[0])
 
 
-def test_a_jpeg_the_device_s_decoder_refuses_is_decoded_on_the_cpu(image_folder, monkeypatch):
-    """nvJPEG refusing one image fails the batch's call: the batch is decoded image by image, and the one refused
-    goes through the pytorch backend's CPU decoder (the same pixels here)."""
-    import torchvision.io
+def refusing_decoder(monkeypatch, refuses, calls: list | None = None) -> None:
+    """The device's decoder replaced by the CPU's, raising ``refuses(data)`` (an exception, or None to decode) for
+    a call on ``data``, each call's length appended to ``calls``."""
+    real = decoders.cpu_decoder()
 
-    decode = torchvision.io.decode_jpeg
+    def decode_batch(data, device):
+        if calls is not None:
+            calls.append(len(data))
+        error = refuses(data)
+        if error is not None:
+            raise error
+        return real.decode_batch(data, device)
+
+    fake = decoders.JpegDecoder("refusing", "0", real.decode, decode_batch)
+    monkeypatch.setattr(device_decode, "device_decoder", lambda device: fake)
+
+
+def test_a_jpeg_the_device_s_decoder_refuses_is_decoded_on_the_cpu_counted_and_said_once(image_folder,
+                                                                                         monkeypatch, capsys):
+    """The device's decoder refusing one image fails the batch's call: the batch is decoded image by image, and the
+    one refused goes through the pytorch backend's CPU decoder (the same pixels here).  Each is counted in the pass
+    (for the raport's ``train.cpu_decoded``), and the first refusal named once on stderr, where nothing said it."""
     refused_size = len((image_folder / "train" / "class_01" / "img_003.jpg").read_bytes())
     calls = []
-
-    def refusing(data, **kwargs):
-        if not isinstance(data, list):  # the pytorch backend's CPU decoder, one image
-            return decode(data, **kwargs)
-        calls.append(len(data))
-        if any(len(one) == refused_size for one in data):
-            raise RuntimeError("Error while decoding JPEG images: unsupported")
-        return decode(data, **kwargs)
-
     expected = passes(image_folder, "pytorch-gpu")
-    monkeypatch.setattr(torchvision.io, "decode_jpeg", refusing)
-    assert same(passes(image_folder, "pytorch-gpu")[0], expected[0])
+    assert expected[3] == ({"cpu_decoded": 0}, {"cpu_decoded": 0})
+    refusing_decoder(monkeypatch, lambda data: RuntimeError("Error while decoding JPEG images: unsupported")
+                     if any(len(one) == refused_size for one in data) else None, calls)
+    capsys.readouterr()
+    ours = passes(image_folder, "pytorch-gpu")
+    assert same(ours[0], expected[0]) and same(ours[1], expected[1])
     assert 1 in calls and 4 in calls  # batches in one call, then the failing one's images one by one
+    assert ours[3] == ({"cpu_decoded": 1}, {"cpu_decoded": 0})  # class_01's img_003 is a training image
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: --data-backend pytorch-gpu (train): the device's JPEG "
+                                               "decoder refused a run of ") and "unsupported" in err[0], err
+
+
+def test_the_decoder_running_out_of_memory_empties_the_cache_once_then_ends_the_run(image_folder, monkeypatch,
+                                                                                  capsys):
+    """Out of memory is not a JPEG the decoder refuses: no image goes to the CPU for it.  The first time, torch's
+    CUDA cache (whose blocks nvJPEG's own allocations cannot use) is emptied and the decode retried, said once;
+    an error again goes through, whatever the decoder calls it."""
+    emptied, failures = [], iter([torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")])
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    expected = passes(image_folder, "pytorch-gpu")
+    refusing_decoder(monkeypatch, lambda data: next(failures, None))
+    capsys.readouterr()
+    ours = passes(image_folder, "pytorch-gpu")
+    assert same(ours[0], expected[0]) and ours[3] == ({"cpu_decoded": 0}, {"cpu_decoded": 0}) and emptied == [True]
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "ran out of memory decoding JPEGs (OutOfMemoryError: CUDA out of memory." in err[0]
+    for message in ("Error while decoding JPEG images: CUDA out of memory. Tried to allocate 20.00 MiB",
+                    "Failed to decode batch: 5", "cudaErrorMemoryAllocation: out of memory"):
+        refusing_decoder(monkeypatch, lambda data, message=message: RuntimeError(message))
+        with pytest.raises(RuntimeError, match=re.escape(message)):
+            passes(image_folder, "pytorch-gpu")
+    refusing_decoder(monkeypatch, lambda data: RuntimeError("Failed to decode batch: 3"))  # NVJPEG_STATUS_BAD_JPEG
+    assert passes(image_folder, "pytorch-gpu")[3][0] == {"cpu_decoded": 24}
 
 
 def test_every_call_of_the_device_s_decoder_waits_first_for_the_stream_it_allocates_on(image_folder, monkeypatch):
     """torchvision's CUDA decoder writes its outputs from a stream that does not wait for the caller's, into blocks
     the caller's stream may still be reading: each call, the batch's and each one-image retry after a refusal,
     comes after :func:`settle` (the CPU twin of the GPU test below; on the CPU the wait does nothing)."""
-    import torchvision.io
-
-    decode, events = torchvision.io.decode_jpeg, []
+    events = []
     refused_size = len((image_folder / "train" / "class_01" / "img_003.jpg").read_bytes())
-
-    def decoder(data, **kwargs):
-        events.append(("decode", len(data)))
-        if len(data) > 1 and any(len(one) == refused_size for one in data):
-            raise RuntimeError("Error while decoding JPEG images: unsupported")
-        return decode(data, **kwargs)
-
-    monkeypatch.setattr(torchvision.io, "decode_jpeg", decoder)
+    refusing_decoder(monkeypatch, lambda data: events.append(("decode", len(data))) or (
+        RuntimeError("Error while decoding JPEG images: unsupported")
+        if len(data) > 1 and any(len(one) == refused_size for one in data) else None))
     settle = device_decode.settle
     monkeypatch.setattr(device_decode, "settle", lambda device: events.append(("settle", device.type)) or
                         settle(device))
@@ -298,28 +329,87 @@ def test_the_decode_holds_a_bounded_number_of_pixels(image_folder, monkeypatch):
         [[0, 1], [2, 3], [4], [5], [6]]
     calls = []
     decode = device_decode.decode_jpegs
-    monkeypatch.setattr(device_decode, "decode_jpegs", lambda data, device: calls.append(len(data)) or
-                        decode(data, device))
+    monkeypatch.setattr(device_decode, "decode_jpegs", lambda data, device, fallbacks: calls.append(len(data)) or
+                        decode(data, device, fallbacks))
     expected = passes(image_folder, "pytorch-gpu")
     monkeypatch.setattr(device_decode, "CHUNK_PIXELS", 2 * 48 * 40)
     calls.clear()
-    monkeypatch.setattr(device_decode.decoded_images, "__defaults__", (2 * 48 * 40,))
+    monkeypatch.setattr(device_decode.decoded_images, "__defaults__", (None, 2 * 48 * 40))
     assert same(passes(image_folder, "pytorch-gpu")[0], expected[0])
     assert calls and max(calls) == 2
+
+
+def resize_peaks(monkeypatch, image: torch.Tensor, measure) -> tuple[int, int]:
+    """(bytes at the peak of torch's CPU allocator while ``measure(image)`` runs the GPU's arithmetic on the CPU,
+    the CPU kernel's own intermediate image among them): no native uint8 resize, no channels-last copy."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from image_classification.data import transforms as train_transforms
+
+    monkeypatch.setattr(train_transforms, "CHANNELS_LAST_RESIZE", ())
+    monkeypatch.setattr("torchvision.transforms.v2.functional._geometry._do_native_uint8_resize_on_cpu",
+                        lambda interpolation: False)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiled:
+        measure(image)
+    events = sorted((event.start_ns(), event.nbytes()) for event in profiled.profiler.kineto_results.events()
+                    if event.name() == "[memory]")
+    live = peak = 0
+    for _, change in events:
+        live += change
+        peak = max(peak, live)
+    return peak
+
+
+@pytest.mark.slow
+def test_the_device_holds_at_most_what_the_memory_bound_s_docstring_states(monkeypatch, capsys):
+    """The largest images the size rule admits (89,478,485 px), through the GPU's arithmetic run on the CPU, their
+    allocations counted by torch's profiler: a training crop holds its float32 copy beside the decoded image (4
+    bytes a value: 4U, U the image's uint8 bytes), validation the image's float32 copy and its resized float32
+    image.  The CPU's resize adds an intermediate image (C x height x resized width) and weight tables that CUDA's
+    does not; the figures are printed for docs/data.md."""
+    from image_classification.data.files import MAX_IMAGE_PIXELS, check_size
+    from image_classification.data.transforms import Draw, TrainTransform
+
+    side = int(MAX_IMAGE_PIXELS ** 0.5)  # 9,459: the largest square, whose whole-image crop box can be drawn
+    strip = (255, 348_000)  # (height, width): the largest resize under the rule for validation, 256 x 349,364
+    check_size(side, side)
+    check_size(strip[1], strip[0], 256)
+    mib, figures = 1 << 20, {}
+    crop = TrainTransform(DataConfig(data=None, backend="pytorch-gpu", image_size=224, batch_size=1)).crop
+    square = torch.zeros(3, side, side, dtype=torch.uint8)
+    cases = {"training crop of the largest square": (square, lambda image: crop(image, Draw((0, 0, side, side), False)),
+                                                     4 * square.numel(), 3 * side * 224 * 4),
+             "validation of the largest square": (square, lambda image: device_decode.val_crop(image, 224),
+                                                  4 * square.numel(), 3 * side * 256 * 4),
+             "validation of the largest strip": (torch.zeros(3, *strip, dtype=torch.uint8),
+                                                 lambda image: device_decode.val_crop(image, 224),
+                                                 4 * 3 * (255 * 348_000 + 256 * 349_364), 3 * 255 * 349_364 * 4)}
+    for name, (image, measure, on_gpu, cpu_only) in cases.items():
+        peak = resize_peaks(monkeypatch, image, measure)
+        figures[name] = (image.numel(), peak, on_gpu, cpu_only)
+        assert on_gpu <= peak <= on_gpu + cpu_only + 32 * mib, (name, peak / mib, on_gpu / mib, cpu_only / mib)
+    with capsys.disabled():
+        for name, (decoded, peak, on_gpu, cpu_only) in figures.items():
+            print(f"\n{name}: decoded {decoded / mib:.0f} MiB; measured on the CPU {peak / mib:.0f} MiB more, of "
+                  f"which {cpu_only / mib:.0f} MiB the CPU kernel's intermediate image; on a GPU "
+                  f"{on_gpu / mib:.0f} MiB more, {(decoded + on_gpu) / mib:.0f} MiB in all")
 
 
 HOST_READS = ("item", "tolist", "__bool__", "cpu", "numpy", "__float__", "__int__")
 
 
-def test_preparing_batches_reads_nothing_back(image_folder, monkeypatch):
-    """The training process decodes, crops and normalises (in its background thread) and hands batches over (in
-    the loop's) without reading a tensor back to the host: on a GPU each read would wait for the device (the CPU
-    twin of the GPU test below; the DataLoader's and the sampler's own reads of host tensors are not counted)."""
+@pytest.mark.parametrize("augmentation", [None, "autoaugment", "randaugment", "trivialaugment"])
+def test_preparing_batches_reads_nothing_back(image_folder, monkeypatch, augmentation):
+    """The training process decodes, crops, augments and normalises (in its background thread) and hands batches
+    over (in the loop's) without reading a tensor back to the host: on a GPU each read would wait for the device
+    (the CPU twin of the GPU test below; the DataLoader's and the sampler's own reads of host tensors are not
+    counted).  ``--augmentation``'s draws, reads of torch's CPU generator, are the workers'."""
     import threading
 
     from image_classification.data.device_decode import DeviceDecodedLoader
 
-    config = DataConfig(data=str(image_folder), backend="pytorch-gpu", image_size=SIZE, batch_size=4, workers=1)
+    config = DataConfig(data=str(image_folder), backend="pytorch-gpu", image_size=SIZE, batch_size=4, workers=1,
+                        augmentation=augmentation)
     train, val = get_loaders(config, runtime(), want_train=True, want_val=True)
     reads, counting = [], threading.local()
     for name in HOST_READS:
@@ -345,6 +435,125 @@ def test_preparing_batches_reads_nothing_back(image_folder, monkeypatch):
     assert reads == []
 
 
+@pytest.mark.parametrize("augmentation", ["autoaugment", "randaugment", "trivialaugment"])
+def test_on_an_asynchronous_device_the_policies_wait_for_nothing(augmentation):
+    """Every operation of the policy's space, applied as the background thread applies it, on the meta device:
+    tensors without values, where a read back to the host or a shape that depends on values fails.  Under
+    NonBlockingConstants no tensor is built on the device from Python values: torchvision's affine and rotation
+    matrices and its sharpness kernel are built on the host and copied without waiting (built on a GPU directly,
+    each is a copy that waits for everything queued); without it they are (the CPU twin of the GPU test below)."""
+    from torch.overrides import TorchFunctionMode
+
+    from image_classification.data.transforms import PolicyDraws, auto_augmentation
+
+    built = []
+
+    class DeviceConstants(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in (torch.tensor, torch.as_tensor) and torch.device(kwargs.get("device") or "cpu").type != "cpu":
+                built.append(func.__name__)
+            return func(*args, **kwargs)
+
+    config = DataConfig(data=None, backend="pytorch-gpu", image_size=SIZE, batch_size=4, augmentation=augmentation)
+    halves = PolicyDraws(auto_augmentation(config))
+    operations = []
+    for name, (magnitudes, signed) in halves.policy._AUGMENTATION_SPACE.items():
+        values = magnitudes(10, SIZE, SIZE)
+        operations.append((name, -float(values[5]) if signed else float(values[5]) if values is not None else 0.0))
+    image = torch.zeros(3, SIZE, SIZE, dtype=torch.uint8, device="meta")
+    with DeviceConstants():
+        with device_decode.NonBlockingConstants():
+            for operation in operations:
+                out = halves.apply(image, (operation,))
+                assert out.device.type == "meta" and out.shape == image.shape and out.dtype == torch.uint8
+    assert built == []
+    with DeviceConstants():
+        for operation in operations:
+            halves.apply(image, (operation,))
+    assert built and set(built) == {"tensor"}
+
+
+def test_the_background_thread_touches_no_random_generator(image_folder, monkeypatch):
+    """The loop's thread draws from torch's CPU generator (MixUp, CutMix, random erasing) while the next batch is
+    prepared in the background: the background thread neither draws from that generator nor sets its state (a
+    set_state there would race with the loop's draws), since the workers drew each image's policy under its seed.
+    The loop's draws are those it makes alone, and the batches the pytorch backend's."""
+    import threading
+
+    real, touched = torch.default_generator, []
+
+    class Watched:
+        def __getattr__(self, name):
+            if threading.current_thread() is not threading.main_thread():
+                touched.append(name)
+            return getattr(real, name)
+
+    fields = dict(augmentation="randaugment", workers=1)
+    expected = passes(image_folder, "pytorch", **fields)[0]
+    torch.manual_seed(7)
+    alone = [torch.rand(3) for _ in range(len(expected) + 1)]
+    monkeypatch.setattr(torch, "default_generator", Watched())
+    config = DataConfig(data=str(image_folder), backend="pytorch-gpu", image_size=SIZE, batch_size=4, seed=3,
+                        **fields)
+    train, _ = get_loaders(config, runtime(), want_train=True, want_val=False)
+    train.set_epoch(1)
+    torch.manual_seed(7)
+    ours, drawn = [], []
+    for images, targets in train:
+        drawn.append(torch.rand(3))
+        ours.append((images, targets))
+    drawn.append(torch.rand(3))
+    assert touched == [] and same(ours, expected)
+    assert all(torch.equal(a, b) for a, b in zip(drawn, alone)) and len(drawn) == len(alone)
+
+
+def test_the_background_thread_is_on_the_runtime_s_device_from_its_start(image_folder, monkeypatch):
+    """A new thread starts on CUDA device 0, and leaving a stream's context there makes device 0 current again:
+    a context on GPU 0 for every process of a job.  The thread that prepares the batches sets the runtime's
+    device before anything else (the CPU twin of the GPU test below: torch.cuda's set_device recorded per thread,
+    the runtime's device as CUDA 3); a CPU runtime's thread sets none."""
+    import threading
+
+    from image_classification.data.device_decode import DeviceDecodedLoader
+
+    cuda = FakeCuda(monkeypatch)
+    pool = device_decode.decode_thread(torch.device("cuda", 1))
+    thread = pool.submit(threading.current_thread).result()
+    assert cuda.devices == {thread: [torch.device("cuda", 1)]}
+    device_decode.decode_thread(torch.device("cpu")).submit(lambda: None).result()
+    assert len(cuda.devices) == 1
+    make, prepared_in, prepare = device_decode.decode_thread, [], DeviceDecodedLoader._prepare
+    monkeypatch.setattr(device_decode, "decode_thread", lambda device: make(torch.device("cuda", 3)))
+    monkeypatch.setattr(DeviceDecodedLoader, "_prepare", lambda self, *args: prepared_in.append(
+        list(cuda.devices.get(threading.current_thread(), []))) or prepare(self, *args))
+    passes(image_folder, "pytorch-gpu")
+    assert len(prepared_in) == 6 + 3 and all(devices == [torch.device("cuda", 3)] for devices in prepared_in)
+
+
+def test_the_raport_counts_the_jpegs_decoded_on_the_cpu_per_epoch(image_folder, tmp_path, tiny_arch, monkeypatch):
+    """A run whose device decoder refuses an image says so in its raport, epoch by epoch and in the summary, for
+    training and validation alike (main.py's loop with the backend on the CPU's decoder)."""
+    from image_classification.raport import read_raport
+
+    monkeypatch.setattr("image_classification.plan.check_backend", lambda *args, **kwargs: None)
+    refused_size = len((image_folder / "train" / "class_01" / "img_003.jpg").read_bytes())
+    refusing_decoder(monkeypatch, lambda data: RuntimeError("Error while decoding JPEG images: unsupported")
+                     if any(len(one) == refused_size for one in data) else None)
+    assert main(["-a", tiny_arch, "--num-classes", "3", "--device", "cpu", "--data-backend", "pytorch-gpu", "-j", "0",
+                 "--image-size", str(SIZE), "-b", "4", "--epochs", "2", "--use-ema", "0.9", "--no-checkpoints",
+                 "--workspace", str(tmp_path), str(image_folder)]) == 0
+    records = read_raport(tmp_path / "experiment_raport.json")
+    epochs, summary = {}, {}
+    for record in records:
+        if record.get("type") == "LOG" and isinstance(record["step"], list) and len(record["step"]) <= 1:
+            (epochs.setdefault(record["step"][0], {}) if record["step"] else summary).update(record["data"])
+    epochs = [epochs[epoch] for epoch in sorted(epochs)]
+    names = ("train.cpu_decoded", "val.cpu_decoded", "val_ema.cpu_decoded")
+    assert [[epoch[name] for name in names] for epoch in epochs] == [[1, 0, 0], [1, 0, 0]]
+    assert [summary[name] for name in names] == [2, 0, 0]
+
+
 # -- choosing the backend, and what refuses it --------------------------------------------------------------
 def test_main_refuses_the_backend_off_cuda_naming_the_pytorch_backend(image_folder, tmp_path, capsys):
     code = run(main, ["-a", "resnet18", "--device", "cpu", "--data-backend", "pytorch-gpu", "--workspace",
@@ -355,8 +564,8 @@ def test_main_refuses_the_backend_off_cuda_naming_the_pytorch_backend(image_fold
 
 def test_a_torchvision_without_gpu_decoding_and_augmix_are_refused_naming_what_to_use(image_folder, monkeypatch):
     monkeypatch.setattr(device_decode, "gpu_decoding_problem", lambda: "RuntimeError: not compiled with nvJPEG")
-    with pytest.raises(UserError, match=r"torchvision .* lacks \(RuntimeError: not compiled with nvJPEG\); use "
-                                        r"--data-backend pytorch$"):
+    with pytest.raises(UserError, match=r"needs a GPU JPEG decoder .* lacks \(torchvision [^;]+; RuntimeError: not "
+                                        r"compiled with nvJPEG\); use --data-backend pytorch$"):
         device_decode.check_device_decode_request(True, None, training=True)
     config = DataConfig(data=str(image_folder), backend="pytorch-gpu", image_size=SIZE, batch_size=4,
                         augmentation="augmix")
@@ -454,8 +663,10 @@ def test_on_cuda_the_batches_are_the_cpu_s_within_the_decoder_s_rounding(photos,
     ours = passes(photos, "pytorch-gpu", device="cuda", **fields)
     theirs = passes(photos, "pytorch", decode_scale="full", **fields)
     assert ours[2] == theirs[2] == (0, 0)
+    assert ours[3] == ({"cpu_decoded": 0}, {"cpu_decoded": 0})  # clean JPEGs: none falls back to the CPU
     assert all(images.is_contiguous(memory_format=memory_format) for images, _ in ours[0])
-    assert levels(ours[0], theirs[0]) < 3 and levels(ours[1], theirs[1]) < 3
+    bound = decoders.DEVICE_LEVELS
+    assert levels(ours[0], theirs[0]) < bound and levels(ours[1], theirs[1]) < bound
 
 
 @pytest.mark.gpu
@@ -507,5 +718,83 @@ def test_on_cuda_without_dali_a_run_takes_the_backend_by_default_and_never_syncs
                  "--epochs", "1", "--lr", "0.01", "--augmentation", "trivialaugment", "--mixup", "0.2",
                  "--workspace", str(tmp_path), str(image_folder)])
     assert code == 0
-    assert "=> data backend: pytorch-gpu, the default on CUDA without NVIDIA DALI" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "=> data backend: pytorch-gpu, the default on CUDA without NVIDIA DALI" in out
+    assert re.search(r"^=> JPEG decoder: \S+ \S+ \(nvJPEG on cuda:\d\)", out, re.M), out
     assert len(syncs) == 6 and syncs[1:] == [0] * 5, syncs
+    from image_classification.raport import read_raport
+
+    summary = {}
+    for record in read_raport(tmp_path / "experiment_raport.json"):
+        summary.update(record["data"] if record.get("step") == [] else {})
+    assert summary["train.cpu_decoded"] == summary["val.cpu_decoded"] == 0
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("augmentation", [None, "autoaugment", "randaugment", "trivialaugment"])
+def test_on_cuda_preparing_batches_synchronises_nothing(photos, augmentation):
+    """CUDA's sync debug mode warns at every synchronisation in the process, the background thread's included:
+    none while a pass is decoded, cropped, augmented and handed over (settle's event waits are not counted:
+    they are meant, in the background thread), for every policy."""
+    import warnings
+
+    config = DataConfig(data=str(photos), backend="pytorch-gpu", image_size=64, batch_size=7, workers=1, seed=3,
+                        augmentation=augmentation)
+    train, _ = get_loaders(config, runtime("cuda"), want_train=True, want_val=False)
+    for epoch in range(2):  # the first pass makes the thread, the streams and the decoder's buffers
+        train.set_epoch(epoch)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                images = [batch for batch, _ in train]
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        assert images and all(batch.is_cuda for batch in images)
+        synchronised = [str(warning.message) for warning in caught if "synchroniz" in str(warning.message)]
+        assert epoch == 0 or synchronised == [], synchronised
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_cuda_resizing_holds_the_float32_copies_the_memory_bound_states_and_no_more():
+    """Measured by torch's CUDA allocator (the CPU twin: the slow test above): a crop's resize holds its float32
+    copy (4 bytes a value) and a small output, no channels-last uint8 copy and no second float32 copy (CUDA's
+    antialiased kernel makes a channels-last input contiguous first); validation the image's float32 copy and its
+    float32 resized image."""
+    from image_classification.data.transforms import Draw, TrainTransform
+
+    device, side, slack = torch.device("cuda", torch.cuda.current_device()), 4096, 8 << 20
+    image = torch.randint(0, 256, (3, side, side), dtype=torch.uint8, device=device)
+    crop = TrainTransform(DataConfig(data=None, backend="pytorch-gpu", image_size=224, batch_size=1)).crop
+    strip = torch.randint(0, 256, (3, 255, 60_000), dtype=torch.uint8, device=device)  # resized up to 256 x 60,235
+    for picture, work, expected in ((image, lambda: crop(image, Draw((0, 0, side, side), False)), 4 * image.numel()),
+                                    (image, lambda: device_decode.val_crop(image, 224), 4 * image.numel()),
+                                    (strip, lambda: device_decode.val_crop(strip, 224),
+                                     4 * strip.numel() + 4 * 3 * 256 * (256 * 60_000 // 255))):
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        work()
+        torch.cuda.synchronize(device)
+        extra = torch.cuda.max_memory_allocated(device) - before
+        assert expected <= extra <= expected + slack, (tuple(picture.shape), extra, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_on_a_second_gpu_the_background_thread_works_there(image_folder, monkeypatch):
+    """A rank on GPU 1: its background thread's current device is GPU 1 from its first batch, so leaving the side
+    stream's context never makes GPU 0 current there (and a CUDA context on it)."""
+    from image_classification.data.device_decode import DeviceDecodedLoader
+
+    current, prepare = [], DeviceDecodedLoader._prepare
+    monkeypatch.setattr(DeviceDecodedLoader, "_prepare", lambda self, *args: current.append(
+        torch.cuda.current_device()) or prepare(self, *args))
+    settings = dict(data=str(image_folder), backend="pytorch-gpu", image_size=SIZE, batch_size=4, seed=3, workers=0)
+    train, _ = get_loaders(DataConfig(**settings), Runtime(torch.device("cuda", 1), None, torch.contiguous_format),
+                           want_train=True, want_val=False)
+    train.set_epoch(0)
+    assert all(images.device == torch.device("cuda", 1) for images, _ in train)
+    assert current and set(current) == {1}

@@ -139,6 +139,29 @@ def test_the_cuda_prefetcher_gives_the_cpu_path_s_batches_bitwise(image_folder):
         assert b.is_contiguous(memory_format=torch.channels_last)
 
 
+def test_the_cuda_prefetcher_keeps_one_side_stream_for_every_pass(image_folder, monkeypatch):
+    """Three passes of the pytorch backend's loader make one side stream, whose cached blocks every pass reuses
+    (the CPU twin: tests/test_data_files.py)."""
+    from image_classification.data import DataConfig, get_loaders
+    from image_classification.runtime import Runtime
+
+    made = []
+
+    class Counted(torch.cuda.Stream):
+        def __new__(cls, *args, **kwargs):
+            made.append(args)
+            return super().__new__(cls, *args, **kwargs)
+
+    monkeypatch.setattr(torch.cuda, "Stream", Counted)
+    config = DataConfig(str(image_folder), "pytorch", image_size=32, batch_size=4, workers=0, seed=3)
+    train, _ = get_loaders(config, Runtime(torch.device("cuda", 0), None, torch.contiguous_format),
+                           want_train=True, want_val=False)
+    for epoch in range(3):
+        train.set_epoch(epoch)
+        assert sum(len(targets) for _, targets in train) > 0
+    assert len(made) == 1
+
+
 def test_dali_gpu_trains_and_validates_on_a_jpeg_folder(image_folder, tmp_path):
     pytest.importorskip("nvidia.dali")
     args = TINY + ["--data-backend", "dali-gpu", "--num-classes", "3", "--epochs", "2", "-p", "1",
@@ -255,15 +278,18 @@ def test_a_cpu_checkpoint_resumes_on_cuda_and_evaluates_alike(image_folder, tmp_
 def test_no_host_sync_between_print_windows_on_cuda(tmp_path, monkeypatch, precision, reads_per_step):
     """CUDA's sync debug mode warns at any synchronisation inside the training steps (the windows' reads are
     outside them): none in FP32 and bf16; in fp16 (--amp) one per optimizer step, the read of the loss
-    scaler's inf flag that decides whether the step is taken.  MixUp, label smoothing and the EMA included."""
+    scaler's inf flag that decides whether the step is taken.  MixUp with CutMix, random erasing, label
+    smoothing, the EMA, channels-last and accumulation (an optimizer step every second micro-batch) included."""
     from helpers import count_step_syncs
 
     syncs = count_step_syncs(monkeypatch)
     args = TINY + ["--data-backend", "synthetic", "--device", "cuda", "--prof", "8", "-p", "4", "--epochs", "1",
-                   "--mixup", "0.2", "--use-ema", "0.9", "--label-smoothing", "0.1", "--training-only",
-                   "--no-checkpoints", "--workspace", str(tmp_path)] + precision
+                   "--mixup", "0.2", "--cutmix", "1.0", "--random-erase", "0.25", "--use-ema", "0.9",
+                   "--label-smoothing", "0.1", "--memory-format", "nhwc", "--optimizer-batch-size", "16",
+                   "--training-only", "--no-checkpoints", "--workspace", str(tmp_path)] + precision
     assert main(args) == 0
-    assert syncs[1:] == [reads_per_step] * 7, syncs  # the first step may set things up
+    expected = [reads_per_step * (step % 2 == 1) for step in range(8)]  # -b 8 in TINY: steps at 2, 4, 6, 8
+    assert syncs[1:] == expected[1:], syncs  # the first step may set things up
 
 
 def test_a_cuda_checkpoint_is_copied_to_the_host_once(tmp_path, monkeypatch):

@@ -296,6 +296,15 @@ def test_a_command_that_reads_with_dali_is_skipped_where_dali_does_not_import(mo
     assert len(list(tmp_path.glob("tmp-*/train/*/*.jpg"))) == 2 * 12
 
 
+def missing_torchcodec(command: str) -> str | None:
+    """Why a command that times TorchCodec's decoder cannot run here (it is not installed), else None."""
+    from image_classification.data.decoders import installed
+
+    if re.search(r"decoder torchcodec", command) and not installed("torchcodec"):
+        return "needs TorchCodec, which is not installed here"
+    return None
+
+
 def _short(command: str) -> str:
     return " ".join(command.split()[:3])[:40]
 
@@ -307,7 +316,7 @@ def _id(value) -> str:
 @pytest.mark.parametrize("page, command", [(p, c) for p, c in PAGE_COMMANDS if not not_run_reason(c)],
                          ids=_id)
 def test_docs_command_runs(page, command, docs_folder, capsys):
-    if reason := missing_dali(command):
+    if reason := missing_dali(command) or missing_torchcodec(command):
         write_what_later_commands_read(tiny(command), docs_folder)
         pytest.skip(reason)
     _check(_run(tiny(command), docs_folder, capsys, process=needs_a_process(command)))

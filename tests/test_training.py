@@ -653,30 +653,78 @@ def test_the_first_validated_epoch_gives_a_best_model_even_at_zero_top1(image_fo
 
 
 HOST_READS = ("item", "tolist", "__bool__", "cpu", "numpy", "__float__", "__int__")
+RECIPE = ["--mixup", "0.2", "--cutmix", "1.0", "--random-erase", "0.25", "--label-smoothing", "0.1", "--use-ema",
+          "0.9", "--optimizer-batch-size", "8", "--memory-format", "nhwc", "--checkpoint-interval", "60m"]
+needs_dali = pytest.mark.skipif(not __import__("image_classification.data", fromlist=["x"]).dali_available(),
+                                reason="needs NVIDIA DALI")
 
 
-@pytest.mark.parametrize("precision, reads", [([], "ssssr"), (["--amp", "--amp-dtype", "float16"], "ssrssrr")])
-def test_the_training_loop_reads_the_device_once_per_print_window(tmp_path, monkeypatch, precision, reads, tiny_arch):
-    """Between two print windows the loop never waits for the device: no Tensor.item/tolist/bool/cpu.
+def expected_reads(steps: int, print_freq: int, accumulation: int, fp16: bool) -> str:
+    """The loop's steps (s) and host reads (r): one per print window, and in fp16 one per optimizer step."""
+    events = ""
+    for step in range(1, steps + 1):
+        events += "s" + ("r" if fp16 and step % accumulation == 0 else "")
+        events += "r" if step % print_freq == 0 or step == steps else ""
+    return events
 
-    On a GPU each of those is a host-device synchronisation that stalls the queue of kernels; the one
-    read per window is Engine.read_window's. MixUp, label smoothing, EMA and an interval check included.
-    fp16 adds one read per optimizer step (every second micro-batch here): the loss scaler's inf flag.
-    """
+
+@pytest.mark.parametrize("backend", ["synthetic", "pytorch", "pytorch-gpu", pytest.param("dali-cpu", marks=needs_dali)])
+@pytest.mark.parametrize("precision, options", [
+    ([], RECIPE), (["--amp", "--amp-dtype", "float16"], RECIPE),
+    pytest.param(["--amp", "--amp-dtype", "bfloat16"], RECIPE, marks=pytest.mark.slow),
+    pytest.param([], [], marks=pytest.mark.slow), pytest.param(["--amp", "--amp-dtype", "float16"], [],
+                                                                marks=pytest.mark.slow),
+])
+def test_the_training_loop_reads_the_device_once_per_print_window(image_folder, tmp_path, monkeypatch, tiny_arch,
+                                                                  backend, precision, options):
+    """Between two print windows the training process never waits for the device: no Tensor.item/tolist/bool/cpu
+    in any of its threads (the loop's, and pytorch-gpu's background thread) while an epoch trains, whatever the
+    backend and the recipe: ``--augmentation`` (not on synthetic data), MixUp with CutMix, random erasing, label
+    smoothing, EMA, accumulation, channels-last, an interval check.  On a GPU each read is a host-device
+    synchronisation that stalls the queue of kernels; the one read per window is Engine.read_window's, and fp16
+    adds one per optimizer step (every second micro-batch here): the loss scaler's inf flag.  CutMix's and random
+    erasing's boxes are drawn on the host, from torch's CPU generator, and so are a pass's order and the
+    DataLoader's seed; DALI's size-rule flags are a CPU output on every device: the reads inside ``cutmix_box``,
+    ``erase_box``, the sampler's permutation, the DataLoader's start and ``dali.all_fit`` are of host tensors, not
+    counted (the CPU twin of the GPU tests, which count CUDA's synchronisations, where those make none).  Loader
+    workers are processes of their own: -j 1."""
+    from torch.utils.data import DataLoader
+
+    from image_classification import batch_augment
+    from image_classification.data.common import ShardSampler
     from image_classification.engine import Engine
     from image_classification.loop import Loop as Trainer
 
     events: list[str] = []
-    in_loop = [False]
+    counting = [False]
     for name in HOST_READS:
         original = getattr(torch.Tensor, name)
 
         def counted(self, *args, _original=original, _name=name, **kwargs):
-            if in_loop[0]:
+            if counting[0]:
                 events.append(_name)
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, name, counted)
+
+    def uncounted(function):
+        def call(*args, **kwargs):
+            was, counting[0] = counting[0], False
+            try:
+                return function(*args, **kwargs)
+            finally:
+                counting[0] = was
+        return call
+
+    for host_draw in ("cutmix_box", "erase_box"):
+        monkeypatch.setattr(batch_augment, host_draw, uncounted(getattr(batch_augment, host_draw)))
+    # a pass's start on the host: the sampler's permutation and the DataLoader's seed, both drawn on the CPU
+    monkeypatch.setattr(ShardSampler, "_permutation", uncounted(ShardSampler._permutation))
+    monkeypatch.setattr(DataLoader, "__iter__", uncounted(DataLoader.__iter__))
+    if backend.startswith("dali"):  # DALI's size-rule flags: a CPU output whatever the device
+        from image_classification.data import dali
+
+        monkeypatch.setattr(dali, "all_fit", uncounted(dali.all_fit))
     train_step, train_epoch = Engine.train_step, Trainer.train_epoch
 
     def step(self, *args, **kwargs):
@@ -684,18 +732,21 @@ def test_the_training_loop_reads_the_device_once_per_print_window(tmp_path, monk
         return train_step(self, *args, **kwargs)
 
     def epoch(self, *args, **kwargs):
-        in_loop[0] = True
+        counting[0] = True
         try:
             return train_epoch(self, *args, **kwargs)
         finally:
-            in_loop[0] = False
+            counting[0] = False
 
     monkeypatch.setattr(Engine, "train_step", step)
     monkeypatch.setattr(Trainer, "train_epoch", epoch)
-    code = main(["--data-backend", "synthetic", "-a", tiny_arch, "--image-size", "32", "-b", "4", "--prof", "12",
-                 "--print-freq", "4", "--epochs", "1", "--training-only", "--no-checkpoints", "--mixup", "0.2",
-                 "--label-smoothing", "0.1", "--use-ema", "0.9", "--checkpoint-interval", "60m",
-                 "--optimizer-batch-size", "8", "--workspace", str(tmp_path), *precision])
+    monkeypatch.setattr("image_classification.plan.check_backend", lambda *args, **kwargs: None)  # pytorch-gpu's twin
+    data = ["--prof", "6"] if backend == "synthetic" else ["-j", "1", str(image_folder)]
+    augmentation = ["--augmentation", "trivialaugment"] if options and backend != "synthetic" else []
+    code = main(["--data-backend", backend, "-a", tiny_arch, "--num-classes", "3", "--image-size", "32", "-b", "4",
+                 "--print-freq", "2", "--epochs", "1", "--training-only", "--no-checkpoints", "--device", "cpu",
+                 "--workspace", str(tmp_path), *options, *augmentation, *precision, *data])
     assert code == 0
     windows = "".join("s" if event == "step" else "r" for event in events)
-    assert windows == reads * 3, events
+    fp16 = "float16" in precision
+    assert windows == expected_reads(6, 2, 2 if options else 1, fp16), events

@@ -14,11 +14,13 @@ from .. import machine
 from ..errors import UserError
 
 if TYPE_CHECKING:
+    import torch
+
     from ..runtime import Runtime
     from .common import DataConfig, Loader
 
-__all__ = ["get_loaders", "resolve_backend", "default_backend_notice", "gpu_decoding_problem", "DataConfig", "Loader",
-           "DeviceLoader", "ShardSampler", "val_resize_size", "dali_available"]
+__all__ = ["get_loaders", "resolve_backend", "default_backend_notice", "decoder_notice", "gpu_decoding_problem",
+           "DataConfig", "Loader", "DeviceLoader", "ShardSampler", "val_resize_size", "dali_available"]
 _LAZY = {"DataConfig": ".common", "DeviceLoader": ".common", "Loader": ".common", "ShardSampler": ".common",
          "val_resize_size": "..preprocessing"}  # name: the module that defines it
 
@@ -38,7 +40,7 @@ def dali_available() -> bool:
 
 
 def gpu_decoding_problem() -> str | None:
-    """Why torchvision cannot decode JPEGs on this process's CUDA device (None when it can)."""
+    """Why no JPEG decoder (torchvision's, TorchCodec's) decodes on this process's CUDA device (None when one does)."""
     from .device_decode import gpu_decoding_problem as problem
 
     return problem()
@@ -46,7 +48,7 @@ def gpu_decoding_problem() -> str | None:
 
 def resolve_backend(requested: str | None, is_cuda: bool = False) -> str:
     """The backend to use: the requested one; else dali-cpu where DALI is installed (as in the reference); else, on
-    CUDA, pytorch-gpu where torchvision decodes JPEGs on the GPU (the fastest installed); else pytorch."""
+    CUDA, pytorch-gpu where a JPEG decoder works on the GPU (the fastest installed); else pytorch."""
     if requested is not None:
         return requested
     if dali_available():
@@ -63,10 +65,19 @@ def default_backend_notice(backend: str, is_cuda: bool) -> str:
     elif backend == "pytorch-gpu":
         why = "on CUDA without NVIDIA DALI: JPEGs decoded and augmented on the GPU by torchvision"
     elif is_cuda:
-        why = f"on CUDA without NVIDIA DALI, where torchvision cannot decode on the GPU ({gpu_decoding_problem()})"
+        why = f"on CUDA without NVIDIA DALI, where no JPEG decoder works on the GPU ({gpu_decoding_problem()})"
     else:
         why = "without NVIDIA DALI"
     return f"=> data backend: {backend}, the default {why} (--data-backend picks another)"
+
+
+def decoder_notice(backend: str, device: torch.device) -> str | None:
+    """The start-up line naming the JPEG decoder ``backend`` uses on ``device`` (None for synthetic data)."""
+    if backend == "synthetic":
+        return None
+    from .decoders import decoder_notice as notice
+
+    return notice(backend, device)
 
 
 def get_loaders(

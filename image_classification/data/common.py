@@ -63,7 +63,9 @@ class Loader(Protocol):
     ``num_samples`` is how many images this process sees in one pass (validation counts every image
     exactly once overall); ``skipped`` how many unreadable images were left out so far; ``fingerprint()``
     which images the split holds (:func:`.packed.fingerprint`; empty for synthetic data), which a checkpoint
-    records.
+    records; ``pass_counts()`` what the backend counted in its latest pass, by name, that the raport records per
+    epoch (``cpu_decoded`` for ``pytorch-gpu``: the JPEGs its device's decoder refused; none for the others),
+    with the same names before any pass.
     """
 
     num_samples: int
@@ -78,6 +80,8 @@ class Loader(Protocol):
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None: ...
 
     def fingerprint(self) -> dict: ...
+
+    def pass_counts(self) -> dict[str, int]: ...
 
 
 class Unreadable:
@@ -164,13 +168,18 @@ class WrappingLoader:
     def fingerprint(self) -> dict:
         return self.source.fingerprint()
 
+    def pass_counts(self) -> dict[str, int]:
+        return {}
+
 
 class DeviceLoader(WrappingLoader):
     """Moves host batches to the device, normalises them and applies the memory format.
 
     On CUDA the copy and normalisation of the next batch run on a side stream while the current one
-    is used; on CPU the work is done in line.  ``normalized=True`` skips normalisation for backends
-    that already produce float, normalised batches.
+    is used: one stream for the loader's life, so the memory the caching allocator keeps for it serves every
+    pass (a new stream each pass would strand the last pass's cached blocks on a stream never used again).
+    On CPU the work is done in line.  ``normalized=True`` skips normalisation for backends that already
+    produce float, normalised batches.
     """
 
     def __init__(self, source, runtime: Runtime, num_samples: int, normalized: bool = False,
@@ -181,6 +190,7 @@ class DeviceLoader(WrappingLoader):
         self.normalized = normalized
         self.mean = channel_values(mean, runtime.device)
         self.std = channel_values(std, runtime.device)
+        self.side = SideStream(runtime.device)
 
     def _prepare(self, images: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         device = self.runtime.device
@@ -198,8 +208,7 @@ class DeviceLoader(WrappingLoader):
         yield from self._cuda_prefetch(iter(self.source))
 
     def _cuda_prefetch(self, batches: Iterable) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        side = SideStream(self.runtime.device)
-        pending = None
+        side, pending = self.side, None
         for images, targets in batches:
             with side:
                 ready = self._prepare(images, targets)

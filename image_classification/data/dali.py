@@ -104,6 +104,9 @@ class DaliLoader:
     def fingerprint(self) -> dict:
         return self.samples.fingerprint()
 
+    def pass_counts(self) -> dict[str, int]:
+        return {}
+
     def _leave_out(self, index: int, reason: str) -> None:
         self.broken.add(index)
         self.unreadable.add(self.samples.name(index), reason)
@@ -145,7 +148,7 @@ class DaliLoader:
             try:
                 for images, targets, fits in self._run(indices[done:], seeds[done:]):
                     fed, done = indices[done:done + len(targets)], done + len(targets)
-                    if not bool(fits.all()):  # images past the size rule: blanks, left out here
+                    if not all_fit(fits):  # images past the size rule: blanks, left out here
                         for index in (index for index, fit in zip(fed.tolist(), fits.tolist()) if not fit):
                             self._leave_out(index, self._size_problem(index)
                                             or f"{ImageTooLarge.__name__}: {ImageTooLarge()}")
@@ -201,6 +204,13 @@ class DaliLoader:
         self.builds += 1
         # No reader to ask for the pass's length: the iterator runs until the feed raises StopIteration.
         return DALIGenericIterator(pipeline, ["images", "labels", "fits"])
+
+
+def all_fit(fits: torch.Tensor) -> bool:
+    """Whether every image of a batch kept to the size rule.  ``fits``, the pipeline's flags from the images'
+    headers, is a CPU output on every DALI backend (only images and labels go to the GPU): reading it waits for
+    the pipeline's batch, never for the GPU."""
+    return bool(fits.all())
 
 
 def _undecodable_message(candidates: list[str]) -> str:

@@ -1,6 +1,6 @@
 """What the ``pytorch-gpu`` backend's loader workers do: read each image's bytes (from a folder or its shards),
-find its size in its header, apply the size rule and draw its augmentation (:class:`.transforms.TrainTransform`)
-under its own seed.  Decoding is the training process's (:mod:`.device_decode`).
+find its size in its header, apply the size rule and draw its augmentation (:class:`.transforms.TrainTransform`;
+``--augmentation``'s operations too, :class:`.transforms.PolicyDraws`) under its own seed.  Decoding is the training process's (:mod:`.device_decode`).
 
 A JPEG that nvJPEG decodes (baseline, extended or progressive Huffman coding, 8 bits, greyscale or three
 components, whole to its end marker) stays encoded; any other image (PNG, CMYK or 12-bit JPEG, a JPEG cut short,
@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 
 from .files import check_size, decode_rgb_tensor, is_jpeg, jpeg_frame, open_rgb
 from .layout import Split
-from .transforms import Draw, TrainTransform, seeded
+from .transforms import Draw, PolicyDraws, TrainTransform, seeded
 from .workers import shared_tensor
 
 # The frame headers (SOFn markers) whose coding nvJPEG decodes: baseline, extended sequential and progressive
@@ -35,8 +35,7 @@ JPEG_END = b"\xff\xd9"  # the end-of-image marker
 @dataclass
 class Sample:
     """One image as a worker hands it over: its JPEG bytes, or its pixels (CHW uint8) where the GPU would not
-    decode it; its size; and, for training, its draws and torch's CPU generator state after them (where
-    ``--augmentation`` draws on)."""
+    decode it; its size; and, for training, its draws and ``--augmentation``'s operations, drawn after them."""
 
     index: int
     label: int
@@ -45,7 +44,7 @@ class Sample:
     encoded: bytes | None = None
     pixels: torch.Tensor | None = None
     draw: Draw | None = None
-    state: torch.Tensor | None = None
+    augmentation: tuple[tuple[str, float], ...] | None = None
 
 
 def gpu_decodable(raw: bytes, short_side: int | None = None) -> tuple[int, int] | None:
@@ -70,12 +69,13 @@ def gpu_decodable(raw: bytes, short_side: int | None = None) -> tuple[int, int] 
 
 
 class EncodedImages(Dataset):
-    """Reads one image and draws its augmentation under its own seed (``transform``: training; None for
-    validation, whose images are resized whole to a ``resize`` px short side, under the size rule too)."""
+    """Reads one image and draws its augmentation under its own seed (``transform``: training, with ``policy``'s
+    operations where ``--augmentation`` asks for them; None for validation, whose images are resized whole to a
+    ``resize`` px short side, under the size rule too)."""
 
-    def __init__(self, samples: Split, transform: TrainTransform | None, resize: int | None = None):
-        self.samples, self.transform, self.resize = samples, transform, resize
-        self.draws_on = transform is not None and transform.augmentation is not None
+    def __init__(self, samples: Split, transform: TrainTransform | None, resize: int | None = None,
+                 policy: PolicyDraws | None = None):
+        self.samples, self.transform, self.resize, self.policy = samples, transform, resize, policy
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -87,7 +87,7 @@ class EncodedImages(Dataset):
         except (OSError, ValueError, Image.DecompressionBombError) as error:
             return None, (self.samples.name(index), f"{error.__class__.__name__}: {error}")
         if self.transform is not None:
-            sample.draw, sample.state = seeded(seed, self._draw, sample.height, sample.width)
+            sample.draw, sample.augmentation = seeded(seed, self._draw, sample.height, sample.width)
         return sample, None
 
     def _read(self, index: int) -> Sample:
@@ -102,16 +102,19 @@ class EncodedImages(Dataset):
             pixels = torch.from_numpy(np.array(open_rgb(io.BytesIO(raw), self.resize))).permute(2, 0, 1)
         return Sample(index, label, *pixels.shape[-2:], pixels=pixels)
 
-    def _draw(self, height: int, width: int) -> tuple[Draw, torch.Tensor | None]:
+    def _draw(self, height: int, width: int) -> tuple[Draw, tuple | None]:
+        """The crop and flip, then the policy's operations for the crop, drawn on from where they left the
+        generator: what the ``pytorch`` backend's workers draw, in that order."""
         draw = self.transform.draw(height, width)
-        return draw, (torch.default_generator.get_state() if self.draws_on else None)
+        size = self.transform.size
+        return draw, (self.policy.draw(size, size) if self.policy is not None else None)
 
 
 @dataclass
 class EncodedBatch:
     """A batch of :class:`Sample`\\ s in a few tensors: ``data`` holds the JPEG bytes of the samples at
     ``encoded`` (the k-th ends at ``ends[k]``), ``pixels`` the flattened images of the others; ``sizes`` is every
-    sample's (height, width), ``draws`` and ``states`` (a row each) its training draws."""
+    sample's (height, width), ``draws`` and ``augmentations`` its training draws."""
 
     indices: list[int]
     sizes: list[tuple[int, int]]
@@ -120,7 +123,7 @@ class EncodedBatch:
     encoded: list[int]
     pixels: torch.Tensor
     draws: list[Draw] | None = None
-    states: torch.Tensor | None = None
+    augmentations: list[tuple] | None = None
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -150,11 +153,8 @@ def collate_encoded(batch: list[tuple[Sample | None, tuple[str, str] | None]]):
     pixels, _ = _packed([sample.pixels.reshape(-1).numpy() for sample in good if sample.pixels is not None],
                         torch.uint8)
     draws = [sample.draw for sample in good] if good and good[0].draw is not None else None
-    states = None
-    if good and good[0].state is not None:
-        states = shared_tensor((len(good), good[0].state.numel()), torch.uint8)
-        torch.stack([sample.state for sample in good], out=states)
+    augmentations = [sample.augmentation for sample in good] if good and good[0].augmentation is not None else None
     labels = torch.tensor([sample.label for sample in good], dtype=torch.int64)
     sizes = [(sample.height, sample.width) for sample in good]
-    return EncodedBatch([sample.index for sample in good], sizes, data, ends, encoded, pixels, draws, states), \
+    return EncodedBatch([sample.index for sample in good], sizes, data, ends, encoded, pixels, draws, augmentations), \
         labels, broken

@@ -492,18 +492,18 @@ def read_rgb_tensor(path: str) -> torch.Tensor:
 def decode_rgb_tensor(raw: bytes) -> torch.Tensor:
     """A CHW uint8 RGB tensor of an image file's bytes (from a folder or a shard alike).
 
-    JPEGs are decoded by torchvision's libjpeg-turbo decoder straight into a tensor (faster than PIL
-    plus a conversion), once their header passes the size rule; anything it refuses, and every other
-    format, goes through :func:`open_rgb`, so a broken file raises what PIL raises.
+    JPEGs are decoded by libjpeg-turbo straight into a tensor (faster than PIL plus a conversion; TorchCodec's
+    decoder or torchvision's, :func:`.decoders.cpu_decoder`), once their header passes the size rule; anything it
+    refuses, and every other format, goes through :func:`open_rgb`, so a broken file raises what PIL raises.
     """
     import torch
 
     if is_jpeg(raw):
         check_jpeg_header(io.BytesIO(raw))
-        from torchvision.io import ImageReadMode, decode_jpeg
+        from .decoders import cpu_decoder
 
         try:
-            return decode_jpeg(torch.frombuffer(bytearray(raw), dtype=torch.uint8), mode=ImageReadMode.RGB)
+            return cpu_decoder().decode(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
         except RuntimeError:
             pass  # PIL decides, and names the problem
     return torch.from_numpy(np.array(open_rgb(io.BytesIO(raw)))).permute(2, 0, 1)

@@ -40,6 +40,9 @@ class SyntheticLoader:
     def fingerprint(self) -> dict:
         return {}  # made up anew by every run: nothing to tell apart
 
+    def pass_counts(self) -> dict[str, int]:
+        return {}
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for _ in range(self._start, self.length):
             yield self.images, self.targets

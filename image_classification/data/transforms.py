@@ -11,6 +11,7 @@ draws it, so a run replays the crops torchvision's ``v2.Compose`` of the same tr
 
 from __future__ import annotations
 
+import copy
 import random
 from dataclasses import dataclass
 
@@ -62,14 +63,22 @@ def crop_box(height: int, width: int, scale: tuple[float, float]) -> tuple[int, 
     return tuple(transforms.RandomResizedCrop.get_params(like, list(scale), list(ASPECT_RATIOS)))
 
 
+# Devices on which the crop is copied to channels-last memory before its resize: torch's uint8 antialiased CPU
+# kernels are fastest there.  On a GPU torchvision resizes in float32, and torch's antialiased CUDA kernel makes
+# a channels-last input contiguous first: the copy would add a uint8 and a float32 copy of the crop, nothing else.
+CHANNELS_LAST_RESIZE = ("cpu",)
+
+
 def resized_crop(image: torch.Tensor, box: tuple[int, int, int, int], size: int,
                  interpolation: transforms.InterpolationMode) -> torch.Tensor:
     """The ``box`` of a uint8 CHW ``image`` (on any device) resized to ``size`` x ``size``, antialiased, as
-    torchvision's ``resized_crop`` makes it.  Only the crop is copied to channels-last memory before the resize,
-    as torch's uint8 antialiased CPU kernels are fastest there; the result is a CHW view of HWC memory.  On a GPU
-    torchvision resizes in float32 and rounds back to uint8."""
+    torchvision's ``resized_crop`` makes it.  On the CPU only the crop is copied, to channels-last memory, before
+    the resize (the result is then a CHW view of HWC memory); on a GPU torchvision resizes a float32 copy of the
+    crop (4 bytes a value) and rounds back to uint8."""
     top, left, height, width = box
-    crop = image[None, :, top:top + height, left:left + width].contiguous(memory_format=torch.channels_last)
+    crop = image[None, :, top:top + height, left:left + width]
+    if image.device.type in CHANNELS_LAST_RESIZE:
+        crop = crop.contiguous(memory_format=torch.channels_last)
     return v2.functional.resize(crop, [size, size], interpolation, antialias=True)[0]
 
 
@@ -93,6 +102,42 @@ def auto_augmentation(config: DataConfig):
         "trivialaugment": lambda: v2.TrivialAugmentWide(),
         "augmix": lambda: v2.AugMix(),
     }[config.augmentation]()
+
+
+class PolicyDraws:
+    """An ``--augmentation`` policy (torchvision's AutoAugment, RandAugment or TrivialAugmentWide) in two halves:
+    :meth:`draw` runs the policy's own ``forward`` on a stand-in of the image's size (its draws depend on the size
+    alone) and records the operations and magnitudes it picks instead of applying them, drawing from torch's CPU
+    generator exactly as the policy does; :meth:`apply` applies recorded operations with the policy's own
+    code, drawing nothing.  ``apply(image, draw(*size))`` is ``policy(image)`` bit for bit; apart, the
+    ``pytorch-gpu`` backend draws in its loader workers, under each image's seed, and applies on the GPU in a
+    thread that touches no generator.  (AugMix mixes by the image's pixels: it has no such halves.)"""
+
+    def __init__(self, policy):
+        if not isinstance(policy, (v2.AutoAugment, v2.RandAugment, v2.TrivialAugmentWide)):
+            raise TypeError(f"{type(policy).__name__} does not draw apart from the image it augments")
+        self.policy = policy
+        self._recorder = copy.copy(policy)  # a shallow copy whose one method records
+        self._recorder._apply_image_or_video_transform = self._record
+        self._drawn: list[tuple[str, float]] = []
+
+    def _record(self, image, transform_id: str, magnitude: float, interpolation, fill):
+        self._drawn.append((transform_id, magnitude))
+        return image
+
+    def draw(self, height: int, width: int) -> tuple[tuple[str, float], ...]:
+        """The (operation, magnitude) pairs the policy draws for a ``height`` x ``width`` image, in order."""
+        self._drawn = []
+        self._recorder(torch.empty(1, dtype=torch.uint8).expand(3, height, width))
+        return tuple(self._drawn)
+
+    def apply(self, image: torch.Tensor, drawn: tuple[tuple[str, float], ...]) -> torch.Tensor:
+        """``drawn``'s operations on a uint8 CHW ``image`` (on any device), as the policy applies them."""
+        policy = self.policy
+        for transform_id, magnitude in drawn:
+            image = policy._apply_image_or_video_transform(image, transform_id, magnitude,
+                                                           interpolation=policy.interpolation, fill=policy._fill)
+        return image
 
 
 class TrainTransform:
