@@ -95,6 +95,7 @@ SUBSTITUTIONS = [
     (r"--make-dataset \d+", "--make-dataset 12"),
     (r"(?<![\w./-])/tmp/", "tmp-"),  # the scratch folder stands for /tmp: /tmp/photos is tmp-photos there
     (r"--photos(?! \d)", "--photos 3"),
+    (r"--camera(?! \d)", "--camera 4"),  # a batch of -b 4 (each takes seconds to write)
     (r"--batch-sizes( \d+)+", "--batch-sizes 1"),
     (r"--iterations \d+", "--iterations 2"),
 ]
@@ -102,6 +103,7 @@ SUBSTITUTIONS = [
 SCRIPT_FLAGS = {
     "infer_throughput.py": ["-a", "resnet18", "--image-size", "32", "--iters", "1", "--repeats", "1", "--warmup", "0"],
     "benchmark_loader.py": ["-b", "4", "--epochs", "2", "--image-size", "32"],
+    "benchmark_decoders.py": ["--images", "2", "--rounds", "1"],
     "inference_benchmark.py": ["--image-size", "32", "--warmup", "0", "--precisions", "FP32", "--batch-sizes", "1",
                                "--iterations", "2"],
 }
