@@ -202,6 +202,27 @@ def test_the_benchmark_warmup_is_left_out_of_the_summary_and_kept_in_the_wall_fi
     assert windows == pytest.approx([4.0, 4.0, 40.0, 40.0])
 
 
+def test_throughput_counts_the_time_spent_logging(tmp_path, monkeypatch):
+    """Each iteration is timed wall clock to wall clock: a slow log window shows in the images/s.  The clock
+    moves only for the steps (no time) and each window's logging (0.5 s): 4 batches of 4 whose windows 1-3
+    are logged inside iterations 2-4 give 16 images in 1.5 s."""
+    from image_classification.raport import Raport
+
+    clock = ScriptedClock(monkeypatch, steps=[0.0] * 4, forwards=[])
+    original = Raport.log_window
+
+    def slow_log_window(self, *args, **kwargs):
+        clock.now += 0.5
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Raport, "log_window", slow_log_window)
+    assert main(SYNTHETIC + ["--prof", "4", "-p", "1", "--epochs", "1", "--training-only", "--no-checkpoints",
+                             "--workspace", str(tmp_path)]) == 0
+    summary = {k: v for r in read_raport(tmp_path / "experiment_raport.json") if r.get("step") == []
+               for k, v in r["data"].items()}
+    assert summary["train.total_ips"] == pytest.approx(16 / 1.5)
+
+
 def test_the_measured_time_starts_after_the_device_has_finished_the_warm_up(tmp_path, monkeypatch):
     """A GPU runs behind the host: the warm-up's last iteration waits for the device before the measured
     iterations' clock starts, once per process (not again in the second epoch), and never without a warm-up."""
