@@ -357,7 +357,9 @@ def _preset_command(argv: Sequence[str] | None, prog: str) -> tuple[argparse.Nam
     launch, rest = parser.parse_known_args(argv)
     if launch.list:
         return launch, rest, None
-    build_main_parser(prog).refuse_unknown_flags(rest, parser)  # a typo of either's flag, before "missing --model"
+    main_parser = build_main_parser(prog)
+    main_parser.refuse_unknown_flags(rest, parser)  # a typo of either's flag, before "missing --model"
+    rest = main_parser.expand_prefixes(rest)  # said once here; every later parse reads the whole flags
     required = ("model", "precision", "mode", "platform")
     missing = [f"--{name}" for name in required if getattr(launch, name) is None]
     if missing:
