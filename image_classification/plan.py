@@ -183,7 +183,9 @@ def _broadcast_choice(value, runtime: Runtime):
 
 def find_resume_checkpoint(args: argparse.Namespace, workspace: Workspace, runtime: Runtime, log
                            ) -> tuple[str | None, dict | None]:
-    """(path, checkpoint) that --resume names; ``auto``: the newest valid one in the workspace, or none."""
+    """(path, checkpoint) that --resume names; ``auto``: the newest valid one in the workspace, or none.  With
+    ``--pretrained-weights`` too (a fine-tune that is requeued), what ``auto`` found is said beside the weights:
+    they start the run, a checkpoint continues it."""
     if not args.resume:
         return None, None
     if args.resume != "auto":
@@ -202,10 +204,13 @@ def find_resume_checkpoint(args: argparse.Namespace, workspace: Workspace, runti
             chosen = str(candidate)
             break
     chosen = _broadcast_choice(chosen, runtime)
+    weights = args.pretrained_weights
     if chosen is None:
-        log(f"=> --resume auto: no checkpoint in {workspace.path}; starting from scratch")
+        start = f"the pretrained weights '{weights}'" if weights else "scratch"
+        log(f"=> --resume auto: no checkpoint in {workspace.path}; starting from {start}")
         return None, None
-    log(f"=> --resume auto: loading checkpoint '{chosen}'")
+    beside = f" (the run continues from it; --pretrained-weights '{weights}' only started it)" if weights else ""
+    log(f"=> --resume auto: loading checkpoint '{chosen}'{beside}")
     return chosen, ckpt.load_checkpoint(chosen)
 
 

@@ -190,6 +190,31 @@ def test_pretrained_weights_with_another_head_are_fine_tuned(image_folder, tmp_p
         assert torch.equal(tuned[key], pretrained[key]), key
 
 
+def test_a_fine_tune_is_requeued_with_resume_auto(image_folder, tmp_path, capsys):
+    """The same fine-tuning command with --resume auto, run again and again: it starts from the pretrained
+    weights while the workspace holds no checkpoint, then continues from its checkpoint, saying which each
+    time.  --resume with a path still excludes the weights: two sources of weights for one run."""
+    from image_classification.models import build_model
+
+    source, workspace = tmp_path / "weights.pth", tmp_path / "ws"
+    torch.save(build_model("resnet18", num_classes=1000).state_dict(), source)
+    command = ("--data-backend", "pytorch", "-j", "0", "--epochs", "2", "--run-epochs", "1", "--prof", "1",
+               "--pretrained-weights", str(source), "--resume", "auto")
+    assert train(image_folder, workspace, *command) == 0
+    out = capsys.readouterr().out
+    assert f"=> --resume auto: no checkpoint in {workspace}; starting from the pretrained weights '{source}'" in out
+    assert f"=> loaded pretrained weights '{source}'" in out
+    assert train(image_folder, workspace, *command) == 0
+    out = capsys.readouterr().out
+    assert f"=> --resume auto: loading checkpoint '{workspace / 'checkpoint.pth.tar'}' (the run continues from it; " \
+           f"--pretrained-weights '{source}' only started it)" in out
+    assert "loaded pretrained weights" not in out
+    assert torch.load(workspace / "checkpoint.pth.tar", weights_only=True)["epoch"] == 2
+    line = refused(cli_run(main, [*TINY, "--resume", str(workspace / "checkpoint.pth.tar"), "--pretrained-weights",
+                                  str(source), str(image_folder)]), capsys)
+    assert "and --pretrained-weights exclude each other" in line and "--resume auto takes" in line
+
+
 def make_engine(model, accumulation: int = 1, **settings):
     """An Engine over ``model`` on the CPU with a plain SGD configuration (no weight decay)."""
     from image_classification.engine import Engine

@@ -40,7 +40,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                      "class count when smaller)")
     run.add_argument("--resume", metavar="PATH", default=None,
                      help="path to latest checkpoint; 'auto': the newest valid checkpoint in --workspace, or a "
-                     "fresh start when there is none (default: none)")
+                     "fresh start (from --pretrained-weights where given) when there is none (default: none)")
     run.add_argument("--workspace", metavar="DIR", default="./",
                      help="where checkpoints and raports go (default: ./; --evaluate --resume F: F's folder)")
     run.add_argument("--checkpoint-filename", "--checkpoint", metavar="NAME", default="checkpoint.pth.tar",
@@ -83,8 +83,9 @@ def check_run_combinations(args: argparse.Namespace) -> None:
     """Run flags that exclude each other, or another group's. Raises :class:`UserError`."""
     if args.evaluate and args.training_only:
         raise UserError("--evaluate and --training-only exclude each other")
-    if args.resume and args.pretrained_weights:
-        raise UserError("--resume and --pretrained-weights exclude each other: a checkpoint already holds weights")
+    if args.resume and args.resume != "auto" and args.pretrained_weights:
+        raise UserError(f"--resume {args.resume} and --pretrained-weights exclude each other: a checkpoint already holds "
+                        "weights (--resume auto takes the workspace's checkpoint where there is one, else the weights)")
 
 
 def bare_gather_flag(argv: list[str]) -> list[str]:
