@@ -32,6 +32,16 @@ def workspace_folder(args: argparse.Namespace) -> str:
     return args.workspace
 
 
+def workspace_notice(args: argparse.Namespace) -> str:
+    """A run's first line: the folder it writes into, as an absolute path, where it comes from, and the flag that
+    moves it (a run given no --workspace writes into the current folder, which nothing else would say)."""
+    folder = workspace_folder(args)
+    if args.workspace != DEFAULT_WORKSPACE:
+        return f"=> workspace: {os.path.abspath(folder)} (--workspace)"
+    whose = "the current folder" if folder == DEFAULT_WORKSPACE else "the folder of --resume's checkpoint"
+    return f"=> workspace: {os.path.abspath(folder)} ({whose}: --workspace DIR writes the run elsewhere)"
+
+
 def check_workspace(args: argparse.Namespace, workspace: Workspace) -> None:
     """What the workspace itself refuses (its names, a folder that cannot be written, another run holding it),
     found without writing anything; rank 0 checks it first."""

@@ -30,7 +30,7 @@ from .loop import Loop, RunControl
 from .metrics import register_metrics
 from .onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
 from .plan import RunConfig, resolve_run
-from .startup import check_workspace, workspace_folder
+from .startup import check_workspace, workspace_folder, workspace_notice
 from .raport import Raport
 from .runtime import Runtime, make_runtime
 from .signals import StopSignal, Stopped
@@ -55,6 +55,7 @@ def _train(args: argparse.Namespace, signals: StopSignal) -> int:
     runtime = make_runtime(args.device, args.amp, args.amp_dtype, args.memory_format, args.tf32,
                            gpu_affinity=args.gpu_affinity, dist_timeout=args.dist_timeout)
     log = runtime.print
+    log(workspace_notice(args))
     workspace = Workspace(workspace_folder(args), args.checkpoint_filename, raport_file(args))
     try:
         code = _run(args, runtime, workspace, signals, log)

@@ -42,3 +42,21 @@ def test_an_evaluation_of_a_checkpoint_writes_into_that_run_s_workspace():
         assert workspace_folder(parse(argv)) == "ws"
     assert workspace_folder(argparse.Namespace(evaluate=False, resume="runs/a/c.pth.tar",
                                                workspace=DEFAULT_WORKSPACE)) == DEFAULT_WORKSPACE
+
+
+def test_the_first_line_of_a_run_names_its_workspace_and_the_flag_that_moves_it(tmp_path, monkeypatch, capsys):
+    """A run without --workspace writes into the current folder: its first line says so, as an absolute path,
+    and names --workspace; a given one, and the folder of an evaluated checkpoint, are named the same way."""
+    monkeypatch.chdir(tmp_path)
+    run = ["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "32", "-b", "2", "--num-classes", "2",
+           "--prof", "1", "--epochs", "1", "--device", "cpu", "--lr", "0.001", "--seed", "1"]
+    here = f"=> workspace: {tmp_path} (the current folder: --workspace DIR writes the run elsewhere)"
+    for flags, line in [((), here), (("--workspace", "ws"), f"=> workspace: {tmp_path / 'ws'} (--workspace)"),
+                        (("--evaluate", "--resume", "checkpoint.pth.tar", "--raport-file", "eval.json"), here)]:
+        assert main([*run, *flags]) == 0
+        assert capsys.readouterr().out.splitlines()[0] == line, flags
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "checkpoint.pth.tar").rename(tmp_path / "runs" / "checkpoint.pth.tar")
+    assert main([*run, "--evaluate", "--resume", "runs/checkpoint.pth.tar"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == \
+        f"=> workspace: {tmp_path / 'runs'} (the folder of --resume's checkpoint: --workspace DIR writes the run elsewhere)"
