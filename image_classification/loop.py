@@ -146,6 +146,7 @@ class Loop:
         self._noted_short_epoch = False
         self.train_warmup = Warmup(self.config.benchmark_warmup)  # once per process: cuDNN tunes its first steps
         self.val_iterations: dict[str, tuple[int, int]] = {}  # per prefix, over every pass: (iterations, measured)
+        self.last_validation: tuple[int, ValResult] | None = None  # (epochs trained, ``val``'s result), the latest
 
     def warmup_notes(self) -> list[str]:
         """A line for each phase that ran iterations but measured none after the warm-up: its throughput
@@ -189,6 +190,7 @@ class Loop:
                 return EXIT_PREEMPTED
             results = self._validate_all(val_loader, epoch, f"after epoch {epoch}")
             val = results.get("val")
+            self.last_validation = (epoch + 1, val) if val is not None else self.last_validation
             is_best = engine.end_epoch(val.finite_top1 if val is not None else None)
             raport.end_epoch(epoch, progress.iterations)
             self.save(finished_epoch=True, reason="epoch", is_best=is_best)
@@ -205,7 +207,8 @@ class Loop:
     def evaluate(self, val_loader) -> int:
         """Validate the engine's model (and EMA) once, as ``--evaluate`` does; the exit code."""
         epoch = self.engine.progress.epoch
-        self._validate_all(val_loader, epoch, "evaluation")
+        results = self._validate_all(val_loader, epoch, "evaluation")
+        self.last_validation = (epoch, results["val"]) if "val" in results else None
         self.raport.end_epoch(epoch, self.engine.progress.iterations)
         return 0
 

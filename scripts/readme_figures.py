@@ -55,11 +55,11 @@ def demo_block(output: str, seconds: float, where: str) -> str:
     kept = [match.group(0) for name in SUMMARY_FIELDS
             for match in [re.search(rf"{re.escape(name)} : \S+(?: (?:%|images/s))?", fields)] if match]
     tail = lines[next(i for i, line in enumerate(lines) if line.startswith("val top1:")):]
-    top1 = re.search(r"val top1: ([\d.]+)%", tail[0]).group(1)
+    top1 = re.search(r", best ([\d.]+)% \(epoch \d+", tail[0]).group(1)  # model_best's: what the docs then use
     sample = "\n".join([f"{head} - Summary: {' ... '.join(kept)} ...", *tail])
     sentence = (f"Measured on {where}: `make demo` took {seconds:.0f} s with the environment already installed "
                 f"(writing the digits included; the first `make` also installs the requirements, a few "
-                f"minutes), {top1}% val top1.")
+                f"minutes), {top1}% val top1 (model_best.pth.tar).")
     return f"```\n{sample}\n```\n\n{textwrap.fill(sentence, width=105)}\n"
 
 

@@ -289,3 +289,18 @@ def test_a_validation_window_line_shows_the_accuracy_so_far(image_folder, tmp_pa
     top1 = [line.split("val.top1 : ")[1].split(" %")[0] for line in capsys.readouterr().out.splitlines()
             if line.startswith("DLL") and "val.top1" in line and "Summary" not in line]
     assert top1 == ["100.00", "66.67", "66.67"]  # the windows so far, then the epoch
+
+
+def test_the_summary_gives_the_last_epoch_s_top1_and_the_best_with_its_epoch(tmp_path, monkeypatch, capsys):
+    """The summary's accuracy is the last epoch's, the weights `checkpoint:` names below it, and the best beside
+    it with its epoch and file: never the best alone as if it were the last.  An evaluation has one figure."""
+    with pytest.MonkeyPatch.context() as patch:
+        score_validations(patch, 50.0, 100.0, 73.33)
+        assert main(SYNTHETIC + ["--prof", "1", "--epochs", "3", "--workspace", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "val top1: last 73.33% (epoch 3), best 100.00% (epoch 2, model_best.pth.tar)" in lines
+    assert lines[lines.index("val top1: last 73.33% (epoch 3), best 100.00% (epoch 2, model_best.pth.tar)") + 1] \
+        == f"checkpoint: {tmp_path / 'checkpoint.pth.tar'}"
+    score_validations(monkeypatch, 60.0)
+    assert main(SYNTHETIC + ["--prof", "1", "--evaluate", "--resume", str(tmp_path / "model_best.pth.tar")]) == 0
+    assert "val top1: 60.00%" in capsys.readouterr().out.splitlines()

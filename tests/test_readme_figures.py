@@ -11,7 +11,7 @@ DEMO_OUTPUT = """\
 => python main.py --data-backend pytorch ...
 DLL 2026-11-22T23:23:18.438596 - Epoch: 5 train.loss : 0.64 val.top1 : 99.44 %
 DLL 2026-11-22T23:23:18.438596 - Summary: train.loss : 0.64281 train.total_ips : 482.29 images/s train.lr : 0 val.top1 : 99.44 % val.top5 : 100.00 % val.loss : 0.6
-val top1: 99.44% (best 99.44%)
+val top1: last 99.17% (epoch 6), best 99.44% (epoch 5, model_best.pth.tar)
 checkpoint: workspace/digits/checkpoint.pth.tar
 raport: workspace/digits/experiment_raport.json
 Experiment ended
@@ -54,8 +54,10 @@ def test_demo_block_keeps_the_summary_fields_and_the_result_lines():
     assert "Summary: train.loss : 0.64281 ... train.total_ips : 482.29 images/s ... val.top1 : 99.44 % ... " \
            "val.top5 : 100.00 % ..." in block
     assert "val.loss" not in block and "Epoch: 5" not in block and "=> python" not in block
-    assert "val top1: 99.44% (best 99.44%)\ncheckpoint:" in block and "Experiment ended\n```" in block
-    assert "Measured on Some CPU (2 cores): `make demo` took 26 s" in block and "99.44% val top1." in block
+    assert "val top1: last 99.17% (epoch 6), best 99.44% (epoch 5, model_best.pth.tar)\ncheckpoint:" in block
+    assert "Experiment ended\n```" in block
+    assert "Measured on Some CPU (2 cores): `make demo` took 26 s" in block
+    assert "99.44% val top1 (model_best.pth.tar)." in " ".join(block.split())
 
 
 def test_replace_block_changes_only_the_block():
