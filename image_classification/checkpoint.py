@@ -236,6 +236,15 @@ def restore_rng_state(state: dict) -> None:
 # ------------------------------------------------------------------------------------------------
 # Per-epoch files
 # ------------------------------------------------------------------------------------------------
+def position_text(epoch: int, batch: int = 0) -> str:
+    """Where a checkpoint stands, its epochs counted from 1 as people count them (a checkpoint's ``epoch`` is the
+    count of epochs finished): ``end of epoch 5``, or ``epoch 5, batch 1200`` (four finished, 1,200 batches of
+    the fifth)."""
+    if batch:
+        return f"epoch {epoch + 1}, batch {batch}"
+    return f"end of epoch {epoch}" if epoch else "before the first epoch"
+
+
 def epoch_checkpoint_name(epoch_index: int) -> str:
     """The per-epoch file kept by --gather-checkpoints; ``epoch_index`` is the 0-based finished epoch."""
     return f"checkpoint_{epoch_index:04}.pth.tar"

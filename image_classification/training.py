@@ -223,7 +223,7 @@ def open_raport(config: RunConfig, runtime: Runtime, resumed: dict | None, works
                                  "checkpoint's run"}
     purge = int(resumed.get("iterations", 0)) + 1 if resumed is not None else None  # what a killed run logged after
     raport = Raport(workspace.raport, enabled=runtime.is_main, resume_offset=offset, tensorboard=config.tensorboard,
-                    tensorboard_purge_step=purge, run_id=config.run_id)
+                    tensorboard_purge_step=purge, run_id=config.run_id, epoch_offset=0 if config.evaluate else 1)
     if separator is not None:
         raport.parameters(separator)
     return raport

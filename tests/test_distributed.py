@@ -76,7 +76,7 @@ def test_two_processes_train_validate_and_resume_on_one(two_processes, image_fol
                            "--prof", "1", "--resume", workspace / "checkpoint.pth.tar",
                            "--workspace", tmp_path / "ws_resumed", cwd=tmp_path)
     _check(resumed)
-    assert "RUNNING EPOCHS FROM 1 TO 2" in resumed.stdout
+    assert "RUNNING EPOCHS FROM 2 TO 2" in resumed.stdout
     assert torch.load(tmp_path / "ws_resumed" / "checkpoint.pth.tar", map_location="cpu",
                       weights_only=False)["epoch"] == 2
 

@@ -264,13 +264,13 @@ def test_a_log_file_gets_a_line_with_a_time_left_while_a_pass_lasts(tmp_path, mo
     monkeypatch.setattr(progress, "HEARTBEAT_SECONDS", 0.0)
     assert main(SYNTHETIC + ["--prof", "5", "-p", "10", "--epochs", "1", "--workspace", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    beats = [index for index, line in enumerate(lines) if line.startswith("epoch 0: ")]
-    window = next(index for index, line in enumerate(lines) if "Epoch: 0 Iteration: 5 " in line)
-    assert [lines[index].split(",")[0] for index in beats] == [f"epoch 0: {n}/5 iterations" for n in range(1, 5)]
+    beats = [index for index, line in enumerate(lines) if line.startswith("epoch 1: ")]
+    window = next(index for index, line in enumerate(lines) if "Epoch: 1 Iteration: 5 " in line)
+    assert [lines[index].split(",")[0] for index in beats] == [f"epoch 1: {n}/5 iterations" for n in range(1, 5)]
     assert beats[-1] < window and " so far, about " in lines[beats[-1]] and lines[beats[-1]].endswith(" left")
-    assert any(line.startswith("val 0: 1/5 iterations") for line in lines)
+    assert any(line.startswith("val 1: 1/5 iterations") for line in lines)
     saving = next(line for line in lines if line.startswith("SAVING"))
-    assert saving.endswith("(end of epoch 0)"), saving
+    assert saving.endswith("(end of epoch 1)"), saving
 
 
 def test_a_validation_window_line_shows_the_accuracy_so_far(image_folder, tmp_path, monkeypatch, capsys):
@@ -304,3 +304,36 @@ def test_the_summary_gives_the_last_epoch_s_top1_and_the_best_with_its_epoch(tmp
     score_validations(monkeypatch, 60.0)
     assert main(SYNTHETIC + ["--prof", "1", "--evaluate", "--resume", str(tmp_path / "model_best.pth.tar")]) == 0
     assert "val top1: 60.00%" in capsys.readouterr().out.splitlines()
+
+
+def test_what_a_run_says_counts_epochs_from_1_and_its_records_keep_the_reference_s_index(tmp_path, capsys):
+    """A run of 2 epochs says epochs 1 and 2 everywhere a person reads (the start, each DLL line, each save, the
+    resume, checkpoint2model.py) while the raport's steps stay [0], [1] as the reference's DLLogger wrote them."""
+    import sys
+    from unittest import mock
+
+    from image_classification import commands
+
+    run = SYNTHETIC + ["--prof", "1", "-p", "1", "--workspace", str(tmp_path)]
+    assert main(run + ["--epochs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "RUNNING EPOCHS FROM 1 TO 2" in out
+    assert [line.split(" - ")[1].split(" train.")[0] for line in out.splitlines()
+            if line.startswith("DLL ") and " Iteration: 1 train." in line] == ["Epoch: 1 Iteration: 1",
+                                                                               "Epoch: 2 Iteration: 1"]
+    assert [line.split("(")[-1] for line in out.splitlines() if line.startswith("SAVING")] == \
+        ["end of epoch 1)", "end of epoch 2)"]
+    steps = [r["step"] for r in read_raport(tmp_path / "experiment_raport.json") if isinstance(r.get("step"), list)]
+    assert sorted({tuple(step) for step in steps if len(step) == 1}) == [(0,), (1,)] and [0, 1] in steps
+    assert main(run + ["--epochs", "3", "--resume", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert "=> loaded checkpoint (end of epoch 2)" in out and "RUNNING EPOCHS FROM 3 TO 3" in out
+    assert torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)["epoch"] == 3  # the key: epochs finished
+    argv = ["checkpoint2model.py", "--checkpoint-path", str(tmp_path / "checkpoint.pth.tar"), "--weight-path",
+            str(tmp_path / "weights.pth")]
+    with mock.patch.object(sys, "argv", argv):
+        assert commands.checkpoint2model() == 0
+    assert ", end of epoch 3, best top1 " in capsys.readouterr().out
+    assert main(SYNTHETIC + ["--prof", "1", "--evaluate", "--resume", str(tmp_path / "checkpoint.pth.tar")]) == 0
+    evaluated = [line for line in capsys.readouterr().out.splitlines() if line.startswith("DLL ")]
+    assert evaluated and all(" - Epoch: 3 " in line for line in evaluated if "Summary" not in line)  # its weights'

@@ -346,7 +346,7 @@ def test_ctrl_c_stops_like_sigterm_and_the_same_command_offers_to_resume(image_f
     with signalled_at_step(3, signal.SIGINT):
         assert cli_run(main, argv) == EXIT_PREEMPTED
     out, err = capsys.readouterr()
-    assert "Stopped by SIGINT after 3 batches of epoch 0" in out and "Ctrl-C again" in err
+    assert "Stopped by SIGINT after 3 batches of epoch 1" in out and "Ctrl-C again" in err
     partial = torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)
     assert (partial["epoch"], partial["batch"]) == (0, 3)
     assert "pass --resume auto to continue it" in refused(cli_run(main, argv), capsys)
@@ -526,7 +526,7 @@ def test_a_diverging_run_stops_within_a_window_and_writes_nothing(tmp_path, caps
                                  "--lr", "1e6", "--seed", "1", "--workspace", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 3
-    assert len(err) == 1 and err[0].startswith("error: training diverged at epoch 0, iteration "), err
+    assert len(err) == 1 and err[0].startswith("error: training diverged at epoch 1, iteration "), err
     assert not (tmp_path / "checkpoint.pth.tar").exists() and not (tmp_path / "model_best.pth.tar").exists()
 
 
@@ -591,7 +591,7 @@ def test_a_model_with_non_finite_validation_outputs_is_never_the_best(image_fold
                                  "--pretrained-weights", str(source), "--workspace", str(tmp_path / "ws"),
                                  str(image_folder)])
     out = capsys.readouterr().out
-    assert code == 0 and "after epoch 0: the outputs are NaN or inf for 12 of 12 val images although the " \
+    assert code == 0 and "after epoch 1: the outputs are NaN or inf for 12 of 12 val images although the " \
         "weights are finite" in out, out
     assert not (tmp_path / "ws" / "model_best.pth.tar").exists()
     records = read_raport(tmp_path / "ws" / "experiment_raport.json")
