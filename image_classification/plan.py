@@ -32,7 +32,7 @@ from .preprocessing import Preprocessing, choose_preprocessing
 from .quantization import Int8Request, int8_request
 from .runtime import Runtime
 from .seeding import mix_seed
-from .startup import check_backend, check_fresh_start, dataset_classes
+from .startup import DEFAULT_NUM_CLASSES, check_backend, check_fresh_start, class_count_sources, dataset_classes
 from .workspace import Workspace
 
 DEFAULT_LOSS_SCALE = 2.0**16  # where a dynamic fp16 loss scale starts unless told (torch's GradScaler default)
@@ -240,21 +240,6 @@ def data_config(args: argparse.Namespace, image_size: int, **overrides) -> DataC
         fields["randaugment_num_ops"] = args.randaugment_num_ops
     fields.update(overrides)
     return DataConfig(**fields)
-
-
-DEFAULT_NUM_CLASSES = 1000  # ImageNet's: the count of a run with no class folders to count (synthetic data)
-
-
-def class_count_sources(args: argparse.Namespace) -> list[str]:
-    """Where the run takes its class count from, in the order it asks them, the first that knows winning:
-    ``--num-classes``; ``checkpoint`` (``--resume``) or ``weights`` (``--pretrained-weights`` under
-    ``--evaluate``), either of which may record none; then the ``dataset``'s class folders, or ``default``
-    (:data:`DEFAULT_NUM_CLASSES`) for synthetic data.  :func:`resolve_num_classes` and ``launch.py --dry-run``
-    both follow it."""
-    if args.num_classes is not None:
-        return ["--num-classes"]
-    recorded = ["checkpoint"] if args.resume else ["weights"] if args.evaluate and args.pretrained_weights else []
-    return recorded + (["default"] if args.data_backend == "synthetic" else ["dataset"])
 
 
 def resolve_num_classes(args, weights: dict | None, classes: list[str], log) -> int:
