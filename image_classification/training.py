@@ -164,10 +164,10 @@ def top1_summary(last: tuple[int, ValResult] | None, best: float, best_epoch: in
         return None
     epochs, result = last
     top1 = result.finite_top1
-    figure = "none (its outputs were not finite)" if top1 is None else f"{top1:.2f}%"
     if evaluation:
-        return f"val top1: {figure}"
-    text = f"val top1: last {figure} (epoch {epochs})"
+        return f"val top1: {'none: its outputs were not finite' if top1 is None else f'{top1:.2f}%'}"
+    text = f"val top1: last none (epoch {epochs}: its outputs were not finite)" if top1 is None else \
+        f"val top1: last {top1:.2f}% (epoch {epochs})"
     if best_epoch >= 0:
         text += f", best {best:.2f}% (epoch {best_epoch + 1}{f', {best_file}' if best_file else ''})"
     return text

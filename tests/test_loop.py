@@ -337,3 +337,15 @@ def test_what_a_run_says_counts_epochs_from_1_and_its_records_keep_the_reference
     assert main(SYNTHETIC + ["--prof", "1", "--evaluate", "--resume", str(tmp_path / "checkpoint.pth.tar")]) == 0
     evaluated = [line for line in capsys.readouterr().out.splitlines() if line.startswith("DLL ")]
     assert evaluated and all(" - Epoch: 3 " in line for line in evaluated if "Summary" not in line)  # its weights'
+
+
+def test_the_summary_line_of_a_last_validation_without_a_figure_says_so():
+    from image_classification.loop import ValResult
+    from image_classification.training import top1_summary
+
+    nan = float("nan")
+    assert top1_summary((3, ValResult(nan, nan, 4, 4)), 50.0, 1, evaluation=False, best_file="model_best.pth.tar") \
+        == "val top1: last none (epoch 3: its outputs were not finite), best 50.00% (epoch 2, model_best.pth.tar)"
+    assert top1_summary((1, ValResult(nan, nan, 4, 4)), 0.0, -1, evaluation=False, best_file=None) == \
+        "val top1: last none (epoch 1: its outputs were not finite)"  # no finite validation yet: no best
+    assert top1_summary(None, 0.0, -1, evaluation=False, best_file=None) is None  # --training-only
