@@ -8,6 +8,9 @@ holds is :meth:`image_classification.engine.Engine.state_dict`'s business, defin
   disk leaves the previous file intact (:class:`StorageError`, the temporary file removed);
 * :func:`load_checkpoint` refuses a file whose hash does not match (a damaged copy) with one line;
 * the per-epoch files kept by ``--gather-checkpoints`` and the RNG snapshot of a process.
+
+torch is imported by the functions that read, write or seal tensors, not with the module: the workspace's
+checks use the names defined here before main.py imports torch (seconds), so that a refusal is said at once.
 """
 
 from __future__ import annotations
@@ -21,11 +24,8 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 import numpy as np
-import torch
 
 from .errors import StorageError, UserError
-from .integrity import seal_checkpoint, seal_state_dict
-from .models.weights import load_checkpoint_file
 
 FORMAT = 2  # 1: no hash, one RNG snapshot; 2: sealed, one RNG snapshot per rank
 BEST_NAME = "model_best.pth.tar"
@@ -157,6 +157,8 @@ def to_host(obj):
     each copy every tensor again, synchronously (about 800 copies per save with EMA). Host tensors are
     kept as they are; a state dict's ``_metadata`` goes along.
     """
+    import torch  # deferred: see the module docstring
+
     devices: set[torch.device] = set()
 
     def copy(value):
@@ -185,12 +187,20 @@ def to_host(obj):
 
 def save_checkpoint(payload: dict, path: str | os.PathLike) -> None:
     """Copy ``payload`` to the host once, seal it with its content hash and write it atomically."""
+    import torch  # deferred, as integrity's (torch) import: see the module docstring
+
+    from .integrity import seal_checkpoint
+
     sealed = seal_checkpoint({"format": FORMAT, **to_host(payload)})
     write_atomic(path, lambda handle: torch.save(sealed, handle))
 
 
 def save_weights(state_dict: dict, description: dict, path: str | os.PathLike) -> None:
     """Write a plain state dict that records ``description`` (arch, classes, preprocessing) and its hash."""
+    import torch  # deferred, as integrity's (torch) import: see the module docstring
+
+    from .integrity import seal_state_dict
+
     sealed = seal_state_dict(state_dict, description)
     write_atomic(path, lambda handle: torch.save(sealed, handle))
 
@@ -209,6 +219,8 @@ def copy_atomic(source: str | os.PathLike, target: str | os.PathLike) -> None:
 # ------------------------------------------------------------------------------------------------
 def load_checkpoint(path: str | os.PathLike) -> dict:
     """Read a training checkpoint (data only, hash verified); a file that is not one is a :class:`UserError`."""
+    from .models.weights import load_checkpoint_file  # deferred (torch): see the module docstring
+
     state = load_checkpoint_file(path)
     if not isinstance(state, dict) or "state_dict" not in state or "epoch" not in state:
         raise UserError(f"{path} is not a training checkpoint (no 'state_dict' and 'epoch'); "
@@ -221,6 +233,8 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
 # ------------------------------------------------------------------------------------------------
 def rng_state() -> dict:
     """Every RNG the training touches in this process, as tensors and plain values."""
+    import torch  # deferred: see the module docstring
+
     np_state = np.random.get_state()
     return {
         "python": random.getstate(),
@@ -237,6 +251,8 @@ def rng_state() -> dict:
 
 
 def restore_rng_state(state: dict) -> None:
+    import torch  # deferred: see the module docstring
+
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     np_state = state["numpy"]
@@ -252,6 +268,15 @@ def restore_rng_state(state: dict) -> None:
 # ------------------------------------------------------------------------------------------------
 # Per-epoch files
 # ------------------------------------------------------------------------------------------------
+def position_text(epoch: int, batch: int = 0) -> str:
+    """Where a checkpoint stands, its epochs counted from 1 as people count them (a checkpoint's ``epoch`` is the
+    count of epochs finished): ``end of epoch 5``, or ``epoch 5, batch 1200`` (four finished, 1,200 batches of
+    the fifth)."""
+    if batch:
+        return f"epoch {epoch + 1}, batch {batch}"
+    return f"end of epoch {epoch}" if epoch else "before the first epoch"
+
+
 def epoch_checkpoint_name(epoch_index: int) -> str:
     """The per-epoch file kept by --gather-checkpoints; ``epoch_index`` is the 0-based finished epoch."""
     return f"checkpoint_{epoch_index:04}.pth.tar"

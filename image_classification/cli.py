@@ -37,6 +37,7 @@ class UserErrorParser(argparse.ArgumentParser):
         argv = list(sys.argv[1:] if args is None else args)
         if not any(action.nargs == argparse.REMAINDER for action in self._actions):
             self.refuse_unknown_flags(argv)  # a parser that passes the rest on (multiproc.py) cannot tell
+            argv = self.expand_prefixes(argv)
         namespace, extras = self.parse_known_args(argv, namespace)
         self.refuse_unknown_flags(extras)
         if extras:
@@ -66,6 +67,22 @@ class UserErrorParser(argparse.ArgumentParser):
                 and "--" in arg_strings:
             self.error(f"argument {'/'.join(action.option_strings)}: expected a value, got '--'")
         return super()._get_values(action, arg_strings)
+
+    def expand_prefixes(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` with each unique prefix of a long flag (up to ``--``) written out, as argparse would read it
+        (``--epoch 3`` is ``--epochs 3``; the reference's recipes type ``--mom``), each said on stderr, so
+        that a prefix is never taken silently.  A prefix of several flags is left for argparse to refuse."""
+        expanded, flags = [], [flag for flag in self._option_string_actions if flag.startswith("--")]
+        for index, token in enumerate(argv):
+            if token == "--":
+                return expanded + list(argv[index:])
+            name, equals, value = token.partition("=")
+            matches = [flag for flag in flags if flag.startswith(name)] if self.allow_abbrev else []
+            if name.startswith("--") and name not in self._option_string_actions and len(matches) == 1:
+                print(f"note: {name} is read as {matches[0]}, the one flag it begins", file=sys.stderr, flush=True)
+                token = matches[0] + equals + value
+            expanded.append(token)
+        return expanded
 
     def _knows(self, token: str) -> bool:
         """Whether argparse takes ``token`` for one of this parser's flags: the flag, ``--flag=value``, a

@@ -32,9 +32,18 @@ def _parse_then_run(parse: Callable[[], argparse.Namespace], module: str, functi
 
 
 def train(prog: str = "ic-train") -> int:
-    """main.py: train, evaluate or benchmark (``prog``: the name in usage lines and messages)."""
+    """main.py: train, evaluate or benchmark (``prog``: the name in usage lines and messages); what it refuses
+    without torch (the dataset, the workspace) it refuses before it imports the training code."""
     catch_early()  # as main.py: a SIGTERM during the imports stops the run cleanly (exit 75)
-    return _parse_then_run(lambda: parse_args(prog=prog), "training", "train")
+
+    def parse() -> argparse.Namespace:
+        args = parse_args(prog=prog)
+        from .startup import check_before_torch  # numpy's import (the workspace's names) waits past -h too
+
+        check_before_torch(args)
+        return args
+
+    return _parse_then_run(parse, "training", "train")
 
 
 def launch(prog: str = "ic-launch") -> int:

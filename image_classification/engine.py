@@ -359,7 +359,7 @@ class Engine:
             per_batch = runtime.world_size * self.config.batch_size
             progress.batch = -(-seen // per_batch)
             self.log(f"=> the checkpoint was written by {written_by} process(es) with -b {old_batch} after {seen} "
-                     f"images of epoch {progress.epoch}; this run ({runtime.world_size} x -b "
+                     f"images of epoch {progress.epoch + 1}; this run ({runtime.world_size} x -b "
                      f"{self.config.batch_size}) continues at its batch {progress.batch}, skipping "
                      f"{progress.batch * per_batch - seen} more images; random streams restart from the seed")
         elif written_by != runtime.world_size or not rng:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .checkpoint import load_checkpoint, save_weights
+from .checkpoint import load_checkpoint, position_text, save_weights
 from .datafile import folder_problem
 from .errors import UserError, write_failure
 from .inference import LoadedModel, calibrate, class_names_for, load_model, warn
@@ -66,8 +66,10 @@ def checkpoint2model(args: argparse.Namespace) -> int:
     arch = checked_arch(checkpoint, None, str(source)) or "unrecorded architecture"
     classes = recorded_num_classes(checkpoint)
     classes_text = "class count not recorded" if classes is None else f"{classes} classes"
-    print(f"Loaded checkpoint {source}: {arch}, {classes_text}, epoch {checkpoint['epoch']}, "
-          f"best top1 {best_text}")
+    epoch, batch = checkpoint.get("epoch"), checkpoint.get("batch", 0)
+    counts = all(isinstance(value, int) and not isinstance(value, bool) for value in (epoch, batch))
+    where = position_text(epoch, batch) if counts else f"epoch {str(epoch)[:40]}"
+    print(f"Loaded checkpoint {source}: {arch}, {classes_text}, {where}, best top1 {best_text}")
     save_weights(weights, recorded_description(checkpoint), target)
     kind = "EMA weights" if args.ema else "model weights"
     print(f"Saved the {kind} ({len(weights)} tensors) to {target}")

@@ -21,6 +21,7 @@ from typing import Sequence
 
 import yaml
 
+from . import machine
 from .arguments import build_parser as build_main_parser, flag_tokens, parse_args
 from .cli import UserErrorParser
 from .datafile import DataFileError, read_regular, utf8_text
@@ -290,9 +291,9 @@ def without_imagenet_count(preset: dict, rest: Sequence[str]) -> dict:
 
 def class_count_note(args: argparse.Namespace, placeholder: bool) -> str:
     """What the run's class count will be, from the sources main.py asks, in its order
-    (``plan.class_count_sources``): the first that is known here, and what follows a checkpoint or weights
+    (``startup.class_count_sources``): the first that is known here, and what follows a checkpoint or weights
     that may record none."""
-    from .plan import DEFAULT_NUM_CLASSES, class_count_sources  # torch: as main() does before a dry run
+    from .startup import DEFAULT_NUM_CLASSES, class_count_sources
 
     first, *then = class_count_sources(args)
     if first == "--num-classes":
@@ -357,7 +358,9 @@ def _preset_command(argv: Sequence[str] | None, prog: str) -> tuple[argparse.Nam
     launch, rest = parser.parse_known_args(argv)
     if launch.list:
         return launch, rest, None
-    build_main_parser(prog).refuse_unknown_flags(rest, parser)  # a typo of either's flag, before "missing --model"
+    main_parser = build_main_parser(prog)
+    main_parser.refuse_unknown_flags(rest, parser)  # a typo of either's flag, before "missing --model"
+    rest = main_parser.expand_prefixes(rest)  # said once here; every later parse reads the whole flags
     required = ("model", "precision", "mode", "platform")
     missing = [f"--{name}" for name in required if getattr(launch, name) is None]
     if missing:
@@ -377,6 +380,17 @@ def run_arguments(argv: Sequence[str], prog: str = "launch.py") -> argparse.Name
     return parse_args(rest, defaults=preset, prog=prog)
 
 
+def torch_sees_cuda(device: str) -> bool:
+    """Whether torch finds a CUDA device, asked only where it matters (not under ``--device cpu``) and of torch only
+    where NVIDIA's driver is there: without one torch can find none, and its import takes seconds, which a
+    ``--dry-run`` on a machine without a GPU need not wait for."""
+    if device == "cpu" or machine.gpu_driver() is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = None, prog: str = "launch.py") -> int:
     """Resolve the preset, adapt it to this machine, then train (or describe the run, with --dry-run).
 
@@ -388,10 +402,12 @@ def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = Non
         print(list_presets(launch.cfg_file))
         return 0
     args = parse_args(rest, defaults=preset, require_data=not launch.dry_run, prog=prog)
-    if cuda_available is None:
-        import torch
+    if not launch.dry_run:
+        from .startup import check_before_torch
 
-        cuda_available = torch.cuda.is_available()
+        check_before_torch(args)  # the dataset and the workspace, before torch's import (seconds)
+    if cuda_available is None:
+        cuda_available = torch_sees_cuda(args.device)
     adapted, notices = adapt_to_host(preset, args.device, cuda_available)
     if launch.dry_run:
         recipe = f" --recipe {launch.recipe}" if launch.recipe else ""

@@ -146,6 +146,7 @@ class Loop:
         self._noted_short_epoch = False
         self.train_warmup = Warmup(self.config.benchmark_warmup)  # once per process: cuDNN tunes its first steps
         self.val_iterations: dict[str, tuple[int, int]] = {}  # per prefix, over every pass: (iterations, measured)
+        self.last_validation: tuple[int, ValResult] | None = None  # (epochs trained, ``val``'s result), the latest
 
     def warmup_notes(self) -> list[str]:
         """A line for each phase that ran iterations but measured none after the warm-up: its throughput
@@ -174,11 +175,12 @@ class Loop:
                 f"continues from {'the checkpoint' if progress.iterations else 'the start'} (exit code "
                 f"{EXIT_PREEMPTED})")
             return EXIT_PREEMPTED
-        log(f"RUNNING EPOCHS FROM {start_epoch}{where} TO {end_epoch}")
+        # What is said counts epochs from 1, as people do (`epoch + 1`); records carry the index (raport.py).
+        log(f"RUNNING EPOCHS FROM {start_epoch + 1}{where} TO {end_epoch}")
         if config.checkpoint_interval is not None and config.save_checkpoints:
             log(f"=> mid-epoch checkpoints {config.checkpoint_interval}")
         for epoch in range(start_epoch, end_epoch):
-            bar = progress_bar(self.epoch_plan(train_loader)[0], f"epoch {epoch}", self.show_progress, log,
+            bar = progress_bar(self.epoch_plan(train_loader)[0], f"epoch {epoch + 1}", self.show_progress, log,
                                progress.batch)
             completed = self.train_epoch(train_loader, epoch, bar)
             bar.close()
@@ -186,10 +188,11 @@ class Loop:
             if not completed:
                 raport.end_epoch(epoch, progress.iterations)
                 log(f"Stopped by {control.signals.received or 'another process'} after {progress.batch} batches "
-                    f"of epoch {epoch}; --resume continues from there (exit code {EXIT_PREEMPTED})")
+                    f"of epoch {epoch + 1}; --resume continues from there (exit code {EXIT_PREEMPTED})")
                 return EXIT_PREEMPTED
-            results = self._validate_all(val_loader, epoch, f"after epoch {epoch}")
+            results = self._validate_all(val_loader, epoch, f"after epoch {epoch + 1}")
             val = results.get("val")
+            self.last_validation = (epoch + 1, val) if val is not None else self.last_validation
             is_best = engine.end_epoch(val.finite_top1 if val is not None else None)
             raport.end_epoch(epoch, progress.iterations)
             self.save(finished_epoch=True, reason="epoch", is_best=is_best)
@@ -198,7 +201,7 @@ class Loop:
                 break
             control.at_window()
             if control.stop_pending and epoch + 1 < end_epoch:
-                log(f"Stopped by {control.signals.received or 'another process'} at the end of epoch {epoch}; "
+                log(f"Stopped by {control.signals.received or 'another process'} at the end of epoch {epoch + 1}; "
                     f"--resume continues from there (exit code {EXIT_PREEMPTED})")
                 return EXIT_PREEMPTED
         return 0
@@ -206,15 +209,16 @@ class Loop:
     def evaluate(self, val_loader) -> int:
         """Validate the engine's model (and EMA) once, as ``--evaluate`` does; the exit code."""
         epoch = self.engine.progress.epoch
-        self._validate_all(val_loader, epoch, "evaluation")
+        results = self._validate_all(val_loader, epoch, "evaluation")
+        self.last_validation = (epoch, results["val"]) if "val" in results else None
         self.raport.end_epoch(epoch, self.engine.progress.iterations)
         return 0
 
     def _validate_all(self, val_loader, epoch: int, where: str) -> dict[str, ValResult]:
         results, models = {}, self._models()
         for prefix in self.prefixes:
-            bar = progress_bar(pass_length(val_loader, self.config.prof), f"{prefix} {epoch}", self.show_progress,
-                               self.log)
+            label = prefix if self.config.evaluate else f"{prefix} {epoch + 1}"
+            bar = progress_bar(pass_length(val_loader, self.config.prof), label, self.show_progress, self.log)
             results[prefix] = self.validate(models[prefix], val_loader, prefix, epoch, bar)
             bar.close()
             self._record_pass_counts(val_loader, prefix)
@@ -300,7 +304,7 @@ class Loop:
             engine.train_step(images, targets, accumulation=accumulation, step_now=step_now)
             window_ends = progress.batch % print_freq == 0 or progress.batch == length
             if window_ends:
-                reading = engine.read_window(f"epoch {epoch}, iteration {progress.batch}", control.local_flags())
+                reading = engine.read_window(f"epoch {epoch + 1}, iteration {progress.batch}", control.local_flags())
                 control.agree(reading.flags)
             measured = self.train_warmup.next()
             if self.train_warmup.seen == self.train_warmup.length:  # its last iteration (never for none)
@@ -323,7 +327,7 @@ class Loop:
                 return False
             if progress.batch < length and control.save_due(progress.iterations):
                 self.save(finished_epoch=False, reason="interval")
-        leftover = engine.read_window(f"epoch {epoch}, iteration {progress.batch}")  # a loader that ended early
+        leftover = engine.read_window(f"epoch {epoch + 1}, iteration {progress.batch}")  # a loader that ended early
         if leftover is not None:
             raport.record("train.loss", leftover.loss, leftover.images)
             raport.log_window("train", [epoch, progress.batch], global_step=progress.iterations)
@@ -422,15 +426,15 @@ class Loop:
             return
         progress = engine.progress
         if not engine.weights_finite():
-            raise TrainingDiverged(f"training diverged in epoch {progress.epoch}: the weights hold NaN or inf "
-                                   "values; no checkpoint was written from them")
+            raise TrainingDiverged(f"training diverged ({ckpt.position_text(progress.epoch, progress.batch)}): the "
+                                   "weights hold NaN or inf values; no checkpoint was written from them")
         state = engine.state_dict()
         self.control.saved(progress.iterations)
         if not self.runtime.is_main:
             return
         latest = self.workspace.latest
-        where = f"end of epoch {progress.epoch - 1}" if finished_epoch else \
-            f"epoch {progress.epoch}, batch {progress.batch} ({reason})"
+        where = ckpt.position_text(progress.epoch, 0 if finished_epoch else progress.batch)
+        where += "" if finished_epoch else f" ({reason})"
         self.log(f"SAVING {latest} ({where})")
         # One commit per save: the derived files first, the latest checkpoint last.  Until the latest is
         # renamed into place a resume starts from the previous one and writes them all again, so a kill or

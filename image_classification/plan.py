@@ -34,7 +34,7 @@ from .preprocessing import Preprocessing, choose_preprocessing
 from .quantization import Int8Request, int8_request
 from .runtime import Runtime
 from .seeding import mix_seed
-from .startup import check_backend, check_fresh_start, dataset_classes
+from .startup import DEFAULT_NUM_CLASSES, check_backend, check_fresh_start, class_count_sources, dataset_classes
 from .workspace import Workspace
 
 DEFAULT_LOSS_SCALE = 2.0**16  # where a dynamic fp16 loss scale starts unless told (torch's GradScaler default)
@@ -185,7 +185,9 @@ def _broadcast_choice(value, runtime: Runtime):
 
 def find_resume_checkpoint(args: argparse.Namespace, workspace: Workspace, runtime: Runtime, log
                            ) -> tuple[str | None, dict | None]:
-    """(path, checkpoint) that --resume names; ``auto``: the valid one of the workspace furthest along, or none."""
+    """(path, checkpoint) that --resume names; ``auto``: the valid one of the workspace furthest along, or none.
+    With ``--pretrained-weights`` too (a fine-tune that is requeued), what ``auto`` found is said beside the
+    weights: they start the run, a checkpoint continues it."""
     if not args.resume:
         return None, None
     if args.resume != "auto":
@@ -195,10 +197,13 @@ def find_resume_checkpoint(args: argparse.Namespace, workspace: Workspace, runti
         return args.resume, ckpt.load_checkpoint(args.resume)
     chosen, state = furthest_checkpoint(workspace.resume_candidates(), log) if runtime.is_main else (None, None)
     chosen = _broadcast_choice(chosen, runtime)
+    weights = args.pretrained_weights
     if chosen is None:
-        log(f"=> --resume auto: no checkpoint in {workspace.path}; starting from scratch")
+        start = f"the pretrained weights '{weights}'" if weights else "scratch"
+        log(f"=> --resume auto: no checkpoint in {workspace.path}; starting from {start}")
         return None, None
-    log(f"=> --resume auto: loading checkpoint '{chosen}'")
+    beside = f" (the run continues from it; --pretrained-weights '{weights}' only started it)" if weights else ""
+    log(f"=> --resume auto: loading checkpoint '{chosen}'{beside}")
     return chosen, state if state is not None else ckpt.load_checkpoint(chosen)
 
 
@@ -252,21 +257,6 @@ def data_config(args: argparse.Namespace, image_size: int, **overrides) -> DataC
         fields["randaugment_num_ops"] = args.randaugment_num_ops
     fields.update(overrides)
     return DataConfig(**fields)
-
-
-DEFAULT_NUM_CLASSES = 1000  # ImageNet's: the count of a run with no class folders to count (synthetic data)
-
-
-def class_count_sources(args: argparse.Namespace) -> list[str]:
-    """Where the run takes its class count from, in the order it asks them, the first that knows winning:
-    ``--num-classes``; ``checkpoint`` (``--resume``) or ``weights`` (``--pretrained-weights`` under
-    ``--evaluate``), either of which may record none; then the ``dataset``'s class folders, or ``default``
-    (:data:`DEFAULT_NUM_CLASSES`) for synthetic data.  :func:`resolve_num_classes` and ``launch.py --dry-run``
-    both follow it."""
-    if args.num_classes is not None:
-        return ["--num-classes"]
-    recorded = ["checkpoint"] if args.resume else ["weights"] if args.evaluate and args.pretrained_weights else []
-    return recorded + (["default"] if args.data_backend == "synthetic" else ["dataset"])
 
 
 def resolve_num_classes(args, weights: dict | None, classes: list[str], log) -> int:
@@ -394,7 +384,7 @@ def build_model_for(config: RunConfig, runtime: Runtime, resumed: dict | None, r
     model = build_model(config.arch, num_classes=config.num_classes, **dict(config.model_options))
     if resumed is not None:
         load_weights(model, resumed["state_dict"], log=log, label=resume_path)
-        log(f"=> loaded checkpoint (epoch {resumed['epoch']}, batch {resumed.get('batch', 0)})")
+        log(f"=> loaded checkpoint ({ckpt.position_text(resumed['epoch'], resumed.get('batch', 0))})")
     elif pretrained is not None:
         # Fine-tuning may replace the head; evaluating a freshly initialised head would be meaningless.
         load_weights(model, pretrained, allow_head_mismatch=not config.evaluate, log=log,

@@ -7,7 +7,10 @@ records come first, then one METADATA record per metric (``{"type": "METADATA", 
 iteration, val_iteration]`` (validation), ``[epoch]`` (end of epoch) or ``[]`` (run summary).  Every line is
 strict JSON: a metric without a figure (nothing recorded, or a value that is not finite) is left out of its
 record, never written as null or a bare NaN.  Standard output mirrors DEFAULT-level records as
-``DLL {datetime} - {step} {name} : {value} {unit} ...``.
+``DLL {datetime} - {step} {name} : {value} {unit} ...``.  The records number epochs from 0, as the reference's
+DLLogger does (and the tools that read its raports expect); standard output counts them from 1, as people do
+and as every other line of a run does: the record ``[0, 10]`` prints as ``Epoch: 1 Iteration: 10``.  An
+evaluation's step is the count of epochs its weights trained, printed as it is.
 
 Aggregates: a throughput (``*_ips``) is recorded per iteration with its wall time as the weight, so a
 window's, an epoch's and the run's value is images divided by wall time over every iteration in it;
@@ -153,13 +156,16 @@ def _strict_json(record: dict) -> str:
         return json.dumps(finite(record), allow_nan=False)
 
 
-def format_step(step) -> str:
+def format_step(step, epoch_offset: int = 1) -> str:
+    """A record's step as standard output shows it; ``epoch_offset`` is added to its epoch (see the module
+    docstring: 1 for a training's records, 0 for an evaluation's)."""
     if isinstance(step, str):
         return step
     if not step:
         return "Summary:"
     labels = ("Epoch", "Iteration", "Validation Iteration")
-    return "".join(f"{label}: {value} " for label, value in zip(labels, step)).rstrip()
+    shown = [step[0] + epoch_offset, *step[1:]]
+    return "".join(f"{label}: {value} " for label, value in zip(labels, shown)).rstrip()
 
 
 def check_tensorboard(log_dir: str | os.PathLike) -> None:
@@ -249,14 +255,16 @@ class Raport:
     """Writes records to the JSON-lines file and mirrors them on standard output (and TensorBoard).
 
     A raport for a process other than global rank 0 is disabled: every call is a no-op. ``resume_offset``
-    reopens an existing raport for appending, cut back to that byte offset first.
+    reopens an existing raport for appending, cut back to that byte offset first.  ``epoch_offset``: what
+    standard output adds to a step's epoch (:func:`format_step`).
     """
 
     def __init__(self, path: str | os.PathLike | None, enabled: bool = True, stdout: TextIO | None = None,
                  echo: Callable[[str], None] | None = None, resume_offset: int | None = None,
                  tensorboard: str | os.PathLike | None = None, tensorboard_purge_step: int | None = None,
-                 run_id: str | None = None):
+                 run_id: str | None = None, epoch_offset: int = 1):
         self.enabled = enabled
+        self.epoch_offset = epoch_offset
         self.run_id = run_id  # the run this raport belongs to, recorded in its checkpoints
         self.path = Path(path) if path else None
         self.start = time.time()
@@ -314,7 +322,7 @@ class Raport:
         if verbosity == DEFAULT:
             parts = [self._format_metric(name, value) for name, value in data.items()]
             stamp = datetime.now().strftime("%Y-%m-%dT%H:%M:%S.%f")
-            self._print(f"DLL {stamp} - {format_step(step)} " + " ".join(parts))
+            self._print(f"DLL {stamp} - {format_step(step, self.epoch_offset)} " + " ".join(parts))
 
     def _format_metric(self, name: str, value) -> str:
         metric = self.metrics.get(name)

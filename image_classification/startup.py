@@ -2,9 +2,10 @@
 all (a data backend this machine lacks, the dataset), then the workspace (its names, a folder that cannot be
 written, another run holding it) and the run it already holds, which a new run must not replace unasked.
 
-:func:`check_before_start` is what multiproc.py makes before it starts a process; a run makes the same
-checks itself (:func:`check_workspace` on rank 0, the others in :func:`plan.resolve_run`), so a refused
-start leaves no workspace folder and no lock file either way.
+:func:`check_before_start` is what multiproc.py makes before it starts a process, and :func:`check_before_torch`
+what main.py makes before it imports torch (seconds); a run makes the same checks itself (:func:`check_workspace`
+on rank 0, the others in :func:`plan.resolve_run`), so a refused start leaves no workspace folder and no lock
+file either way.  No torch here, nor in what this imports at the top.
 """
 
 from __future__ import annotations
@@ -45,6 +46,16 @@ def workspace_of(args: argparse.Namespace) -> Workspace:
     return Workspace(folder, args.checkpoint_filename, raport_file(args), named)
 
 
+def workspace_notice(args: argparse.Namespace) -> str:
+    """A run's first line: the folder it writes into, as an absolute path, where it comes from, and the flag that
+    moves it (a run given no --workspace writes into the current folder, which nothing else would say)."""
+    folder = workspace_folder(args)
+    if args.workspace != DEFAULT_WORKSPACE:
+        return f"=> workspace: {os.path.abspath(folder)} (--workspace)"
+    whose = "the current folder" if folder == DEFAULT_WORKSPACE else "the folder of --resume's checkpoint"
+    return f"=> workspace: {os.path.abspath(folder)} ({whose}: --workspace DIR writes the run elsewhere)"
+
+
 def check_workspace(args: argparse.Namespace, workspace: Workspace) -> None:
     """What the workspace itself refuses (its names, a folder that cannot be written, another run holding it),
     and a ``--tensorboard`` folder that cannot be written, found without writing anything; rank 0 checks them
@@ -67,6 +78,23 @@ def check_before_start(args: argparse.Namespace, *, workspace: bool = True) -> N
         check_fresh_start(args, folder, log=lambda line: None)
 
 
+# set by torchrun, multiproc.py and srun in each process they start (srun also in a batch script's own process)
+LAUNCHER_VARIABLES = ("WORLD_SIZE", "RANK", "SLURM_PROCID")
+
+
+def check_before_torch(args: argparse.Namespace) -> None:
+    """What a run refuses and can find without torch, before main.py imports it: the workspace (its names, a
+    folder that cannot be written, another run holding it), then the dataset (a missing val/ names
+    --training-only).  A process that a launcher started is left to the run's own checks, made once torch says
+    which rank it is: in a job only rank 0 checks the workspace, which rank 0 itself locks.  What needs torch
+    (a backend this machine lacks, the weights) and what an earlier run left (said after the backend) stay
+    with the run."""
+    if any(name in os.environ for name in LAUNCHER_VARIABLES):
+        return
+    check_workspace(args, Workspace(workspace_folder(args), args.checkpoint_filename, raport_file(args)))
+    dataset_classes(args, args.data_backend)
+
+
 def check_backend(backend: str, is_cuda: bool, augmentation: str | None, *, training: bool) -> None:
     """Refuse a data backend this machine cannot run (``dali-gpu`` or ``pytorch-gpu`` without CUDA, DALI not
     installed, a torchvision that cannot decode on the GPU) or that lacks the asked ``--augmentation``, before the
@@ -81,13 +109,29 @@ def check_backend(backend: str, is_cuda: bool, augmentation: str | None, *, trai
         check_dali_request(backend, is_cuda, augmentation, training=training)
 
 
-def dataset_classes(args: argparse.Namespace, backend: str) -> list[str]:
-    """The class folders, checked once before anything is built; none for synthetic data."""
+def dataset_classes(args: argparse.Namespace, backend: str | None) -> list[str]:
+    """The class folders, checked once before anything is built; none for synthetic data (``backend`` None: the
+    default, which is never synthetic)."""
     if backend == "synthetic":
         return []
     from .data.layout import check_dataset
 
     return check_dataset(args.data, sys.maxsize, want_train=not args.evaluate, want_val=not args.training_only)
+
+
+DEFAULT_NUM_CLASSES = 1000  # ImageNet's: the count of a run with no class folders to count (synthetic data)
+
+
+def class_count_sources(args: argparse.Namespace) -> list[str]:
+    """Where the run takes its class count from, in the order it asks them, the first that knows winning:
+    ``--num-classes``; ``checkpoint`` (``--resume``) or ``weights`` (``--pretrained-weights`` under
+    ``--evaluate``), either of which may record none; then the ``dataset``'s class folders, or ``default``
+    (:data:`DEFAULT_NUM_CLASSES`) for synthetic data.  :func:`plan.resolve_num_classes` and ``launch.py --dry-run``
+    both follow it."""
+    if args.num_classes is not None:
+        return ["--num-classes"]
+    recorded = ["checkpoint"] if args.resume else ["weights"] if args.evaluate and args.pretrained_weights else []
+    return recorded + (["default"] if args.data_backend == "synthetic" else ["dataset"])
 
 
 def check_fresh_start(args: argparse.Namespace, workspace: Workspace, log) -> None:

@@ -10,7 +10,6 @@ its collaborators.  A distributed process always ends through
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from pathlib import Path
@@ -27,11 +26,11 @@ from .distributed import lost_peer_reason
 from .engine import Engine
 from .errors import EXIT_PREEMPTED, PeerLost, UserError
 from .inference import calibrate
-from .loop import Loop, RunControl
+from .loop import Loop, RunControl, ValResult
 from .metrics import register_metrics
 from .onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
 from .plan import RunConfig, resolve_run
-from .startup import check_workspace, workspace_of
+from .startup import check_workspace, workspace_notice, workspace_of
 from .raport import Raport
 from .runtime import Runtime, make_runtime, out_of_memory_reason
 from .signals import StopSignal, Stopped
@@ -56,6 +55,7 @@ def _train(args: argparse.Namespace, signals: StopSignal) -> int:
     runtime = make_runtime(args.device, args.amp, args.amp_dtype, args.memory_format, args.tf32,
                            gpu_affinity=args.gpu_affinity, dist_timeout=args.dist_timeout)
     log = runtime.print
+    log(workspace_notice(args))
     workspace = workspace_of(args)
     try:
         code = _run(args, runtime, workspace, signals, log)
@@ -156,13 +156,33 @@ def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signa
         else:
             code = loop.fit(train_loader, val_loader)
     finally:
-        summary = raport.end()
+        raport.end()
         raport.close()
-    _print_summary(config, runtime, engine, summary, workspace, train_loader, val_loader)
+    _print_summary(config, runtime, engine, loop, workspace, train_loader, val_loader)
     for note in loop.warmup_notes():
         log(note)
     log("Experiment ended")
     return code
+
+
+def top1_summary(last: tuple[int, ValResult] | None, best: float, best_epoch: int, *, evaluation: bool,
+                 best_file: str | None) -> str | None:
+    """The summary's accuracy line: the last validation's top1 with its epoch (the weights the run ends with,
+    which ``checkpoint:`` names), then the best with its epoch (``best_file`` holds it); an evaluation's one
+    figure alone.  ``last``: (epochs trained, the validation's result), None when nothing was validated;
+    ``best_epoch`` is 0-based, as checkpoints record it, and -1 before a finite validation.  Epochs are
+    counted from 1, as everything a person reads counts them."""
+    if last is None:
+        return None
+    epochs, result = last
+    top1 = result.finite_top1
+    if evaluation:
+        return f"val top1: {'none: its outputs were not finite' if top1 is None else f'{top1:.2f}%'}"
+    text = f"val top1: last none (epoch {epochs}: its outputs were not finite)" if top1 is None else \
+        f"val top1: last {top1:.2f}% (epoch {epochs})"
+    if best_epoch >= 0:
+        text += f", best {best:.2f}% (epoch {best_epoch + 1}{f', {best_file}' if best_file else ''})"
+    return text
 
 
 def onnx_models(config: RunConfig, runtime: Runtime, engine: Engine, log) -> dict[str, OnnxModel]:
@@ -215,7 +235,7 @@ def open_raport(config: RunConfig, runtime: Runtime, resumed: dict | None, works
                                  "checkpoint's run"}
     purge = int(resumed.get("iterations", 0)) + 1 if resumed is not None else None  # what a killed run logged after
     raport = Raport(workspace.raport, enabled=runtime.is_main, resume_offset=offset, tensorboard=config.tensorboard,
-                    tensorboard_purge_step=purge, run_id=config.run_id)
+                    tensorboard_purge_step=purge, run_id=config.run_id, epoch_offset=0 if config.evaluate else 1)
     if separator is not None:
         raport.parameters(separator)
     return raport
@@ -234,13 +254,15 @@ def _written_by(path: Path, run_id: str | None) -> bool:
         return False
 
 
-def _print_summary(config: RunConfig, runtime: Runtime, engine: Engine, summary: dict, workspace: Workspace,
+def _print_summary(config: RunConfig, runtime: Runtime, engine: Engine, loop: Loop, workspace: Workspace,
                    train_loader, val_loader) -> None:
     if not runtime.is_main:
         return
-    top1 = summary.get("val.top1")
-    if top1 is not None and not math.isnan(top1):
-        print(f"val top1: {top1:.2f}% (best {max(engine.progress.best_prec1, top1):.2f}%)", flush=True)
+    best_file = workspace.best.name if config.save_checkpoints else None
+    line = top1_summary(loop.last_validation, engine.progress.best_prec1, engine.progress.best_epoch,
+                        evaluation=config.evaluate, best_file=best_file)
+    if line:
+        print(line, flush=True)
     if engine.progress.skipped_steps:
         print(f"skipped optimizer steps with inf/NaN gradients: {engine.progress.skipped_steps}", flush=True)
     skipped = sum(loader.skipped for loader in (train_loader, val_loader) if loader is not None)

@@ -13,7 +13,6 @@ environment (``pip install --target /tmp/jpeglibs simplejpeg opencv-python-headl
 
 from __future__ import annotations
 
-import argparse
 import io
 import statistics
 import sys

@@ -8,6 +8,10 @@
 A figure that comes from a run lives in one of the pages (README.md or docs/*.md) between
 ``<!-- figures:NAME -->`` and ``<!-- /figures:NAME -->``; the generator ``NAME`` below makes the run and
 returns the block's new text, naming the machine it ran on.  Everything outside the markers is left as it is.
+
+A figure that the pages repeat (the demo's top-1 in three pages, the suite's count in the README's prose and
+table) has one value, in docs/figures.json; ``REPEATED`` says where each page shows it, and ``--check`` (run by
+the suite) finds every place that says another value.  A generator that measures such a figure writes it there.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -32,6 +37,7 @@ from image_classification import machine  # noqa: E402
 from image_classification.cli import UserErrorParser, run  # noqa: E402
 
 DOCS = REPO / "docs"  # the charts lie here, beside the page that shows them (docs/performance.md)
+FIGURES = DOCS / "figures.json"  # the one value of each figure that the pages repeat
 SUMMARY_FIELDS = ("train.loss", "train.total_ips", "val.top1", "val.top5")
 
 
@@ -47,26 +53,38 @@ def _python(*argv: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[s
     return result.stdout, seconds
 
 
-def demo_block(output: str, seconds: float, where: str) -> str:
-    """The end of the demo's output, shortened, and one sentence with its time and accuracy."""
+def demo_block(output: str, seconds: float, where: str, cpu_seconds: float | None = None) -> str:
+    """The end of the demo's output, shortened, and one sentence with its time (and the CPU time its processes
+    took, which a machine shared with other work changes far less than the wall time) and accuracy."""
     lines = output.splitlines()
     summary = next(line for line in lines if " - Summary: " in line and "val.top1" in line)
     head, fields = summary.split(" - Summary: ", 1)
     kept = [match.group(0) for name in SUMMARY_FIELDS
             for match in [re.search(rf"{re.escape(name)} : \S+(?: (?:%|images/s))?", fields)] if match]
     tail = lines[next(i for i, line in enumerate(lines) if line.startswith("val top1:")):]
-    top1 = re.search(r"val top1: ([\d.]+)%", tail[0]).group(1)
+    top1 = re.search(r", best ([\d.]+)% \(epoch \d+", tail[0]).group(1)  # model_best's: what the docs then use
     sample = "\n".join([f"{head} - Summary: {' ... '.join(kept)} ...", *tail])
-    sentence = (f"Measured on {where}: `make demo` took {seconds:.0f} s with the environment already installed "
+    cpu = "" if cpu_seconds is None else f" ({cpu_seconds:.0f} s of CPU time)"
+    sentence = (f"Measured on {where}: `make demo` took {seconds:.0f} s{cpu} with the environment already installed "
                 f"(writing the digits included; the first `make` also installs the requirements, a few "
-                f"minutes), {top1}% val top1.")
+                f"minutes), {top1}% val top1 (model_best.pth.tar).")
     return f"```\n{sample}\n```\n\n{textwrap.fill(sentence, width=105)}\n"
 
 
 def demo() -> str:
     with tempfile.TemporaryDirectory() as folder:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         output, seconds = _python("-m", "image_classification.demo", cwd=Path(folder))
-    return demo_block(output, seconds, machine.description())
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the demo and its loader workers, all waited for
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    block = demo_block(output, seconds, f"{machine.description()}, {_load_note()}", cpu)
+    record_figure("demo_top1", re.search(r"([\d.]+)% val top1 \(model_best", " ".join(block.split())).group(1))
+    return block
+
+
+def _load_note() -> str:
+    """The load the machine was under when a measurement ended (a wall time on a shared machine depends on it)."""
+    return "load average at the end {} (1 / 5 / 15 min)".format(" / ".join(f"{v:.1f}" for v in os.getloadavg()))
 
 
 def _benchmark(script: str, *argv: str, env: dict[str, str] | None = None) -> tuple[dict, str]:
@@ -421,6 +439,74 @@ GENERATORS: dict[str, Callable[[], str]] = {"demo": demo, "loader": loader, "tra
                                              "int8-speed": int8_speed}
 
 
+# Where the pages repeat each figure of FIGURES: (page, pattern), the pattern's group being the figure, matched
+# against the page's text with its white space (line breaks included) made single spaces.
+REPEATED: dict[str, tuple[tuple[str, str], ...]] = {
+    "demo_top1": (
+        ("README.md", r"val top1: last [\d.]+% \(epoch \d+\), best ([\d.]+)%"),
+        ("README.md", r"([\d.]+)% val top1 \(model_best\.pth\.tar\)"),
+        ("docs/data.md", r"printed `pytorch top-1 ([\d.]+)%"),
+        ("docs/inference.md", r"\| PyTorch FP32 \| `\(none\)` \| ([\d.]+)% \|"),
+    ),
+    "suite_tests": (
+        ("README.md", r"the longest modules first: ([\d,]+) tests"),
+        ("README.md", r"\| `make test` \|[^|]*\|[^|]*\|[^|]*\| ([\d,]+) tests: "),
+    ),
+    "suite_time": (
+        ("README.md", r"[\d,]+ tests, (\d+ min \d+ s) of pytest"),
+        ("README.md", r"\| `make test` \|[^\n]*? (\d+ min \d+ s) \| \| `make test-pins"),
+    ),
+    "h100_resnet50_ips": (
+        ("docs/performance.md", r"\| resnet50 \| 256 \| about ([\d,]+) \|"),
+        ("docs/performance.md", r"resnet50 at AMP trains at about ([\d,]+) img/s"),
+        ("docs/training.md", r"where the iterations ran at ([\d,]+)\."),
+    ),
+    "h100_resnet50_summary_ips": (
+        ("docs/performance.md", r"\| resnet50 \| 256 \| about [\d,]+ \| ([\d,]+) \|"),
+        ("docs/training.md", r"of 100 iterations with it said ([\d,]+) img/s"),
+    ),
+    "h100_resnet50_first_iteration_s": (
+        ("docs/performance.md", r"the first iteration alone took (\d+) s for resnet50"),
+        ("docs/training.md", r"first iteration take (\d+) s on an H100"),
+    ),
+    "pytorch_gpu_goal_ips": (
+        ("docs/data.md", r"at least ([\d,]+) images/s\. Without a GPU"),
+        ("docs/performance.md", r"at least ([\d,]+) images/s of 500x375 JPEGs"),
+    ),
+}
+
+
+def load_figures(path: Path = FIGURES) -> dict[str, dict]:
+    """docs/figures.json: each repeated figure's ``value`` (as the pages write it) and ``what`` it is."""
+    return json.loads(path.read_text())
+
+
+def record_figure(name: str, value: str, path: Path = FIGURES) -> None:
+    """Write a figure a generator measured into docs/figures.json (its ``what`` kept)."""
+    figures = load_figures(path)
+    figures[name] = {**figures.get(name, {}), "value": value}
+    path.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+def check_repeated(texts: dict[Path, str], figures: dict[str, dict], root: Path = REPO) -> list[str]:
+    """Every place that ``REPEATED`` names must show the figure's one value: a problem for each that shows
+    another, for a place where the pattern finds nothing (the page changed: fix the pattern), and for a figure
+    that has no value or no place."""
+    problems = [f"{name}: {FIGURES.name} holds no value" for name in REPEATED if name not in figures]
+    problems += [f"{name}: {FIGURES.name} holds it, but no page is said to repeat it" for name in figures
+                 if name not in REPEATED]
+    for name, places in REPEATED.items():
+        value = figures.get(name, {}).get("value")
+        for page, pattern in places:
+            text = " ".join(texts.get(root / page, "").split())
+            found = re.findall(pattern, text)
+            if not found:
+                problems.append(f"{name}: {page} no longer shows it where /{pattern}/ looks")
+            problems += [f"{name}: {page} says {shown}; {FIGURES.name} holds {value}" for shown in found
+                         if value is not None and shown != value]
+    return problems
+
+
 def pages(root: Path = REPO) -> dict[Path, str]:
     """The pages that may hold figure blocks, README.md and docs/*.md, with their text."""
     return {page: page.read_text() for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]}
@@ -467,8 +553,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     texts = pages()
     problems = check(texts)
+    if args.check:
+        problems += check_repeated(texts, load_figures())
     if args.check or problems:
-        print("\n".join(problems) or "figure blocks: all have generators",
+        print("\n".join(problems) or "figure blocks: all have generators; every repeated figure has one value",
               file=sys.stderr if problems else sys.stdout)
         return 1 if problems else 0
     unknown = [name for name in args.sections if name not in GENERATORS]
@@ -483,7 +571,11 @@ def main(argv: list[str] | None = None) -> int:
             page = page_holding(name, texts)
             texts[page] = replace_block(texts[page], name, block)
             page.write_text(texts[page])
-    return 0
+    stale = [] if args.print else check_repeated(texts, load_figures())
+    if stale:  # a figure measured here that another page repeats, measured elsewhere or by hand
+        print("figures the pages now repeat with another value (measure them on this machine too, or edit):\n"
+              + "\n".join(stale), file=sys.stderr)
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

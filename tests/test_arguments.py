@@ -64,9 +64,20 @@ def test_defaults_match_the_reference():
     assert (args.topk, args.num_classes, args.image_size, args.interpolation) == (None, None, None, None)
 
 
-def test_prefix_abbreviations_used_by_the_reference_scripts_work():
-    args = parse_args(["--mom", "0.875", "--checkpoint", "x.pth.tar", "/data"])
-    assert args.momentum == 0.875 and args.checkpoint_filename == "x.pth.tar"
+def test_prefix_abbreviations_used_by_the_reference_scripts_work_and_are_said(capsys):
+    """The reference's recipes type ``--mom`` (argparse's prefixes), so a unique prefix still works; it is said
+    on stderr, never taken silently (``--epoch 3`` runs as ``--epochs 3``).  A whole flag, and ``--checkpoint``
+    (an alias of its own), say nothing; a prefix of two flags is refused naming both."""
+    args = parse_args(["--mom", "0.875", "--checkpoint", "x.pth.tar", "--epoch=3", "/data"])
+    assert args.momentum == 0.875 and args.checkpoint_filename == "x.pth.tar" and args.epochs == 3
+    assert capsys.readouterr().err.splitlines() == [
+        "note: --mom is read as --momentum, the one flag it begins",
+        "note: --epoch is read as --epochs, the one flag it begins"]
+    parse_args(["--momentum", "0.875", "/data"])
+    assert capsys.readouterr().err == ""
+    with pytest.raises(UserError, match="ambiguous option: --e could match --epochs, --early-stopping-patience, "
+                       "--end-lr, --evaluate"):
+        parse_args(["--e", "3", "/data"])
 
 
 @pytest.mark.parametrize("argv", [

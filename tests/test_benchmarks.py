@@ -6,7 +6,7 @@ import contextlib
 import importlib
 import json
 import shutil
-import time
+import types
 
 import pytest
 import torch
@@ -109,20 +109,21 @@ def test_the_fp32_ceiling_counts_the_published_flops():
     assert benchmark.model_gflop("resnet18", 224) == pytest.approx(3.63, abs=0.01)
 
 
-def test_a_path_that_compiles_on_its_first_call_never_times_that_call():
+def test_a_path_that_compiles_on_its_first_call_never_times_that_call(monkeypatch):
+    """The benchmark's clock moves only inside the calls: 10 s for the first (the compilation), 1 ms after."""
     benchmark = importlib.import_module("benchmarks.infer_throughput")
-    calls = []
+    calls, clock = [], types.SimpleNamespace(now=0.0)
+    monkeypatch.setattr(benchmark, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
 
     def compiling(images):
         calls.append(len(images))
-        if len(calls) == 1:
-            time.sleep(0.3)  # the compilation
+        clock.now += 10.0 if len(calls) == 1 else 0.001
         return images
 
     path = benchmark.Path_("compile", compiling, min_warmup=1)
     benchmark.measure_paths([path], [2], 8, torch.device("cpu"), iters=2, warmup=0, repeats=1)
-    assert len(calls) == 3 and len(path.latencies[2]) == 2
-    assert max(path.latencies[2]) < 0.2 <= path.warmup_seconds[2]
+    assert len(calls) == 3 and path.latencies[2] == pytest.approx([0.001, 0.001])
+    assert path.warmup_seconds[2] == pytest.approx(10.0)
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +229,6 @@ def test_the_loader_benchmark_profiles_the_cpu_dali_pipeline_stage_by_stage(tmp_
     assert line.startswith("CPU DALI pipeline, batch 4, 1 threads, 32 px crops: read ")
     shares = loader.profile_dali_stages(loader.build_parser().parse_args(argv))
     assert list(shares) == ["read", "decode", "resize", "normalise"] and all(ms >= 0 for ms in shares.values())
-    assert shares["decode"] > shares["read"]  # decoding a JPEG costs more than reading its bytes
 
 
 def test_the_loader_benchmark_builds_the_photo_set_and_states_a_ratio_only_beyond_its_spread(tmp_path, capsys):

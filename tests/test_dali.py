@@ -181,12 +181,12 @@ def test_every_interpolation_and_no_flip_build(dali, image_folder, interpolation
         assert images.shape == (4, 3, SIZE, SIZE) and targets.shape == (4,)
 
 
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # DALI's auto_aug calls its own old names
 @pytest.mark.parametrize("augmentation", ["autoaugment", "randaugment", "trivialaugment"])
-def test_auto_augmentations_run_on_dali(dali, flat_folder, augmentation):
+def test_auto_augmentations_run_on_dali(dali, flat_folder, augmentation, recwarn):
     """DALI's auto_aug policies change the training crops (flat colours: only colour operations can show),
     and the same seed repeats them, from any batch on: a pipeline that starts part-way (a resume) draws
-    what one that made the first batches does."""
+    what one that made the first batches does.  No operator DALI deprecates is called, auto_aug's own calls
+    included (DALI shows its deprecation warnings whatever the filters say: ``recwarn`` sees them)."""
     extra = ["--randaugment-magnitude", "30", "--randaugment-num-ops", "3"] if augmentation == "randaugment" else []
     plain = torch.cat([images for images, _ in epoch(loaders(make_args(flat_folder), cpu_runtime(),
                                                               want_val=False)[0], 0)])
@@ -198,6 +198,7 @@ def test_auto_augmentations_run_on_dali(dali, flat_folder, augmentation):
     assert runs[0].shape == plain.shape == (20, 3, SIZE, SIZE)
     assert torch.equal(runs[0][8:], runs[1])
     assert not torch.equal(runs[0], plain)
+    assert [str(w.message).splitlines()[0] for w in recwarn if issubclass(w.category, DeprecationWarning)] == []
 
 
 def test_repeated_augmentation_shows_each_image_in_several_crops(dali, flat_folder):
@@ -375,7 +376,7 @@ def resume_run(image_folder: Path, arch: str, *extra: str) -> list[str]:
 
 
 @pytest.mark.slow  # five runs; test_crops_depend_on_the_epoch_and_position_alone is the loaders' part
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # DALI's auto_aug calls its own old names
+@pytest.mark.filterwarnings("error::DeprecationWarning")  # auto_aug's own calls included
 @pytest.mark.parametrize("augmentation", [[], ["--augmentation", "trivialaugment"]], ids=["crop", "auto-aug"])
 def test_a_resumed_run_draws_the_crops_of_an_uninterrupted_one(dali, image_folder, tmp_path, tiny_arch,
                                                                augmentation):

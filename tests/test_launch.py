@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import subprocess
+import sys
 import threading
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import pytest
 import yaml
@@ -43,11 +45,11 @@ def _main_py(line: str) -> argparse.Namespace:
     return parse_args(shlex.split(line)[2:])
 
 
-def _dry_run(argv: list[str], capsys, cuda_available: bool = True) -> DryRun:
-    """Run ``launch.py ... --dry-run`` and read back the commands it prints, all on stdout."""
+def _dry_run(argv: list[str], capsys, cuda_available: bool = True, notes: Sequence[str] = ()) -> DryRun:
+    """Run ``launch.py ... --dry-run`` and read back the commands it prints, all on stdout (stderr: ``notes``)."""
     assert launch.main([*argv, "--dry-run"], cuda_available=cuda_available) == 0
     out, err = capsys.readouterr()
-    assert err == ""
+    assert err.splitlines() == list(notes)
     lines = out.splitlines()
     assert lines[0].startswith("# ") and "as written" in lines[0], out
     classes = lines.pop()
@@ -181,7 +183,9 @@ def test_the_dry_run_shows_the_class_count_the_run_will_use(image_folder, tmp_pa
     assert launch.main(argv, cuda_available=True) == 0
     assert seen.pop("args").num_classes == dry.run.num_classes  # main.py then counts the 3 folders
 
-    assert _dry_run([*argv, "--num-class", "1000"], capsys).classes == "# classes: 1000 (--num-classes)"
+    prefix = _dry_run([*argv, "--num-class", "1000"], capsys,  # said once, however often launch.py parses it
+                      notes=["note: --num-class is read as --num-classes, the one flag it begins"])
+    assert prefix.classes == "# classes: 1000 (--num-classes)"
     assert _dry_run(RN50_A100, capsys).classes == "# classes: one per class folder of DIR"
     missing = _dry_run([*RN50_A100, str(tmp_path / "nowhere")], capsys).classes
     assert missing.endswith(f"main.py would stop here: dataset directory {tmp_path / 'nowhere'} does not exist")
@@ -190,7 +194,7 @@ def test_the_dry_run_shows_the_class_count_the_run_will_use(image_folder, tmp_pa
 
 
 def test_the_dry_run_s_class_count_is_the_run_s_own_rule(capsys):
-    """The dry run reads the order of plan.class_count_sources, which the run follows: after a checkpoint that
+    """The dry run reads the order of startup.class_count_sources, which the run follows: after a checkpoint that
     records no count, synthetic data has 1000 classes, not one per class folder of a dataset it has none of."""
     import argparse
 
@@ -222,6 +226,7 @@ def test_yaml_num_classes_reaches_the_run(tmp_path, capsys, monkeypatch):
         return 0
 
     monkeypatch.setattr("image_classification.training.train", fake_train)
+    monkeypatch.setattr("image_classification.startup.check_before_torch", lambda args: None)  # no /data here
     assert launch.main(argv, cuda_available=False) == 0
     assert seen["args"].num_classes == 7 and seen["args"].arch == "resnet50"
 
@@ -413,11 +418,46 @@ def test_a_real_run_prints_the_notices_on_stderr(capsys, monkeypatch):
         return 0
 
     monkeypatch.setattr("image_classification.training.train", fake_train)
+    monkeypatch.setattr("image_classification.startup.check_before_torch", lambda args: seen.setdefault("checked", args))
     assert launch.main([*RN50_A100, "/data"], cuda_available=False) == 0
+    assert seen["checked"].data == "/data"  # the dataset and the workspace, checked before torch is imported
     notices = capsys.readouterr().err.strip().splitlines()
     assert len(notices) == 3 and all(line.startswith("launch.py: ") for line in notices)
     args = seen["args"]
     assert (args.device, args.amp_dtype, args.gpu_affinity) == ("cpu", "bfloat16", "none")
+
+
+def test_the_machine_s_cuda_is_asked_of_torch_only_where_nvidia_s_driver_is(monkeypatch):
+    """--dry-run and a run ask torch whether CUDA is there only where NVIDIA's driver answers: without one torch
+    finds none, and importing it takes seconds (a dry run on a machine without a GPU then takes about as long
+    as --list); under --device cpu nothing is asked."""
+    import torch
+
+    from image_classification import machine
+
+    def asked():
+        raise AssertionError("torch was asked")
+
+    monkeypatch.setattr(torch.cuda, "is_available", asked)
+    monkeypatch.setattr(machine, "gpu_driver", lambda: None)
+    assert launch.torch_sees_cuda("auto") is False
+    monkeypatch.setattr(machine, "gpu_driver", lambda: "580.159.04")
+    assert launch.torch_sees_cuda("cpu") is False
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert launch.torch_sees_cuda("auto") is True
+
+
+def test_a_dry_run_imports_no_torch_on_a_machine_without_nvidia_s_driver(tmp_path):
+    from image_classification import machine
+
+    if machine.gpu_driver() is not None:
+        pytest.skip("NVIDIA's driver is here: the dry run asks torch whether CUDA works")
+    code = ("import sys; from image_classification import commands; code = commands.launch('launch.py'); "
+            "print('torch imported:', 'torch' in sys.modules); sys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", code, *RN50_A100, "--dry-run", str(tmp_path)], capture_output=True,
+                            text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=600)
+    assert result.returncode == 0 and result.stdout.endswith("torch imported: False\n"), result
+    assert "no CUDA device found: the run uses the CPU" in result.stdout
 
 
 def test_gpu_preset_with_cuda_is_unchanged(capsys):

@@ -236,6 +236,27 @@ def test_the_benchmark_warmup_is_left_out_of_the_summary_and_kept_in_the_wall_fi
     assert windows == pytest.approx([4.0, 4.0, 40.0, 40.0])
 
 
+def test_throughput_counts_the_time_spent_logging(tmp_path, monkeypatch):
+    """Each iteration is timed wall clock to wall clock: a slow log window shows in the images/s.  The clock
+    moves only for the steps (no time) and each window's logging (0.5 s): 4 batches of 4 whose windows 1-3
+    are logged inside iterations 2-4 give 16 images in 1.5 s."""
+    from image_classification.raport import Raport
+
+    clock = ScriptedClock(monkeypatch, steps=[0.0] * 4, forwards=[])
+    original = Raport.log_window
+
+    def slow_log_window(self, *args, **kwargs):
+        clock.now += 0.5
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Raport, "log_window", slow_log_window)
+    assert main(SYNTHETIC + ["--prof", "4", "-p", "1", "--epochs", "1", "--training-only", "--no-checkpoints",
+                             "--workspace", str(tmp_path)]) == 0
+    summary = {k: v for r in read_raport(tmp_path / "experiment_raport.json") if r.get("step") == []
+               for k, v in r["data"].items()}
+    assert summary["train.total_ips"] == pytest.approx(16 / 1.5)
+
+
 def test_the_measured_time_starts_after_the_device_has_finished_the_warm_up(tmp_path, monkeypatch):
     """A GPU runs behind the host: the warm-up's last iteration waits for the device before the measured
     iterations' clock starts, once per process (not again in the second epoch), and never without a warm-up."""
@@ -277,13 +298,13 @@ def test_a_log_file_gets_a_line_with_a_time_left_while_a_pass_lasts(tmp_path, mo
     monkeypatch.setattr(progress, "HEARTBEAT_SECONDS", 0.0)
     assert main(SYNTHETIC + ["--prof", "5", "-p", "10", "--epochs", "1", "--workspace", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    beats = [index for index, line in enumerate(lines) if line.startswith("epoch 0: ")]
-    window = next(index for index, line in enumerate(lines) if "Epoch: 0 Iteration: 5 " in line)
-    assert [lines[index].split(",")[0] for index in beats] == [f"epoch 0: {n}/5 iterations" for n in range(1, 5)]
+    beats = [index for index, line in enumerate(lines) if line.startswith("epoch 1: ")]
+    window = next(index for index, line in enumerate(lines) if "Epoch: 1 Iteration: 5 " in line)
+    assert [lines[index].split(",")[0] for index in beats] == [f"epoch 1: {n}/5 iterations" for n in range(1, 5)]
     assert beats[-1] < window and " so far, about " in lines[beats[-1]] and lines[beats[-1]].endswith(" left")
-    assert any(line.startswith("val 0: 1/5 iterations") for line in lines)
+    assert any(line.startswith("val 1: 1/5 iterations") for line in lines)
     saving = next(line for line in lines if line.startswith("SAVING"))
-    assert saving.endswith("(end of epoch 0)"), saving
+    assert saving.endswith("(end of epoch 1)"), saving
 
 
 def test_a_validation_window_line_shows_the_accuracy_so_far(image_folder, tmp_path, monkeypatch, capsys):
@@ -302,3 +323,63 @@ def test_a_validation_window_line_shows_the_accuracy_so_far(image_folder, tmp_pa
     top1 = [line.split("val.top1 : ")[1].split(" %")[0] for line in capsys.readouterr().out.splitlines()
             if line.startswith("DLL") and "val.top1" in line and "Summary" not in line]
     assert top1 == ["100.00", "66.67", "66.67"]  # the windows so far, then the epoch
+
+
+def test_the_summary_gives_the_last_epoch_s_top1_and_the_best_with_its_epoch(tmp_path, monkeypatch, capsys):
+    """The summary's accuracy is the last epoch's, the weights `checkpoint:` names below it, and the best beside
+    it with its epoch and file: never the best alone as if it were the last.  An evaluation has one figure."""
+    with pytest.MonkeyPatch.context() as patch:
+        score_validations(patch, 50.0, 100.0, 73.33)
+        assert main(SYNTHETIC + ["--prof", "1", "--epochs", "3", "--workspace", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "val top1: last 73.33% (epoch 3), best 100.00% (epoch 2, model_best.pth.tar)" in lines
+    assert lines[lines.index("val top1: last 73.33% (epoch 3), best 100.00% (epoch 2, model_best.pth.tar)") + 1] \
+        == f"checkpoint: {tmp_path / 'checkpoint.pth.tar'}"
+    score_validations(monkeypatch, 60.0)
+    assert main(SYNTHETIC + ["--prof", "1", "--evaluate", "--resume", str(tmp_path / "model_best.pth.tar")]) == 0
+    assert "val top1: 60.00%" in capsys.readouterr().out.splitlines()
+
+
+def test_what_a_run_says_counts_epochs_from_1_and_its_records_keep_the_reference_s_index(tmp_path, capsys):
+    """A run of 2 epochs says epochs 1 and 2 everywhere a person reads (the start, each DLL line, each save, the
+    resume, checkpoint2model.py) while the raport's steps stay [0], [1] as the reference's DLLogger wrote them."""
+    import sys
+    from unittest import mock
+
+    from image_classification import commands
+
+    run = SYNTHETIC + ["--prof", "1", "-p", "1", "--workspace", str(tmp_path)]
+    assert main(run + ["--epochs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "RUNNING EPOCHS FROM 1 TO 2" in out
+    assert [line.split(" - ")[1].split(" train.")[0] for line in out.splitlines()
+            if line.startswith("DLL ") and " Iteration: 1 train." in line] == ["Epoch: 1 Iteration: 1",
+                                                                               "Epoch: 2 Iteration: 1"]
+    assert [line.split("(")[-1] for line in out.splitlines() if line.startswith("SAVING")] == \
+        ["end of epoch 1)", "end of epoch 2)"]
+    steps = [r["step"] for r in read_raport(tmp_path / "experiment_raport.json") if isinstance(r.get("step"), list)]
+    assert sorted({tuple(step) for step in steps if len(step) == 1}) == [(0,), (1,)] and [0, 1] in steps
+    assert main(run + ["--epochs", "3", "--resume", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert "=> loaded checkpoint (end of epoch 2)" in out and "RUNNING EPOCHS FROM 3 TO 3" in out
+    assert torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)["epoch"] == 3  # the key: epochs finished
+    argv = ["checkpoint2model.py", "--checkpoint-path", str(tmp_path / "checkpoint.pth.tar"), "--weight-path",
+            str(tmp_path / "weights.pth")]
+    with mock.patch.object(sys, "argv", argv):
+        assert commands.checkpoint2model() == 0
+    assert ", end of epoch 3, best top1 " in capsys.readouterr().out
+    assert main(SYNTHETIC + ["--prof", "1", "--evaluate", "--resume", str(tmp_path / "checkpoint.pth.tar")]) == 0
+    evaluated = [line for line in capsys.readouterr().out.splitlines() if line.startswith("DLL ")]
+    assert evaluated and all(" - Epoch: 3 " in line for line in evaluated if "Summary" not in line)  # its weights'
+
+
+def test_the_summary_line_of_a_last_validation_without_a_figure_says_so():
+    from image_classification.loop import ValResult
+    from image_classification.training import top1_summary
+
+    nan = float("nan")
+    assert top1_summary((3, ValResult(nan, nan, 4, 4)), 50.0, 1, evaluation=False, best_file="model_best.pth.tar") \
+        == "val top1: last none (epoch 3: its outputs were not finite), best 50.00% (epoch 2, model_best.pth.tar)"
+    assert top1_summary((1, ValResult(nan, nan, 4, 4)), 0.0, -1, evaluation=False, best_file=None) == \
+        "val top1: last none (epoch 1: its outputs were not finite)"  # no finite validation yet: no best
+    assert top1_summary(None, 0.0, -1, evaluation=False, best_file=None) is None  # --training-only

@@ -795,4 +795,4 @@ def test_the_startup_benchmark_writes_an_imagenet_shaped_folder_and_reads_its_pa
     assert sorted(os.listdir(tmp_path / "shaped" / "train" / "n00000002"))[:2] == ["n00000002_0.JPEG",
                                                                                     "n00000002_1.JPEG"]
     assert pack(tmp_path / "shaped", tmp_path / "shaped-packed", capsys=capsys).returncode == 0
-    assert 0 < time_split_open(tmp_path / "shaped-packed") < 60 and 0 < time_split_open(tmp_path / "shaped") < 60
+    assert time_split_open(tmp_path / "shaped-packed") > 0 and time_split_open(tmp_path / "shaped") > 0

@@ -29,7 +29,7 @@ def test_records_and_stdout_follow_dllogger(tmp_path):
     assert [r["step"] for r in records if r["type"] == "LOG"][1:] == [[0, 1], [0, 2], [0], [1, 1], [1, 2], [1], []]
     assert final["train.loss"] == 0.6  # the best epoch: min of 1.5 and 0.6
     lines = out.getvalue().splitlines()
-    assert lines[0].startswith("DLL ") and " - Epoch: 0 Iteration: 1 train.loss : 2.00000 train.total_ips" in lines[0]
+    assert lines[0].startswith("DLL ") and " - Epoch: 1 Iteration: 1 train.loss : 2.00000 train.total_ips" in lines[0]
     assert "train.total_ips : 100.00 images/s" in lines[0]
     assert " - Summary: " in lines[-1]
     json.loads(open(tmp_path / "r.json").readline()[5:])

@@ -36,3 +36,13 @@ def test_a_stale_option_list_fails_the_check(tmp_path, monkeypatch, capsys):
     assert options.main([]) == 0 and options.main(["--check"]) == 0  # written, then up to date
     page.write_text("no markers\n")
     assert options.main(["--check"]) == 1 and "lacks the markers" in capsys.readouterr().err
+
+
+def test_the_readme_s_first_screen_says_what_this_is_and_the_two_set_up_commands():
+    """A newcomer sees what the repository is and how to start before anything else (the comparison with the
+    reference comes later): both set-up commands within the first 24 lines."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert lines[0].startswith("# ConvNets for PyTorch") and "re-implementation" in " ".join(lines[1:5])
+    first_screen = lines[:24]
+    assert any(line.startswith("make demo ") for line in first_screen)
+    assert any(line.startswith("make test ") for line in first_screen)

@@ -11,7 +11,7 @@ DEMO_OUTPUT = """\
 => python main.py --data-backend pytorch ...
 DLL 2026-11-22T23:23:18.438596 - Epoch: 5 train.loss : 0.64 val.top1 : 99.44 %
 DLL 2026-11-22T23:23:18.438596 - Summary: train.loss : 0.64281 train.total_ips : 482.29 images/s train.lr : 0 val.top1 : 99.44 % val.top5 : 100.00 % val.loss : 0.6
-val top1: 99.44% (best 99.44%)
+val top1: last 99.17% (epoch 6), best 99.44% (epoch 5, model_best.pth.tar)
 checkpoint: workspace/digits/checkpoint.pth.tar
 raport: workspace/digits/experiment_raport.json
 Experiment ended
@@ -43,6 +43,7 @@ def test_a_block_is_found_and_rewritten_in_the_docs_page_that_holds_it(tmp_path,
     assert list(texts) == [tmp_path / "README.md", page] and figures.page_holding("loader", texts) == page
     monkeypatch.setattr(figures, "pages", lambda: texts)
     monkeypatch.setattr(figures, "check", lambda texts: [])  # the other generators have no block here
+    monkeypatch.setattr(figures, "check_repeated", lambda texts, values: [])  # nor the repeated figures
     monkeypatch.setitem(figures.GENERATORS, "loader", lambda: "new\n")
     assert figures.main(["loader"]) == 0
     assert page.read_text() == "before\n<!-- figures:loader -->\nnew\n<!-- /figures:loader -->\nafter\n"
@@ -50,12 +51,14 @@ def test_a_block_is_found_and_rewritten_in_the_docs_page_that_holds_it(tmp_path,
 
 
 def test_demo_block_keeps_the_summary_fields_and_the_result_lines():
-    block = figures.demo_block(DEMO_OUTPUT, 26.4, "Some CPU (2 cores)")
+    block = figures.demo_block(DEMO_OUTPUT, 26.4, "Some CPU (2 cores)", 41.2)
     assert "Summary: train.loss : 0.64281 ... train.total_ips : 482.29 images/s ... val.top1 : 99.44 % ... " \
            "val.top5 : 100.00 % ..." in block
     assert "val.loss" not in block and "Epoch: 5" not in block and "=> python" not in block
-    assert "val top1: 99.44% (best 99.44%)\ncheckpoint:" in block and "Experiment ended\n```" in block
-    assert "Measured on Some CPU (2 cores): `make demo` took 26 s" in block and "99.44% val top1." in block
+    assert "val top1: last 99.17% (epoch 6), best 99.44% (epoch 5, model_best.pth.tar)\ncheckpoint:" in block
+    assert "Experiment ended\n```" in block
+    assert "Measured on Some CPU (2 cores): `make demo` took 26 s (41 s of CPU time)" in block
+    assert "99.44% val top1 (model_best.pth.tar)." in " ".join(block.split())
 
 
 def test_replace_block_changes_only_the_block():
@@ -148,3 +151,29 @@ def test_int8_accuracy_block_compares_each_runtime_with_pytorch_fp32():
     text = " ".join(block.split())
     assert "Measured on Some CPU (2 cores)." in text
     assert "names the class PyTorch FP32 names for 359 of the 360 val digits (99.7%)" in text
+
+
+def test_every_figure_the_pages_repeat_has_one_value():
+    """The demo's top-1 (README, data.md, inference.md), the suite's count and time (the README's prose and
+    table) and the H100 figures (performance.md, training.md) each have one value, docs/figures.json's."""
+    assert figures.check_repeated(figures.pages(), figures.load_figures()) == []
+
+
+def test_a_page_that_repeats_a_figure_with_another_value_is_named(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("... 99.17% val top1\n(model_best.pth.tar). ...\n")
+    (tmp_path / "docs" / "inference.md").write_text("| PyTorch FP32 | `(none)` | 98.61% | 0.1258 | - |\n")
+    texts = figures.pages(tmp_path)
+    problems = figures.check_repeated(texts, {"demo_top1": {"value": "99.17"}, "stray": {"value": "1"}}, tmp_path)
+    assert "demo_top1: docs/inference.md says 98.61; figures.json holds 99.17" in problems
+    assert not any("README.md says" in problem for problem in problems)  # its line break is white space
+    assert any(problem.startswith("demo_top1: docs/data.md no longer shows it") for problem in problems)
+    assert "stray: figures.json holds it, but no page is said to repeat it" in problems
+    assert "suite_tests: figures.json holds no value" in problems
+
+
+def test_a_generator_records_the_figure_it_measured(tmp_path):
+    path = tmp_path / "figures.json"
+    path.write_text('{"demo_top1": {"value": "99.17", "what": "the demo"}}\n')
+    figures.record_figure("demo_top1", "98.89", path)
+    assert figures.load_figures(path) == {"demo_top1": {"value": "98.89", "what": "the demo"}}

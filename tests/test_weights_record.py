@@ -4,7 +4,6 @@ training, --evaluate, classify.py and model2onnx.py."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from helpers import refused
 from image_classification.cli import run

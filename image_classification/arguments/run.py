@@ -40,7 +40,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                      "class count when smaller)")
     run.add_argument("--resume", metavar="PATH", default=None,
                      help="path to latest checkpoint; 'auto': the valid checkpoint in --workspace that got furthest "
-                     "(epoch, then batch), or a fresh start when there is none (default: none)")
+                     "(epoch, then batch), or a fresh start (from --pretrained-weights where given) when there is none "
+                     "(default: none)")
     run.add_argument("--allow-class-changes", action="store_true",
                      help="go on when the class folders give labels other than those of the checkpoint resumed or "
                      "evaluated (a class renamed, removed or added before others): each label then stands for the "
@@ -90,8 +91,9 @@ def check_run_combinations(args: argparse.Namespace) -> None:
     if args.training_only and args.early_stopping_patience > 0:
         raise UserError("--early-stopping-patience counts validated epochs without a better top1, and --training-only "
                         "validates none: give one of them")
-    if args.resume and args.pretrained_weights:
-        raise UserError("--resume and --pretrained-weights exclude each other: a checkpoint already holds weights")
+    if args.resume and args.resume != "auto" and args.pretrained_weights:
+        raise UserError(f"--resume {args.resume} and --pretrained-weights exclude each other: a checkpoint already holds "
+                        "weights (--resume auto takes the workspace's checkpoint where there is one, else the weights)")
 
 
 def bare_gather_flag(argv: list[str]) -> list[str]:

@@ -27,6 +27,8 @@ DALI_AUGMENTATIONS = ("autoaugment", "randaugment", "trivialaugment")
 _GPU_DECODER_PADDING = {"device_memory_padding": 211_025_920, "host_memory_padding": 140_544_512}
 # DALI's random operators that auto_aug calls; while a policy is built each takes the next state.
 _RANDOM_OPERATORS = ("uniform", "coin_flip", "normal", "choice", "beta")
+# Operators that left ``fn.experimental`` (DALI 1.40 on), which auto_aug still calls by their deprecated names.
+_OUT_OF_EXPERIMENTAL = ("equalize", "filter")
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,24 @@ def _drawing_from(states: _RandomStates):
             setattr(dali_random, name, operator)
 
 
+@contextmanager
+def _current_operator_names():
+    """While DALI's auto_aug defines a policy, its calls of ``fn.experimental.equalize`` and ``.filter`` reach
+    the same operators under their current names, which DALI does not warn about (it deprecates the old ones
+    and shows that warning whatever the warning filters say).  A DALI that lacks a current name keeps the old."""
+    from nvidia.dali import fn
+
+    originals = {name: getattr(fn.experimental, name) for name in _OUT_OF_EXPERIMENTAL
+                 if hasattr(fn, name) and hasattr(fn.experimental, name)}
+    try:
+        for name in originals:
+            setattr(fn.experimental, name, getattr(fn, name))
+        yield
+    finally:
+        for name, operator in originals.items():
+            setattr(fn.experimental, name, operator)
+
+
 def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
     """A DALI pipeline yielding ("images", "labels", "fits") for the samples ``feed`` hands it, in that order."""
     from nvidia.dali import fn, pipeline_def, types
@@ -158,7 +178,7 @@ def _train_crops(encoded, spec: PipelineSpec, draw: _RandomStates):
     images = fn.resize(images, device=spec.resize_device, size=[size, size],
                        interp_type=getattr(types, _INTERPOLATION[spec.interpolation]), antialias=False)
     if spec.augmentation is not None:
-        with _drawing_from(draw):
+        with _drawing_from(draw), _current_operator_names():
             images = _auto_augment(images, spec)
     return images
 

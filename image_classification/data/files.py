@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 SPLITS = ("train", "val")  # a dataset's split folders, beside each other
+# the flag that runs without a split, said where the split is found missing
+WITHOUT_SPLIT = {"train": "--evaluate validates without one", "val": "--training-only trains without one"}
 
 # PIL's own default limit (Image.MAX_IMAGE_PIXELS: a quarter GiB as 24-bit RGB), applied alike on every backend
 # and not a flag.  PIL alone only warns up to twice it, torchvision's and DALI's decoders check nothing.

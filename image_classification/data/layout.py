@@ -18,7 +18,7 @@ from typing import Protocol
 
 from ..errors import UserError
 from ..signals import stop_raises
-from .files import SplitWalk, decode_problem, is_image_file, read_bytes, refuse_labels, walk_class
+from .files import (WITHOUT_SPLIT, SplitWalk, decode_problem, is_image_file, read_bytes, refuse_labels, walk_class)
 from .packed import MANIFEST, check_packed, fingerprint, is_packed, names_blob, open_packed_split, unfinished_pack
 
 
@@ -212,7 +212,8 @@ def _check_dataset(data_dir: str, num_classes: int | None, *, want_train: bool, 
     for split in splits:
         split_dir = root / split
         if not split_dir.is_dir():
-            raise UserError(f"{data_dir} has no {split}/ folder; expected {split}/<class>/<image> files")
+            raise UserError(f"{data_dir} has no {split}/ folder; expected {split}/<class>/<image> files "
+                            f"({WITHOUT_SPLIT[split]})")
         classes = class_folders(split_dir)
         if not classes:
             refuse_unfinished_pack(split_dir)

@@ -39,7 +39,7 @@ import numpy as np
 
 from ..datafile import DataFileError, open_regular, read_json
 from ..errors import UserError
-from .files import SPLITS, UNDECODABLE_ADVICE, decode_problem, label_problem, printable
+from .files import SPLITS, UNDECODABLE_ADVICE, WITHOUT_SPLIT, decode_problem, label_problem, printable
 
 FORMAT = "image-classification packed split"
 VERSION = 1
@@ -192,7 +192,8 @@ def check_packed(root: Path, num_classes: int | None, *, want_train: bool, want_
         if not os.path.lexists(root / split / MANIFEST):
             packed = next(other for other in SPLITS if os.path.lexists(root / other / MANIFEST))
             raise UserError(f"{root} is a packed set ({packed}/{MANIFEST}) but {split}/ has no {MANIFEST}: its pack "
-                            "did not finish, or the source had no such split; run the pack again")
+                            f"did not finish, or the source had no such split; run the pack again "
+                            f"({WITHOUT_SPLIT[split]})")
         manifest = read_manifest(root / split)
         if not manifest["classes"]:
             raise UserError(f"{root / split / MANIFEST} lists no classes; pack the dataset again")

@@ -64,7 +64,7 @@ def test_resume_auto_falls_back_from_damaged_files_to_the_newest_valid_one(data,
     for path in damaged:
         assert f"cannot resume from {path}" in result.stdout
     assert "--resume auto: loading checkpoint" in result.stdout
-    assert "RUNNING EPOCHS FROM 1 TO 2" in result.stdout  # the epoch-1 file (checkpoint_0000 or the best)
+    assert "RUNNING EPOCHS FROM 2 TO 2" in result.stdout  # the epoch-1 file (checkpoint_0000 or the best)
     assert load(workspace / "checkpoint.pth.tar")["epoch"] == 2
     TALLY["bad_inputs"] += len(damaged)
 
@@ -94,7 +94,7 @@ def test_resume_auto_in_an_empty_workspace_starts_afresh(data, tmp_path, capsys)
                         capsys=capsys)
     assert result.returncode == 0, explain(result)
     assert "no checkpoint in" in result.stdout and "starting from scratch" in result.stdout
-    assert "RUNNING EPOCHS FROM 0 TO 1" in result.stdout
+    assert "RUNNING EPOCHS FROM 1 TO 1" in result.stdout
 
 
 # -- a full disk ------------------------------------------------------------------------------------------
