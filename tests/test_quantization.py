@@ -288,8 +288,7 @@ def test_a_calibration_folder_without_readable_images_is_one_line(trained, tiny_
                     "empty": f"error: --calibration-data {path} holds no images (image files, directly or in class "
                              "folders) to calibrate the int8 model with",
                     "unreadable": f"error: none of the 1 calibration images in {path} could be read: {path}/a/broken.jpg "
-                                  "could not be read as an image (cannot identify image file "
-                                  f"'{path}/a/broken.jpg')"}[folder]
+                                  "could not be read as an image (cannot identify image file)"}[folder]
     assert not cache.exists()
 
 

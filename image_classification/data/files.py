@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from ..datafile import NotARegularFile, open_descriptor
 from ..errors import UserError
@@ -408,6 +408,11 @@ def open_image(source, short_side: int | None = None) -> Image.Image:
             image = Image.open(source)
         except Image.DecompressionBombError:  # PIL refuses past twice its limit, before saying the size
             raise ImageTooLarge() from None
+        except UnidentifiedImageError:
+            if isinstance(source, (str, os.PathLike)):
+                raise
+            # PIL names an in-memory file by its repr (<_io.BytesIO object at 0x...>): the caller names the file
+            raise UnidentifiedImageError("cannot identify image file") from None
     try:
         check_size(*image.size, short_side)
     except ImageTooLarge:
