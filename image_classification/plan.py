@@ -436,7 +436,7 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     # What cannot work at all (this machine, the dataset) is said before what an earlier run left in the
     # workspace: the user fixes the first, then meets the second, never the other way round.
     check_backend(backend, runtime.is_cuda, args.augmentation, training=not args.evaluate)
-    decoder = decoder_notice(backend, runtime.device)
+    decoder = decoder_notice(backend, runtime.device, args.decode_scale)
     if decoder is not None:
         log(decoder)
     classes = dataset_classes(args, backend)

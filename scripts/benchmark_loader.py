@@ -53,6 +53,7 @@ from image_classification.arguments import DATA_BACKENDS, parse_args  # noqa: E4
 from image_classification.cli import UserErrorParser, run  # noqa: E402
 from image_classification.data import get_loaders  # noqa: E402
 from image_classification.data.decoders import LIBRARIES, decoder_notice, installed, use_decoder  # noqa: E402
+from image_classification.preprocessing import DECODE_SCALES  # noqa: E402
 from image_classification.plan import data_config  # noqa: E402
 from image_classification.progress import Heartbeat  # noqa: E402
 from image_classification.data.common import MEAN_255, STD_255  # noqa: E402
@@ -84,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "each")
     parser.add_argument("--decoder", choices=("auto", *LIBRARIES), default="auto",
                         help="JPEG decoder of the pytorch and pytorch-gpu backends (default: auto, the one a run takes)")
+    parser.add_argument("--decode-scale", choices=DECODE_SCALES, default="auto",
+                        help="the pytorch backend's JPEG scale, as main.py's flag: auto decodes at the smallest of "
+                        "libjpeg's scales the crop allows (Pillow's draft), full every pixel with --decoder "
+                        "(default: auto)")
     parser.add_argument("--beside-decoder", metavar="NAME", choices=LIBRARIES,
                         help="also time --data-backend with this JPEG decoder, epochs alternating, and print "
                         "--decoder's speed over it")
@@ -242,7 +247,7 @@ class TorchvisionLoader:
 def project_loader(opts: argparse.Namespace, runtime: Runtime, data: str | None = None, backend: str | None = None):
     """The training loader of ``backend`` (``--data-backend`` when None) on ``data`` (DIR when None)."""
     argv = [data or opts.data, "--data-backend", backend or opts.data_backend, "-b", str(opts.batch_size), "-j",
-            str(opts.workers), "--seed", "0", "--memory-format", opts.memory_format]
+            str(opts.workers), "--seed", "0", "--memory-format", opts.memory_format, "--decode-scale", opts.decode_scale]
     args = parse_args(argv)
     train, _ = get_loaders(data_config(args, opts.image_size), runtime, want_train=True, want_val=False)
     return train
@@ -394,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine.description(runtime.device.type)}", flush=True)
     if opts.data_backend != "torchvision":
         with use_decoder(opts.decoder) if opts.decoder != "auto" else contextlib.nullcontext():
-            print(decoder_notice(opts.data_backend, runtime.device), flush=True)
+            print(decoder_notice(opts.data_backend, runtime.device, opts.decode_scale), flush=True)
     if opts.packed:
         return compare_packed(opts, runtime)
     runs = loaders_to_time(opts, runtime)

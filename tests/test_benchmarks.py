@@ -298,7 +298,7 @@ def test_the_loader_benchmark_times_one_backend_with_two_jpeg_decoders(tmp_path,
             decoders._torchvision().decode_batch))
     loader = load_script("benchmark_loader")
     argv = ["--photos", "2", "--data-backend", "pytorch", "--decoder", "torchcodec", "--beside-decoder", "torchvision",
-            "-b", "2", "-j", "0", "--epochs", "2", "--image-size", "32", "--device", "cpu", str(tmp_path / "photos")]
+            "--decode-scale", "full", "-b", "2", "-j", "0", "--epochs", "2", "--image-size", "32", "--device", "cpu", str(tmp_path / "photos")]
     assert loader.main(argv) == 0
     output = capsys.readouterr().out
     assert "=> JPEG decoder: torchcodec 1.0 (libjpeg-turbo, in the loader workers" in output

@@ -104,8 +104,11 @@ def test_the_start_up_line_names_each_backend_s_decoder(fresh_choice, monkeypatc
     monkeypatch.setitem(decoders._LOADERS, "torchcodec", lambda: fake("torchcodec"))
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(decoders, "_device_choice", lambda device: (fake("torchcodec"), None))
-    assert decoders.decoder_notice("pytorch", cuda) == \
+    assert decoders.decoder_notice("pytorch", cuda, "full") == \
         "=> JPEG decoder: torchcodec 9.9 (libjpeg-turbo, in the loader workers; other formats: PIL)"
+    assert decoders.decoder_notice("pytorch", cuda) == \
+        "=> JPEG decoder: torchcodec 9.9 (libjpeg-turbo, in the loader workers; at 1/2, 1/4 or 1/8 scale where the " \
+        "crop or resize allows: Pillow's draft; other formats: PIL)"
     assert decoders.decoder_notice("pytorch-gpu", cuda) == \
         "=> JPEG decoder: torchcodec 9.9 (nvJPEG on cuda:0); the JPEGs it refuses: torchcodec 9.9 (libjpeg-turbo, " \
         "on the CPU)"
@@ -121,8 +124,8 @@ def test_main_says_the_decoder_at_start_up(image_folder, tmp_path, tiny_arch, ca
                  "--image-size", "32", "-b", "4", "--epochs", "1", "--prof", "1", "--training-only",
                  "--no-checkpoints", "--workspace", str(tmp_path), str(image_folder)]) == 0
     name = decoders.cpu_decoder().name
-    assert f"=> JPEG decoder: {name} (libjpeg-turbo, in the loader workers; other formats: PIL)\n" in \
-        capsys.readouterr().out
+    assert f"=> JPEG decoder: {name} (libjpeg-turbo, in the loader workers; at 1/2, 1/4 or 1/8 scale where the crop " \
+           "or resize allows: Pillow's draft; other formats: PIL)\n" in capsys.readouterr().out
 
 
 def test_no_deprecation_warning_of_torchvision_s_decoders_reaches_the_user():

@@ -71,13 +71,13 @@ def default_backend_notice(backend: str, is_cuda: bool) -> str:
     return f"=> data backend: {backend}, the default {why} (--data-backend picks another)"
 
 
-def decoder_notice(backend: str, device: torch.device) -> str | None:
+def decoder_notice(backend: str, device: torch.device, decode_scale: str = "auto") -> str | None:
     """The start-up line naming the JPEG decoder ``backend`` uses on ``device`` (None for synthetic data)."""
     if backend == "synthetic":
         return None
     from .decoders import decoder_notice as notice
 
-    return notice(backend, device)
+    return notice(backend, device, decode_scale)
 
 
 def get_loaders(

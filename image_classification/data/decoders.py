@@ -200,8 +200,10 @@ def use_decoder(library: str) -> Iterator[JpegDecoder]:
         _forced = before
 
 
-def decoder_notice(backend: str, device: torch.device) -> str | None:
-    """The start-up line that names the JPEG decoder ``backend`` uses on ``device`` (None for synthetic data)."""
+def decoder_notice(backend: str, device: torch.device, decode_scale: str = "auto") -> str | None:
+    """The start-up line that names the JPEG decoder ``backend`` uses on ``device`` (None for synthetic data);
+    with ``decode_scale`` "auto" the ``pytorch`` backend decodes a JPEG whose crop allows it at a reduced scale
+    with Pillow's ``draft`` (:mod:`.reduced`), and the line says so."""
     if backend == "synthetic":
         return None
     if backend.startswith("dali"):
@@ -209,7 +211,8 @@ def decoder_notice(backend: str, device: torch.device) -> str | None:
         return f"=> JPEG decoder: DALI's own ({where})"
     cpu = cpu_decoder()
     if backend == "pytorch":
-        return f"=> JPEG decoder: {cpu.name} (libjpeg-turbo, in the loader workers; other formats: PIL)"
+        reduced = "; at 1/2, 1/4 or 1/8 scale where the crop or resize allows: Pillow's draft" if decode_scale == "auto" else ""
+        return f"=> JPEG decoder: {cpu.name} (libjpeg-turbo, in the loader workers{reduced}; other formats: PIL)"
     if device.type != "cuda":
         return f"=> JPEG decoder: {cpu.name} (libjpeg-turbo, in the training process: the CPU twin of nvJPEG)"
     return (f"=> JPEG decoder: {device_decoder(device).name} (nvJPEG on {device}); the JPEGs it refuses: "

@@ -86,7 +86,7 @@ def test_resume_auto_takes_the_checkpoint_furthest_along_whatever_the_files_time
     assert {name: (workspace / name).read_bytes() for name in copied} == before
     result = train_here(data, workspace, "--epochs", "3", "-j", "0", "--resume", "auto", "--prof", "1",
                         capsys=capsys)
-    assert result.returncode == 0 and "RUNNING EPOCHS FROM 2 TO 3" in result.stdout, explain(result)
+    assert result.returncode == 0 and "RUNNING EPOCHS FROM 3 TO 3" in result.stdout, explain(result)
 
 
 def test_resume_auto_in_an_empty_workspace_starts_afresh(data, tmp_path, capsys):
