@@ -232,7 +232,7 @@ def main_py_argv(args: argparse.Namespace, always: Sequence[str] = ()) -> list[s
         if value is None:  # only ever a default, and no flag spells it
             continue
         is_default = value == action.default or (
-            isinstance(value, (list, tuple)) and list(value) == list(action.default))
+            isinstance(value, (list, tuple)) and action.default is not None and list(value) == list(action.default))
         if is_default and action.dest not in always:
             continue
         if action.option_strings:

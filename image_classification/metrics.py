@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .raport import ACC_META, COUNT_META, LOSS_META, LR_META, PERF_META, TIME_META, VERBOSE, Raport
+from .raport import ACC_META, COUNT_META, LOSS_META, LR_META, PERF_META, SIZE_META, TIME_META, VERBOSE, Raport
 
 LATENCY_PERCENTILES = (90, 95, 99, 100)
 
 
-def register_metrics(raport: Raport, prefixes: list[str], topk: int, training: bool, warmup: int = 0) -> None:
-    """Every metric the loop records; with ``warmup`` (``--benchmark-warmup``) also ``*.wall_ips``."""
+def register_metrics(raport: Raport, prefixes: list[str], topk: int, training: bool, warmup: int = 0,
+                     tta: bool = False) -> None:
+    """Every metric the loop records; with ``warmup`` (``--benchmark-warmup``) also ``*.wall_ips``, with ``tta``
+    (``--val-tta``) each validation's figures of the averaged logits, ``*.tta_top1`` ..., beside the plain ones."""
 
     def times(prefix: str) -> None:  # what record_iteration records for every phase
         raport.register(f"{prefix}.total_ips", "perf", PERF_META)
@@ -27,10 +29,15 @@ def register_metrics(raport: Raport, prefixes: list[str], topk: int, training: b
         times("train")
         raport.register("train.lr", "lr", LR_META)
         raport.register("train.grad_scale", "perf", LOSS_META)
+        raport.register("train.image_size", "last", SIZE_META)  # the epoch's crop side (--progressive-resize)
     for prefix in prefixes:  # a validation window's accuracy and loss: the figure so far, as readers take it
         raport.register(f"{prefix}.top1", "acc", ACC_META, running=True)
         raport.register(f"{prefix}.top{topk}", "acc", ACC_META, running=True)
         raport.register(f"{prefix}.loss", "loss", LOSS_META, running=True)
+        if tta:
+            raport.register(f"{prefix}.tta_top1", "acc", ACC_META, running=True)
+            raport.register(f"{prefix}.tta_top{topk}", "acc", ACC_META, running=True)
+            raport.register(f"{prefix}.tta_loss", "loss", LOSS_META, running=True)
         times(prefix)
         raport.register(f"{prefix}.compute_latency", "perf", TIME_META)
         for q in LATENCY_PERCENTILES:

@@ -126,7 +126,8 @@ def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signa
     if evaluated is not None:
         raport.parameters({f"onnx.{prefix}": model.description for prefix, model in evaluated.items()})
     prefixes = [] if args.training_only else ["val"] + (["val_ema"] if engine.ema else [])
-    register_metrics(raport, prefixes, config.topk, training=not config.evaluate, warmup=config.benchmark_warmup)
+    register_metrics(raport, prefixes, config.topk, training=not config.evaluate, warmup=config.benchmark_warmup,
+                     tta=config.val_tta is not None)
     if config.benchmark_warmup:
         log(f"=> throughput and latency leave out the first {config.benchmark_warmup} iterations of training and of "
             "each validation (warm-up); *.wall_ips keeps the figure of every iteration")
@@ -226,9 +227,10 @@ def _print_summary(config: RunConfig, runtime: Runtime, engine: Engine, summary:
                    train_loader, val_loader) -> None:
     if not runtime.is_main:
         return
-    top1 = summary.get("val.top1")
+    top1, tta_top1 = summary.get("val.top1"), summary.get("val.tta_top1")
     if top1 is not None and not math.isnan(top1):
-        print(f"val top1: {top1:.2f}% (best {max(engine.progress.best_prec1, top1):.2f}%)", flush=True)
+        tta = f"; with {config.val_tta} TTA: {tta_top1:.2f}%" if tta_top1 is not None else ""
+        print(f"val top1: {top1:.2f}% (best {max(engine.progress.best_prec1, top1):.2f}%){tta}", flush=True)
     if engine.progress.skipped_steps:
         print(f"skipped optimizer steps with inf/NaN gradients: {engine.progress.skipped_steps}", flush=True)
     skipped = sum(loader.skipped for loader in (train_loader, val_loader) if loader is not None)

@@ -77,14 +77,14 @@ class EncodedImages(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, item: tuple[int, int]) -> tuple[Sample | None, tuple[str, str] | None]:
-        index, seed = item
+    def __getitem__(self, item: tuple[int, ...]) -> tuple[Sample | None, tuple[str, str] | None]:
+        index, seed, *size = item  # training samples carry their epoch's crop size
         try:
             sample = self._read(index)
         except (OSError, ValueError, Image.DecompressionBombError) as error:
             return None, (self.samples.name(index), f"{error.__class__.__name__}: {error}")
         if self.transform is not None:
-            sample.draw, sample.state = seeded(seed, self._draw, sample.height, sample.width)
+            sample.draw, sample.state = seeded(seed, self._draw, sample.height, sample.width, *size)
         return sample, None
 
     def _read(self, index: int) -> Sample:
@@ -99,8 +99,8 @@ class EncodedImages(Dataset):
             pixels = torch.from_numpy(np.array(open_rgb(io.BytesIO(raw), self.resize))).permute(2, 0, 1)
         return Sample(index, label, *pixels.shape[-2:], pixels=pixels)
 
-    def _draw(self, height: int, width: int) -> tuple[Draw, torch.Tensor | None]:
-        draw = self.transform.draw(height, width)
+    def _draw(self, height: int, width: int, size: int | None = None) -> tuple[Draw, torch.Tensor | None]:
+        draw = self.transform.draw(height, width, size)
         return draw, (torch.default_generator.get_state() if self.draws_on else None)
 
 

@@ -74,10 +74,12 @@ def resized_crop(image: torch.Tensor, box: tuple[int, int, int, int], size: int,
 
 @dataclass(frozen=True)
 class Draw:
-    """One training sample's geometric draws: its crop box and whether it is flipped."""
+    """One training sample's geometric draws: its crop box, whether it is flipped, and the side its crop is
+    resized to (the epoch's, under ``--progressive-resize``)."""
 
     box: tuple[int, int, int, int]
     flip: bool
+    size: int
 
 
 def auto_augmentation(config: DataConfig):
@@ -98,24 +100,25 @@ class TrainTransform:
     """torchvision's RandomResizedCrop, flip and ``--augmentation`` on a uint8 CHW tensor, in two halves that
     the ``pytorch-gpu`` backend runs in different places: :meth:`draw` (the box and the flip, from the image's
     size alone) and :meth:`crop`; ``augmentation`` then draws on from the generator where :meth:`draw` left it.
-    Called on an image, it does all three, as the ``pytorch`` backend's workers do."""
+    Called on an image, it does all three, as the ``pytorch`` backend's workers do.  ``size`` (the epoch's crop
+    side, which the sampler hands the workers with each sample) replaces the configuration's."""
 
     def __init__(self, config: DataConfig):
         self.size, self.scale = config.train_size, tuple(config.crop_scale)
         self.interpolation, self.hflip = INTERPOLATION[config.interpolation], config.hflip
         self.augmentation = auto_augmentation(config)
 
-    def draw(self, height: int, width: int) -> Draw:
+    def draw(self, height: int, width: int, size: int | None = None) -> Draw:
         box = crop_box(height, width, self.scale)
         # as v2.RandomHorizontalFlip draws: one number, flipped below hflip; no draw when flips are off
-        return Draw(box, self.hflip > 0 and bool(torch.rand(1) < self.hflip))
+        return Draw(box, self.hflip > 0 and bool(torch.rand(1) < self.hflip), size or self.size)
 
     def crop(self, image: torch.Tensor, draw: Draw) -> torch.Tensor:
-        out = resized_crop(image, draw.box, self.size, self.interpolation)
+        out = resized_crop(image, draw.box, draw.size, self.interpolation)
         return v2.functional.horizontal_flip(out) if draw.flip else out
 
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        out = self.crop(image, self.draw(*image.shape[-2:]))
+    def __call__(self, image: torch.Tensor, size: int | None = None) -> torch.Tensor:
+        out = self.crop(image, self.draw(*image.shape[-2:], size))
         return out if self.augmentation is None else self.augmentation(out)
 
 
