@@ -124,6 +124,9 @@ def classify_parser() -> argparse.ArgumentParser:
                      "it with ONNX Runtime, on the CPU, or on CUDA with onnxruntime-gpu; needs the onnx extra "
                      "(default: torch)")
     add_int8_arguments(run, "with --runtime onnxruntime, classify with")
+    run.add_argument("--tta", "--val-tta", dest="tta", choices=("flip",), default=None,
+                     help="test-time augmentation: flip classifies each image by the mean of its logits and its "
+                     "mirror image's, as main.py --val-tta flip validates (default: none)")
     run.add_argument("--topk", metavar="K", type=positive_int, default=5,
                      help="how many classes to show per image (default: 5)")
     run.add_argument("--labels", metavar="FILE", default=None,

@@ -133,8 +133,9 @@ def check_optimisation_combinations(args: argparse.Namespace) -> None:
             raise UserError(f"--lr-schedule triangular climbs to its peak itself (--lr-peak-epoch); leave out "
                             f"--warmup {args.warmup} (or give --warmup 0)")
         peak = DEFAULT_LR_PEAK_EPOCH if args.lr_peak_epoch is None else args.lr_peak_epoch
-        if peak > args.epochs:
-            raise UserError(f"--lr-peak-epoch {peak} is past --epochs {args.epochs}: give a peak within the run")
+        if peak >= args.epochs:
+            raise UserError(f"--lr-peak-epoch {peak} leaves --epochs {args.epochs} no epoch to come down in: give a "
+                            f"peak below {args.epochs}")
     elif args.lr_peak_epoch is not None:
         raise UserError("--lr-peak-epoch places the peak of --lr-schedule triangular: it needs that schedule")
     if args.nesterov and (args.optimizer != "sgd" or args.momentum <= 0):
