@@ -115,7 +115,6 @@ class ValResult:
     loss: float
     count: int
     not_finite: int  # images whose outputs held NaN or inf (counted as wrong)
-    tta_top1: float | None = None  # --val-tta: top1 of the logits averaged with the mirror images'
 
     @property
     def finite(self) -> bool:
@@ -377,11 +376,10 @@ class Loop:
             data_time = time.perf_counter() - end
             compute_time, logits, averaged = self._timed_forward(model, images)
             batch = targets.shape[0]
-            batch_totals = self._scored(logits, targets, ks)
-            batch_totals.insert(3, torch.tensor(float(batch), dtype=torch.float64, device=logits.device))
-            if averaged is not None:
-                batch_totals += self._scored(averaged, targets, ks)
-            batch_totals = torch.stack(batch_totals)
+            loss_sum, hits, hits_k, bad = self._scored(logits, targets, ks)
+            count = torch.tensor(float(batch), dtype=torch.float64, device=logits.device)
+            batch_totals = torch.stack([loss_sum, hits, hits_k, count, bad,
+                                        *(self._scored(averaged, targets, ks) if averaged is not None else ())])
             totals += batch_totals
             local = batch_totals.tolist()
             now = time.perf_counter()
@@ -423,7 +421,6 @@ class Loop:
             for name, value in (("tta_top1", tta_top1), (f"tta_top{config.topk}", tta_topk)):
                 raport.record(f"{prefix}.{name}", 100.0 * value / count, count, window=False)
             raport.record(f"{prefix}.tta_loss", tta_loss / count, count, window=False)
-            result.tta_top1 = 100.0 * tta_top1 / count
         return result
 
     @staticmethod

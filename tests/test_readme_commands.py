@@ -67,6 +67,8 @@ NOT_RUN = {
     r"prepare_imagenet\.py": "needs the ImageNet archives: tests/test_prepare_imagenet.py runs it on archives it builds",
     r"benchmarks/startup\.py --make": "writes 1.28 M files and starts main.py four times: tests/test_pack.py runs its "
                                       "parts on a small set",
+    r"scripts/resize_timing\.py": "six full trainings, an hour on 2 cores: tests/test_resize_timing.py runs it on tiny "
+                                  "ones (slow)",
 }
 
 SMOKE = r"^python main\.py --evaluate --resume workspace/digits/"
@@ -97,6 +99,8 @@ SUBSTITUTIONS = [
     (r"--photos(?! \d)", "--photos 3"),
     (r"--batch-sizes( \d+)+", "--batch-sizes 1"),
     (r"--iterations \d+", "--iterations 2"),
+    # FFCV's recipes ramp the crops and peak the learning rate past the one epoch the commands run
+    (r"(--recipe fast-\d+)", r"\1 --progressive-resize 32 64 0 1 --lr-peak-epoch 0"),
 ]
 # extra flags per script (beyond TINY_TRAINING for the training scripts)
 SCRIPT_FLAGS = {
