@@ -15,7 +15,8 @@ seeds, the progressive one first for even ones, so that a change in the machine'
 The target is the fixed-size runs' mean final val top-1; a run reaches it at its first epoch within
 ``--within`` points (default 0.5).  Training time is each epoch's training images over its ``train.total_ips``
 from the raport (the training loop alone, wall clock, loader waits included, validation left out), summed up
-to that epoch; ``wall`` is the whole main.py command's, start-up and validation included.  Printed: a row per
+to that epoch; the wall time to it is the run's ``time`` less what came after that epoch's validation; ``time``
+is the whole main.py command's, start-up and every validation included.  Printed: a row per
 run, the ratio of the progressive runs' times to the fixed ones', and what one training iteration costs at each
 size (``train.compute_time``, ``train.data_time``: the wait for the loader), from the same runs; the machine and
 its load average before and after each run.  ``--threads N`` (default 1) sets OMP_NUM_THREADS for the runs.
@@ -64,6 +65,12 @@ class Run:
         last = len(self.epochs) if through is None else through + 1
         return sum(epoch["train_s"] for epoch in self.epochs[:last])
 
+    def wall_seconds(self, through: int) -> float:
+        """The run's wall time when epoch ``through``'s validation ended: its ``time`` less the training and
+        validation of the epochs after it (start-up, checkpoints and logging counted as they came)."""
+        later = self.epochs[through + 1:]
+        return self.wall_s - sum(epoch["train_s"] + epoch["val_s"] for epoch in later)
+
 
 def build_parser() -> UserErrorParser:
     parser = UserErrorParser(prog="resize_timing.py", description=__doc__.split("\n\n")[0])
@@ -79,6 +86,8 @@ def build_parser() -> UserErrorParser:
     parser.add_argument("--threads", metavar="N", type=int, default=1, help="OMP_NUM_THREADS of the runs (default 1)")
     parser.add_argument("--workspace", metavar="DIR", required=True, help="a folder for the runs' workspaces")
     parser.add_argument("--json", metavar="FILE", default=None, help="also write every figure here")
+    parser.add_argument("--report", metavar="FILE", default=None,
+                        help="run nothing: print the table of the runs a --json FILE holds")
     return parser
 
 
@@ -152,17 +161,20 @@ def report(runs: list[Run], opts) -> list[str]:
     lines = [f"Measured on {machine.description()}; OMP_NUM_THREADS={opts.threads}.",
              f"Target: the fixed-size runs' mean final val top-1 less {opts.within} points = {target:.2f}%.", "",
              "| seed | training crops | final val top-1 | epoch reaching the target | training s to the target | "
-             "training s, all epochs | `time` of the run, s | load average before / after |",
-             "|---|---|---|---|---|---|---|---|"]
+             "wall s to the target | training s, all epochs | `time` of the run, s | load average before / after |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         reached = r.reached(target)
         crops = f"{opts.fixed} px" if r.schedule == "fixed" else "--progressive-resize " + " ".join(map(str, opts.ramp))
+        to_target = ("not reached", "not reached") if reached is None else \
+            (f"{r.train_seconds(reached):.0f}", f"{r.wall_seconds(reached):.0f}")
         lines.append(f"| {r.seed} | {crops} | {r.final_top1:.2f}% | {'-' if reached is None else reached} | "
-                     f"{'not reached' if reached is None else f'{r.train_seconds(reached):.0f}'} | "
-                     f"{r.train_seconds():.0f} | {r.wall_s:.0f} | {r.load_before[0]:.1f} / {r.load_after[0]:.1f} |")
+                     f"{to_target[0]} | {to_target[1]} | {r.train_seconds():.0f} | {r.wall_s:.0f} | "
+                     f"{r.load_before[0]:.1f} / {r.load_after[0]:.1f} |")
     lines.append("")
     for label, measure, needs_target in (
             ("training time to the target", lambda r: r.train_seconds(r.reached(target)), True),
+            ("wall time to the target", lambda r: r.wall_seconds(r.reached(target)), True),
             ("training time of all epochs", lambda r: r.train_seconds(), False),
             ("`time` of the whole run", lambda r: r.wall_s, False)):
         ratios = []
@@ -192,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     flags = argv[argv.index("--") + 1:] if "--" in argv else []
     opts = build_parser().parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    if opts.report:
+        runs = [Run(**{**run, "load_before": tuple(run["load_before"]), "load_after": tuple(run["load_after"])})
+                for run in json.loads(Path(opts.report).read_text())]
+        print("\n".join(report(runs, opts)), flush=True)
+        return 0
     data = Path(opts.data)
     if opts.make:
         make_data(opts.make, data, opts.fixed)
