@@ -346,8 +346,8 @@ def test_readme_flags_are_accepted(readme):
         if not scripts:
             continue
         known = set().union(*(_accepted_flags(script) for script in scripts))
-        if any(Path(script).name in ("launch.py", "multiproc.py") for script in scripts):
-            known |= main_flags  # both hand the flags they do not know to main.py
+        if any(Path(script).name in ("launch.py", "multiproc.py", "resize_timing.py") for script in scripts):
+            known |= main_flags  # they hand the flags they do not know (resize_timing.py: those after --) to main.py
         unknown = [token.split("=")[0] for token in argv[1:]
                    if re.fullmatch(r"--?[A-Za-z][\w-]*(=.*)?", token) and token.split("=")[0] not in known]
         assert not unknown, f"{readme.relative_to(REPO)}: {command}: unknown {unknown}"
