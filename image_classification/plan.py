@@ -435,9 +435,11 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     described = resumed if resumed is not None else (pretrained if args.evaluate else None)
     num_classes = resolve_num_classes(args, described, classes, log)
     preprocessing = resolve_preprocessing(args, recorded, source, log)
-    if not args.evaluate and args.batch_size == 1 and preprocessing.image_size <= 32:
-        raise UserError(f"-b 1 cannot train at {preprocessing.image_size} px: the last feature map is one pixel, and "
-                        "BatchNorm cannot normalise a single value; use -b 2 or more, or a larger --image-size")
+    schedule = preprocessing.train_schedule
+    smallest = schedule.min_size if schedule is not None else preprocessing.train_size  # the smallest training crop
+    if not args.evaluate and args.batch_size == 1 and smallest <= 32:
+        raise UserError(f"-b 1 cannot train at {smallest} px: the last feature map is one pixel, and "
+                        "BatchNorm cannot normalise a single value; use -b 2 or more, or larger training crops")
     accumulation = grad_accumulation_steps(args.optimizer_batch_size, args.batch_size, runtime.world_size)
     if accumulation > 1:
         log(f"=> gradient accumulation: {accumulation} micro-batches of {args.batch_size} per optimizer step")

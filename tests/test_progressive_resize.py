@@ -247,3 +247,11 @@ def test_an_old_record_without_a_schedule_reads_as_one_size():
     record = Preprocessing(48, train_crop_size=40).to_dict()
     assert "train_schedule" not in record
     assert Preprocessing.from_dict(record).train_size_at(7) == 40
+
+
+def test_one_image_a_batch_is_refused_where_the_ramp_starts_at_32_px(capsys):
+    """At 32 px a ResNet's last map is one pixel, which BatchNorm cannot normalise over a batch of one: the
+    smallest training crop counts, not the validation crop."""
+    argv = ["--data-backend", "synthetic", "--device", "cpu", "-b", "1", "--epochs", "2", "--val-crop-size", "64",
+            "--progressive-resize", "32", "64", "0", "1"]
+    assert "-b 1 cannot train at 32 px" in refused(cli_run(main, argv), capsys)
