@@ -89,7 +89,7 @@ def make_engine(args: argparse.Namespace, runtime: Runtime, model: nn.Module, co
                        weight_decay=WEIGHT_DECAY, batch_size=args.batch_size, label_smoothing=args.label_smoothing,
                        print_freq=10**9, compile=compile)
     engine = Engine(config, runtime, model, log=lambda *_: None)
-    engine.set_epoch_lr(0)
+    engine.set_lr(0)
     return engine
 
 

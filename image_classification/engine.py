@@ -136,8 +136,9 @@ class Engine:
         return model
 
     # -- training ---------------------------------------------------------------------------------
-    def set_epoch_lr(self, epoch: int) -> float:
-        lr = self.config.lr_at(epoch)
+    def set_lr(self, epoch: int, fraction: float = 0.0) -> float:
+        """Set and return the learning rate ``fraction`` of the way into ``epoch``."""
+        lr = self.config.lr_at(epoch, fraction)
         set_lr(self.optimizer, lr)
         return lr
 

@@ -29,6 +29,7 @@ from .data.reduced import open_resized
 from .data.transforms import val_transform
 from .errors import UserError
 from .integrity import recorded_description
+from .losses import flip_tta
 from .models import build_model, default_image_size, load_checkpoint_file, load_weights
 from .models.weights import checked_arch, checked_num_classes, fetch_pretrained, recorded_class_names
 from .onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
@@ -250,11 +251,14 @@ def class_names_for(num_classes: int, labels_file: str | None, recorded: list[st
 # Prediction
 # ------------------------------------------------------------------------------------------------
 @torch.no_grad()
-def predict(model: nn.Module, images: torch.Tensor, runtime: Runtime) -> torch.Tensor:
-    """Class probabilities (float32, softmax over the logits) for a batch of normalised images."""
+def predict(model: nn.Module, images: torch.Tensor, runtime: Runtime, tta: str | None = None) -> torch.Tensor:
+    """Class probabilities (float32, softmax over the logits) for a batch of normalised images; with ``tta``
+    ``"flip"``, over the mean of their logits and their mirror images' (:func:`.losses.flip_tta`)."""
     images = images.to(runtime.device).contiguous(memory_format=runtime.memory_format)
     with runtime.autocast():
         logits = model(images)
+        if tta is not None:
+            logits = flip_tta(model, images, logits)
     probabilities = logits.float().softmax(dim=1).cpu()
     if not torch.isfinite(probabilities).all():
         raise UserError("the model's outputs are NaN or inf for these images; its predictions would mean nothing "
@@ -270,10 +274,11 @@ def top_predictions(probabilities: torch.Tensor, names: Sequence[str], k: int) -
 
 
 def classify_paths(model: nn.Module, paths: Sequence[Path], runtime: Runtime, preprocessing: Preprocessing | int,
-                   names: Sequence[str], topk: int, decode_scale: str = "auto") -> Iterator[tuple[Path, list[dict]]]:
+                   names: Sequence[str], topk: int, decode_scale: str = "auto", tta: str | None = None
+                   ) -> Iterator[tuple[Path, list[dict]]]:
     """(path, top-k predictions) for every image, classified ``BATCH_SIZE`` at a time (each decoded as
-    :func:`load_resized` says); an image that cannot be decoded (a header that reads, a body that does not) is
-    named on stderr and left out."""
+    :func:`load_resized` says; ``tta``: see :func:`predict`); an image that cannot be decoded (a header that
+    reads, a body that does not) is named on stderr and left out."""
     if isinstance(preprocessing, int):
         preprocessing = Preprocessing(preprocessing)
     transform = image_transform(preprocessing)
@@ -288,7 +293,7 @@ def classify_paths(model: nn.Module, paths: Sequence[Path], runtime: Runtime, pr
             chunk.append(path)
         if not chunk:
             continue
-        for path, probabilities in zip(chunk, predict(model, torch.stack(images), runtime)):
+        for path, probabilities in zip(chunk, predict(model, torch.stack(images), runtime, tta)):
             yield path, top_predictions(probabilities, names, topk)
 
 
@@ -362,7 +367,7 @@ def classify(args: argparse.Namespace) -> int:
         model = loaded.model.to(runtime.device, memory_format=runtime.memory_format)
     predicted = 0
     for path, predictions in classify_paths(model, paths, runtime, preprocessing, names, args.topk,
-                                                 args.decode_scale):
+                                                 args.decode_scale, args.tta):
         predicted += 1
         if args.json:
             print(json.dumps({"path": str(path), "predictions": predictions}), flush=True)

@@ -16,13 +16,14 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import yaml
 
 from . import machine
-from .arguments import build_parser as build_main_parser, flag_tokens, parse_args
+from .arguments import build_parser as build_main_parser, flag_tokens, parse_args, shown
 from .cli import UserErrorParser
 from .datafile import DataFileError, read_regular, utf8_text
 from .errors import UserError
@@ -151,12 +152,10 @@ def _choose(table: dict, name: str, what: str) -> dict:
     return {} if entry is None else entry
 
 
-def resolve(model: str, precision: str, mode: str, platform: str,
-            cfg_file: str | Path = DEFAULT_CFG_FILE, recipe: str | None = None) -> dict:
-    """The preset for one model x platform x precision x mode: a dict of main.py argparse dests.
-
-    ``recipe`` names an entry of the file's ``recipes`` section, whose hyperparameters replace the
-    model's own (NVIDIA's) for every platform and precision."""
+def resolve_layers(model: str, precision: str, mode: str, platform: str,
+                   cfg_file: str | Path = DEFAULT_CFG_FILE, recipe: str | None = None) -> list[tuple[str, dict]]:
+    """The presets one model x platform x precision x mode (and recipe) stacks, each with where it is in the
+    file, in the order they apply (a later one's values win)."""
     config = load_config(cfg_file)
     recipe_preset = {}
     if recipe is not None:
@@ -175,8 +174,81 @@ def resolve(model: str, precision: str, mode: str, platform: str,
     if precision not in precisions:
         raise UserError(f"{model} on {platform} has no {precision} preset; "
                         f"choose one of: {', '.join(precisions)}")
-    return {**precision_preset, **platform_preset, **(precisions[precision] or {}), **recipe_preset,
-            **mode_preset}
+    layers = [(f"precision.{precision}", precision_preset), (f"platform.{platform}", platform_preset),
+              (f"models.{model}.{platform}.{precision}", precisions[precision] or {})]
+    if recipe is not None:
+        layers.append((f"recipes.{recipe}", recipe_preset))
+    return layers + [(f"mode.{mode}", mode_preset)]
+
+
+def resolve(model: str, precision: str, mode: str, platform: str,
+            cfg_file: str | Path = DEFAULT_CFG_FILE, recipe: str | None = None, typed: Sequence[str] = (),
+            world_size: int = 1) -> dict:
+    """The preset for one model x platform x precision x mode: a dict of main.py argparse dests.
+
+    ``recipe`` names an entry of the file's ``recipes`` section, whose hyperparameters replace the
+    model's own (NVIDIA's) for every platform and precision.  A learning rate stated for a global batch
+    (``lr_batch``) is scaled to the run's (:func:`scaled_lr`: ``typed``, the main.py flags of the command
+    line, and ``world_size``, its processes, decide that batch)."""
+    layers = resolve_layers(model, precision, mode, platform, cfg_file, recipe)
+    return scaled_lr(merged(layers), layers, typed, world_size)[0]
+
+
+def merged(layers: list[tuple[str, dict]]) -> dict:
+    return {key: value for _, preset in layers for key, value in preset.items()}
+
+
+# A preset key that is launch.py's own, not a main.py flag: the global batch the preset's lr is stated for.
+LR_BATCH = "lr_batch"
+
+
+def scaled_lr(preset: dict, layers: list[tuple[str, dict]], typed: Sequence[str] = (), world_size: int = 1
+              ) -> tuple[dict, str | None]:
+    """``preset`` without its ``lr_batch``, its ``lr`` scaled linearly from that global batch to the run's (as
+    NVIDIA's presets are written: 0.256 per 256 images), and the sentence that says how; the preset as it is
+    without ``lr_batch``, or when ``--lr`` is typed (the typed value wins, unscaled).  The run's global batch
+    is ``--optimizer-batch-size`` when positive, else ``world_size`` processes x ``-b``, each the typed flag's
+    or the preset's."""
+    if LR_BATCH not in preset:
+        return preset, None
+    preset = dict(preset)
+    reference = preset.pop(LR_BATCH)
+    source = _source_of(LR_BATCH, layers)
+    if isinstance(reference, bool) or not isinstance(reference, int) or reference < 1:
+        raise UserError(f"preset value {LR_BATCH}: {shown(reference)} is not valid: expected the positive global "
+                        f"batch size that lr is given for ({source})")
+    given = typed_flags(typed, ("lr", "batch_size", "optimizer_batch_size"))
+    if "lr" in given or "lr" not in preset:
+        return preset, None
+    value = lambda key: given.get(key, preset.get(key))  # noqa: E731
+    where = lambda key: "typed" if key in given else _source_of(key, layers) or "main.py's default"  # noqa: E731
+    optimizer_batch = value("optimizer_batch_size")
+    if optimizer_batch is not None and optimizer_batch > 0:
+        batch, how = optimizer_batch, f"--optimizer-batch-size ({where('optimizer_batch_size')})"
+    else:
+        per_process = value("batch_size") or build_main_parser().get_default("batch_size")
+        batch = world_size * per_process
+        how = f"{world_size} process(es) x -b {per_process} ({where('batch_size')})"
+    base = preset["lr"]
+    preset["lr"] = float(f"{base * batch / reference:.12g}")
+    return preset, (f"{base:g} ({_source_of('lr', layers)}) for a global batch of {reference} ({source} "
+                    f"{LR_BATCH}), scaled to this run's {batch}: {how}")
+
+
+def _source_of(key: str, layers: list[tuple[str, dict]]) -> str | None:
+    """The last layer that sets ``key``."""
+    return next((name for name, preset in reversed(layers) if key in preset), None)
+
+
+_UNSET = object()
+
+
+def typed_flags(rest: Sequence[str], dests: Sequence[str]) -> dict:
+    """The values the command line's main.py flags give ``dests`` (only those it gives)."""
+    parser = build_main_parser()
+    parser.set_defaults(**{dest: _UNSET for dest in dests})
+    parsed = parser.parse_known_args(list(rest))[0]
+    return {dest: getattr(parsed, dest) for dest in dests if getattr(parsed, dest) is not _UNSET}
 
 
 def adapt_to_host(preset: dict, device: str, cuda_available: bool) -> tuple[dict, list[str]]:
@@ -233,7 +305,7 @@ def main_py_argv(args: argparse.Namespace, always: Sequence[str] = ()) -> list[s
         if value is None:  # only ever a default, and no flag spells it
             continue
         is_default = value == action.default or (
-            isinstance(value, (list, tuple)) and list(value) == list(action.default))
+            isinstance(value, (list, tuple)) and action.default is not None and list(value) == list(action.default))
         if is_default and action.dest not in always:
             continue
         if action.option_strings:
@@ -326,11 +398,14 @@ def _notify(message: str) -> None:
 
 
 def dry_run_report(title: str, rest: Sequence[str], preset: dict, adapted: dict,
-                   notices: Sequence[str], trainer: Sequence[str] = ("python", "main.py")) -> str:
+                   notices: Sequence[str], trainer: Sequence[str] = ("python", "main.py"),
+                   sources: "Sources | None" = None) -> str:
     """``--dry-run``'s text: the preset's main.py command as written, then what this machine changes, then
-    the class count the run will use (the dataset's, when the command names one).
+    the class count the run will use (the dataset's, when the command names one), then, with ``sources``,
+    every value of the run as written and where it comes from (:func:`value_sources`).
 
-    The first command depends on the presets file and the command line only, never on this machine.
+    The first command depends on the presets file and the command line only, never on this machine (the
+    number of processes aside, where a learning rate is scaled to a global batch that depends on it).
     """
     written = parse_args(rest, defaults=preset, require_data=False)
     # adapt_to_host never touches the data flags, so both commands need DIR or neither does
@@ -349,15 +424,73 @@ def dry_run_report(title: str, rest: Sequence[str], preset: dict, adapted: dict,
     else:
         lines.append("# on this machine it runs as written")
     lines.append(class_count_note(written, bool(placeholder)))
+    if sources is not None:
+        lines += value_sources(written, rest, sources)
     return "\n".join(lines)
 
 
-def _preset_command(argv: Sequence[str] | None, prog: str) -> tuple[argparse.Namespace, list[str], dict | None]:
-    """(launch.py's own flags, main.py's, the preset they pick); no preset for ``--list``."""
+@dataclass
+class Sources:
+    """Where a preset's values come from: the file's presets it stacks, and how its lr was scaled (or None)."""
+
+    layers: list[tuple[str, dict]]
+    lr_note: str | None = None
+
+
+VALUES_HEADER = "# every value of the run as written, and where it comes from (a later preset wins, a typed flag most):"
+
+
+def value_sources(args: argparse.Namespace, rest: Sequence[str], sources: Sources) -> list[str]:
+    """A line per main.py option that the command line or a preset sets (its value, then where it is set), and
+    the options left at main.py's defaults, with theirs, in a few lines."""
+    parser = build_main_parser()
+    actions = [action for action in parser._actions if action.dest != "help"]
+    typed = typed_flags(rest, [action.dest for action in actions])
+    lines, defaults = [VALUES_HEADER], []
+    for action in actions:
+        value = getattr(args, action.dest)
+        name = action.option_strings[-1] if action.option_strings else action.metavar or action.dest
+        name = next((flag for flag in action.option_strings if flag.startswith("--")), name)
+        source = "typed" if action.dest in typed else _source_of(action.dest, sources.layers)
+        if action.dest == "lr" and source != "typed" and sources.lr_note:
+            source = sources.lr_note
+        if action.dest == "num_classes" and source != "typed" and value is None:
+            source = None  # the presets' ImageNet count is left out: the classes line above says which
+        if source is None:
+            defaults.append(f"{name} {_value_text(action, value)}")
+        else:
+            lines.append(f"#   {name} {_value_text(action, value)}: {source}")
+    lines.append("# main.py's defaults for the rest:")
+    row = "#  "
+    for item in defaults:
+        if len(row) + len(item) + 2 > 110:
+            lines.append(row.rstrip(","))
+            row = "#  "
+        row += f" {item},"
+    lines.append(row.rstrip(","))
+    return lines
+
+
+def _value_text(action: argparse.Action, value) -> str:
+    if value is None:
+        return "none"
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return "on" if value else "off"
+    if action.nargs == 0:  # store_true / store_false: whether the flag itself is given
+        return "on" if value == action.const else "off"
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(str, value))
+    return str(value)
+
+
+def _preset_command(argv: Sequence[str] | None, prog: str
+                    ) -> tuple[argparse.Namespace, list[str], dict | None, Sources | None]:
+    """(launch.py's own flags, main.py's, the preset they pick, where its values come from); no preset for
+    ``--list``."""
     parser = build_parser(prog)
     launch, rest = parser.parse_known_args(argv)
     if launch.list:
-        return launch, rest, None
+        return launch, rest, None, None
     main_parser = build_main_parser(prog)
     main_parser.refuse_unknown_flags(rest, parser)  # a typo of either's flag, before "missing --model"
     rest = main_parser.expand_prefixes(rest)  # said once here; every later parse reads the whole flags
@@ -365,16 +498,24 @@ def _preset_command(argv: Sequence[str] | None, prog: str) -> tuple[argparse.Nam
     missing = [f"--{name}" for name in required if getattr(launch, name) is None]
     if missing:
         raise UserError(f"launch.py: the following arguments are required: {', '.join(missing)}")
-    preset = without_imagenet_count(resolve(launch.model, launch.precision, launch.mode, launch.platform,
-                                            launch.cfg_file, recipe=launch.recipe), rest)
-    return launch, rest, preset
+    layers = resolve_layers(launch.model, launch.precision, launch.mode, launch.platform, launch.cfg_file,
+                            recipe=launch.recipe)
+    preset, lr_note = scaled_lr(merged(layers), layers, rest, _world_size())
+    return launch, rest, without_imagenet_count(preset, rest), Sources(layers, lr_note)
+
+
+def _world_size() -> int:
+    """The processes of this launch (torchrun's and SLURM's variables; 1 alone)."""
+    from .runtime import distributed_env  # torch: only once a preset is resolved, not for -h or --list
+
+    return distributed_env()[2]
 
 
 def run_arguments(argv: Sequence[str], prog: str = "launch.py") -> argparse.Namespace | None:
     """main.py's arguments for the run that a launch.py command line starts (the preset as written: what
     this machine changes, the device and the precision, touches no path); None for ``--list`` and
     ``--dry-run``, which start none."""
-    launch, rest, preset = _preset_command(argv, prog)
+    launch, rest, preset, _ = _preset_command(argv, prog)
     if preset is None or launch.dry_run:
         return None
     return parse_args(rest, defaults=preset, prog=prog)
@@ -397,7 +538,7 @@ def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = Non
     ``prog``: the command's name; installed as ``ic-launch``, the commands it prints name ``ic-train``.
     """
     trainer = ("python", "main.py") if prog == "launch.py" else ("ic-train",)
-    launch, rest, preset = _preset_command(argv, prog)
+    launch, rest, preset, sources = _preset_command(argv, prog)
     if preset is None:
         print(list_presets(launch.cfg_file))
         return 0
@@ -413,7 +554,7 @@ def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = Non
         recipe = f" --recipe {launch.recipe}" if launch.recipe else ""
         title = (f"{launch.model} {launch.precision} {launch.mode} {launch.platform}{recipe} "
                  f"from {launch.cfg_file}")
-        print(dry_run_report(title, rest, preset, adapted, notices, trainer))
+        print(dry_run_report(title, rest, preset, adapted, notices, trainer, sources))
         return 0
     for notice in notices:
         _notify(notice)

@@ -27,6 +27,8 @@ live in the :class:`Engine`, which it drives.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import time
 from dataclasses import dataclass
@@ -40,7 +42,7 @@ from . import checkpoint as ckpt
 from .data import Loader
 from .engine import Engine
 from .errors import EXIT_PREEMPTED, TrainingDiverged
-from .losses import classification_loss, correct_counts
+from .losses import classification_loss, correct_counts, flip_tta
 from .arguments import CheckpointInterval
 from .metrics import Warmup, record_iteration
 from .progress import pass_length, progress_bar
@@ -115,6 +117,7 @@ class ValResult:
     loss: float
     count: int
     not_finite: int  # images whose outputs held NaN or inf (counted as wrong)
+    tta_top1: float | None = None  # --val-tta's top1 of the averaged logits, where it has one
 
     @property
     def finite(self) -> bool:
@@ -144,6 +147,7 @@ class Loop:
         self.evaluated = evaluated
         self.config, self.runtime = engine.config, engine.runtime
         self._noted_short_epoch = False
+        self._train_size: int | None = None  # the crop side this process trained at last
         self.train_warmup = Warmup(self.config.benchmark_warmup)  # once per process: cuDNN tunes its first steps
         self.val_iterations: dict[str, tuple[int, int]] = {}  # per prefix, over every pass: (iterations, measured)
         self.last_validation: tuple[int, ValResult] | None = None  # (epochs trained, ``val``'s result), the latest
@@ -289,8 +293,9 @@ class Loop:
         progress = engine.progress
         engine.base_model.train()
         engine.model.train()
-        lr = engine.set_epoch_lr(epoch)
         length, accumulation = self.epoch_plan(loader)
+        lr = engine.set_lr(epoch, progress.batch / length if length else 0.0)
+        new_size = self._note_train_size(epoch)
         batches = iter_from(loader, epoch, progress.batch)
         print_freq = self.config.print_freq
         end = time.perf_counter()
@@ -301,7 +306,13 @@ class Loop:
                 break
             data_time = time.perf_counter() - end
             step_now = (progress.batch + 1) % accumulation == 0
+            if self.config.lr_per_step:
+                lr = engine.set_lr(epoch, progress.batch / length)
+            compiled = compile_count() if new_size and self.config.compile else None
             engine.train_step(images, targets, accumulation=accumulation, step_now=step_now)
+            if compiled is not None:
+                self._note_recompile(compiled, images.shape[-1], time.perf_counter() - end - data_time)
+                new_size = False
             window_ends = progress.batch % print_freq == 0 or progress.batch == length
             if window_ends:
                 reading = engine.read_window(f"epoch {epoch + 1}, iteration {progress.batch}", control.local_flags())
@@ -334,6 +345,32 @@ class Loop:
         engine.discard_gradients()
         return True
 
+    def _note_train_size(self, epoch: int) -> bool:
+        """Record ``epoch``'s training crop side for its epoch line, and say when a schedule changes it; whether
+        this process meets the size for the first time (its first epoch, or a change)."""
+        size = self.config.preprocessing.train_size_at(epoch)
+        self.raport.record("train.image_size", size, window=False)
+        schedule = self.config.preprocessing.train_schedule
+        first = self._train_size is None
+        if schedule is not None and size != self._train_size:
+            before = "" if first else f" (from {self._train_size} px)"
+            self.log(f"=> epoch {epoch}: training crops of {size} px{before}, --progressive-resize "
+                     f"{' '.join(map(str, schedule.as_flag()))}")
+        changed = not first and size != self._train_size
+        self._train_size = size
+        return changed
+
+    def _note_recompile(self, before: int, size: int, seconds: float) -> None:
+        """Say what the first step at a new crop size cost under --compile: torch.compile traces a new input
+        shape again (with dynamic shapes, once for every later size too)."""
+        after = compile_count()
+        if after > before:
+            self.log(f"=> --compile: {size} px crops are a new input shape: the model was compiled again "
+                     f"({after - before} graph(s), {seconds:.1f} s in this step)")
+        else:
+            self.log(f"=> --compile: {size} px crops ran on the graph already compiled (dynamic shapes): no "
+                     "recompilation")
+
     # -- validation -----------------------------------------------------------------------------
     @torch.no_grad()
     def validate(self, model: Callable[[torch.Tensor], torch.Tensor], loader, prefix: str, epoch: int,
@@ -348,11 +385,15 @@ class Loop:
         if isinstance(model, nn.Module):
             model.eval()
         ks = (1, config.topk)
-        totals = torch.zeros(5, dtype=torch.float64, device=runtime.device)  # loss, top1, topk, count, bad
+        tta = config.val_tta is not None
+        # loss, top1, topk, count, bad; with TTA then loss, top1, topk and bad of the averaged logits
+        totals = torch.zeros(9 if tta else 5, dtype=torch.float64, device=runtime.device)
         length = len(loader) if config.prof <= 0 else min(config.prof, len(loader))
         batches = iter_from(loader, epoch, 0)
         warmup = Warmup(config.benchmark_warmup)  # each pass: its first batches of a shape tune cuDNN again
-        figures = (f"{prefix}.top1", f"{prefix}.top{config.topk}", f"{prefix}.loss")  # a window's: the pass so far
+        # a window's figures (the pass so far); with TTA those of the averaged logits after them
+        figures = (f"{prefix}.top1", f"{prefix}.top{config.topk}", f"{prefix}.loss",
+                   *((f"{prefix}.tta_top1", f"{prefix}.tta_top{config.topk}", f"{prefix}.tta_loss") if tta else ()))
         finite_so_far = True  # once an output is NaN or inf, the pass has no accuracy, nor its windows
         end = time.perf_counter()
         for index in range(length):
@@ -361,34 +402,36 @@ class Loop:
             except StopIteration:
                 break
             data_time = time.perf_counter() - end
-            compute_time, logits = self._timed_forward(model, images)
-            loss = classification_loss(logits, targets, 0.0)  # plain cross-entropy, whatever training used
+            compute_time, logits, averaged = self._timed_forward(model, images)
             batch = targets.shape[0]
-            counts = correct_counts(logits, targets, ks).double()
-            not_finite = (~torch.isfinite(logits).all(dim=1)).sum().double()
-            batch_totals = torch.stack([loss.double() * batch, counts[0], counts[1],
-                                        torch.tensor(float(batch), dtype=torch.float64, device=loss.device),
-                                        not_finite])
+            loss_sum, hits, hits_k, bad = self._scored(logits, targets, ks)
+            count = torch.tensor(float(batch), dtype=torch.float64, device=logits.device)
+            batch_totals = torch.stack([loss_sum, hits, hits_k, count, bad,
+                                        *(self._scored(averaged, targets, ks) if averaged is not None else ())])
             totals += batch_totals
             local = batch_totals.tolist()
             now = time.perf_counter()
             record_iteration(raport, prefix, data_time=data_time, iteration_time=now - end,
                              images=batch * runtime.world_size, measured=warmup.next(), latency=compute_time)
             end = now
-            if finite_so_far and local[4]:
+            if finite_so_far and (local[4] or (tta and local[8])):
                 finite_so_far = False
                 raport.drop_window(figures)
             if finite_so_far:
                 raport.record(figures[0], 100.0 * local[1] / batch, batch, epoch=False)
                 raport.record(figures[1], 100.0 * local[2] / batch, batch, epoch=False)
                 raport.record(figures[2], local[0] / batch, batch, epoch=False)
+                if tta:
+                    raport.record(figures[3], 100.0 * local[6] / batch, batch, epoch=False)
+                    raport.record(figures[4], 100.0 * local[7] / batch, batch, epoch=False)
+                    raport.record(figures[5], local[5] / batch, batch, epoch=False)
             if (index + 1) % config.print_freq == 0:
                 raport.log_window(prefix, [epoch, train_iteration, index + 1])
             progress_bar.update(1)
         with runtime.waiting_for_peers(f"summing {prefix} over the processes"):
             if runtime.distributed:
                 dist.all_reduce(totals)
-            loss_sum, top1, topk, count, bad = totals.tolist()
+            loss_sum, top1, topk, count, bad, *averaged_totals = totals.tolist()
         seen, measured = self.val_iterations.get(prefix, (0, 0))
         self.val_iterations[prefix] = (seen + warmup.seen, measured + warmup.measured)
         if count == 0:
@@ -401,22 +444,45 @@ class Loop:
         for name, value in (("top1", top1), (f"top{config.topk}", topk)):
             raport.record(f"{prefix}.{name}", 100.0 * value / count, count, window=False)
         raport.record(f"{prefix}.loss", loss_sum / count, count, window=False)
+        if averaged_totals:
+            tta_loss, tta_top1, tta_topk, tta_bad = averaged_totals
+            if tta_bad or not math.isfinite(tta_loss):  # the mirror images' outputs alone are not finite
+                self.log(f"=> {prefix} of epoch {epoch + 1}: the outputs on the mirror images are NaN or inf for "
+                         f"{int(tta_bad)} of {int(count)} images: no --val-tta figure")
+                return result
+            for name, value in (("tta_top1", tta_top1), (f"tta_top{config.topk}", tta_topk)):
+                raport.record(f"{prefix}.{name}", 100.0 * value / count, count, window=False)
+            raport.record(f"{prefix}.tta_loss", tta_loss / count, count, window=False)
+            result = dataclasses.replace(result, tta_top1=100.0 * tta_top1 / count)
         return result
 
-    def _timed_forward(self, model, images) -> tuple[float, torch.Tensor]:
+    @staticmethod
+    def _scored(logits: torch.Tensor, targets: torch.Tensor, ks: tuple[int, int]) -> list[torch.Tensor]:
+        """[loss sum, top-1 hits, top-k hits, outputs not finite] of a batch, as float64 tensors on the device."""
+        loss = classification_loss(logits, targets, 0.0)  # plain cross-entropy, whatever training used
+        counts = correct_counts(logits, targets, ks).double()
+        not_finite = (~torch.isfinite(logits).all(dim=1)).sum().double()
+        return [loss.double() * targets.shape[0], counts[0], counts[1], not_finite]
+
+    def _timed_forward(self, model, images) -> tuple[float, torch.Tensor, torch.Tensor | None]:
+        """(compute time, logits, the logits averaged with the mirror images' under --val-tta flip, else None);
+        the time covers both passes."""
         runtime = self.runtime
+        tta = self.config.val_tta is not None
         if runtime.is_cuda:
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             with runtime.autocast():
                 logits = model(images)
+                averaged = flip_tta(model, images, logits) if tta else None
             stop.record()
             stop.synchronize()
-            return start.elapsed_time(stop) / 1000.0, logits
+            return start.elapsed_time(stop) / 1000.0, logits, averaged
         begin = time.perf_counter()
         with runtime.autocast():
             logits = model(images)
-        return time.perf_counter() - begin, logits
+            averaged = flip_tta(model, images, logits) if tta else None
+        return time.perf_counter() - begin, logits, averaged
 
     # -- checkpoints --------------------------------------------------------------------------------
     def save(self, *, finished_epoch: bool, reason: str, is_best: bool = False) -> None:
@@ -450,6 +516,13 @@ class Loop:
             ckpt.copy_atomic(targets[0], target)
         if finished_epoch and config.gather_checkpoints != 0:
             ckpt.prune_epoch_checkpoints(self.workspace.path, config.gather_checkpoints)
+
+
+def compile_count() -> int:
+    """How many frames torch.compile has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(sum(counters["stats"].get(name, 0) for name in ("unique_graphs",)))
 
 
 def iter_from(loader: Loader, epoch: int, start_batch: int):

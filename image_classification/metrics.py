@@ -6,15 +6,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .raport import ACC_META, COUNT_META, LOSS_META, LR_META, PERF_META, TIME_META, VERBOSE, Raport
+from .raport import ACC_META, COUNT_META, LOSS_META, LR_META, PERF_META, SIZE_META, TIME_META, VERBOSE, Raport
 
 LATENCY_PERCENTILES = (90, 95, 99, 100)
 
 
 def register_metrics(raport: Raport, prefixes: list[str], topk: int, training: bool, warmup: int = 0,
-                     pass_counts: tuple[str, ...] = ()) -> None:
+                     pass_counts: tuple[str, ...] = (), tta: bool = False) -> None:
     """Every metric the loop records; with ``warmup`` (``--benchmark-warmup``) also ``*.wall_ips``; each of the
-    loaders' ``pass_counts`` (:meth:`.data.Loader.pass_counts`) once per phase, an epoch's sum of its passes."""
+    loaders' ``pass_counts`` (:meth:`.data.Loader.pass_counts`) once per phase, an epoch's sum of its passes; with
+    ``tta`` (``--val-tta``) each validation's figures of the averaged logits, ``*.tta_top1`` ..., beside the plain
+    ones."""
 
     def times(prefix: str) -> None:  # what record_iteration records for every phase
         raport.register(f"{prefix}.total_ips", "perf", PERF_META)
@@ -29,10 +31,15 @@ def register_metrics(raport: Raport, prefixes: list[str], topk: int, training: b
         times("train")
         raport.register("train.lr", "lr", LR_META)
         raport.register("train.grad_scale", "perf", LOSS_META)
+        raport.register("train.image_size", "last", SIZE_META)  # the epoch's crop side (--progressive-resize)
     for prefix in prefixes:  # a validation window's accuracy and loss: the figure so far, as readers take it
         raport.register(f"{prefix}.top1", "acc", ACC_META, running=True)
         raport.register(f"{prefix}.top{topk}", "acc", ACC_META, running=True)
         raport.register(f"{prefix}.loss", "loss", LOSS_META, running=True)
+        if tta:
+            raport.register(f"{prefix}.tta_top1", "acc", ACC_META, running=True)
+            raport.register(f"{prefix}.tta_top{topk}", "acc", ACC_META, running=True)
+            raport.register(f"{prefix}.tta_loss", "loss", LOSS_META, running=True)
         times(prefix)
         raport.register(f"{prefix}.compute_latency", "perf", TIME_META)
         for q in LATENCY_PERCENTILES:

@@ -14,8 +14,16 @@ from .errors import UserError
 STEP_MILESTONES = (30, 60, 80)
 
 
-def lr_at(epoch: int, *, base_lr: float, schedule: str, warmup: int, epochs: int, end_lr: float = 0.0) -> float:
-    """The learning rate of 0-based ``epoch`` (constant within an epoch, as in the reference)."""
+TRIANGULAR_START = 1e-4  # FFCV's cyclic schedule starts at this fraction of its peak
+
+
+def lr_at(epoch: float, *, base_lr: float, schedule: str, warmup: int, epochs: int, end_lr: float = 0.0,
+          peak_epoch: int = 2) -> float:
+    """The learning rate at 0-based ``epoch``: constant within an epoch, as in the reference, except for the
+    triangular schedule, which ``epoch`` places within its epoch (``epoch + batch / batches``)."""
+    if schedule == "triangular":
+        return triangular_lr(epoch, base_lr=base_lr, peak_epoch=peak_epoch, epochs=epochs)
+    epoch = int(epoch)
     if epoch < warmup:
         return base_lr * (epoch + 1) / warmup
     if schedule == "step":
@@ -25,7 +33,18 @@ def lr_at(epoch: int, *, base_lr: float, schedule: str, warmup: int, epochs: int
         return base_lr * (1.0 - progress)
     if schedule == "cosine":
         return end_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (base_lr - end_lr)
-    raise UserError(f"unknown LR schedule {schedule!r}; choose step, linear or cosine")
+    raise UserError(f"unknown LR schedule {schedule!r}; choose step, linear, cosine or triangular")
+
+
+def triangular_lr(epoch: float, *, base_lr: float, peak_epoch: int, epochs: int) -> float:
+    """FFCV's cyclic schedule: a line from ``TRIANGULAR_START * base_lr`` at epoch 0 up to ``base_lr`` at
+    ``peak_epoch``, then down to 0 at ``epochs`` (``epoch`` may fall within an epoch)."""
+    if epoch < peak_epoch:
+        start = TRIANGULAR_START * base_lr
+        return start + (base_lr - start) * epoch / peak_epoch
+    if epoch >= epochs:
+        return 0.0
+    return base_lr * (epochs - epoch) / (epochs - peak_epoch)
 
 
 # torchvision's norm_classes in references/classification/utils.set_weight_decay

@@ -22,7 +22,7 @@ from torch import nn
 
 from . import checkpoint as ckpt
 from . import machine
-from .arguments import DEFAULT_RAPORT_FILE, DEFAULT_WORKERS, CheckpointInterval, raport_file
+from .arguments import DEFAULT_LR_PEAK_EPOCH, DEFAULT_RAPORT_FILE, DEFAULT_WORKERS, CheckpointInterval, raport_file
 from .data import DataConfig, decoder_notice, default_backend_notice, resolve_backend
 from .data.files import printable
 from .errors import UserError
@@ -75,6 +75,7 @@ class RunConfig:
     optimizer: str = "sgd"
     lr: float = 0.1
     lr_schedule: str = "step"
+    lr_peak_epoch: int = DEFAULT_LR_PEAK_EPOCH  # the triangular schedule's peak
     warmup: int = 0
     end_lr: float = 0.0
     epochs: int = 90
@@ -107,6 +108,7 @@ class RunConfig:
     benchmark_warmup: int = 0  # iterations left out of the throughput and latency figures (each phase's first)
     print_freq: int = 10
     topk: int = 5
+    val_tta: str | None = None  # "flip": validation also reports the logits of each image and its mirror averaged
     evaluate: bool = False
     runtime: str = "torch"  # what --evaluate validates: PyTorch's model, or ONNX Runtime's export of it
     int8: Int8Request | None = None  # with onnxruntime: the int8 model calibrated so
@@ -119,9 +121,16 @@ class RunConfig:
     checkpoint_interval: CheckpointInterval | None = None
     tensorboard: str | None = None
 
-    def lr_at(self, epoch: int) -> float:
-        return lr_at(epoch, base_lr=self.lr, schedule=self.lr_schedule, warmup=self.warmup, epochs=self.epochs,
-                     end_lr=self.end_lr)
+    def lr_at(self, epoch: int, fraction: float = 0.0) -> float:
+        """The learning rate ``fraction`` of the way into 0-based ``epoch`` (only the triangular schedule moves
+        within an epoch)."""
+        return lr_at(epoch + fraction, base_lr=self.lr, schedule=self.lr_schedule, warmup=self.warmup,
+                     epochs=self.epochs, end_lr=self.end_lr, peak_epoch=self.lr_peak_epoch)
+
+    @property
+    def lr_per_step(self) -> bool:
+        """Whether the learning rate changes at every step rather than once an epoch."""
+        return self.lr_schedule == "triangular"
 
     def describe_model(self) -> dict:
         """What a checkpoint records about the model, so inference can rebuild and feed it."""
@@ -295,7 +304,8 @@ def resolve_preprocessing(args, recorded: dict, source: str, log) -> Preprocessi
     return choose_preprocessing(before, default_image_size(args.arch), source, lambda line: log(f"=> {line}"),
                                 image_size=args.image_size, train_crop_size=args.train_crop_size,
                                 val_crop_size=args.val_crop_size, val_resize_size=args.val_resize_size,
-                                interpolation=args.interpolation)
+                                interpolation=args.interpolation, progressive_resize=args.progressive_resize,
+                                training=not args.evaluate)
 
 
 def class_label_changes(recorded: list[str], classes: list[str]) -> list[str]:
@@ -362,6 +372,7 @@ def build_config(args: argparse.Namespace, *, seed: int, num_classes: int, prepr
         arch=args.arch, num_classes=num_classes, model_options=tuple(model_options(args).items()),
         preprocessing=preprocessing, jit=args.jit, compile=args.compile,
         optimizer=args.optimizer, lr=args.lr, lr_schedule=args.lr_schedule, warmup=args.warmup, end_lr=args.end_lr,
+        lr_peak_epoch=DEFAULT_LR_PEAK_EPOCH if args.lr_peak_epoch is None else args.lr_peak_epoch,
         epochs=args.epochs, momentum=args.momentum, weight_decay=args.weight_decay, nesterov=args.nesterov,
         bn_weight_decay=args.bn_weight_decay, norm_weight_decay=args.norm_weight_decay,
         bias_weight_decay=args.bias_weight_decay, rmsprop_alpha=args.rmsprop_alpha, rmsprop_eps=args.rmsprop_eps,
@@ -372,7 +383,7 @@ def build_config(args: argparse.Namespace, *, seed: int, num_classes: int, prepr
         seed=seed, run_epochs=args.run_epochs,
         early_stopping_patience=args.early_stopping_patience, prof=args.prof,
         benchmark_warmup=args.benchmark_warmup, print_freq=args.print_freq,
-        topk=topk, evaluate=args.evaluate, runtime=args.runtime, int8=int8_request(args), raport_file=raport_file(args),
+        topk=topk, val_tta=args.val_tta, evaluate=args.evaluate, runtime=args.runtime, int8=int8_request(args), raport_file=raport_file(args),
         save_checkpoints=args.save_checkpoints and not args.evaluate, gather_checkpoints=args.gather_checkpoints,
         checkpoint_interval=interval, tensorboard=args.tensorboard,
     )
@@ -472,9 +483,11 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     check_class_labels(described, classes, resume_path or args.pretrained_weights, args.allow_class_changes, log)
     num_classes = resolve_num_classes(args, described, classes, log)
     preprocessing = resolve_preprocessing(args, recorded, source, log)
-    if not args.evaluate and args.batch_size == 1 and preprocessing.image_size <= 32:
-        raise UserError(f"-b 1 cannot train at {preprocessing.image_size} px: the last feature map is one pixel, and "
-                        "BatchNorm cannot normalise a single value; use -b 2 or more, or a larger --image-size")
+    schedule = preprocessing.train_schedule
+    smallest = schedule.min_size if schedule is not None else preprocessing.train_size  # the smallest training crop
+    if not args.evaluate and args.batch_size == 1 and smallest <= 32:
+        raise UserError(f"-b 1 cannot train at {smallest} px: the last feature map is one pixel, and "
+                        "BatchNorm cannot normalise a single value; use -b 2 or more, or larger training crops")
     accumulation = grad_accumulation_steps(args.optimizer_batch_size, args.batch_size, runtime.world_size)
     if accumulation > 1:
         log(f"=> gradient accumulation: {accumulation} micro-batches of {args.batch_size} per optimizer step")
@@ -487,6 +500,7 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     if workers < args.workers and args.workers != DEFAULT_WORKERS:  # the reference's default says nothing
         log(f"=> -j {args.workers} is more than the {workers} cores this process may use: {workers} loader workers")
     data = data_config(args, preprocessing.image_size, train_crop_size=preprocessing.train_crop_size,
+                       train_schedule=preprocessing.train_schedule,
                        backend=backend, seed=seed, num_classes=num_classes,
                        interpolation=preprocessing.interpolation, workers=workers,
                        crop_ratio=preprocessing.crop_ratio, mean=preprocessing.mean, std=preprocessing.std)
@@ -494,6 +508,8 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
                   "topk": config.topk, "world_size": runtime.world_size, "device": str(runtime.device),
                   "amp_dtype": str(runtime.amp_dtype), "image_size": preprocessing.image_size,
                   "train_crop_size": preprocessing.train_size, "val_resize_size": preprocessing.resize_size,
+                  "progressive_resize": preprocessing.train_schedule.as_flag() if preprocessing.train_schedule
+                  else None,
                   "val_crop_size": preprocessing.image_size,
                   "interpolation": preprocessing.interpolation, "run_id": config.run_id}
     return Plan(config, data, model, classes, resumed, parameters)

@@ -47,6 +47,7 @@ LOSS_META = {"unit": None, "format": ":.5f"}
 ACC_META = {"unit": "%", "format": ":.2f"}
 COUNT_META = {"unit": "images", "format": ":.0f"}
 LR_META = {"unit": None, "format": ":.6g"}
+SIZE_META = {"unit": "px", "format": ":.0f"}
 
 
 def _mean(pairs: list[tuple[float, float]]) -> float | None:
@@ -69,8 +70,9 @@ class Metric:
 
     ``kind`` picks the reductions: ``perf`` is a weighted mean everywhere (the run's over every
     iteration, not a mean of epoch means); ``loss`` keeps the best (minimum) epoch for the run; ``acc``
-    the maximum; ``lr`` the last value; ``sum`` adds up what the epoch and the run recorded; ``q<nn>`` is the
-    nn-th percentile of every value recorded in the epoch or run.  A ``running`` metric's window value covers everything recorded since the epoch began
+    the maximum; ``lr`` and ``last`` the last value; ``sum`` adds up what the epoch and the run recorded; ``q<nn>`` is
+    the nn-th percentile of every value recorded in the epoch or run.  A ``running`` metric's window value covers
+    everything recorded since the epoch began
     (a validation's accuracy so far), not only what came since the last window.
     """
 
@@ -95,7 +97,7 @@ class Metric:
     def _reduce(self, pairs: list) -> float | None:
         if not pairs:
             return None
-        if self.kind == "lr":
+        if self.kind in ("lr", "last"):
             return pairs[-1][0]
         if self.kind == "sum":
             return sum(v for v, _ in pairs)
@@ -128,7 +130,7 @@ class Metric:
             return min(values)  # the reference's MinMeter kept the maximum: the worst epoch
         if self.kind == "acc":
             return max(values)
-        if self.kind == "lr":
+        if self.kind in ("lr", "last"):
             return values[-1]
         if self.kind == "sum":
             return sum(values)

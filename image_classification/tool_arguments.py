@@ -128,6 +128,9 @@ def classify_parser() -> argparse.ArgumentParser:
     run.add_argument("--decode-scale", choices=DECODE_SCALES, default="auto",
                      help="auto: decode each JPEG at the smallest of libjpeg's scales (1/2, 1/4, 1/8) whose short side "
                      "still holds the resize's, as validation does; full: decode every pixel (default: auto)")
+    run.add_argument("--tta", "--val-tta", dest="tta", choices=("flip",), default=None,
+                     help="test-time augmentation: flip classifies each image by the mean of its logits and its "
+                     "mirror image's, as main.py --val-tta flip validates (default: none)")
     run.add_argument("--topk", metavar="K", type=positive_int, default=5,
                      help="how many classes to show per image (default: 5)")
     run.add_argument("--labels", metavar="FILE", default=None,

@@ -138,7 +138,7 @@ def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signa
     prefixes = [] if args.training_only else ["val"] + (["val_ema"] if engine.ema else [])
     counted = tuple((train_loader or val_loader).pass_counts())
     register_metrics(raport, prefixes, config.topk, training=not config.evaluate, warmup=config.benchmark_warmup,
-                     pass_counts=counted)
+                     pass_counts=counted, tta=config.val_tta is not None)
     if config.benchmark_warmup:
         log(f"=> throughput and latency leave out the first {config.benchmark_warmup} iterations of training and of "
             "each validation (warm-up); *.wall_ips keeps the figure of every iteration")
@@ -176,13 +176,14 @@ def top1_summary(last: tuple[int, ValResult] | None, best: float, best_epoch: in
         return None
     epochs, result = last
     top1 = result.finite_top1
+    tta = f"; with flip TTA: {result.tta_top1:.2f}%" if result.tta_top1 is not None else ""
     if evaluation:
-        return f"val top1: {'none: its outputs were not finite' if top1 is None else f'{top1:.2f}%'}"
+        return f"val top1: {'none: its outputs were not finite' if top1 is None else f'{top1:.2f}%'}{tta}"
     text = f"val top1: last none (epoch {epochs}: its outputs were not finite)" if top1 is None else \
         f"val top1: last {top1:.2f}% (epoch {epochs})"
     if best_epoch >= 0:
         text += f", best {best:.2f}% (epoch {best_epoch + 1}{f', {best_file}' if best_file else ''})"
-    return text
+    return text + tta  # --val-tta's figure of the same validation, apart from the plain one
 
 
 def onnx_models(config: RunConfig, runtime: Runtime, engine: Engine, log) -> dict[str, OnnxModel]:

@@ -58,3 +58,18 @@ def test_compiled_training_follows_eager_and_resumes_after_a_mid_epoch_stop(tiny
     assert losses == pytest.approx(eager, rel=2e-3, abs=2e-3)
     state = torch.load(tmp_path / "compiled" / "checkpoint.pth.tar", weights_only=True)["state_dict"]
     assert not any(key.startswith("_orig_mod") for key in state)  # saved as the plain model, loadable anywhere
+
+
+@pytest.mark.slow  # compiles a model twice: minutes on 2 cores
+def test_a_new_training_size_says_that_the_model_is_compiled_again(tiny_arch, tmp_path, capsys):
+    """--progressive-resize under --compile: the epoch whose crops are a new input shape says that torch.compile
+    compiled the model again, and what that step cost."""
+    assert main(["-a", tiny_arch, "--num-classes", "10", "--device", "cpu", "--data-backend", "synthetic",
+                 "--prof", "2", "-b", "4", "--epochs", "3", "-p", "1", "--seed", "3", "--training-only",
+                 "--no-checkpoints", "--compile", "--progressive-resize", "32", "64", "0", "1",
+                 "--workspace", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "=> epoch 1: training crops of 64 px (from 32 px)" in out
+    said = [line for line in out.splitlines() if line.startswith("=> --compile:")]
+    assert len(said) == 1 and said[0].startswith("=> --compile: 64 px crops are a new input shape: the model was "
+                                                 "compiled again ("), said  # epoch 2 keeps 64 px: nothing to say

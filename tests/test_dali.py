@@ -372,7 +372,8 @@ def _differing(straight: Path, resumed: Path) -> list[str]:
 def resume_run(image_folder: Path, arch: str, *extra: str) -> list[str]:
     return ["-a", arch, "--num-classes", "3", "--device", "cpu", "--data-backend", "dali-cpu", "-j", "1",
             "--image-size", str(SIZE), "-b", "4", "--lr", "0.05", "--seed", "3", "--epochs", "2", "-p", "1",
-            "--checkpoint-interval", "2", "--resume", "auto", *extra, str(image_folder)]
+            "--checkpoint-interval", "2", "--progressive-resize", str(SIZE), str(2 * SIZE), "0", "1", "--resume", "auto",
+            *extra, str(image_folder)]  # epoch 1, where the resumed runs start, trains at 64 px
 
 
 @pytest.mark.slow  # five runs; test_crops_depend_on_the_epoch_and_position_alone is the loaders' part

@@ -107,6 +107,29 @@ def test_two_processes_equal_one_process_accumulating_their_batches(two_processe
         torch.testing.assert_close(two_params[key], one_params[key], rtol=1e-4, atol=1e-5, msg=key)
 
 
+def test_two_processes_follow_the_progressive_resize_as_one_process_does(two_processes, image_folder, capsys):
+    """Each rank trains each epoch at the schedule's size: two processes of one image each end with the
+    weights of one process accumulating the same two images per step, over an epoch at 32 px and one at 64."""
+    ramp = ["--progressive-resize", "32", "64", "0", "1", "--epochs", "2", "--val-crop-size", "64"]
+    result = run_process(multiproc_cmd(2, *_main_py(image_folder, *COMMON, *ramp, "--prof", "2", "--workspace",
+                                                    two_processes / "two_ramp"), log_dir=two_processes / "logs"),
+                         cwd=two_processes, timeout=300)
+    _check(result)
+    one = _one_process(capsys, image_folder, *COMMON, *ramp, "--prof", "4", "--optimizer-batch-size", "2",
+                       "--workspace", two_processes / "one_ramp", cwd=two_processes)
+    _check(one)
+    assert "=> epoch 1: training crops of 64 px (from 32 px)" in result.stdout + one.stdout
+
+    def parameters(folder):
+        state = torch.load(two_processes / folder / "checkpoint.pth.tar", map_location="cpu", weights_only=True)
+        assert state["optimizer_steps"] == 4
+        return {k: v for k, v in state["state_dict"].items() if "running_" not in k and "num_batches" not in k}
+
+    two_params, one_params = parameters("two_ramp"), parameters("one_ramp")
+    for key in two_params:
+        torch.testing.assert_close(two_params[key], one_params[key], rtol=1e-4, atol=1e-5, msg=key)
+
+
 def _pid_of_local_rank(marker: str, local_rank: int) -> int | None:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

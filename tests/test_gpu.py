@@ -315,3 +315,30 @@ def test_a_cuda_checkpoint_is_copied_to_the_host_once(tmp_path, monkeypatch):
     assert device_to_host == ["copy_", "copy_"]
     loaded = ckpt.load_checkpoint_file(tmp_path / "c.pth.tar")  # any dict: load_checkpoint wants a training one
     assert torch.equal(loaded["a"], state["a"].cpu())
+
+
+@pytest.mark.parametrize("backend", ["pytorch-gpu", "dali-gpu", "dali-cpu", "pytorch"])
+def test_progressive_resize_on_cuda_follows_the_schedule_in_fp16_channels_last(backend, image_folder, tmp_path):
+    """Every backend on CUDA with fp16 autocast and channels-last: each epoch's crops are the schedule's size,
+    in the asked layout, and the run says each change (test_progressive_resize.py holds the CPU twins)."""
+    if backend.startswith("dali"):
+        pytest.importorskip("nvidia.dali")
+    sizes = []
+    original = engine_module.Engine.train_step
+
+    def recording_step(self, images, targets, **kwargs):
+        sizes.append((images.shape[-1], images.is_cuda, images.is_contiguous(memory_format=torch.channels_last)))
+        return original(self, images, targets, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine_module.Engine, "train_step", recording_step)
+        assert main(["-a", "resnet18", "--device", "cuda", "--data-backend", backend, "-b", "4", "-j", "2",
+                     "--num-classes", "3", "--epochs", "3", "--seed", "1", "--amp", "--memory-format", "nhwc",
+                     "--progressive-resize", "32", "64", "0", "2", "--val-crop-size", "48", "--val-tta", "flip",
+                     "--workspace", str(tmp_path), str(image_folder)]) == 0
+    per_epoch = len(sizes) // 3
+    assert [size for size, _, _ in sizes[::per_epoch]] == [32, 64, 64]
+    assert all(on_cuda and channels_last for _, on_cuda, channels_last in sizes)
+    epochs = [r["data"] for r in read_raport(tmp_path / "experiment_raport.json")
+              if r.get("step") in ([0], [1], [2]) and "train.image_size" in r["data"]]
+    assert [epoch["train.image_size"] for epoch in epochs] == [32, 64, 64]

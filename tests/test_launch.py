@@ -50,6 +50,7 @@ def _dry_run(argv: list[str], capsys, cuda_available: bool = True, notes: Sequen
     assert launch.main([*argv, "--dry-run"], cuda_available=cuda_available) == 0
     out, err = capsys.readouterr()
     assert err.splitlines() == list(notes)
+    out = out.split(launch.VALUES_HEADER)[0]  # every value's source: test_the_dry_run_says_where_every_value_...
     lines = out.splitlines()
     assert lines[0].startswith("# ") and "as written" in lines[0], out
     classes = lines.pop()
@@ -602,3 +603,104 @@ def test_the_torchvision_recipe_trains_end_to_end(tiny_arch, image_folder, tmp_p
     assert (record["train_crop_size"], record["image_size"], round(36 / record["crop_ratio"])) == (32, 36, 40)
     assert checkpoint["state_dict_ema"] is not None and checkpoint["ema_updates"] > 0
     assert "val_ema.top1" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------
+# --recipe fast-N: FFCV's ResNet-50 configs
+# ------------------------------------------------------------------------------------------------
+# libffcv/ffcv-imagenet rn50_configs/rn50_{E}_epochs.yaml: E -> (start_ramp, end_ramp); min_res 160, max_res 192
+FFCV_RAMPS = {16: (11, 13), 24: (17, 20), 32: (23, 27), 40: (29, 34), 56: (41, 48), 88: (65, 76)}
+FFCV_LR, FFCV_GLOBAL_BATCH = 1.7, 8 * 512  # lr: 1.7; batch_size: 512 per process; world_size: 8
+
+
+@pytest.mark.parametrize("epochs", sorted(FFCV_RAMPS))
+@pytest.mark.parametrize("model,platform,precision", COMBINATIONS)
+def test_the_fast_recipes_are_ffcv_s_configs_scaled_to_each_preset_s_batch(model, platform, precision, epochs):
+    preset = launch.resolve(model, precision, "convergence", platform, REPO / "configs.yml", recipe=f"fast-{epochs}")
+    args = parse_args(["/imagenet"], defaults=preset)
+    start, end = FFCV_RAMPS[epochs]
+    assert (args.epochs, args.progressive_resize, args.lr_schedule, args.lr_peak_epoch, args.warmup) == \
+        (epochs, [160, 192, start, end], "triangular", 2, 0)
+    assert (args.optimizer, args.momentum, args.weight_decay, args.norm_weight_decay, args.label_smoothing,
+            args.mixup, args.nesterov) == ("sgd", 0.9, 1e-4, 0.0, 0.1, 0.0, False)
+    assert (args.val_crop_size, args.val_resize_size, args.image_size, args.train_crop_size, args.val_tta) == \
+        (256, None, None, None, "flip")  # 256 px validation crops of a 0.875 centre crop: FFCV's
+    nvidia = launch.resolve(model, precision, "convergence", platform, REPO / "configs.yml")
+    assert (args.batch_size, args.optimizer_batch_size) == (nvidia["batch_size"], nvidia.get("optimizer_batch_size", -1))
+    global_batch = args.optimizer_batch_size if args.optimizer_batch_size > 0 else args.batch_size  # CPU: one process
+    assert args.lr == pytest.approx(FFCV_LR * global_batch / FFCV_GLOBAL_BATCH, rel=1e-12)
+    assert "lr_batch" not in preset and args.arch == model
+    assert parse_args(launch.main_py_argv(args, preset)) == args
+
+
+def test_the_recipe_s_lr_follows_the_typed_batch_and_the_processes_and_a_typed_lr_wins(monkeypatch):
+    def lr(platform: str, *typed: str, world_size: int = 1) -> float:
+        return launch.resolve("resnet50", "FP32", "convergence", platform, REPO / "configs.yml", recipe="fast-16",
+                              typed=typed, world_size=world_size)["lr"]
+
+    assert lr("CPU") == pytest.approx(1.7 * 32 / 4096)
+    assert lr("CPU", "-b", "64") == pytest.approx(1.7 * 64 / 4096)
+    assert lr("CPU", "--batch-size=128", world_size=4) == pytest.approx(1.7 * 512 / 4096)
+    assert lr("CPU", "--optimizer-batch-size", "1024", "-b", "64") == pytest.approx(1.7 * 1024 / 4096)
+    assert lr("DGX1V") == pytest.approx(1.7 * 896 / 4096)  # FP32: 8 x 112
+    assert lr("DGX1V", world_size=2) == pytest.approx(1.7 * 896 / 4096)  # the global batch is the preset's
+    assert lr("CPU", "--lr", "0.5") == 1.7  # the preset's, unused: the typed 0.5 wins as it is
+    args = launch.run_arguments(["--model", "resnet50", "--precision", "FP32", "--mode", "convergence", "--platform",
+                                 "CPU", "--recipe", "fast-16", "/data", "--lr", "0.5", "-b", "8"])
+    assert args.lr == 0.5 and args.batch_size == 8
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    args = launch.run_arguments(["--model", "resnet50", "--precision", "FP32", "--mode", "convergence", "--platform",
+                                 "CPU", "--recipe", "fast-16", "/data", "-b", "8"])
+    assert args.lr == pytest.approx(1.7 * 16 / 4096)
+
+
+def test_a_bad_lr_batch_is_one_line_naming_it(tmp_path, capsys):
+    config = yaml.safe_load((REPO / "configs.yml").read_text())
+    config["recipes"]["fast-16"]["lr_batch"] = 0
+    cfg = tmp_path / "bad.yml"
+    cfg.write_text(yaml.safe_dump(config))
+    argv = ["--cfg_file", str(cfg), "--model", "resnet50", "--precision", "FP32", "--mode", "convergence",
+            "--platform", "CPU", "--recipe", "fast-16", "--dry-run"]
+    message = refused(run(launch.main, argv, cuda_available=False), capsys)
+    assert message.startswith("error: preset value lr_batch: 0 is not valid: expected the positive global batch")
+
+
+def test_the_dry_run_says_where_every_value_comes_from(capsys):
+    argv = ["--model", "resnet50", "--precision", "AMP", "--mode", "convergence", "--platform", "DGXA100",
+            "--recipe", "fast-88", "--seed", "3", "/data", "--dry-run"]
+    assert launch.main(argv, cuda_available=True) == 0
+    out = capsys.readouterr().out
+    block = out.split(launch.VALUES_HEADER + "\n", 1)[1].splitlines()
+    defaults_at = block.index("# main.py's defaults for the rest:")
+    sources = dict(line.removeprefix("#   ").split(": ", 1) for line in block[:defaults_at])
+    assert sources["--seed 3"] == sources["DIR /data"] == "typed"
+    assert sources["--progressive-resize 160 192 65 76"] == sources["--epochs 88"] == "recipes.fast-88"
+    assert sources["--val-tta flip"] == sources["--val-crop-size 256"] == "recipes.fast-88"
+    assert sources["--batch-size 256"] == sources["--optimizer-batch-size 2048"] == "models.resnet50.DGXA100.AMP"
+    assert sources["--amp on"] == "precision.AMP" and sources["--workers 10"] == "platform.DGXA100"
+    assert sources["--print-freq 20"] == "mode.convergence"
+    assert sources["--lr 0.85"] == ("1.7 (recipes.fast-88) for a global batch of 4096 (recipes.fast-88 lr_batch), "
+                                    "scaled to this run's 2048: --optimizer-batch-size (models.resnet50.DGXA100.AMP)")
+    defaults = [item for row in block[defaults_at + 1:] for item in row.removeprefix("#   ").split(", ")]
+    assert {"--hflip 0.5", "--tf32 on", "--compile off", "--num-classes none"} <= set(defaults)
+    options = [action for action in launch.build_main_parser()._actions if action.dest != "help"]
+    named = [line.split(" ", 1)[0] for line in sources] + [item.split(" ", 1)[0] for item in defaults]
+    assert len(named) == len(set(named)) == len(options)  # every option once: set, or at its default
+
+
+def test_the_fast_recipe_trains_end_to_end(tiny_arch, image_folder, tmp_path, capsys):
+    """The recipe shrunk to a few tiny steps: the ramp, the triangular schedule and flip TTA in one run."""
+    import torch
+
+    argv = ["--model", "resnet50", "--precision", "FP32", "--mode", "convergence", "--platform", "CPU",
+            "--recipe", "fast-16", "-a", tiny_arch, "--num-classes", "3", "--seed", "1", "--workers", "0",
+            "--epochs", "2", "--lr-peak-epoch", "0", "--progressive-resize", "32", "64", "0", "1",
+            "--val-crop-size", "48", "-b", "4", "--workspace", str(tmp_path), str(image_folder)]
+    assert launch.main(argv, cuda_available=False) == 0
+    out = capsys.readouterr().out
+    assert "=> epoch 1: training crops of 64 px (from 32 px)" in out and "val.tta_top1" in out
+    checkpoint = torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)
+    assert checkpoint["preprocessing"]["train_schedule"] == {"min_size": 32, "max_size": 64, "start": 0, "end": 1}
+    assert checkpoint["preprocessing"]["image_size"] == 48

@@ -203,10 +203,10 @@ class ScriptedClock:
             self.now += steps.pop(0)
 
         def forward(trainer, model, images):
-            _, logits = timed_forward(trainer, model, images)
+            _, logits, averaged = timed_forward(trainer, model, images)
             latency = forwards.pop(0)
             self.now += latency
-            return latency, logits
+            return latency, logits, averaged
 
         monkeypatch.setattr(Engine, "train_step", step)
         monkeypatch.setattr(loop.Loop, "_timed_forward", forward)

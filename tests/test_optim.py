@@ -518,3 +518,55 @@ def test_cuda_steps_of_the_new_optimizers_and_torchvisions_ema_never_synchronise
     engine = Engine(config, runtime, model, log=lambda *_: None)
     assert host_synchronisations(engine, steps=3) == 0
     assert engine.ema.updates == 2
+
+
+# -- the triangular (FFCV's cyclic) schedule --------------------------------------------------------------------
+def ffcv_iteration_lrs(epoch: int, iterations: int, lr: float, epochs: int, peak: int) -> list[float]:
+    """FFCV train_imagenet.py's learning rates of an epoch's iterations: get_cyclic_lr at the epoch and the next,
+    interpolated over the iterations (np.interp, as its text reads)."""
+    import numpy as np
+
+    def cyclic(at: int) -> float:
+        return float(np.interp([at], [0, peak, epochs], [1e-4 * lr, lr, 0])[0])
+
+    return list(np.interp(np.arange(iterations), [0, iterations], [cyclic(epoch), cyclic(epoch + 1)]))
+
+
+@pytest.mark.parametrize("epochs,peak", [(16, 2), (88, 2), (5, 0), (4, 3)])
+def test_the_triangular_schedule_is_ffcv_s_cyclic_one_at_every_iteration(epochs, peak):
+    iterations = 7
+    for epoch in range(epochs):
+        ours = [lr_at(epoch + i / iterations, base_lr=1.7, schedule="triangular", warmup=0, epochs=epochs,
+                      peak_epoch=peak) for i in range(iterations)]
+        assert ours == pytest.approx(ffcv_iteration_lrs(epoch, iterations, 1.7, epochs, peak), rel=1e-9, abs=1e-12)
+
+
+def test_the_loop_sets_the_triangular_rate_at_every_step(tmp_path, tiny_arch):
+    """train.lr of every logged step (-p 1) is the schedule's value at that step's place in its epoch."""
+    from image_classification.raport import read_raport
+
+    assert train_main(["-a", tiny_arch, "--num-classes", "3", "--device", "cpu", "--data-backend", "synthetic",
+                       "--image-size", "32", "-b", "2", "--prof", "4", "--epochs", "3", "-p", "1", "--lr", "0.4",
+                       "--lr-schedule", "cyclic", "--lr-peak-epoch", "1", "--training-only", "--no-checkpoints",
+                       "--workspace", str(tmp_path)]) == 0
+    logged = [r["data"]["train.lr"] for r in read_raport(tmp_path / "experiment_raport.json")
+              if isinstance(r.get("step"), list) and len(r["step"]) == 2 and "train.lr" in r["data"]]
+    expected = [value for epoch in range(3) for value in ffcv_iteration_lrs(epoch, 4, 0.4, 3, 1)]
+    assert logged == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--lr-schedule", "triangular", "--warmup", "5"], "leave out --warmup 5"),
+    (["--lr-peak-epoch", "3"], "--lr-peak-epoch places the peak of --lr-schedule triangular"),
+    (["--lr-schedule", "triangular", "--lr-peak-epoch", "10", "--epochs", "10"],
+     "--lr-peak-epoch 10 leaves --epochs 10 no epoch to come down in"),
+    (["--lr-schedule", "triangular", "--epochs", "2"], "--lr-peak-epoch 2 leaves --epochs 2"),  # FFCV's peak
+    (["--lr-schedule", "triangular", "--lr-peak-epoch", "-1"], "--lr-peak-epoch must be 0 or more"),
+    (["--lr-schedule", "triangle"], "invalid choice: 'triangle'"),
+])
+def test_the_triangular_schedule_s_flags_are_checked(argv, message, capsys):
+    assert message in refused(cli_run(train_main, ["--data-backend", "synthetic", *argv]), capsys)
+
+
+def test_cyclic_is_ffcv_s_name_for_the_triangular_schedule():
+    assert parse_args(["/data", "--lr-schedule", "cyclic"]).lr_schedule == "triangular"

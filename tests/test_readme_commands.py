@@ -67,6 +67,8 @@ NOT_RUN = {
     r"prepare_imagenet\.py": "needs the ImageNet archives: tests/test_prepare_imagenet.py runs it on archives it builds",
     r"benchmarks/startup\.py --make": "writes 1.28 M files and starts main.py four times: tests/test_pack.py runs its "
                                       "parts on a small set",
+    r"scripts/resize_timing\.py": "six full trainings, an hour on 2 cores: tests/test_resize_timing.py runs it on tiny "
+                                  "ones (slow)",
 }
 
 SMOKE = r"^python main\.py --evaluate --resume workspace/digits/"
@@ -98,6 +100,8 @@ SUBSTITUTIONS = [
     (r"--camera(?! \d)", "--camera 4"),  # a batch of -b 4 (each takes seconds to write)
     (r"--batch-sizes( \d+)+", "--batch-sizes 1"),
     (r"--iterations \d+", "--iterations 2"),
+    # FFCV's recipes ramp the crops and peak the learning rate past the one epoch the commands run
+    (r"(--recipe fast-\d+)", r"\1 --progressive-resize 32 64 0 1 --lr-peak-epoch 0"),
 ]
 # extra flags per script (beyond TINY_TRAINING for the training scripts)
 SCRIPT_FLAGS = {
@@ -353,8 +357,8 @@ def test_readme_flags_are_accepted(readme):
         if not scripts:
             continue
         known = set().union(*(_accepted_flags(script) for script in scripts))
-        if any(Path(script).name in ("launch.py", "multiproc.py") for script in scripts):
-            known |= main_flags  # both hand the flags they do not know to main.py
+        if any(Path(script).name in ("launch.py", "multiproc.py", "resize_timing.py") for script in scripts):
+            known |= main_flags  # they hand the flags they do not know (resize_timing.py: those after --) to main.py
         unknown = [token.split("=")[0] for token in argv[1:]
                    if re.fullmatch(r"--?[A-Za-z][\w-]*(=.*)?", token) and token.split("=")[0] not in known]
         assert not unknown, f"{readme.relative_to(REPO)}: {command}: unknown {unknown}"

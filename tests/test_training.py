@@ -74,8 +74,11 @@ def test_loss_falls_and_raport_holds_the_metrics(image_folder, tmp_path):
 
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_resume_at_an_epoch_boundary_is_bitwise_exact(image_folder, tmp_path, workers):
+    """The loader workers (persistent with -j 2) of the straight run meet the progressive resize's second size
+    in epoch 1, where the resumed run starts."""
     common = ["--data-backend", "pytorch", "-j", workers, "--epochs", "2", "--seed", "7", "--mixup", "0.2",
-              "--label-smoothing", "0.1", "--lr-schedule", "cosine", "--use-ema", "0.9"]
+              "--label-smoothing", "0.1", "--lr-schedule", "cosine", "--use-ema", "0.9",
+              "--progressive-resize", "32", "64", "0", "1"]
     assert train(image_folder, tmp_path / "straight", *common) == 0
     assert train(image_folder, tmp_path / "staged", *common, "--run-epochs", "1") == 0
     first = torch.load(tmp_path / "staged" / "checkpoint.pth.tar", weights_only=True)

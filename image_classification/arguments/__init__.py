@@ -13,15 +13,17 @@ which takes seconds.
 """
 
 from .data import (AUGMENTATIONS, BACKEND_ALIASES, DATA_BACKENDS, DEFAULT_WORKERS, INTERPOLATIONS, MIN_IMAGE_SIZE,
-                   RANDAUGMENT_BINS)
-from .optimisation import LR_SCHEDULES, MIN_MIXUP, OPTIMIZERS, check_optimisation_combinations
+                   RANDAUGMENT_BINS, VAL_TTA)
+from .optimisation import (DEFAULT_LR_PEAK_EPOCH, LR_SCHEDULES, MIN_MIXUP, OPTIMIZERS,
+                           check_optimisation_combinations)
 from .parsing import build_parser, check_values, flag_tokens, parse_args, preset_tokens, validate_args
 from .run import DEFAULT_RAPORT_FILE, CheckpointInterval, raport_file
 from .values import FLOAT32_MAX, MAX_WAIT_S, shown
 
 __all__ = [
-    "AUGMENTATIONS", "BACKEND_ALIASES", "DATA_BACKENDS", "DEFAULT_RAPORT_FILE", "DEFAULT_WORKERS", "FLOAT32_MAX",
+    "AUGMENTATIONS", "BACKEND_ALIASES", "DATA_BACKENDS", "DEFAULT_LR_PEAK_EPOCH", "DEFAULT_RAPORT_FILE",
+    "DEFAULT_WORKERS", "FLOAT32_MAX",
     "INTERPOLATIONS", "LR_SCHEDULES", "MAX_WAIT_S", "MIN_IMAGE_SIZE", "MIN_MIXUP", "OPTIMIZERS", "RANDAUGMENT_BINS",
-    "CheckpointInterval", "build_parser", "check_optimisation_combinations", "check_values", "flag_tokens",
+    "VAL_TTA", "CheckpointInterval", "build_parser", "check_optimisation_combinations", "check_values", "flag_tokens",
     "parse_args", "preset_tokens", "raport_file", "shown", "validate_args",
 ]

@@ -7,7 +7,7 @@ import math
 
 from ..cli import positive_int, whole_number
 from ..errors import UserError
-from ..preprocessing import DECODE_SCALES
+from ..preprocessing import DECODE_SCALES, SIZE_STEP, ResizeSchedule
 from .values import float32, probability, raise_first
 
 DATA_BACKENDS = ("pytorch", "pytorch-gpu", "synthetic", "dali-cpu", "dali-gpu")
@@ -17,6 +17,7 @@ INTERPOLATIONS = ("bilinear", "bicubic", "triangular")
 AUGMENTATIONS = ("autoaugment", "randaugment", "trivialaugment", "augmix")
 RANDAUGMENT_BINS = 31  # torchvision's num_magnitude_bins: a magnitude is 0 to 30
 MIN_IMAGE_SIZE = 32  # a ResNet reduces its input 32-fold
+VAL_TTA = ("flip",)
 
 
 def _backend(value: str) -> str:
@@ -58,6 +59,15 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--val-crop-size", metavar="S", type=positive_int, default=None,
                       help="validation crop size, recorded as the model's image size for classify.py and "
                       "export (default: --image-size)")
+    data.add_argument("--progressive-resize", metavar=("MIN", "MAX", "START", "END"), type=whole_number, nargs=4,
+                      default=None,
+                      help="progressive resizing of the training crops (FFCV's min_res max_res start_ramp end_ramp): "
+                      f"MIN px up to epoch START, MAX px from epoch END on (epochs counted from 0), in between the "
+                      f"line from one to the other rounded to a multiple of {SIZE_STEP} px; validation keeps its "
+                      "own size (default: off, one size: the checkpoint's schedule when it records one)")
+    data.add_argument("--val-tta", choices=VAL_TTA, default=None,
+                      help="test-time augmentation of validation: flip averages the logits of each image and its "
+                      "mirror, reported beside the plain figures as <val>.tta_top1 ... (default: none)")
     data.add_argument("--interpolation", choices=INTERPOLATIONS, default=None,
                       help="resize interpolation (default: the checkpoint's, else bilinear)")
     data.add_argument("--decode-scale", choices=DECODE_SCALES, default="auto",
@@ -95,6 +105,9 @@ def check_data_values(args: argparse.Namespace) -> None:
            f"{flag} must be at least {MIN_IMAGE_SIZE} (the network reduces its input 32-fold), got {value}")
           for flag, value in (("--image-size", args.image_size), ("--train-crop-size", args.train_crop_size),
                               ("--val-resize-size", args.val_resize_size), ("--val-crop-size", args.val_crop_size))),
+        (args.progressive_resize is not None and ResizeSchedule.problem(args.progressive_resize) is not None,
+         f"--progressive-resize {' '.join(map(str, args.progressive_resize or ()))}: "
+         f"{ResizeSchedule.problem(args.progressive_resize or [])}"),
         (args.randaugment_magnitude is not None and not 0 <= args.randaugment_magnitude < RANDAUGMENT_BINS,
          f"--randaugment-magnitude must be 0 to {RANDAUGMENT_BINS - 1}, got {args.randaugment_magnitude}"),
     ))
@@ -104,6 +117,14 @@ def check_data_combinations(args: argparse.Namespace, *, require_data: bool) -> 
     """DIR unless the data is synthetic; a flag that only tunes another comes with it. Raises :class:`UserError`."""
     if require_data and args.data is None and args.data_backend != "synthetic":
         raise UserError("the dataset directory DIR is required unless --data-backend synthetic is used")
+    if args.progressive_resize is not None:
+        shown = " ".join(map(str, args.progressive_resize))
+        if args.train_crop_size is not None:
+            raise UserError(f"--progressive-resize {shown} sets the training crop of every epoch; leave out "
+                            "--train-crop-size")
+        problem = ResizeSchedule.problem(args.progressive_resize, args.epochs)
+        if problem is not None:
+            raise UserError(f"--progressive-resize {shown}: {problem}")
     randaugment = args.randaugment_magnitude is not None or args.randaugment_num_ops is not None
     if randaugment and args.augmentation != "randaugment":
         raise UserError("--randaugment-magnitude and --randaugment-num-ops need --augmentation randaugment")

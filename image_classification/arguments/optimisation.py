@@ -8,9 +8,18 @@ from ..cli import positive_int, whole_number
 from ..errors import UserError
 from .values import float32, probability, raise_first
 
-LR_SCHEDULES = ("step", "linear", "cosine")
+LR_SCHEDULES = ("step", "linear", "cosine", "triangular")
+LR_SCHEDULE_ALIASES = {"cyclic": "triangular"}  # FFCV's name for its one-cycle triangle
 OPTIMIZERS = ("sgd", "rmsprop", "adamw", "lamb", "lars")
 MIN_MIXUP = 1e-3
+DEFAULT_LR_PEAK_EPOCH = 2  # FFCV's lr_peak_epoch
+
+
+def _lr_schedule(value: str) -> str:
+    value = LR_SCHEDULE_ALIASES.get(value, value)
+    if value not in LR_SCHEDULES:
+        raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(LR_SCHEDULES)})")
+    return value
 
 
 def add_optimisation_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,8 +42,12 @@ def add_optimisation_arguments(parser: argparse.ArgumentParser) -> None:
                        "take no --momentum (default: sgd)")
     optim.add_argument("--lr", "--learning-rate", metavar="LR", type=float32, default=0.1,
                        help="initial learning rate (default: 0.1)")
-    optim.add_argument("--lr-schedule", metavar="SCHEDULE", choices=LR_SCHEDULES, default="step",
-                       help="type of LR schedule: step, linear, cosine (default: step)")
+    optim.add_argument("--lr-schedule", metavar="SCHEDULE", type=_lr_schedule, default="step",
+                       help="type of LR schedule: step, linear, cosine, or triangular (alias cyclic: FFCV's, "
+                       "set at every step: from 1e-4 x LR up to LR at --lr-peak-epoch, then down to 0 at the end) "
+                       "(default: step)")
+    optim.add_argument("--lr-peak-epoch", metavar="E", type=whole_number, default=None,
+                       help="--lr-schedule triangular: the epoch at whose start the LR peaks (default: 2, FFCV's)")
     optim.add_argument("--end-lr", metavar="LR", type=float32, default=0.0,
                        help="final learning rate of the cosine schedule (default: 0)")
     optim.add_argument("--warmup", metavar="E", type=whole_number, default=0,
@@ -90,6 +103,8 @@ def check_optimisation_values(args: argparse.Namespace) -> None:
         (not 0.0 <= args.rmsprop_alpha < 1.0, f"--rmsprop-alpha must be in [0, 1), got {args.rmsprop_alpha}"),
         (args.rmsprop_eps <= 0, f"--rmsprop-eps must be positive, got {args.rmsprop_eps}"),
         (args.warmup < 0, f"--warmup must be 0 or more, got {args.warmup}"),
+        (args.lr_peak_epoch is not None and args.lr_peak_epoch < 0,
+         f"--lr-peak-epoch must be 0 or more, got {args.lr_peak_epoch}"),
         (not 0 <= args.label_smoothing < 1, f"--label-smoothing must be in [0, 1), got {args.label_smoothing}"),
         (args.mixup != 0 and not args.mixup >= MIN_MIXUP,
          f"--mixup must be 0 (off) or at least {MIN_MIXUP} (a smaller alpha draws NaN weights), got {args.mixup}"),
@@ -110,6 +125,16 @@ def check_optimisation_values(args: argparse.Namespace) -> None:
 
 def check_optimisation_combinations(args: argparse.Namespace) -> None:
     """Optimisation flags that need another or contradict each other. Raises :class:`UserError`."""
+    if args.lr_schedule == "triangular":
+        if args.warmup:
+            raise UserError(f"--lr-schedule triangular climbs to its peak itself (--lr-peak-epoch); leave out "
+                            f"--warmup {args.warmup} (or give --warmup 0)")
+        peak = DEFAULT_LR_PEAK_EPOCH if args.lr_peak_epoch is None else args.lr_peak_epoch
+        if peak >= args.epochs:
+            raise UserError(f"--lr-peak-epoch {peak} leaves --epochs {args.epochs} no epoch to come down in: give a "
+                            f"peak below {args.epochs}")
+    elif args.lr_peak_epoch is not None:
+        raise UserError("--lr-peak-epoch places the peak of --lr-schedule triangular: it needs that schedule")
     if args.nesterov and (args.optimizer != "sgd" or args.momentum <= 0):
         raise UserError("--nesterov needs --optimizer sgd with a positive --momentum")
     if args.mixup_switch_prob is not None and not (args.mixup > 0 and args.cutmix > 0):

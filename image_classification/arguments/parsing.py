@@ -99,9 +99,10 @@ def preset_tokens(parser: argparse.ArgumentParser, key: str, value) -> list[str]
         return []
     if isinstance(action, argparse.BooleanOptionalAction) or action.nargs == 0:
         _require(key, value, bool)
-    elif action.nargs == 2:
-        if not isinstance(value, (list, tuple)) or len(value) != 2:
-            raise UserError(f"preset value {key}: {shown(value)} is not valid: expected a list of two numbers")
+    elif isinstance(action.nargs, int) and action.nargs > 1:
+        if not isinstance(value, (list, tuple)) or len(value) != action.nargs:
+            count = {2: "two", 4: "four"}.get(action.nargs, str(action.nargs))
+            raise UserError(f"preset value {key}: {shown(value)} is not valid: expected a list of {count} numbers")
         for item in value:
             _require(key, item, (int, float), scalar=True)
     elif not (isinstance(value, bool) and action.type is str2bool):

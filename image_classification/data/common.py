@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import Sampler
 
 from ..errors import UserError
-from ..preprocessing import CROP_RATIO, IMAGENET_MEAN_255 as MEAN_255, IMAGENET_STD_255 as STD_255
+from ..preprocessing import CROP_RATIO, IMAGENET_MEAN_255 as MEAN_255, IMAGENET_STD_255 as STD_255, ResizeSchedule
 from ..runtime import Runtime
 from ..seeding import SEED_MODULUS, WEIGHTS, mix_seed
 
@@ -42,6 +42,7 @@ class DataConfig:
     # how the weights' training normalised and cropped (their checkpoint's record under --evaluate)
     crop_ratio: float = CROP_RATIO
     train_crop_size: int | None = None  # --train-crop-size (FixRes: train smaller than validate); None: image_size
+    train_schedule: ResizeSchedule | None = None  # --progressive-resize: the training crop of each epoch
     mean: tuple[float, float, float] = MEAN_255  # on the 0-255 scale: batches stay uint8 until the device
     std: tuple[float, float, float] = STD_255
     # --decode-scale: "auto" decodes a JPEG at the smallest of libjpeg's scales that keeps its crop's (its resize's)
@@ -52,6 +53,10 @@ class DataConfig:
     def train_size(self) -> int:
         """The side of the training crops."""
         return self.train_crop_size or self.image_size
+
+    def train_size_at(self, epoch: int) -> int:
+        """The side of the training crops of 0-based ``epoch``: every backend's training loader follows it."""
+        return self.train_schedule.size_at(epoch) if self.train_schedule is not None else self.train_size
 
 
 class Loader(Protocol):

@@ -1,7 +1,8 @@
 """The ``dali-cpu`` and ``dali-gpu`` backends: NVIDIA DALI decodes, crops and normalises the images.
 
 This module and its pipeline's (:mod:`.dali_pipeline`) are the only ones that import DALI, and they do so
-lazily, so the package works without it.  Each split's pipeline is built once per run (its decoders' buffers are large and slow to allocate) and
+lazily, so the package works without it.  Each split's pipeline is built once per run (its decoders' buffers are large and slow to allocate), the
+training one once per crop size under ``--progressive-resize`` (a schedule's sizes never come back), and
 fed through an external source: every pass hands it this rank's samples in that epoch's order.  From a
 folder it hands their paths and DALI's own threads read the files (``fn.io.file.read``); from the shards of
 a packed set it hands their bytes, read ahead by the feed's thread pool (``os.pread`` on the open shards).
@@ -23,8 +24,9 @@ draws exactly what an uninterrupted one does.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -72,8 +74,11 @@ class DaliLoader:
     """
 
     def __init__(self, samples: Split, spec: PipelineSpec, runtime: Runtime, seed: int,
-                 sampler: ShardSampler | None = None):
+                 sampler: ShardSampler | None = None, size_at: Callable[[int], int] | None = None):
+        """``size_at``: the crop side of each epoch (training under ``--progressive-resize``), which
+        ``set_epoch`` puts in the spec; a pass at a new size builds the pipeline for it."""
         self.samples, self.spec, self.runtime, self.seed = samples, spec, runtime, seed
+        self.size_at = size_at
         self.sampler = sampler or ShardSampler(len(samples), runtime.rank, runtime.world_size, shuffle=spec.train,
                                                seed=seed)
         share = len(self.sampler)
@@ -85,8 +90,9 @@ class DaliLoader:
                          threads=spec.num_threads)
         # validation resizes each image whole to this short side, under the size rule too
         self.resize = None if spec.train else val_resize_size(spec.image_size, spec.crop_ratio)
-        self.builds = 0  # pipelines built so far: one per run, plus one after each unreadable image
+        self.builds = 0  # pipelines built so far: one per run (per crop size), plus one after each unreadable image
         self._batches = None  # the DALI iterator over the pipeline, once built
+        self._built_size: int | None = None  # the crop size of the pipeline behind _batches
         self._in_pass = False  # a pass was started and not read to its end
 
     def __len__(self) -> int:
@@ -100,6 +106,8 @@ class DaliLoader:
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         self.epoch = epoch
         self.sampler.set_epoch(epoch, start=start_batch * self.spec.batch_size)
+        if self.size_at is not None:
+            self.spec = replace(self.spec, image_size=self.size_at(epoch))
 
     def fingerprint(self) -> dict:
         return self.samples.fingerprint()
@@ -182,6 +190,9 @@ class DaliLoader:
             self.feed.stop()
             for _ in self._batches:
                 pass
+            self._in_pass = False
+        if self._batches is not None and self._built_size != self.spec.image_size:
+            self._batches = None  # the pipeline of the last size is not needed again: its sizes never come back
         self.feed.start(indices, seeds)
         if self._batches is None:
             self._batches = self._build()  # reads the first batches at once: decoding errors can start here
@@ -202,6 +213,7 @@ class DaliLoader:
         # Every random operator draws from the fed states; DALI's own seed (31 bits) is fixed all the same.
         pipeline = build_pipeline(self.spec, self.feed, self.seed % (2**31 - 1))
         self.builds += 1
+        self._built_size = self.spec.image_size
         # No reader to ask for the pass's length: the iterator runs until the feed raises StopIteration.
         return DALIGenericIterator(pipeline, ["images", "labels", "fits"])
 
@@ -256,7 +268,8 @@ def dali_loaders(
         train_spec = PipelineSpec(train=True, encoded=isinstance(samples, PackedSplit),
                                   **{**spec, "image_size": config.train_size})
         train = DaliLoader(samples, train_spec, runtime, config.seed,
-                           sampler=train_sampler(len(samples), config, runtime))
+                           sampler=train_sampler(len(samples), config, runtime),
+                           size_at=config.train_size_at if config.train_schedule is not None else None)
     if want_val:
         samples = open_split(root, "val", classes)
         val = DaliLoader(samples, PipelineSpec(train=False, encoded=isinstance(samples, PackedSplit), **spec),

@@ -80,14 +80,14 @@ class EncodedImages(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, item: tuple[int, int]) -> tuple[Sample | None, tuple[str, str] | None]:
-        index, seed = item
+    def __getitem__(self, item: tuple[int, ...]) -> tuple[Sample | None, tuple[str, str] | None]:
+        index, seed, *size = item  # training samples carry their epoch's crop size
         try:
             sample = self._read(index)
         except (OSError, ValueError, Image.DecompressionBombError) as error:
             return None, (self.samples.name(index), f"{error.__class__.__name__}: {error}")
         if self.transform is not None:
-            sample.draw, sample.augmentation = seeded(seed, self._draw, sample.height, sample.width)
+            sample.draw, sample.augmentation = seeded(seed, self._draw, sample.height, sample.width, *size)
         return sample, None
 
     def _read(self, index: int) -> Sample:
@@ -102,12 +102,12 @@ class EncodedImages(Dataset):
             pixels = torch.from_numpy(np.array(open_rgb(io.BytesIO(raw), self.resize))).permute(2, 0, 1)
         return Sample(index, label, *pixels.shape[-2:], pixels=pixels)
 
-    def _draw(self, height: int, width: int) -> tuple[Draw, tuple | None]:
-        """The crop and flip, then the policy's operations for the crop, drawn on from where they left the
-        generator: what the ``pytorch`` backend's workers draw, in that order."""
-        draw = self.transform.draw(height, width)
-        size = self.transform.size
-        return draw, (self.policy.draw(size, size) if self.policy is not None else None)
+    def _draw(self, height: int, width: int, size: int | None = None) -> tuple[Draw, tuple | None]:
+        """The crop and flip (at ``size``, the epoch's crop side, when given), then the policy's operations for the
+        crop, drawn on from where they left the generator: what the ``pytorch`` backend's workers draw, in that
+        order."""
+        draw = self.transform.draw(height, width, size)
+        return draw, (self.policy.draw(draw.size, draw.size) if self.policy is not None else None)
 
 
 @dataclass

@@ -54,21 +54,21 @@ class ImageFiles(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, item: tuple[int, int]):
-        index, seed = item
+    def __getitem__(self, item: tuple[int, ...]):
+        index, seed, *size = item  # training samples carry their epoch's crop size
         label = self.samples.label(index)
         try:
             image = self.decode(self.samples.read(index))
         except (OSError, ValueError, Image.DecompressionBombError) as error:
             return None, label, (self.samples.name(index), f"{error.__class__.__name__}: {error}")
         try:
-            return seeded(seed, self._augment, image), label, None
+            return seeded(seed, self._augment, image, *size), label, None
         except DecodeFailed as failed:  # a JPEG decoded once its box was drawn
             return None, label, (self.samples.name(index), f"{failed.cause.__class__.__name__}: {failed.cause}")
 
-    def _augment(self, image) -> torch.Tensor:
-        """The augmented image as an HWC uint8 tensor."""
-        out = self.transform(image)
+    def _augment(self, image, *size: int) -> torch.Tensor:
+        """The augmented image (at ``size``, a training crop's side, when given) as an HWC uint8 tensor."""
+        out = self.transform(image, *size)
         if isinstance(out, torch.Tensor):
             return out.permute(1, 2, 0)
         return torch.from_numpy(np.array(out, dtype=np.uint8))  # a writable copy: PIL's buffer is read-only

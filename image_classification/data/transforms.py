@@ -84,10 +84,12 @@ def resized_crop(image: torch.Tensor, box: tuple[int, int, int, int], size: int,
 
 @dataclass(frozen=True)
 class Draw:
-    """One training sample's geometric draws: its crop box and whether it is flipped."""
+    """One training sample's geometric draws: its crop box, whether it is flipped, and the side its crop is
+    resized to (the epoch's, under ``--progressive-resize``)."""
 
     box: tuple[int, int, int, int]
     flip: bool
+    size: int
 
 
 def auto_augmentation(config: DataConfig):
@@ -144,7 +146,8 @@ class TrainTransform:
     """torchvision's RandomResizedCrop, flip and ``--augmentation`` on a uint8 CHW tensor, in two halves that
     the ``pytorch-gpu`` backend runs in different places: :meth:`draw` (the box and the flip, from the image's
     size alone) and :meth:`crop`; ``augmentation`` then draws on from the generator where :meth:`draw` left it.
-    Called on an image, it does all three, as the ``pytorch`` backend's workers do."""
+    Called on an image, it does all three, as the ``pytorch`` backend's workers do.  ``size`` (the epoch's crop
+    side, which the sampler hands the workers with each sample) replaces the configuration's."""
 
     def __init__(self, config: DataConfig):
         self.size, self.scale = config.train_size, tuple(config.crop_scale)
@@ -152,24 +155,24 @@ class TrainTransform:
         self.interpolation_name = config.interpolation
         self.augmentation = auto_augmentation(config)
 
-    def draw(self, height: int, width: int) -> Draw:
+    def draw(self, height: int, width: int, size: int | None = None) -> Draw:
         box = crop_box(height, width, self.scale)
         # as v2.RandomHorizontalFlip draws: one number, flipped below hflip; no draw when flips are off
-        return Draw(box, self.hflip > 0 and bool(torch.rand(1) < self.hflip))
+        return Draw(box, self.hflip > 0 and bool(torch.rand(1) < self.hflip), size or self.size)
 
     def crop(self, image: torch.Tensor | ScalableJpeg, draw: Draw) -> torch.Tensor:
-        """The draw's crop of a decoded image, or of a JPEG not yet decoded (:mod:`.reduced`: decoded at the
-        smallest scale that keeps the crop's pixels, else whole)."""
+        """The draw's crop (at its size) of a decoded image, or of a JPEG not yet decoded (:mod:`.reduced`: decoded
+        at the smallest scale that keeps the crop's pixels, else whole)."""
         if isinstance(image, ScalableJpeg):
-            if crop_scale(draw.box[2], draw.box[3], self.size) > 1:
-                out = image.resized_crop(draw.box, self.size, self.interpolation_name)
+            if crop_scale(draw.box[2], draw.box[3], draw.size) > 1:
+                out = image.resized_crop(draw.box, draw.size, self.interpolation_name)
                 return v2.functional.horizontal_flip(out) if draw.flip else out
             image = image.decoded()
-        out = resized_crop(image, draw.box, self.size, self.interpolation)
+        out = resized_crop(image, draw.box, draw.size, self.interpolation)
         return v2.functional.horizontal_flip(out) if draw.flip else out
 
-    def __call__(self, image: torch.Tensor | ScalableJpeg) -> torch.Tensor:
-        out = self.crop(image, self.draw(*image.shape[-2:]))
+    def __call__(self, image: torch.Tensor | ScalableJpeg, size: int | None = None) -> torch.Tensor:
+        out = self.crop(image, self.draw(*image.shape[-2:], size))
         return out if self.augmentation is None else self.augmentation(out)
 
 

@@ -1,12 +1,15 @@
 """What the backends whose images are read by torch DataLoader workers share (``pytorch``, ``pytorch-gpu``):
-the loader itself, its workers' set-up, batch tensors in shared memory, and the host batches with the images the
-workers could not read, each warned about once."""
+the loader itself, its workers' set-up, batch tensors in shared memory, the training sampler that hands the
+workers each epoch's crop size with its samples, and the host batches with the images the workers could not
+read, each warned about once."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from ..runtime import Runtime
 from ..signals import ignore_in_worker
@@ -47,11 +50,33 @@ def host_loader(dataset: Dataset, sampler: ShardSampler, collate, config: DataCo
     )
 
 
-def split_sampler(size: int, config: DataConfig, runtime: Runtime, train: bool) -> ShardSampler:
-    """This rank's sampler of a split: shuffled and dealt for training (:func:`.common.train_sampler`), dealt in
-    order for validation."""
+class SizedSampler(Sampler):
+    """A training sampler's ``(index, seed)`` samples with the epoch's crop side added, ``(index, seed, size)``:
+    the size travels to the workers with the indices, so persistent workers follow ``--progressive-resize``
+    from the epoch's first sample on, with no restart and no state of their own."""
+
+    def __init__(self, sampler: ShardSampler, size_at: Callable[[int], int]):
+        self.sampler, self.size_at = sampler, size_at
+        self.size = size_at(0)
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.sampler.set_epoch(epoch, start)
+        self.size = self.size_at(epoch)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self):
+        size = self.size
+        for index, seed in self.sampler:
+            yield index, seed, size
+
+
+def split_sampler(size: int, config: DataConfig, runtime: Runtime, train: bool) -> ShardSampler | SizedSampler:
+    """This rank's sampler of a split: shuffled and dealt for training (:func:`.common.train_sampler`), each
+    sample with its epoch's crop size (:class:`SizedSampler`); dealt in order for validation."""
     if train:
-        return train_sampler(size, config, runtime)
+        return SizedSampler(train_sampler(size, config, runtime), config.train_size_at)
     return ShardSampler(size, runtime.rank, runtime.world_size, shuffle=False, seed=config.seed)
 
 
@@ -60,7 +85,7 @@ class HostBatches:
     the broken images its workers report are warned about once, and a batch left with no image is not handed
     on."""
 
-    def __init__(self, loader: DataLoader, sampler: ShardSampler):
+    def __init__(self, loader: DataLoader, sampler: ShardSampler | SizedSampler):
         self.loader = loader
         self.sampler = sampler
         self.unreadable = Unreadable()
