@@ -390,9 +390,7 @@ def class_count_note(args: argparse.Namespace, placeholder: bool) -> str:
 
 def _notify(message: str) -> None:
     """A one-line notice, from the first process of a job only."""
-    from .runtime import distributed_env  # torch: only once a run starts, not for -h or --list
-
-    rank, _, _ = distributed_env()
+    rank, _, _ = machine.distributed_env()
     if rank == 0:
         print(f"launch.py: {message}", file=sys.stderr, flush=True)
 
@@ -506,9 +504,7 @@ def _preset_command(argv: Sequence[str] | None, prog: str
 
 def _world_size() -> int:
     """The processes of this launch (torchrun's and SLURM's variables; 1 alone)."""
-    from .runtime import distributed_env  # torch: only once a preset is resolved, not for -h or --list
-
-    return distributed_env()[2]
+    return machine.distributed_env()[2]
 
 
 def run_arguments(argv: Sequence[str], prog: str = "launch.py") -> argparse.Namespace | None:

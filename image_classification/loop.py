@@ -354,7 +354,7 @@ class Loop:
         first = self._train_size is None
         if schedule is not None and size != self._train_size:
             before = "" if first else f" (from {self._train_size} px)"
-            self.log(f"=> epoch {epoch}: training crops of {size} px{before}, --progressive-resize "
+            self.log(f"=> epoch {epoch + 1}: training crops of {size} px{before}, --progressive-resize "
                      f"{' '.join(map(str, schedule.as_flag()))}")
         changed = not first and size != self._train_size
         self._train_size = size

@@ -19,6 +19,8 @@ import re
 import sys
 from pathlib import Path
 
+from .errors import UserError
+
 
 @functools.lru_cache(maxsize=1)
 def _cpuinfo_lines() -> tuple[str, ...] | None:
@@ -251,3 +253,44 @@ def description(device: str = "cpu") -> str:
     """One line: the GPU and its driver when ``device`` is cuda, the host CPU with its cores and instruction
     sets, the software."""
     return describe(facts(device))
+
+
+# ------------------------------------------------------------------------------------------------
+# The processes of a job, as the launchers' variables say (no torch: launch.py --dry-run reads them)
+# ------------------------------------------------------------------------------------------------
+def _env_int(*names: str) -> int | None:
+    for name in names:
+        if name in os.environ:
+            return int(os.environ[name])
+    return None
+
+
+def distributed_env() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) from torchrun's or SLURM's variables; (0, 0, 1) otherwise."""
+    world = _env_int("WORLD_SIZE")
+    if world is not None:
+        return _env_int("RANK") or 0, _env_int("LOCAL_RANK") or 0, world
+    # srun sets the step's task count in every task; a batch script alone has none, so it stays single.
+    slurm_world = _env_int("SLURM_STEP_NUM_TASKS")
+    if slurm_world is not None and slurm_world > 1:
+        return _env_int("SLURM_PROCID") or 0, _env_int("SLURM_LOCALID") or 0, slurm_world
+    return 0, 0, 1
+
+
+def lone_slurm_task_notice() -> str | None:
+    """What to say of a process that SLURM's variables place in a job of several tasks, when no task count of a
+    step (``SLURM_STEP_NUM_TASKS``, what :func:`distributed_env` reads, set by srun in every task) says it runs
+    with others: ``SLURM_NTASKS`` alone is also a batch script's, whose one process runs alone, said in a line;
+    a task numbered above 0 would run alone too and meet rank 0's workspace lock, so it is refused."""
+    if "WORLD_SIZE" in os.environ or "SLURM_STEP_NUM_TASKS" in os.environ:
+        return None
+    procid, tasks = _env_int("SLURM_PROCID"), _env_int("SLURM_NTASKS")
+    reads = ("main.py takes the number of processes from SLURM_STEP_NUM_TASKS, which srun sets in every task "
+             "(SLURM_NTASKS is a batch script's too, whose one process runs alone)")
+    if procid:
+        raise UserError(f"SLURM_PROCID is {procid} but SLURM_STEP_NUM_TASKS is not set: {reads}; start the tasks "
+                        "with srun, or set WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT")
+    if tasks is not None and tasks > 1:
+        return (f"=> SLURM_NTASKS is {tasks} but SLURM_STEP_NUM_TASKS is not set: this process runs alone; {reads}, "
+                "so start the tasks with srun to run them together")
+    return None

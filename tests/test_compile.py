@@ -69,7 +69,7 @@ def test_a_new_training_size_says_that_the_model_is_compiled_again(tiny_arch, tm
                  "--no-checkpoints", "--compile", "--progressive-resize", "32", "64", "0", "1",
                  "--workspace", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "=> epoch 1: training crops of 64 px (from 32 px)" in out
+    assert "=> epoch 2: training crops of 64 px (from 32 px)" in out
     said = [line for line in out.splitlines() if line.startswith("=> --compile:")]
     assert len(said) == 1 and said[0].startswith("=> --compile: 64 px crops are a new input shape: the model was "
                                                  "compiled again ("), said  # epoch 2 keeps 64 px: nothing to say

@@ -109,8 +109,9 @@ def test_two_processes_equal_one_process_accumulating_their_batches(two_processe
 
 def test_two_processes_follow_the_progressive_resize_as_one_process_does(two_processes, image_folder, capsys):
     """Each rank trains each epoch at the schedule's size: two processes of one image each end with the
-    weights of one process accumulating the same two images per step, over an epoch at 32 px and one at 64."""
-    ramp = ["--progressive-resize", "32", "64", "0", "1", "--epochs", "2", "--val-crop-size", "64"]
+    weights of one process accumulating the same two images per step, over an epoch at 64 px and one at 96 (a
+    batch of one image needs a last feature map of more than one pixel: 64 px and up)."""
+    ramp = ["--progressive-resize", "64", "96", "0", "1", "--epochs", "2", "--val-crop-size", "96"]
     result = run_process(multiproc_cmd(2, *_main_py(image_folder, *COMMON, *ramp, "--prof", "2", "--workspace",
                                                     two_processes / "two_ramp"), log_dir=two_processes / "logs"),
                          cwd=two_processes, timeout=300)
@@ -118,7 +119,7 @@ def test_two_processes_follow_the_progressive_resize_as_one_process_does(two_pro
     one = _one_process(capsys, image_folder, *COMMON, *ramp, "--prof", "4", "--optimizer-batch-size", "2",
                        "--workspace", two_processes / "one_ramp", cwd=two_processes)
     _check(one)
-    assert "=> epoch 1: training crops of 64 px (from 32 px)" in result.stdout + one.stdout
+    assert "=> epoch 2: training crops of 96 px (from 64 px)" in result.stdout + one.stdout
 
     def parameters(folder):
         state = torch.load(two_processes / folder / "checkpoint.pth.tar", map_location="cpu", weights_only=True)

@@ -700,7 +700,7 @@ def test_the_fast_recipe_trains_end_to_end(tiny_arch, image_folder, tmp_path, ca
             "--val-crop-size", "48", "-b", "4", "--workspace", str(tmp_path), str(image_folder)]
     assert launch.main(argv, cuda_available=False) == 0
     out = capsys.readouterr().out
-    assert "=> epoch 1: training crops of 64 px (from 32 px)" in out and "val.tta_top1" in out
+    assert "=> epoch 2: training crops of 64 px (from 32 px)" in out and "val.tta_top1" in out
     checkpoint = torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)
     assert checkpoint["preprocessing"]["train_schedule"] == {"min_size": 32, "max_size": 64, "start": 0, "end": 1}
     assert checkpoint["preprocessing"]["image_size"] == 48

@@ -181,10 +181,10 @@ def test_the_raport_and_the_log_say_each_epoch_s_size(tmp_path, tiny_arch, capsy
                      "--memory-format", "nhwc")) == 0
     out = capsys.readouterr().out
     assert _epoch_sizes(tmp_path / "experiment_raport.json") == [32, 32, 64, 96]
-    assert "=> epoch 0: training crops of 32 px, --progressive-resize 32 96 1 3" in out
-    assert "=> epoch 2: training crops of 64 px (from 32 px)" in out
-    assert "=> epoch 3: training crops of 96 px (from 64 px)" in out
-    assert "=> epoch 1:" not in out  # said when it changes, not every epoch
+    assert "=> epoch 1: training crops of 32 px, --progressive-resize 32 96 1 3" in out
+    assert "=> epoch 3: training crops of 64 px (from 32 px)" in out
+    assert "=> epoch 4: training crops of 96 px (from 64 px)" in out
+    assert "=> epoch 2:" not in out  # said when it changes, not every epoch
     epoch_lines = [line for line in out.splitlines() if line.startswith("DLL") and "- Epoch: " in line
                    and "Iteration" not in line and "train.image_size" in line]
     assert [line.split("train.image_size : ")[1].split()[0] for line in epoch_lines] == ["32", "32", "64", "96"]
@@ -209,7 +209,7 @@ def test_the_checkpoint_records_the_schedule_and_a_resume_without_the_flag_follo
     capsys.readouterr()
     assert main(_run(tmp_path, tiny_arch, "--resume", "auto")) == 0
     assert _epoch_sizes(tmp_path / "experiment_raport.json") == [32, 32, 64, 64]
-    assert "=> epoch 2: training crops of 64 px, --progressive-resize 32 64 1 2" in capsys.readouterr().out
+    assert "=> epoch 3: training crops of 64 px, --progressive-resize 32 64 1 2" in capsys.readouterr().out
 
 
 def test_a_fixed_size_given_on_resume_replaces_the_recorded_schedule_and_says_so():
