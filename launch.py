@@ -2,7 +2,7 @@
 
 import sys
 
-from image_classification.signals import catch_early
+from image_classification.system.signals import catch_early
 
 catch_early()  # before torch is imported: a SIGTERM during start-up then stops the run cleanly (exit 75)
 

@@ -13,15 +13,15 @@ from typing import Callable, Sequence, TypeVar
 
 import torch
 
-from image_classification import machine
-from image_classification.runtime import compile_unsupported
 from image_classification.errors import UserError
+from image_classification.system import machine
+from image_classification.system.runtime import compile_unsupported
 
 T = TypeVar("T")
 
 
 def environment(device: torch.device) -> dict:
-    """The machine (:func:`image_classification.machine.facts`: CPU model, cores, instruction sets, the GPU
+    """The machine (:func:`image_classification.system.machine.facts`: CPU model, cores, instruction sets, the GPU
     and its driver where ``device`` is one), the software that produced a figure, and ``machine``, all of
     it in one line."""
     info = {"device": str(device), **machine.facts(device.type)}

@@ -5,7 +5,7 @@ baseline: ``torchvision.models.<arch>()`` in eval mode under ``torch.no_grad``, 
 ours: ``eager`` (FP32, NCHW, ``torch.inference_mode``), ``channels_last`` (FP32), ``bf16`` and ``fp16``
 (bfloat16 and float16 autocast, channels-last; each runs the dtype it is named after, fp16 on CUDA only),
 ``compile`` (``torch.compile`` of the channels-last FP32 model, compiled for each batch size's static shape),
-``onnxruntime`` (the model exported by ``image_classification.export.export_onnx`` run with ONNX
+``onnxruntime`` (the model exported by ``image_classification.deploy.export.export_onnx`` run with ONNX
 Runtime; CPU only) and ``int8`` (that export quantized as ``--quantize int8`` does, calibrated on random
 images like the measured ones; CPU only). A path that cannot run here (no compiler for ``torch.compile``,
 onnxruntime not installed, no bf16 on the GPU) is recorded as skipped with the reason. On CUDA, cuDNN
@@ -49,10 +49,10 @@ from torch import nn  # noqa: E402
 
 from benchmarks.common import (command_line, compiler_missing, environment, percentile, ratio_spread,  # noqa: E402
                                ratio_text, verdict, write_json)
-from image_classification.cli import UserErrorParser, positive_int  # noqa: E402
-from image_classification.cli import run  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
 from image_classification.models import build_model  # noqa: E402
+from image_classification.system.cli import run  # noqa: E402
+from image_classification.system.cli import UserErrorParser, positive_int  # noqa: E402
 
 BASELINE = "torchvision"
 PATHS = ("eager", "channels_last", "bf16", "fp16", "compile", "onnxruntime", "int8")
@@ -126,7 +126,7 @@ def select_device(choice: str) -> torch.device:
 
 def classify_default(device: torch.device) -> str:
     """The path classify.py takes on ``device`` with its defaults (channels-last, its default precision)."""
-    from image_classification.inference import default_precision
+    from image_classification.deploy.inference import default_precision
 
     if default_precision(device.type) == "FP32":
         return "channels_last"
@@ -192,8 +192,8 @@ def _onnxruntime(model: nn.Module, image_size: int, workdir: Path, int8: bool = 
         import onnxruntime  # noqa: F401
     except ImportError:
         raise Skipped("onnxruntime is not installed") from None
-    from image_classification.export import export_onnx
-    from image_classification.onnx_runtime import OPSET, session as onnx_session
+    from image_classification.deploy.export import export_onnx
+    from image_classification.deploy.onnx_runtime import OPSET, session as onnx_session
 
     path = workdir / "model.onnx"
     export_onnx(model.float().eval(), torch.randn(1, 3, image_size, image_size), path, dynamic_batch=True,
@@ -214,7 +214,7 @@ INT8_CALIBRATION_IMAGES = 16
 def _quantized(path: Path, image_size: int) -> Path:
     """The int8 graph of the FP32 one at ``path``, quantized as ``--quantize int8`` does on this CPU, calibrated
     on random images like those measured (random weights leave nothing else to calibrate on)."""
-    from image_classification.quantization import Quantization, quantize, reduce_range_here
+    from image_classification.deploy.quantization import Quantization, quantize, reduce_range_here
 
     images = torch.randn(INT8_CALIBRATION_IMAGES, 3, image_size, image_size,
                          generator=torch.Generator().manual_seed(1)).numpy()
@@ -227,7 +227,7 @@ def _dtype(name: str, device: torch.device) -> str:
     if name in AUTOCAST:
         return str(AUTOCAST[name]).removeprefix("torch.")
     if name == "int8":
-        from image_classification.quantization import reduce_range_here
+        from image_classification.deploy.quantization import reduce_range_here
 
         return "int8 (7-bit weights: reduce_range)" if reduce_range_here() else "int8"
     return _fp32_label(device)

@@ -5,7 +5,7 @@
 writes DIR/train/class_<c>/img_<i>.jpg: ``--images`` JPEGs of 500x375 at quality 90, spread over
 ``--classes`` folders, each a field of random "pink" noise whose amplitude falls as 1/f^1.6 with the
 spatial frequency f, in three correlated colour channels.  Photographs have such a falling spectrum, and
-the exponent is chosen so that the files are about the size of the photo set's (``scripts/benchmark_loader.py
+the exponent is chosen so that the files are about the size of the photo set's (``benchmarks/benchmark_loader.py
 --photos``, random cuts of scikit-image's photographs; docs/performance.md compares the two).  JPEG decoding
 costs in proportion to the entropy-coded bytes and the pixels, so the set stands in for photographs where
 none can be had: no download, no scikit-image (a GPU machine may have neither), and the same pixels on every
@@ -31,8 +31,8 @@ if str(REPO) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from image_classification.cli import UserErrorParser, run  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
+from image_classification.system.cli import UserErrorParser, run  # noqa: E402
 
 SIZE = (500, 375)  # width, height: the photo set's and --make-dataset's
 QUALITY = 90

@@ -140,7 +140,7 @@ def time_split_open(data: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from image_classification.cli import UserErrorParser, positive_int
+    from image_classification.system.cli import UserErrorParser, positive_int
 
     parser = UserErrorParser(prog="startup.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("data", metavar="DIR", type=Path, help="the folder (DIR) and its packed copy (DIR-packed)")
@@ -178,6 +178,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from image_classification.cli import run
+    from image_classification.system.cli import run
 
     sys.exit(run(main))

@@ -4,7 +4,7 @@ Every side trains the same model (same architecture, same initial weights) on th
 held on the device, in one process. The baseline, ``plain``, is a plain Python loop with
 ``torch.optim.SGD``, ``nn.CrossEntropyLoss`` and autocast (plus a ``GradScaler`` for fp16) where the
 precision asks for it, on an NCHW model: what a user writes. Ours drives
-:class:`image_classification.engine.Engine` as main.py's loop does, on each path of ``--paths``:
+:class:`image_classification.train.engine.Engine` as main.py's loop does, on each path of ``--paths``:
 ``eager`` (NCHW), ``channels_last`` (``--memory-format nhwc``) and ``compile`` (``--compile``, NCHW),
 all at the precision the flags ask for. Each side first runs ``--warmup`` untimed iterations (their time,
 compilation included, is reported); then ``--repeats`` rounds each time ``--iters`` iterations of every
@@ -39,14 +39,14 @@ from torch import nn  # noqa: E402
 
 from benchmarks.common import (command_line, compiler_missing, environment, largest_fitting,  # noqa: E402
                                ratio_spread, ratio_text, summarise, verdict, write_json)
-from image_classification.cli import UserErrorParser, positive_int  # noqa: E402
-from image_classification.cli import run  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
-from image_classification.engine import Engine  # noqa: E402
-from image_classification.plan import RunConfig  # noqa: E402
 from image_classification.models import build_model, list_models  # noqa: E402
-from image_classification.preprocessing import Preprocessing  # noqa: E402
-from image_classification.runtime import Runtime, make_runtime  # noqa: E402
+from image_classification.models.preprocessing import Preprocessing  # noqa: E402
+from image_classification.system.cli import run  # noqa: E402
+from image_classification.system.cli import UserErrorParser, positive_int  # noqa: E402
+from image_classification.system.runtime import Runtime, make_runtime  # noqa: E402
+from image_classification.train.engine import Engine  # noqa: E402
+from image_classification.train.plan import RunConfig  # noqa: E402
 
 LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 1e-4
 Step = Callable[[], None]

@@ -17,9 +17,9 @@ import importlib
 from typing import Callable
 
 from .arguments import parse_args
-from .cli import run
-from .signals import catch_early
-from .tool_arguments import checkpoint2model_parser, classify_parser, model2onnx_parser, pack_parser
+from .arguments.tools import checkpoint2model_parser, classify_parser, model2onnx_parser, pack_parser
+from .system.cli import run
+from .system.signals import catch_early
 
 
 def _parse_then_run(parse: Callable[[], argparse.Namespace], module: str, function: str) -> int:
@@ -38,7 +38,7 @@ def train(prog: str = "ic-train") -> int:
 
     def parse() -> argparse.Namespace:
         args = parse_args(prog=prog)
-        from .startup import check_before_torch  # numpy's import (the workspace's names) waits past -h too
+        from .train.startup import check_before_torch  # numpy's import (the workspace's names) waits past -h too
 
         check_before_torch(args)
         return args
@@ -56,7 +56,7 @@ def launch(prog: str = "ic-launch") -> int:
 
 def classify() -> int:
     """classify.py: classify images with a trained model."""
-    return _parse_then_run(lambda: classify_parser().parse_args(), "inference", "classify")
+    return _parse_then_run(lambda: classify_parser().parse_args(), "deploy.inference", "classify")
 
 
 def multiproc() -> int:
@@ -68,12 +68,12 @@ def multiproc() -> int:
 
 def checkpoint2model() -> int:
     """checkpoint2model.py: the weights of a training checkpoint as a plain state dict."""
-    return _parse_then_run(lambda: checkpoint2model_parser().parse_args(), "export", "checkpoint2model")
+    return _parse_then_run(lambda: checkpoint2model_parser().parse_args(), "deploy.export", "checkpoint2model")
 
 
 def model2onnx() -> int:
     """model2onnx.py: export a model to ONNX, checked against PyTorch."""
-    return _parse_then_run(lambda: model2onnx_parser().parse_args(), "export", "model2onnx")
+    return _parse_then_run(lambda: model2onnx_parser().parse_args(), "deploy.export", "model2onnx")
 
 
 def pack() -> int:

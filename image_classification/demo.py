@@ -21,8 +21,8 @@ import numpy as np
 from PIL import Image
 
 from .arguments import parse_args, raport_file
-from .cli import run
 from .errors import UserError
+from .system.cli import run
 
 DATA_DIR = Path("data/digits")
 WORKSPACE = Path("workspace/digits")
@@ -101,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (DATA_DIR / "val").is_dir():
         print(f"=> writing scikit-learn's handwritten digits to {DATA_DIR}/", flush=True)
         write_digits(DATA_DIR)
-    from .startup import earlier_run
-    from .workspace import Workspace
+    from .records.workspace import Workspace
+    from .train.startup import earlier_run
 
     checkpoints, raport = earlier_run(args, Workspace(workspace, args.checkpoint_filename, raport_file(args)))
     if workspace == chosen and (checkpoints or raport):

@@ -22,11 +22,11 @@ from typing import Sequence
 
 import yaml
 
-from . import machine
 from .arguments import build_parser as build_main_parser, flag_tokens, parse_args, shown
-from .cli import UserErrorParser
-from .datafile import DataFileError, read_regular, utf8_text
 from .errors import UserError
+from .records.datafile import DataFileError, read_regular, utf8_text
+from .system import machine
+from .system.cli import UserErrorParser
 
 # In a source tree the link resolves to the repository's configs.yml, the file users edit.
 DEFAULT_CFG_FILE = (Path(__file__).parent / "configs.yml").resolve()
@@ -365,7 +365,7 @@ def class_count_note(args: argparse.Namespace, placeholder: bool) -> str:
     """What the run's class count will be, from the sources main.py asks, in its order
     (``startup.class_count_sources``): the first that is known here, and what follows a checkpoint or weights
     that may record none."""
-    from .startup import DEFAULT_NUM_CLASSES, class_count_sources
+    from .train.startup import DEFAULT_NUM_CLASSES, class_count_sources
 
     first, *then = class_count_sources(args)
     if first == "--num-classes":
@@ -540,7 +540,7 @@ def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = Non
         return 0
     args = parse_args(rest, defaults=preset, require_data=not launch.dry_run, prog=prog)
     if not launch.dry_run:
-        from .startup import check_before_torch
+        from .train.startup import check_before_torch
 
         check_before_torch(args)  # the dataset and the workspace, before torch's import (seconds)
     if cuda_available is None:

@@ -12,7 +12,7 @@ their own, out of the terminal's reach; a second Ctrl-C stops them at once, with
 
 This module also holds the rendezvous helpers for jobs started by SLURM's ``srun``.  It imports torch
 only when it starts the workers, so ``-h`` and its errors are immediate; each worker starts as
-:mod:`image_classification.worker_shim`.
+:mod:`image_classification.system.worker_shim`.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ import sysconfig
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
-from . import worker_shim
-from .cli import UserErrorParser, whole_number
-from .datafile import open_own, refused_own_file
 from .errors import EXIT_PREEMPTED, PeerLost, UserError, write_failure
-from .worker_shim import WORKER_LOG
+from .records.datafile import open_own, refused_own_file
+from .system import worker_shim
+from .system.cli import UserErrorParser, whole_number
+from .system.worker_shim import WORKER_LOG
 
 DEFAULT_SLURM_PORT = 29500
 # torch.distributed.elastic's log lines that multiproc's own messages replace (matched on the template)
@@ -144,7 +144,7 @@ def check_before_starting(ns: argparse.Namespace) -> None:
     args = training_arguments(ns.training_script, ns.training_script_args)
     if args is None:
         return
-    from .startup import check_before_start
+    from .train.startup import check_before_start
 
     check_before_start(args, workspace=ns.nnodes == 1 or (ns.rdzv_backend == "static" and ns.node_rank == 0))
 
@@ -333,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     prepare_logs(ns.log_dir, ns.nproc_per_node)
     if "OMP_NUM_THREADS" not in os.environ:  # share the cores instead of oversubscribing them
-        from .machine import cores
+        from .system.machine import cores
 
         os.environ["OMP_NUM_THREADS"] = str(max(1, cores() // ns.nproc_per_node))
     command = shlex.join([sys.executable, "-u", ns.training_script, *ns.training_script_args])

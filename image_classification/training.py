@@ -1,8 +1,8 @@
 """What ``main.py`` executes: set up the run, drive the loop, and end the process as the job needs.
 
 :func:`train` joins the process group (through :func:`make_runtime`), checks the workspace, lets
-:func:`~image_classification.plan.resolve_run` settle everything, takes the workspace only once every check
-has passed (a refused start leaves nothing behind), and hands the :class:`~image_classification.loop.Loop`
+:func:`~image_classification.train.plan.resolve_run` settle everything, takes the workspace only once every check
+has passed (a refused start leaves nothing behind), and hands the :class:`~image_classification.train.loop.Loop`
 its collaborators.  A distributed process always ends through
 :func:`_leave_distributed`, so a clean exit, a user error and a lost peer each end in one line.
 """
@@ -18,23 +18,23 @@ from typing import NoReturn
 import torch.distributed as dist
 
 from .arguments import parse_args
-from .cli import report
 from .data import get_loaders
 from .data.layout import data_change_notice
-from .datafile import open_own
-from .distributed import lost_peer_reason
-from .engine import Engine
+from .deploy.inference import calibrate
+from .deploy.onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
 from .errors import EXIT_PREEMPTED, PeerLost, UserError
-from .inference import calibrate
-from .loop import Loop, RunControl, ValResult
-from .metrics import register_metrics
-from .onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
-from .plan import RunConfig, resolve_run
-from .startup import check_workspace, workspace_notice, workspace_of
-from .raport import Raport
-from .runtime import Runtime, make_runtime, out_of_memory_reason
-from .signals import StopSignal, Stopped
-from .workspace import Workspace
+from .records.datafile import open_own
+from .records.raport import Raport
+from .records.workspace import Workspace
+from .system.cli import report
+from .system.distributed import lost_peer_reason
+from .system.runtime import Runtime, make_runtime, out_of_memory_reason
+from .system.signals import StopSignal, Stopped
+from .train.engine import Engine
+from .train.loop import Loop, RunControl, ValResult
+from .train.metrics import register_metrics
+from .train.plan import RunConfig, resolve_run
+from .train.startup import check_workspace, workspace_notice, workspace_of
 
 
 # ------------------------------------------------------------------------------------------------

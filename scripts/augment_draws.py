@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from image_classification.batch_augment import erase_box  # noqa: E402
-from image_classification.cli import UserErrorParser, positive_int, run  # noqa: E402
+from image_classification.system.cli import UserErrorParser, positive_int, run  # noqa: E402
+from image_classification.train.batch_augment import erase_box  # noqa: E402
 
 
 def draw_ms(batch: int, size: int, p: float, repeats: int = 5) -> float:

@@ -24,9 +24,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from image_classification import machine  # noqa: E402
-from image_classification.cli import UserErrorParser, run  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
+from image_classification.system import machine  # noqa: E402
+from image_classification.system.cli import UserErrorParser, run  # noqa: E402
 
 SCALES = (1, 2, 4, 8)
 

@@ -30,12 +30,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from image_classification import machine  # noqa: E402
-from image_classification.cli import UserErrorParser, run  # noqa: E402
 from image_classification.data import DataConfig, get_loaders  # noqa: E402
 from image_classification.data.common import STD_255  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
-from image_classification.runtime import Runtime, make_runtime  # noqa: E402
+from image_classification.system import machine  # noqa: E402
+from image_classification.system.cli import UserErrorParser, run  # noqa: E402
+from image_classification.system.runtime import Runtime, make_runtime  # noqa: E402
 
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry", "retina", "hubble_deep_field")
 BACKENDS = ("dali-cpu", "dali-gpu", "pytorch-gpu")
@@ -73,7 +73,7 @@ def differences(root: Path, image_size: int, backend: str, runtime: Runtime) -> 
 def predictions(checkpoint: str, data: str, backend: str, runtime: Runtime, batch_size: int, workers: int):
     """(predicted classes, labels) of the checkpoint's model on ``data``/val, read by ``backend`` in the
     preprocessing the checkpoint records."""
-    from image_classification.inference import load_model
+    from image_classification.deploy.inference import load_model
 
     loaded = load_model(None, checkpoint, log=lambda line: None)
     preprocessing = loaded.resolve_preprocessing(None, log=lambda line: None)

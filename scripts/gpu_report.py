@@ -23,7 +23,7 @@ four, the fifth fits a second call):
 * ``infer``: ``benchmarks/infer_throughput.py`` for resnet50 at batch 1 to 256: torchvision eager (the
   baseline), channels-last TF32, fp16 and bf16, with latency percentiles;
 * ``decode``: JPEGs decoded on the GPU.  A JPEG set written for the run (``benchmarks/jpeg_set.py``: no
-  download, no scikit-image), the loader alone (``scripts/benchmark_loader.py --data-backend pytorch-gpu
+  download, no scikit-image), the loader alone (``benchmarks/benchmark_loader.py --data-backend pytorch-gpu
   --beside pytorch``, epochs alternating), and resnet50's AMP training from those JPEGs with pytorch-gpu
   against the same command on synthetic data: the report gives JPEG over synthetic;
 * ``train``: launch.py at TF32 for the three models and at bf16 for resnet50 (40 iterations, 20 of them
@@ -75,12 +75,12 @@ import torch  # noqa: E402
 
 from benchmarks.common import compiler_missing, write_json  # noqa: E402
 from benchmarks.report_markdown import markdown  # noqa: E402
-from image_classification import machine  # noqa: E402
-from image_classification.cli import UserErrorParser, positive_float, run  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
-from image_classification.raport import read_raport  # noqa: E402
+from image_classification.records.raport import read_raport  # noqa: E402
+from image_classification.system import machine  # noqa: E402
+from image_classification.system.cli import UserErrorParser, positive_float, run  # noqa: E402
 
-LOADER_SCRIPT = "scripts/benchmark_loader.py"  # the loader benchmark, relative to the repository
+LOADER_SCRIPT = "benchmarks/benchmark_loader.py"  # the loader benchmark, relative to the repository
 JPEG_SET_SCRIPT = "benchmarks/jpeg_set.py"
 REPORT_FILES = ("report.md", "report.json", "logs.tar.gz")  # all that --out receives
 DATA_FOLDER = "data"  # the JPEG set, in the scratch folder: left out of the archive

@@ -26,10 +26,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from image_classification.cli import UserErrorParser  # noqa: E402
-from image_classification.cli import run as cli_run  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
-from image_classification.raport import read_raport  # noqa: E402
+from image_classification.records.raport import read_raport  # noqa: E402
+from image_classification.system.cli import run as cli_run  # noqa: E402
+from image_classification.system.cli import UserErrorParser  # noqa: E402
 
 Series = tuple[list[int], list[float]]  # epochs, values
 
@@ -110,7 +110,7 @@ def load(path: Path) -> list[dict]:
         raise UserError(f"cannot read {path}: {error.strerror}") from None
     except UnicodeDecodeError:
         raise UserError(f"{path} is not a raport: it is not a text file") from None
-    except ValueError as error:  # JSON, or image_classification.datafile's bounds on it
+    except ValueError as error:  # JSON, or image_classification.records.datafile's bounds on it
         raise UserError(f"{path} is not a raport: a 'DLLL ' line {error}") from None
     if not records:
         raise UserError(f"{path} is not a raport: it has no 'DLLL {{json}}' lines")

@@ -41,10 +41,10 @@ if str(REPO) not in sys.path:
 
 from tqdm import tqdm  # noqa: E402
 
-from image_classification.checkpoint import longest_name  # noqa: E402
-from image_classification.cli import UserErrorParser, positive_int  # noqa: E402
-from image_classification.cli import run  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
+from image_classification.records.checkpoint import longest_name  # noqa: E402
+from image_classification.system.cli import run  # noqa: E402
+from image_classification.system.cli import UserErrorParser, positive_int  # noqa: E402
 
 META = "data/meta.mat"
 GROUND_TRUTH = "data/ILSVRC2012_validation_ground_truth.txt"

@@ -22,13 +22,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from image_classification import machine  # noqa: E402
-from image_classification.cli import UserErrorParser, positive_int, run  # noqa: E402
 from image_classification.data import reduced  # noqa: E402
 from image_classification.data.common import DataConfig, MEAN_255, STD_255, sample_seed  # noqa: E402
 from image_classification.data.files import decode_rgb_tensor  # noqa: E402
 from image_classification.data.layout import class_folders, open_split  # noqa: E402
 from image_classification.data.transforms import INTERPOLATION, TrainTransform, resized_crop, seeded  # noqa: E402
+from image_classification.system import machine  # noqa: E402
+from image_classification.system.cli import UserErrorParser, positive_int, run  # noqa: E402
 
 STAGES = ("read", "header and draw", "decode", "resize", "flip and hand-over", "normalise")
 

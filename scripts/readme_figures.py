@@ -33,8 +33,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.common import ratio_text  # noqa: E402
-from image_classification import machine  # noqa: E402
-from image_classification.cli import UserErrorParser, run  # noqa: E402
+from image_classification.system import machine  # noqa: E402
+from image_classification.system.cli import UserErrorParser, run  # noqa: E402
 
 DOCS = REPO / "docs"  # the charts lie here, beside the page that shows them (docs/performance.md)
 FIGURES = DOCS / "figures.json"  # the one value of each figure that the pages repeat
@@ -261,7 +261,7 @@ def loader() -> str:
             made.add(data)
             argv = [*make, "--data-backend", backend, "-b", str(batch), "-j", "2", "--epochs", "5", "--baseline",
                     str(data)]
-            output, _ = _python(str(REPO / "scripts" / "benchmark_loader.py"), *argv, cwd=REPO)
+            output, _ = _python(str(REPO / "benchmarks" / "benchmark_loader.py"), *argv, cwd=REPO)
             match, verdict = LOADER_SUMMARY.search(output), LOADER_VERDICT.search(output)
             if match is None or verdict is None:
                 sys.exit(f"error: no summary line in benchmark_loader.py's output:\n{output[-2000:]}")
@@ -269,7 +269,7 @@ def loader() -> str:
             claim = verdict.group(1)
             stated = re.fullmatch(r"[\d.]+x", claim) is not None  # else the ratio is within its spread
             claim = f"**{claim}** ({spread})" if stated else claim
-            commands.append("python scripts/benchmark_loader.py " + " ".join(argv).replace(folder, "/tmp"))
+            commands.append("python benchmarks/benchmark_loader.py " + " ".join(argv).replace(folder, "/tmp"))
             images = f"{len(list(data.glob('train/*/*.jpg'))):,} {data_set}"
             rows.append(f"| `--data-backend {name}` | {images} | {batch} | {float(ips):,.0f} | {ms} ({base_ms}) | "
                         f"{float(base_ips):,.0f} | {claim} |")
@@ -349,8 +349,8 @@ CLASSIFY_INT8 = ["--runtime", "onnxruntime", "--quantize", "int8", "--calibratio
 def int8_accuracy() -> str:
     """The demo's model validated by main.py --evaluate in PyTorch, through ONNX Runtime in FP32 and in int8
     by each calibration method, and classify.py's int8 top-1 against PyTorch FP32's on the same images."""
-    from image_classification.onnx_runtime import CACHE_ENV
-    from image_classification.raport import read_raport
+    from image_classification.deploy.onnx_runtime import CACHE_ENV
+    from image_classification.records.raport import read_raport
 
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
@@ -373,7 +373,7 @@ def int8_accuracy() -> str:
 
 def _int8_note() -> str:
     """Whether the CPU computes int8 dot products, which decides reduce_range."""
-    from image_classification.quantization import int8_dot_products
+    from image_classification.deploy.quantization import int8_dot_products
 
     found = int8_dot_products()
     return (f"int8 dot products: {', '.join(found)}, so no reduce_range" if found

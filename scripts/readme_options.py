@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from image_classification.arguments import build_parser  # noqa: E402
-from image_classification.cli import UserErrorParser, run  # noqa: E402
+from image_classification.system.cli import UserErrorParser, run  # noqa: E402
 
 OPTIONS_PAGE = REPO / "docs" / "options.md"
 BLOCK = re.compile(r"^(<!-- options:main\.py -->\n).*?^(<!-- /options:main\.py -->)$", re.S | re.M)

@@ -37,11 +37,11 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from image_classification import machine  # noqa: E402
-from image_classification.cli import UserErrorParser, run  # noqa: E402
 from image_classification.data.files import is_image_file  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
-from image_classification.raport import read_raport  # noqa: E402
+from image_classification.records.raport import read_raport  # noqa: E402
+from image_classification.system import machine  # noqa: E402
+from image_classification.system.cli import UserErrorParser, run  # noqa: E402
 
 
 @dataclass

@@ -56,7 +56,7 @@ def score_validations(monkeypatch, *top1: float) -> None:
     """Each validation of the training loop reports the next of ``top1`` as its score (its other figures
     stay real): the way to make an epoch the best, or not, at will.  Monkeypatched until the test ends,
     or the ``monkeypatch`` context (a ``pytest.MonkeyPatch``) closes."""
-    from image_classification import loop
+    from image_classification.train import loop
 
     scores, real_validate = iter(top1), loop.Loop.validate
 
@@ -71,7 +71,7 @@ def score_validations(monkeypatch, *top1: float) -> None:
 def count_step_syncs(monkeypatch) -> list[int]:
     """Patch ``Engine.train_step`` so that each step appends to the list returned how many host synchronisations
     CUDA's sync debug mode warned of inside it (the print windows' reads are outside the steps)."""
-    from image_classification import engine
+    from image_classification.train import engine
 
     original, syncs = engine.Engine.train_step, []
 
@@ -143,9 +143,9 @@ def multiproc_cmd(nproc: int, *script_and_args, log_dir: Path | None = None) -> 
     return cmd + [str(arg) for arg in script_and_args]
 
 
-def load_script(name: str) -> ModuleType:
-    """Import ``scripts/<name>.py`` (not a package) as the module ``name``."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+def load_script(name: str, folder: str = "scripts") -> ModuleType:
+    """Import ``<folder>/<name>.py`` as the module ``name`` (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
@@ -181,7 +181,7 @@ def train_until_crash(argv: list[str], step: int) -> None:
     (counting from 1), as a SIGKILL would leave it: the checkpoints written before are all it leaves."""
     from unittest import mock
 
-    from image_classification import engine as engine_module
+    from image_classification.train import engine as engine_module
     from image_classification.training import main
 
     original, calls = engine_module.Engine.train_step, [0]
@@ -261,7 +261,7 @@ def sigterm_during_the_export(monkeypatch) -> None:
     runs here)."""
     import torch
 
-    from image_classification import export, onnx_runtime
+    from image_classification.deploy import export, onnx_runtime
 
     exporter = onnx_runtime.export_onnx
 

@@ -146,7 +146,7 @@ def test_waits_of_up_to_a_year_are_taken_as_typed():
 
 @pytest.mark.parametrize("name", BAD_FLAGS)
 def test_bad_values_are_one_line_and_exit_2(name, capsys):
-    from image_classification.cli import run
+    from image_classification.system.cli import run
     from image_classification.training import main
 
     refused(run(main, BAD_FLAGS[name] + ["--data-backend", "synthetic", "--device", "cpu"]), capsys)
@@ -174,7 +174,7 @@ HUGE = "100000000000000000000"  # 10^20: an OverflowError or an allocator's trac
     (["--crop-scale", "1e-40", "1"], "argument --crop-scale: must be 0 or from 1.175e-38"),
 ])
 def test_a_value_no_flag_can_hold_is_one_line_with_the_bounds(argv, said, capsys, tmp_path):
-    from image_classification.cli import run
+    from image_classification.system.cli import run
     from image_classification.training import main
 
     workspace = tmp_path / "ws"
@@ -187,8 +187,8 @@ def test_a_value_no_flag_can_hold_is_one_line_with_the_bounds(argv, said, capsys
 def test_a_size_that_no_memory_holds_is_one_line(capsys, tmp_path, monkeypatch):
     """--num-classes 2147483647 parses, and its head needs 4 TB: the allocator's failure is one line naming the
     flags that size what is allocated, not a traceback."""
-    from image_classification import plan
-    from image_classification.cli import run
+    from image_classification.system.cli import run
+    from image_classification.train import plan
     from image_classification.training import main
 
     def no_memory(*args, **kwargs):
@@ -206,7 +206,7 @@ def test_a_size_that_no_memory_holds_is_one_line(capsys, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", BAD_PRESETS)
 def test_bad_preset_values_fail_like_the_flags_and_name_the_key(name, capsys):
-    from image_classification.cli import run
+    from image_classification.system.cli import run
     from image_classification.training import main
 
     preset = BAD_PRESETS[name]
@@ -222,7 +222,7 @@ def test_preset_values_reach_the_run_and_flags_still_win():
 
 
 def test_topk_above_the_class_count_is_refused_and_the_default_fits(tmp_path, capsys, tiny_arch):
-    from image_classification.cli import run
+    from image_classification.system.cli import run
     from image_classification.training import main
 
     tiny = ["-a", tiny_arch, "--image-size", "32", "-b", "8", "--device", "cpu", "--data-backend", "synthetic",
@@ -234,7 +234,7 @@ def test_topk_above_the_class_count_is_refused_and_the_default_fits(tmp_path, ca
 
 
 def test_one_image_batches_that_batchnorm_cannot_train_are_refused(tmp_path, capsys, tiny_arch):
-    from image_classification.cli import run
+    from image_classification.system.cli import run
     from image_classification.training import main
 
     code = run(main, ["-a", tiny_arch, "--image-size", "32", "-b", "1", "--device", "cpu", "--data-backend",
@@ -299,7 +299,7 @@ def test_compile_on_a_python_that_this_torch_cannot_compile_for_is_refused(tmp_p
     step."""
     import torch._dynamo
 
-    from image_classification.cli import run
+    from image_classification.system.cli import run
     from image_classification.training import main
 
     def compile_as_torch_2_3_on_python_3_12(*args, **kwargs):

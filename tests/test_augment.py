@@ -14,12 +14,12 @@ from torchvision.transforms import v2
 
 from helpers import refused, train_until_crash
 from image_classification.arguments import parse_args
-from image_classification.batch_augment import augment_batch, cutmix_box, random_erase
-from image_classification.cli import run as cli_run
 from image_classification.data.common import DataConfig, ShardSampler
 from image_classification.data.transforms import PolicyDraws, TrainTransform, auto_augmentation
 from image_classification.errors import UserError
-from image_classification.losses import classification_loss, cutmix, mixup
+from image_classification.system.cli import run as cli_run
+from image_classification.train.batch_augment import augment_batch, cutmix_box, random_erase
+from image_classification.train.losses import classification_loss, cutmix, mixup
 from image_classification.training import main
 
 
@@ -241,7 +241,7 @@ def test_ra_sampler_gives_every_copy_its_own_seed_and_resumes_part_way():
 def test_an_ra_epoch_without_a_whole_batch_is_refused():
     """500 images on 2 processes: 256 an epoch with --ra-reps, 128 each, too few for -b 200."""
     from image_classification.data.common import train_sampler
-    from image_classification.runtime import Runtime
+    from image_classification.system.runtime import Runtime
 
     runtime = Runtime(torch.device("cpu"), None, torch.contiguous_format, rank=1, local_rank=1, world_size=2)
     config = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=200, ra_reps=3)
@@ -297,7 +297,7 @@ def test_more_repeats_than_an_epoch_shows_images_are_refused_in_one_line(image_f
     """--ra-reps 1000000000 built a list of a billion copies of the dataset (MemoryError); an epoch of 24
     images (3 classes x 8) with 24 or more repeats in a row would be one image throughout."""
     from image_classification.data.common import train_sampler
-    from image_classification.runtime import Runtime
+    from image_classification.system.runtime import Runtime
 
     runtime = Runtime(torch.device("cpu"), None, torch.contiguous_format, rank=0, local_rank=0, world_size=1)
     config = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=4, ra_reps=23)
@@ -328,8 +328,8 @@ def test_bad_recipe_flags_are_one_line_and_exit_2(argv, message, capsys):
 
 
 def test_the_flags_reach_the_run_s_configuration():
-    from image_classification.plan import build_config, data_config
-    from image_classification.preprocessing import Preprocessing
+    from image_classification.models.preprocessing import Preprocessing
+    from image_classification.train.plan import build_config, data_config
 
     args = parse_args(["/data", "--mixup", "0.2", "--cutmix", "1.0", "--mixup-switch-prob", "0.25",
                        "--random-erase", "0.1", "--ra-reps", "3", "--augmentation", "randaugment",

@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from image_classification import machine
+from image_classification.system import machine
 
 benchmark = importlib.import_module("benchmarks.infer_throughput")
 
@@ -48,7 +48,7 @@ def test_train_throughput_refuses_compile_without_a_compiler(monkeypatch, capsys
     benchmark = importlib.import_module("benchmarks.train_throughput")
     monkeypatch.setattr("shutil.which", lambda name: None)
     monkeypatch.delenv("CXX", raising=False)
-    from image_classification.cli import run
+    from image_classification.system.cli import run
 
     assert run(benchmark.main, ["--device", "cpu", "--paths", "compile"]) == 2
     assert "needs a C++ compiler" in capsys.readouterr().err
@@ -222,7 +222,7 @@ def test_the_loader_benchmark_profiles_the_cpu_dali_pipeline_stage_by_stage(tmp_
     pytest.importorskip("nvidia.dali")
     from helpers import load_script
 
-    loader = load_script("benchmark_loader")
+    loader = load_script("benchmark_loader", "benchmarks")
     argv = ["--photos", "2", "--dali-stages", "-b", "4", "-j", "1", "--image-size", "32", str(tmp_path / "photos")]
     assert loader.main(argv) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
@@ -239,7 +239,7 @@ def test_the_loader_benchmark_builds_the_photo_set_and_states_a_ratio_only_beyon
     from benchmarks.common import verdict
     from helpers import load_script
 
-    loader = load_script("benchmark_loader")
+    loader = load_script("benchmark_loader", "benchmarks")
     figures = load_script("readme_figures")
     data = tmp_path / "photos"
     argv = ["--photos", "2", "--data-backend", "pytorch", "-b", "2", "-j", "0", "--epochs", "3", "--image-size", "32",
@@ -270,7 +270,7 @@ def test_the_loader_benchmark_times_a_backend_beside_others(tmp_path, capsys):
 
     from helpers import load_script
 
-    loader = load_script("benchmark_loader")
+    loader = load_script("benchmark_loader", "benchmarks")
     argv = ["--photos", "2", "--data-backend", "pytorch-gpu", "--beside", "pytorch", "-b", "2", "-j", "0", "--epochs",
             "2", "--image-size", "32", "--device", "cpu", str(tmp_path / "photos")]
     assert loader.main(argv) == 0
@@ -296,7 +296,7 @@ def test_the_loader_benchmark_times_one_backend_with_two_jpeg_decoders(tmp_path,
         monkeypatch.setitem(decoders._LOADERS, library, lambda library=library: decoders.JpegDecoder(
             library, "1.0", lambda data, library=library: used.append(library) or decoders._torchvision().decode(data),
             decoders._torchvision().decode_batch))
-    loader = load_script("benchmark_loader")
+    loader = load_script("benchmark_loader", "benchmarks")
     argv = ["--photos", "2", "--data-backend", "pytorch", "--decoder", "torchcodec", "--beside-decoder", "torchvision",
             "--decode-scale", "full", "-b", "2", "-j", "0", "--epochs", "2", "--image-size", "32", "--device", "cpu", str(tmp_path / "photos")]
     assert loader.main(argv) == 0
@@ -396,11 +396,11 @@ def test_the_loader_benchmark_says_what_it_writes_while_it_writes(tmp_path, caps
     the time left, and one at the end; a typo is named with the flag meant."""
     pytest.importorskip("skimage")
     from helpers import load_script, refused
-    from image_classification import progress
-    from image_classification.cli import run
+    from image_classification.system.cli import run
+    from image_classification.train import progress
 
     monkeypatch.setattr(progress, "HEARTBEAT_SECONDS", 0.0)
-    loader = load_script("benchmark_loader")
+    loader = load_script("benchmark_loader", "benchmarks")
     loader.write_data(loader.build_parser().parse_args(["--make-dataset", "2", str(tmp_path / "d")]))
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"=> writing 4 JPEG images cut from scikit-image's photos into {tmp_path / 'd' / 'train'}"

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from helpers import REPO, one_error_line, run_script, tiny_registered
-from image_classification import checkpoint as ckpt
-from image_classification.cli import run
 from image_classification.errors import StorageError, UserError
-from image_classification.integrity import content_digest, verify
 from image_classification.models import build_model, load_checkpoint_file, load_weights
+from image_classification.records import checkpoint as ckpt
+from image_classification.records.integrity import content_digest, verify
+from image_classification.system.cli import run
 
 
 def _checkpoint_payload() -> dict:
@@ -144,7 +144,7 @@ def test_non_finite_weights_are_refused(tmp_path):
 def damaged(tmp_path_factory, image_folder) -> dict[str, Path]:
     """A real training checkpoint (of the tiny architecture, registered for the module's tests) and
     copies of it damaged by a 4 KiB flip inside the weights."""
-    from image_classification.export import checkpoint2model_main
+    from image_classification.deploy.export import checkpoint2model_main
     from image_classification.training import main
 
     root = tmp_path_factory.mktemp("damaged")

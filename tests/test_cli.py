@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from helpers import refused
-from image_classification import launch, multiproc, tool_arguments
+from image_classification import launch, multiproc
 from image_classification.arguments import build_parser, parse_args
-from image_classification.cli import run
+from image_classification.arguments import tools as tool_arguments
+from image_classification.system.cli import run
 
 
 def parse(parser):

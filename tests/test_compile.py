@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from image_classification import engine as engine_module
 from image_classification.errors import EXIT_PREEMPTED
-from image_classification.raport import read_raport
+from image_classification.records.raport import read_raport
+from image_classification.train import engine as engine_module
 from image_classification.training import main
 
 pytestmark = pytest.mark.skipif(not any(os.access(os.path.join(folder, name), os.X_OK)

@@ -17,11 +17,11 @@ from PIL import Image
 from helpers import train_until_crash
 from image_classification.arguments import parse_args
 from image_classification.data.common import MEAN_255, STD_255
-from image_classification.plan import data_config
 from image_classification.data.folder import folder_loaders
 from image_classification.data.layout import check_dataset
 from image_classification.errors import UserError
-from image_classification.runtime import Runtime
+from image_classification.system.runtime import Runtime
+from image_classification.train.plan import data_config
 
 SIZE = 32
 

@@ -11,7 +11,7 @@ import torch
 
 from helpers import REPO
 from image_classification.data import DataConfig, decoders, get_loaders
-from image_classification.runtime import Runtime
+from image_classification.system.runtime import Runtime
 
 
 @pytest.fixture

@@ -20,8 +20,8 @@ from image_classification.data.common import DataConfig, DeviceLoader
 from image_classification.data.files import open_rgb, walk_class
 from image_classification.data.folder import folder_loaders
 from image_classification.data.layout import check_dataset, list_samples
-from image_classification.inference import load_image
-from image_classification.runtime import Runtime, make_runtime
+from image_classification.deploy.inference import load_image
+from image_classification.system.runtime import Runtime, make_runtime
 
 LEFT_OUT = "train/ entries left out (links not followed, files that are not regular): {}"
 
@@ -264,7 +264,7 @@ def test_links_never_relabel_an_image_or_leak_validation_into_training(tmp_path,
     warnings = capsys.readouterr().err
     assert warnings.count("leaving out") == 3
     assert "another class folder" in warnings and "another split" in warnings and "already walked" in warnings
-    from image_classification.cli import run
+    from image_classification.system.cli import run
 
     run(check_main, [str(root)])
     report = capsys.readouterr().out

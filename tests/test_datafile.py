@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from image_classification.datafile import (INT_LIMIT, MAX_DEPTH, DataFileError, parse_json, read_json,
+from image_classification.records.datafile import (INT_LIMIT, MAX_DEPTH, DataFileError, parse_json, read_json,
                                            read_regular)
 
 

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from image_classification import demo
-from image_classification.cli import run
+from image_classification.system.cli import run
 
 
 def test_the_demo_without_scikit_learn_is_one_line_naming_the_extra(tmp_path, monkeypatch, capsys):

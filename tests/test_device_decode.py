@@ -19,7 +19,6 @@ from torchvision import transforms
 from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
 from helpers import REPO, FakeCuda, count_step_syncs, load_script, refused, run_script, train_until_crash, write_image_folder
-from image_classification.cli import run
 from image_classification.data import DataConfig, default_backend_notice, get_loaders, resolve_backend
 from image_classification.data import decoders, device_decode
 from image_classification.data.common import STD_255, ShardSampler
@@ -27,7 +26,8 @@ from image_classification.data.encoded import EncodedImages
 from image_classification.data.layout import open_split
 from image_classification.data.transforms import INTERPOLATION, TrainTransform, crop_box, resized_crop
 from image_classification.errors import UserError
-from image_classification.runtime import Runtime
+from image_classification.system.cli import run
+from image_classification.system.runtime import Runtime
 from image_classification.training import main
 
 SIZE = 32
@@ -534,9 +534,9 @@ def test_the_background_thread_is_on_the_runtime_s_device_from_its_start(image_f
 def test_the_raport_counts_the_jpegs_decoded_on_the_cpu_per_epoch(image_folder, tmp_path, tiny_arch, monkeypatch):
     """A run whose device decoder refuses an image says so in its raport, epoch by epoch and in the summary, for
     training and validation alike (main.py's loop with the backend on the CPU's decoder)."""
-    from image_classification.raport import read_raport
+    from image_classification.records.raport import read_raport
 
-    monkeypatch.setattr("image_classification.plan.check_backend", lambda *args, **kwargs: None)
+    monkeypatch.setattr("image_classification.train.plan.check_backend", lambda *args, **kwargs: None)
     refused_size = len((image_folder / "train" / "class_01" / "img_003.jpg").read_bytes())
     refusing_decoder(monkeypatch, lambda data: RuntimeError("Error while decoding JPEG images: unsupported")
                      if any(len(one) == refused_size for one in data) else None)
@@ -608,7 +608,7 @@ def test_trains_end_to_end_on_the_cpu_and_resumes_a_crashed_run_bitwise(image_fo
     """main.py's loop with the backend, on the CPU's decoder (main.py itself refuses it off CUDA), the recipe
     augmentations on top: a run killed after a mid-epoch checkpoint and resumed ends with the weights of one
     that was not."""
-    monkeypatch.setattr("image_classification.plan.check_backend", lambda *args, **kwargs: None)
+    monkeypatch.setattr("image_classification.train.plan.check_backend", lambda *args, **kwargs: None)
     run = ["-a", tiny_arch, "--num-classes", "3", "--device", "cpu", "--data-backend", "pytorch-gpu", "-j", "1",
            "--image-size", str(SIZE), "-b", "4", "-p", "1", "--lr", "0.05", "--seed", "3", "--epochs", "1",
            "--augmentation", "trivialaugment", "--mixup", "0.2", "--cutmix", "1.0", "--random-erase", "0.25",
@@ -722,7 +722,7 @@ def test_on_cuda_without_dali_a_run_takes_the_backend_by_default_and_never_syncs
     assert "=> data backend: pytorch-gpu, the default on CUDA without NVIDIA DALI" in out
     assert re.search(r"^=> JPEG decoder: \S+ \S+ \(nvJPEG on cuda:\d\)", out, re.M), out
     assert len(syncs) == 6 and syncs[1:] == [0] * 5, syncs
-    from image_classification.raport import read_raport
+    from image_classification.records.raport import read_raport
 
     summary = {}
     for record in read_raport(tmp_path / "experiment_raport.json"):

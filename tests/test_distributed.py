@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from helpers import REPO, explain, multiproc_cmd, run_process, run_script, start_process
-from image_classification.raport import read_raport
+from image_classification.records.raport import read_raport
 
 needs_proc = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds worker pids in /proc")
 
@@ -178,7 +178,7 @@ def test_a_killed_worker_stops_the_job(image_folder, tmp_path):
 # The wait for peers
 # ------------------------------------------------------------------------------------------------
 def test_the_watchdog_ends_a_wait_for_peers_that_lasts_too_long_in_one_line(capsys):
-    from image_classification.distributed import PeerWatchdog
+    from image_classification.system.distributed import PeerWatchdog
 
     exits = []
     watchdog = PeerWatchdog(rank=1, timeout_s=0.2, exit_process=exits.append)
@@ -206,11 +206,11 @@ def test_a_one_process_gloo_ddp_run_in_fp16_with_accumulation_equals_the_same_st
     import torch.distributed as dist
 
     from helpers import free_port
-    from image_classification.engine import Engine
     from image_classification.models import build_model
-    from image_classification.plan import RunConfig
-    from image_classification.preprocessing import Preprocessing
-    from image_classification.runtime import Runtime
+    from image_classification.models.preprocessing import Preprocessing
+    from image_classification.system.runtime import Runtime
+    from image_classification.train.engine import Engine
+    from image_classification.train.plan import RunConfig
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))

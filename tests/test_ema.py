@@ -6,10 +6,10 @@ from torch.optim.swa_utils import AveragedModel
 
 from helpers import refused
 from image_classification.arguments import parse_args
-from image_classification.cli import run as cli_run
-from image_classification.ema import ModelEma, timm_ema_decay, torchvision_decay
 from image_classification.errors import UserError
-from image_classification.plan import ema_options
+from image_classification.system.cli import run as cli_run
+from image_classification.train.ema import ModelEma, timm_ema_decay, torchvision_decay
+from image_classification.train.plan import ema_options
 from test_optim import assert_same_tensors, stopped_and_resumed
 
 
@@ -128,11 +128,11 @@ def test_conflicting_or_bad_flags_are_one_line_and_exit_2(flags, message, capsys
 
 
 def test_the_engine_adjusts_torchvisions_decay_to_the_global_batch_of_an_optimizer_step(tiny_arch):
-    from image_classification.engine import Engine
     from image_classification.models import build_model
-    from image_classification.plan import RunConfig
-    from image_classification.preprocessing import Preprocessing
-    from image_classification.runtime import make_runtime
+    from image_classification.models.preprocessing import Preprocessing
+    from image_classification.system.runtime import make_runtime
+    from image_classification.train.engine import Engine
+    from image_classification.train.plan import RunConfig
 
     runtime = make_runtime("cpu", log=lambda *_: None)
     lines = []

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from image_classification.engine import LOSS_SCALE_GROWTH_INTERVAL, Engine
-from image_classification.plan import DEFAULT_LOSS_SCALE, RunConfig
-from image_classification.preprocessing import Preprocessing
-from image_classification.runtime import Runtime
+from image_classification.models.preprocessing import Preprocessing
+from image_classification.system.runtime import Runtime
+from image_classification.train.engine import LOSS_SCALE_GROWTH_INTERVAL, Engine
+from image_classification.train.plan import DEFAULT_LOSS_SCALE, RunConfig
 
 FP16, BF16 = torch.float16, torch.bfloat16
 
@@ -45,7 +45,7 @@ def test_a_dynamic_scale_grows_after_clean_steps_and_a_fixed_one_does_not():
 
 def test_a_window_is_one_all_reduce_that_carries_the_stop_and_save_flags(monkeypatch):
     """Loss and the processes' stop/save requests share one collective and one host read."""
-    from image_classification import engine as engine_module
+    from image_classification.train import engine as engine_module
 
     calls = []
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from helpers import REPO, one_error_line, refused, run_script, sigterm_during_the_export, sigterm_noted
-from image_classification import export
-from image_classification.cli import run
+from image_classification.deploy import export
 from image_classification.models import build_model, load_weights
+from image_classification.system.cli import run
 
 
 @pytest.fixture
@@ -162,8 +162,8 @@ def test_a_nan_on_either_side_of_the_onnx_check_fails_it(tmp_path):
     """max() passes over a NaN: logits that are NaN in PyTorch are refused, and NaN from the graph counts as
     the largest difference, so model2onnx.py never writes such a model as agreeing."""
     pytest.importorskip("onnxruntime")
+    from image_classification.deploy.onnx_runtime import OPSET, export_onnx
     from image_classification.errors import UserError
-    from image_classification.onnx_runtime import OPSET, export_onnx
 
     def linear(bias: float) -> torch.nn.Module:
         torch.manual_seed(0)
@@ -242,8 +242,8 @@ def test_a_max_batch_size_that_config_pbtxt_cannot_hold_is_refused(tiny_weights,
     onnx = pytest.importorskip("onnx")
     TensorProto, helper = onnx.TensorProto, onnx.helper
 
-    from image_classification.tool_arguments import LARGEST_MAX_BATCH_SIZE
-    from image_classification.triton_repository import config_text
+    from image_classification.arguments.tools import LARGEST_MAX_BATCH_SIZE
+    from image_classification.deploy.triton_repository import config_text
 
     values = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", 3]) for name in ("input", "output")]
     graph = helper.make_graph([helper.make_node("Identity", ["input"], ["output"])], "g", values[:1], values[1:])

@@ -9,12 +9,12 @@ from PIL import Image
 from torchvision.transforms import v2
 
 from helpers import refused
-from image_classification.cli import run
 from image_classification.data import DataConfig, get_loaders
-from image_classification.inference import image_transform, load_model
-from image_classification.integrity import recorded_description
-from image_classification.preprocessing import Preprocessing
-from image_classification.runtime import make_runtime
+from image_classification.deploy.inference import image_transform, load_model
+from image_classification.models.preprocessing import Preprocessing
+from image_classification.records.integrity import recorded_description
+from image_classification.system.cli import run
+from image_classification.system.runtime import make_runtime
 from image_classification.training import main
 
 TRAIN, RESIZE, CROP = 48, 72, 64

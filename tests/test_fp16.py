@@ -13,13 +13,13 @@ import pytest
 import torch
 from torch.torch_version import TorchVersion
 
-from image_classification.engine import Engine
-from image_classification.losses import classification_loss
 from image_classification.models import build_model
-from image_classification.optim import Lamb, Lars, weight_decay_groups
-from image_classification.plan import RunConfig
-from image_classification.preprocessing import Preprocessing
-from image_classification.runtime import Runtime
+from image_classification.models.preprocessing import Preprocessing
+from image_classification.system.runtime import Runtime
+from image_classification.train.engine import Engine
+from image_classification.train.losses import classification_loss
+from image_classification.train.optim import Lamb, Lars, weight_decay_groups
+from image_classification.train.plan import RunConfig
 
 LR, MOMENTUM, DECAY, SCALE = 0.05, 0.9, 1e-4, 1024.0
 # What each of our optimizers is without the skip: torch's own (its default kernels), or ours driven by

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from image_classification import engine as engine_module
-from image_classification.raport import read_raport
+from image_classification.records.raport import read_raport
+from image_classification.train import engine as engine_module
 from image_classification.training import main
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -87,8 +87,8 @@ def a_jpeg(path: Path) -> Path:
 
 
 def test_classify_on_cuda(tmp_path, capsys):
-    from image_classification.cli import run
-    from image_classification.inference import main as classify_main
+    from image_classification.deploy.inference import main as classify_main
+    from image_classification.system.cli import run
 
     photo = a_jpeg(tmp_path / "photo.jpg")
     assert run(classify_main, ["--device", "cuda", "--precision", "AMP", "--image", str(photo), "--json"]) == 0
@@ -98,8 +98,8 @@ def test_classify_on_cuda(tmp_path, capsys):
 def test_onnx_export_on_a_cuda_machine(tmp_path):
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
-    from image_classification.cli import run
-    from image_classification.export import model2onnx_main
+    from image_classification.deploy.export import model2onnx_main
+    from image_classification.system.cli import run
 
     assert run(model2onnx_main, ["-a", "resnet18", "--output", str(tmp_path / "m.onnx"), "-b", "2",
                                  "--image-size", "64"]) == 0
@@ -121,7 +121,7 @@ def test_an_fp16_scale_grows_during_a_run_that_never_overflows(tmp_path):
 def test_the_cuda_prefetcher_gives_the_cpu_path_s_batches_bitwise(image_folder):
     """Pinned memory, a side stream and record_stream change where the work runs, not one bit of it."""
     from image_classification.data import DataConfig, get_loaders
-    from image_classification.runtime import Runtime
+    from image_classification.system.runtime import Runtime
 
     config = DataConfig(str(image_folder), "pytorch", image_size=32, batch_size=4, workers=2, seed=3)
     batches = {}
@@ -143,7 +143,7 @@ def test_the_cuda_prefetcher_keeps_one_side_stream_for_every_pass(image_folder, 
     """Three passes of the pytorch backend's loader make one side stream, whose cached blocks every pass reuses
     (the CPU twin: tests/test_data_files.py)."""
     from image_classification.data import DataConfig, get_loaders
-    from image_classification.runtime import Runtime
+    from image_classification.system.runtime import Runtime
 
     made = []
 
@@ -176,7 +176,7 @@ def test_dali_gpu_crops_depend_on_the_epoch_and_position_alone(image_folder):
     whole epoch and one built to start an epoch part-way, as a resume does, give bitwise the same batches."""
     pytest.importorskip("nvidia.dali")
     from image_classification.data import DataConfig, get_loaders
-    from image_classification.runtime import Runtime
+    from image_classification.system.runtime import Runtime
 
     config = DataConfig(str(image_folder), "dali-gpu", image_size=32, batch_size=4, workers=2, seed=3)
     runtime = Runtime(torch.device("cuda", 0), None, torch.channels_last)
@@ -200,11 +200,11 @@ def test_a_one_process_nccl_ddp_run_with_amp_and_accumulation(monkeypatch):
 
     import torch.distributed as dist
 
-    from image_classification.engine import Engine
-    from image_classification.plan import RunConfig
     from image_classification.models import build_model
-    from image_classification.preprocessing import Preprocessing
-    from image_classification.runtime import Runtime
+    from image_classification.models.preprocessing import Preprocessing
+    from image_classification.system.runtime import Runtime
+    from image_classification.train.engine import Engine
+    from image_classification.train.plan import RunConfig
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29533")
@@ -237,8 +237,8 @@ def test_a_one_process_nccl_ddp_run_with_amp_and_accumulation(monkeypatch):
 
 
 def test_compiled_training_on_cuda_and_classify_of_its_checkpoint(tmp_path, capsys):
-    from image_classification.cli import run
-    from image_classification.inference import main as classify_main
+    from image_classification.deploy.inference import main as classify_main
+    from image_classification.system.cli import run
 
     args = TINY + ["--data-backend", "synthetic", "--device", "cuda", "--compile", "--amp", "--prof", "6",
                    "--epochs", "1", "--workspace", str(tmp_path)]
@@ -294,7 +294,7 @@ def test_no_host_sync_between_print_windows_on_cuda(tmp_path, monkeypatch, preci
 
 def test_a_cuda_checkpoint_is_copied_to_the_host_once(tmp_path, monkeypatch):
     """Hashing and torch.save read one pinned host copy: no tensor is copied from the GPU twice."""
-    from image_classification import checkpoint as ckpt
+    from image_classification.records import checkpoint as ckpt
 
     state = {"a": torch.randn(64, 64, device="cuda"), "nested": [torch.ones(3, device="cuda"), 1.5],
              "host": torch.zeros(2)}

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from image_classification import gpu_affinity as ga
+from image_classification.system import gpu_affinity as ga
 
 
 def two_socket_machine(cores_per_socket: int = 4):
@@ -134,7 +134,7 @@ def test_set_affinity_pins_to_the_chosen_cores(monkeypatch):
 
 def test_affinity_is_set_for_the_process_s_gpu_before_cuda_and_the_process_group(monkeypatch):
     """One visible GPU per task (SLURM --gpus-per-task): local rank 3 uses cuda:0, pinned first."""
-    from image_classification import runtime as rt
+    from image_classification.system import runtime as rt
 
     events = []
     monkeypatch.setenv("WORLD_SIZE", "4")

@@ -622,7 +622,7 @@ def test_write_report_replaces_all_three_files_whole_and_archives_the_work_but_t
 
 
 def test_an_out_folder_that_holds_a_report_is_refused(tmp_path, capsys):
-    from image_classification.cli import run
+    from image_classification.system.cli import run
 
     (tmp_path / "report.json").write_text("{}")
     assert run(report.main, ["--out", str(tmp_path)]) == 2
@@ -631,7 +631,7 @@ def test_an_out_folder_that_holds_a_report_is_refused(tmp_path, capsys):
 
 
 def test_without_cuda_only_the_smoke_run_is_offered(tmp_path, capsys, monkeypatch):
-    from image_classification.cli import run
+    from image_classification.system.cli import run
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert run(report.main, ["--out", str(tmp_path / "report")]) == 2

@@ -1,4 +1,4 @@
-"""classify.py (preprocessing, predictions, class names, bad input) and scripts/inference_benchmark.py."""
+"""classify.py (preprocessing, predictions, class names, bad input) and benchmarks/inference_benchmark.py."""
 
 from __future__ import annotations
 
@@ -14,14 +14,15 @@ from PIL import Image
 
 from conftest import load_script
 from helpers import refused
-from image_classification import inference, machine
 from image_classification.arguments import parse_args
-from image_classification.cli import run
-from image_classification.inference import image_transform, imagenet_class_names
-from image_classification.inference import main as classify_main
+from image_classification.arguments.tools import classify_parser
+from image_classification.deploy import inference
+from image_classification.deploy.inference import image_transform, imagenet_class_names
+from image_classification.deploy.inference import main as classify_main
 from image_classification.models import build_model
-from image_classification.runtime import Runtime
-from image_classification.tool_arguments import classify_parser
+from image_classification.system import machine
+from image_classification.system.cli import run
+from image_classification.system.runtime import Runtime
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["class_00", "class_01", "class_02"]
@@ -315,7 +316,7 @@ def bad_inputs(tmp_path_factory, photo, colour_checkpoint) -> dict[str, list[str
 def test_an_onnx_model_given_as_weights_is_named_so_with_the_command_that_runs_one(tmp_path, photo, capsys, name):
     """Named .onnx, or told by its first bytes (a protobuf ModelProto's), not by torch's "Unsupported operand 8"."""
     pytest.importorskip("onnx")
-    from image_classification.onnx_runtime import OPSET, export_onnx
+    from image_classification.deploy.onnx_runtime import OPSET, export_onnx
 
     path = tmp_path / name
     export_onnx(torch.nn.Linear(2, 2), torch.zeros(1, 2), path, dynamic_batch=False, opset=OPSET)
@@ -362,11 +363,11 @@ def test_a_fifo_given_as_the_image_or_the_labels_is_named_so_without_waiting(tmp
 
 
 # ------------------------------------------------------------------------------------------------
-# scripts/inference_benchmark.py
+# benchmarks/inference_benchmark.py
 # ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def benchmark():
-    return load_script("inference_benchmark")
+    return load_script("inference_benchmark", "benchmarks")
 
 
 def fake_main(fail_from_batch: int | None = None):

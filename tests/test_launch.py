@@ -16,8 +16,8 @@ import yaml
 from helpers import REPO, refused, run_script
 from image_classification import launch
 from image_classification.arguments import parse_args
-from image_classification.cli import run
 from image_classification.errors import UserError
+from image_classification.system.cli import run
 
 CONFIG = launch.load_config(REPO / "configs.yml")
 MODES = list(CONFIG["mode"])
@@ -199,7 +199,7 @@ def test_the_dry_run_s_class_count_is_the_run_s_own_rule(capsys):
     records no count, synthetic data has 1000 classes, not one per class folder of a dataset it has none of."""
     import argparse
 
-    from image_classification.plan import resolve_num_classes
+    from image_classification.train.plan import resolve_num_classes
 
     argv = [*RN50_A100, "--data-backend", "synthetic", "--resume", "auto"]
     dry = _dry_run(argv, capsys)
@@ -227,7 +227,7 @@ def test_yaml_num_classes_reaches_the_run(tmp_path, capsys, monkeypatch):
         return 0
 
     monkeypatch.setattr("image_classification.training.train", fake_train)
-    monkeypatch.setattr("image_classification.startup.check_before_torch", lambda args: None)  # no /data here
+    monkeypatch.setattr("image_classification.train.startup.check_before_torch", lambda args: None)  # no /data here
     assert launch.main(argv, cuda_available=False) == 0
     assert seen["args"].num_classes == 7 and seen["args"].arch == "resnet50"
 
@@ -419,7 +419,7 @@ def test_a_real_run_prints_the_notices_on_stderr(capsys, monkeypatch):
         return 0
 
     monkeypatch.setattr("image_classification.training.train", fake_train)
-    monkeypatch.setattr("image_classification.startup.check_before_torch", lambda args: seen.setdefault("checked", args))
+    monkeypatch.setattr("image_classification.train.startup.check_before_torch", lambda args: seen.setdefault("checked", args))
     assert launch.main([*RN50_A100, "/data"], cuda_available=False) == 0
     assert seen["checked"].data == "/data"  # the dataset and the workspace, checked before torch is imported
     notices = capsys.readouterr().err.strip().splitlines()
@@ -434,7 +434,7 @@ def test_the_machine_s_cuda_is_asked_of_torch_only_where_nvidia_s_driver_is(monk
     as --list); under --device cpu nothing is asked."""
     import torch
 
-    from image_classification import machine
+    from image_classification.system import machine
 
     def asked():
         raise AssertionError("torch was asked")
@@ -449,7 +449,7 @@ def test_the_machine_s_cuda_is_asked_of_torch_only_where_nvidia_s_driver_is(monk
 
 
 def test_a_dry_run_imports_no_torch_on_a_machine_without_nvidia_s_driver(tmp_path):
-    from image_classification import machine
+    from image_classification.system import machine
 
     if machine.gpu_driver() is not None:
         pytest.skip("NVIDIA's driver is here: the dry run asks torch whether CUDA works")
@@ -592,7 +592,7 @@ def test_the_torchvision_recipe_trains_end_to_end(tiny_arch, image_folder, tmp_p
     """Every technique of the recipe at once, shrunk to a few tiny steps: it trains and records FixRes sizes."""
     import torch
 
-    from image_classification.integrity import recorded_description
+    from image_classification.records.integrity import recorded_description
 
     argv = _recipe_run(tmp_path, image_folder, "-a", tiny_arch, "--num-classes", "3", "--train-crop-size", "32",
                        "--val-resize-size", "40", "--val-crop-size", "36", "-b", "4", "--optimizer-batch-size", "-1",

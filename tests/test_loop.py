@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import score_validations
-from image_classification.raport import read_raport
+from image_classification.records.raport import read_raport
 from image_classification.training import main
 
 
@@ -44,7 +44,7 @@ def test_a_validation_without_a_figure_does_not_count_toward_early_stopping(tmp_
     """Epoch 2's validation gives no accuracy (its outputs are not finite, the weights are): it is neither an
     improvement nor the lack of one, so patience 1 ends the run after epoch 3, which does not improve, not
     after epoch 2."""
-    from image_classification import loop
+    from image_classification.train import loop
 
     real_validate, calls = loop.Loop.validate, []
 
@@ -76,11 +76,11 @@ def test_early_stopping_without_validation_is_refused_as_a_flag():
 
 def test_a_training_batch_of_one_is_trained_not_a_batchnorm_traceback():
     """Skipped unreadable images can leave one image in a batch; BatchNorm cannot normalise it alone."""
-    from image_classification.engine import Engine
     from image_classification.models import build_model
-    from image_classification.plan import RunConfig
-    from image_classification.preprocessing import Preprocessing
-    from image_classification.runtime import Runtime
+    from image_classification.models.preprocessing import Preprocessing
+    from image_classification.system.runtime import Runtime
+    from image_classification.train.engine import Engine
+    from image_classification.train.plan import RunConfig
 
     model = build_model("resnet18", num_classes=4)
     config = RunConfig(arch="resnet18", num_classes=4, model_options=(), preprocessing=Preprocessing(32))
@@ -137,8 +137,8 @@ def test_a_stop_signal_during_start_up_stops_before_the_first_step_with_75(tmp_p
 def test_a_failed_save_of_the_best_model_is_written_again_by_the_resumed_run(tmp_path, monkeypatch, capsys):
     """The best model and the latest checkpoint are one commit: the latest is written last, so a save that
     failed on model_best leaves the previous latest, and the resumed run redoes the epoch and its files."""
-    from image_classification import checkpoint as ckpt
-    from image_classification.cli import run
+    from image_classification.records import checkpoint as ckpt
+    from image_classification.system.cli import run
 
     score_validations(monkeypatch, 50.0, 50.0, 10.0)  # epoch 0 (tried twice) is the best; epoch 1 is not
     real_save = ckpt.save_checkpoint
@@ -191,8 +191,8 @@ class ScriptedClock:
     forwards: every throughput and latency is then exact."""
 
     def __init__(self, monkeypatch, steps: list[float], forwards: list[float]):
-        from image_classification import loop
-        from image_classification.engine import Engine
+        from image_classification.train import loop
+        from image_classification.train.engine import Engine
 
         self.now = 0.0
         monkeypatch.setattr(loop, "time", self)
@@ -240,7 +240,7 @@ def test_throughput_counts_the_time_spent_logging(tmp_path, monkeypatch):
     """Each iteration is timed wall clock to wall clock: a slow log window shows in the images/s.  The clock
     moves only for the steps (no time) and each window's logging (0.5 s): 4 batches of 4 whose windows 1-3
     are logged inside iterations 2-4 give 16 images in 1.5 s."""
-    from image_classification.raport import Raport
+    from image_classification.records.raport import Raport
 
     clock = ScriptedClock(monkeypatch, steps=[0.0] * 4, forwards=[])
     original = Raport.log_window
@@ -260,8 +260,8 @@ def test_throughput_counts_the_time_spent_logging(tmp_path, monkeypatch):
 def test_the_measured_time_starts_after_the_device_has_finished_the_warm_up(tmp_path, monkeypatch):
     """A GPU runs behind the host: the warm-up's last iteration waits for the device before the measured
     iterations' clock starts, once per process (not again in the second epoch), and never without a warm-up."""
-    from image_classification.engine import Engine
-    from image_classification.runtime import Runtime
+    from image_classification.system.runtime import Runtime
+    from image_classification.train.engine import Engine
 
     steps, synchronised = [], []
     train_step = Engine.train_step
@@ -293,7 +293,7 @@ def test_a_log_file_gets_a_line_with_a_time_left_while_a_pass_lasts(tmp_path, mo
     """Output to a file (no progress bar): an epoch of 5 iterations with -p 10 says how far it is and how long
     it has left before its window line (every HEARTBEAT_SECONDS; here at once); the save names the epoch
     whose lines it follows."""
-    from image_classification import progress
+    from image_classification.train import progress
 
     monkeypatch.setattr(progress, "HEARTBEAT_SECONDS", 0.0)
     assert main(SYNTHETIC + ["--prof", "5", "-p", "10", "--epochs", "1", "--workspace", str(tmp_path)]) == 0
@@ -310,7 +310,7 @@ def test_a_log_file_gets_a_line_with_a_time_left_while_a_pass_lasts(tmp_path, mo
 def test_a_validation_window_line_shows_the_accuracy_so_far(image_folder, tmp_path, monkeypatch, capsys):
     """12 val images in batches of 8 and 4, the first all right, the second all wrong: the last window line
     says 66.67%, as the epoch's does, not the last window's 0.00%."""
-    from image_classification import loop
+    from image_classification.train import loop
 
     def first_batch_right(logits, targets, ks):
         right = float(len(targets)) if len(targets) == 8 else 0.0
@@ -374,7 +374,7 @@ def test_what_a_run_says_counts_epochs_from_1_and_its_records_keep_the_reference
 
 
 def test_the_summary_line_of_a_last_validation_without_a_figure_says_so():
-    from image_classification.loop import ValResult
+    from image_classification.train.loop import ValResult
     from image_classification.training import top1_summary
 
     nan = float("nan")

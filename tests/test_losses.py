@@ -2,8 +2,8 @@
 
 import torch
 
-from image_classification.ema import ModelEma, ema_decay
-from image_classification.losses import classification_loss, correct_counts, mixup
+from image_classification.train.ema import ModelEma, ema_decay
+from image_classification.train.losses import classification_loss, correct_counts, mixup
 
 
 def test_label_smoothing_matches_the_reference_formula():

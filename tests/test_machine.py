@@ -1,4 +1,4 @@
-"""image_classification/machine.py: every figure names its machine, the CPU's instruction sets and the GPU
+"""image_classification/system/machine.py: every figure names its machine, the CPU's instruction sets and the GPU
 with its driver among it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import importlib
 
 import torch
 
-from image_classification import machine
+from image_classification.system import machine
 
 XEON_FLAGS = {"fpu", "sse2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16",
               "avx512_fp16"}

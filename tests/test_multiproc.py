@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from helpers import multiproc_cmd, run_process
-from image_classification import multiproc, worker_shim
-from image_classification.cli import run
+from image_classification import multiproc
+from image_classification.system import worker_shim
+from image_classification.system.cli import run
 
 
 WORKER = """
@@ -254,7 +255,7 @@ def test_a_slurm_task_count_that_srun_did_not_set_is_said(monkeypatch):
     that says it is rank 1 with no step count would run alone and meet rank 0's lock: one line, exit 2.  Rank 0
     runs alone, said in a line naming what is read."""
     from image_classification.errors import UserError
-    from image_classification.runtime import make_runtime
+    from image_classification.system.runtime import make_runtime
 
     for name in [key for key in os.environ if key.startswith("SLURM_")] + ["WORLD_SIZE", "RANK", "LOCAL_RANK"]:
         monkeypatch.delenv(name, raising=False)

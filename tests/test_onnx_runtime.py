@@ -12,11 +12,11 @@ import torch
 from PIL import Image
 
 from helpers import refused, sigterm_during_the_export, sigterm_noted, tiny_registered
-from image_classification import onnx_runtime
-from image_classification.cli import run
-from image_classification.inference import main as classify_main
+from image_classification.deploy import onnx_runtime
+from image_classification.deploy.inference import main as classify_main
 from image_classification.models import build_model
-from image_classification.workspace import writer_stamp
+from image_classification.records.workspace import writer_stamp
+from image_classification.system.cli import run
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")

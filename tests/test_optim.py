@@ -8,9 +8,9 @@ from torch.torch_version import TorchVersion
 
 from helpers import refused
 from image_classification.arguments import parse_args
-from image_classification.cli import run as cli_run
 from image_classification.models import build_model
-from image_classification.optim import build_optimizer, lr_at, split_weight_decay
+from image_classification.system.cli import run as cli_run
+from image_classification.train.optim import build_optimizer, lr_at, split_weight_decay
 from image_classification.training import main as train_main
 
 
@@ -94,7 +94,7 @@ def test_cpu_optimizers_use_fused_or_foreach_kernels_and_match_the_for_loop(name
 
 
 def test_an_optimizer_without_a_fused_kernel_for_the_device_gets_foreach():
-    from image_classification.optim import make_optimizer
+    from image_classification.train.optim import make_optimizer
 
     class CudaOnlyFused(torch.optim.SGD):
         def __init__(self, params, fused=None, **options):
@@ -109,7 +109,7 @@ def test_an_optimizer_without_a_fused_kernel_for_the_device_gets_foreach():
 
 def test_an_optimizer_that_accepts_fused_but_has_no_kernel_to_step_with_gets_foreach():
     """torch 2.3's SGD takes ``fused=True`` for CPU tensors and fails only at its first step."""
-    from image_classification.optim import make_optimizer
+    from image_classification.train.optim import make_optimizer
 
     class FusedStepMissing(torch.optim.SGD):
         def step(self, closure=None):
@@ -127,7 +127,7 @@ def test_an_optimizer_that_accepts_fused_but_has_no_kernel_to_step_with_gets_for
 
 
 def test_a_checkpoint_of_another_implementation_loads_without_changing_the_kernels():
-    from image_classification.optim import load_optimizer_state
+    from image_classification.train.optim import load_optimizer_state
 
     model = build_model("resnet18", num_classes=10)
     old = torch.optim.SGD([{"params": g} for g in split_weight_decay(model)[:2]], lr=0.3, momentum=0.9)
@@ -211,7 +211,7 @@ def _paper_lars(decays: list[float], adapt: list[bool], lr: float, momentum: flo
 
 @pytest.mark.parametrize("adapt_second_group", [False, True])
 def test_lamb_is_the_papers_algorithm_with_bias_correction_and_trust_ratio(adapt_second_group):
-    from image_classification.optim import Lamb
+    from image_classification.train.optim import Lamb
 
     adapt = [True, adapt_second_group]
     got = _run_ours(Lamb, [0, 1, 1], [0.01, 0.0], adapt, lr=0.02)
@@ -222,7 +222,7 @@ def test_lamb_is_the_papers_algorithm_with_bias_correction_and_trust_ratio(adapt
 
 
 def test_lamb_trust_ratio_changes_the_step_from_adams():
-    from image_classification.optim import Lamb
+    from image_classification.train.optim import Lamb
 
     adapted = _run_ours(Lamb, [0, 0, 0], [0.01], [True], lr=0.02)
     plain = _run_ours(Lamb, [0, 0, 0], [0.01], [False], lr=0.02)
@@ -232,7 +232,7 @@ def test_lamb_trust_ratio_changes_the_step_from_adams():
 
 @pytest.mark.parametrize("adapt_second_group", [False, True])
 def test_lars_is_the_papers_algorithm_with_momentum(adapt_second_group):
-    from image_classification.optim import Lars
+    from image_classification.train.optim import Lars
 
     adapt = [True, adapt_second_group]
     got = _run_ours(Lars, [0, 1, 1], [0.01, 0.0], adapt, lr=2.0, momentum=0.9)
@@ -325,7 +325,7 @@ def _small_bn_model() -> torch.nn.Module:
 
 
 def test_ema_follows_the_formula_over_steps_and_copies_integer_buffers():
-    from image_classification.ema import ModelEma, ema_decay
+    from image_classification.train.ema import ModelEma, ema_decay
 
     torch.manual_seed(0)
     model = _small_bn_model()
@@ -349,7 +349,7 @@ def test_ema_follows_the_formula_over_steps_and_copies_integer_buffers():
 
 
 def test_ema_state_dict_round_trips_and_keeps_updating():
-    from image_classification.ema import ModelEma
+    from image_classification.train.ema import ModelEma
 
     torch.manual_seed(1)
     model = _small_bn_model()
@@ -399,10 +399,10 @@ def test_cuda_training_steps_synchronise_with_the_host_only_for_fp16_s_skip(amp_
     """FP32 and bf16: the fused SGD and the EMA stay on the device, no step waits for it.  fp16: one read of
     the scaler's inf flag per optimizer step, which decides whether the step is taken (the fused kernel,
     which would skip on the device, mishandles a skipped first step; see tests/test_fp16.py)."""
-    from image_classification.engine import Engine
-    from image_classification.plan import RunConfig
-    from image_classification.preprocessing import Preprocessing
-    from image_classification.runtime import make_runtime
+    from image_classification.models.preprocessing import Preprocessing
+    from image_classification.system.runtime import make_runtime
+    from image_classification.train.engine import Engine
+    from image_classification.train.plan import RunConfig
 
     runtime = make_runtime("cuda", amp=amp_dtype is not None, amp_dtype=amp_dtype, log=lambda *_: None)
     model = build_model("resnet18", num_classes=10).to(runtime.device)
@@ -425,8 +425,8 @@ def stopped_and_resumed(data, workspace, argv: list[str], stop_after: int) -> tu
     import os
     import signal
 
-    from image_classification import engine as engine_module
     from image_classification.errors import EXIT_PREEMPTED
+    from image_classification.train import engine as engine_module
     from image_classification.training import main
 
     def run(name: str, *extra: str) -> int:
@@ -506,10 +506,10 @@ def test_a_mid_epoch_resume_of_each_new_optimizer_is_bitwise_exact(optimizer, ex
 @pytest.mark.parametrize("name", ["adamw", "lamb", "lars"])
 def test_cuda_steps_of_the_new_optimizers_and_torchvisions_ema_never_synchronise(name):
     """fp32: the trust ratios stay on the device (no .item()), the EMA's interval is counted on the host."""
-    from image_classification.engine import Engine
-    from image_classification.plan import RunConfig
-    from image_classification.preprocessing import Preprocessing
-    from image_classification.runtime import make_runtime
+    from image_classification.models.preprocessing import Preprocessing
+    from image_classification.system.runtime import make_runtime
+    from image_classification.train.engine import Engine
+    from image_classification.train.plan import RunConfig
 
     runtime = make_runtime("cuda", log=lambda *_: None)
     model = build_model("resnet18", num_classes=10).to(runtime.device)
@@ -543,7 +543,7 @@ def test_the_triangular_schedule_is_ffcv_s_cyclic_one_at_every_iteration(epochs,
 
 def test_the_loop_sets_the_triangular_rate_at_every_step(tmp_path, tiny_arch):
     """train.lr of every logged step (-p 1) is the schedule's value at that step's place in its epoch."""
-    from image_classification.raport import read_raport
+    from image_classification.records.raport import read_raport
 
     assert train_main(["-a", tiny_arch, "--num-classes", "3", "--device", "cpu", "--data-backend", "synthetic",
                        "--image-size", "32", "-b", "2", "--prof", "4", "--epochs", "3", "-p", "1", "--lr", "0.4",

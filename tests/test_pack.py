@@ -23,7 +23,7 @@ from helpers import REPO, Forked, one_error_line, refused, run_script, write_ima
 from image_classification.data.layout import check_dataset, list_samples, open_split
 from image_classification.data.pack import PackLock
 from image_classification.data.packed import MANIFEST, TABLE, PackedSplit
-from image_classification.runtime import Runtime
+from image_classification.system.runtime import Runtime
 from test_data_files import write_black_png
 
 SIZE = 32
@@ -144,9 +144,9 @@ def test_a_packed_set_counts_what_data_check_counts_on_its_folder(tmp_path, caps
         import nvidia.dali  # noqa: F401  (what follows compares DALI's reading of both)
     except ImportError:
         return
-    from image_classification.data.dali import dali_loaders
     from image_classification.arguments import parse_args
-    from image_classification.plan import data_config
+    from image_classification.data.dali import dali_loaders
+    from image_classification.train.plan import data_config
 
     seen = []
     for root in (source, tmp_path / "dst"):
@@ -224,7 +224,7 @@ def run_args(arch: str, backend: str, workspace: Path, data: Path, *extra: str) 
 
 
 def _val_records(workspace: Path) -> list[dict]:
-    from image_classification.raport import read_raport
+    from image_classification.records.raport import read_raport
 
     return [{key: value for key, value in record["data"].items() if key in ("val.loss", "val.top1", "val.top5")}
             for record in read_raport(workspace / "experiment_raport.json")
@@ -334,7 +334,7 @@ def test_dali_reads_the_shards_off_the_training_thread(packed, monkeypatch):
     pytest.importorskip("nvidia.dali")
     from image_classification.arguments import parse_args
     from image_classification.data.dali import dali_loaders
-    from image_classification.plan import data_config
+    from image_classification.train.plan import data_config
 
     readers: list[str] = []
     read = PackedSplit.read
@@ -582,8 +582,8 @@ def test_a_dst_inside_src_or_beside_other_files_is_refused(image_folder, tmp_pat
 def test_a_pack_never_writes_through_a_link_planted_in_dst(image_folder, tmp_path, planted, capsys, monkeypatch):
     """A link at a file a pack writes is refused before anything is written; one planted after DST was checked
     is not followed when the file is opened.  The file it points to is left as it was."""
-    from image_classification.cli import run
     from image_classification.data import pack as pack_module
+    from image_classification.system.cli import run
 
     outside = tmp_path / "outside.txt"
     outside.write_text("mine\n")
@@ -719,8 +719,8 @@ def _dies_at(monkeypatch, sample: int, how) -> None:
 def test_a_pack_stopped_by_sigterm_keeps_finished_shards_and_a_rerun_finishes_it(image_folder, packed, tmp_path,
                                                                                  capsys):
     destination = tmp_path / "dst"
-    from image_classification.cli import run
     from image_classification.data.pack import main
+    from image_classification.system.cli import run
 
     with pytest.MonkeyPatch.context() as patch:
         _dies_at(patch, 22, lambda: os.kill(os.getpid(), signal.SIGTERM))  # in the second shard
@@ -779,7 +779,7 @@ def test_a_rerun_rewrites_only_the_shards_whose_sources_changed(tmp_path, capsys
 def test_the_loader_benchmark_times_a_folder_and_its_packed_copy_and_counts_their_opens(image_folder, packed, capsys):
     from helpers import load_script
 
-    loader = load_script("benchmark_loader")
+    loader = load_script("benchmark_loader", "benchmarks")
     assert loader.main(["--data-backend", "pytorch", "-b", "4", "-j", "0", "--epochs", "2", "--image-size", "32",
                         "--device", "cpu", "--packed", str(packed), str(image_folder)]) == 0
     out = capsys.readouterr().out

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import refused
-from image_classification.plan import DEFAULT_LOSS_SCALE, choose_loss_scale
+from image_classification.train.plan import DEFAULT_LOSS_SCALE, choose_loss_scale
 
 FP16, BF16 = torch.float16, torch.bfloat16
 
@@ -36,7 +36,7 @@ def test_scale_flags_without_fp16_are_ignored_aloud(amp_dtype):
 
 def test_a_new_run_never_silently_replaces_the_run_in_its_workspace(tmp_path, capsys):
     """The second model's run in the same workspace stops with one line; --overwrite or --resume auto go on."""
-    from image_classification.cli import run
+    from image_classification.system.cli import run
     from image_classification.training import main
 
     def train(*extra):
@@ -59,7 +59,7 @@ def test_a_new_run_never_silently_replaces_the_raport_in_its_workspace(tmp_path,
     """A run without checkpoints leaves only its raport: the next new run there, with or without checkpoints,
     stops with one line (before writing anything) instead of overwriting it; --overwrite replaces it, another
     --raport-file goes beside it, and --resume auto (a restart, with no checkpoint to continue) goes on."""
-    from image_classification.cli import run
+    from image_classification.system.cli import run
     from image_classification.training import main
 
     def train(seed: int, *extra):
@@ -100,7 +100,7 @@ def test_a_preset_s_imagenet_class_count_gives_way_to_the_dataset_s(image_folder
 def test_a_head_larger_than_the_dataset_is_said(image_folder, capsys):
     import argparse
 
-    from image_classification.plan import resolve_num_classes
+    from image_classification.train.plan import resolve_num_classes
 
     args = argparse.Namespace(num_classes=1000, evaluate=True)
     assert resolve_num_classes(args, None, ["a", "b", "c"], print) == 1000
@@ -121,7 +121,7 @@ def trained(tmp_path_factory):
 
 def _crafted(trained, tmp_path, change) -> str:
     """The trained checkpoint with ``change`` applied and sealed again: its hash matches."""
-    from image_classification import checkpoint as ckpt
+    from image_classification.records import checkpoint as ckpt
 
     state = ckpt.load_checkpoint(trained)
     state.pop("sha256")
@@ -139,7 +139,7 @@ def _crafted(trained, tmp_path, change) -> str:
     ("random state", lambda s: s["rng"][0].update(numpy="garbage")),
 ])
 def test_a_crafted_checkpoint_with_a_valid_hash_is_one_line(trained, tmp_path, capsys, name, change):
-    from image_classification.cli import run
+    from image_classification.system.cli import run
     from image_classification.training import main
 
     path = _crafted(trained, tmp_path, change)
@@ -152,9 +152,9 @@ def test_a_crafted_checkpoint_with_a_valid_hash_is_one_line(trained, tmp_path, c
 def test_evaluate_normalises_and_crops_as_the_weights_recorded(trained, tmp_path):
     """--evaluate takes the checkpoint's mean, std and crop ratio, as classify.py does."""
     from image_classification.arguments import parse_args, raport_file
-    from image_classification.plan import resolve_run
-    from image_classification.runtime import make_runtime
-    from image_classification.workspace import Workspace
+    from image_classification.records.workspace import Workspace
+    from image_classification.system.runtime import make_runtime
+    from image_classification.train.plan import resolve_run
 
     recorded = {"mean": [1.0, 2.0, 3.0], "std": [4.0, 5.0, 6.0], "crop_ratio": 0.5}
     path = _crafted(trained, tmp_path, lambda s: s["preprocessing"].update(recorded))
@@ -179,7 +179,7 @@ def test_a_mixup_alpha_too_small_to_draw_is_refused_as_a_flag():
 def test_installed_commands_name_themselves(capsys):
     """`ic-train -h` says ic-train, and `ic-launch --dry-run` prints a command that runs where it is installed."""
     from image_classification import launch
-    from image_classification.cli import run
+    from image_classification.system.cli import run
     from image_classification.training import main
 
     with pytest.raises(SystemExit):
@@ -194,15 +194,15 @@ def test_installed_commands_name_themselves(capsys):
 def test_torch_s_no_cuda_runtime_warning_is_not_printed():
     import logging
 
-    import image_classification.runtime  # noqa: F401
+    import image_classification.system.runtime  # noqa: F401
 
     assert logging.getLogger("torch.utils.cpp_extension").getEffectiveLevel() >= logging.ERROR
 
 
 @pytest.mark.parametrize("native", [False, True])
 def test_amp_on_a_cpu_without_bf16_hardware_says_it_is_slower_once(monkeypatch, native):
-    from image_classification import machine
-    from image_classification.runtime import make_runtime
+    from image_classification.system import machine
+    from image_classification.system.runtime import make_runtime
 
     monkeypatch.setattr(machine, "cpu_bf16_is_native", lambda: native)
     lines = []
@@ -214,16 +214,16 @@ def test_amp_on_a_cpu_without_bf16_hardware_says_it_is_slower_once(monkeypatch, 
 @pytest.mark.parametrize("dali, backend", [(True, "dali-cpu"), (False, "pytorch")])
 def test_a_run_without_data_backend_says_which_it_uses(dali, backend, image_folder, tmp_path, monkeypatch, capsys):
     """The default depends on whether DALI is installed: said at start-up, not only in the raport."""
-    from image_classification.cli import run
     from image_classification.errors import UserError
+    from image_classification.system.cli import run
     from image_classification.training import main
 
     def stop(*args, **kwargs):
         raise UserError("stopped here")
 
     monkeypatch.setattr("image_classification.data.dali_available", lambda: dali)
-    monkeypatch.setattr("image_classification.plan.check_backend", lambda *args, **kwargs: None)
-    monkeypatch.setattr("image_classification.plan.dataset_classes", stop)
+    monkeypatch.setattr("image_classification.train.plan.check_backend", lambda *args, **kwargs: None)
+    monkeypatch.setattr("image_classification.train.plan.dataset_classes", stop)
     assert run(main, ["-a", "resnet18", "--device", "cpu", "--workspace", str(tmp_path), str(image_folder)]) == 2
     assert f"=> data backend: {backend}, the default " in capsys.readouterr().out
     assert run(main, ["-a", "resnet18", "--device", "cpu", "--data-backend", backend, "--workspace", str(tmp_path),
@@ -239,7 +239,7 @@ def test_a_resume_onto_class_folders_that_moved_is_refused_naming_them(image_fol
     evaluation, are refused in one line naming the classes that moved; --allow-class-changes goes on, said."""
     import shutil
 
-    from image_classification.cli import run
+    from image_classification.system.cli import run
     from image_classification.training import main
 
     data, workspace = tmp_path / "data", tmp_path / "ws"

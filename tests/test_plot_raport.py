@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from helpers import load_script, refused, tiny_registered
-from image_classification.cli import run as cli_run
+from image_classification.system.cli import run as cli_run
 from image_classification.training import main as train
 
 TINY = ["-a", "tiny", "--image-size", "32", "-b", "8", "--device", "cpu", "--data-backend", "pytorch",

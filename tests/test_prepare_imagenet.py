@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from helpers import load_script
-from image_classification.cli import run
+from image_classification.system.cli import run
 
 savemat = pytest.importorskip("scipy.io").savemat  # every test writes the devkit's meta.mat with it
 

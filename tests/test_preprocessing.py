@@ -11,12 +11,12 @@ import torch
 from PIL import Image
 
 from helpers import refused
-from image_classification import inference
-from image_classification.cli import run
-from image_classification.export import checkpoint2model_main, model2onnx_main
-from image_classification.inference import image_transform, load_model
-from image_classification.preprocessing import Preprocessing
-from image_classification.raport import read_raport
+from image_classification.deploy import inference
+from image_classification.deploy.export import checkpoint2model_main, model2onnx_main
+from image_classification.deploy.inference import image_transform, load_model
+from image_classification.models.preprocessing import Preprocessing
+from image_classification.records.raport import read_raport
+from image_classification.system.cli import run
 from image_classification.training import main as train_main
 
 TRAIN_SIZE = 32
@@ -122,7 +122,7 @@ def test_a_checkpoint_whose_resize_cannot_be_held_is_refused_in_one_line(trained
     """A sealed checkpoint recording 8192 px crops at ratio 0.1 passed validation, then --evaluate and
     classify.py resized each image to an 81,920 px short side (MemoryError); now they and model2onnx.py
     refuse it before any image is read, naming the record, and --image-size still rescues the weights."""
-    from image_classification.checkpoint import save_checkpoint, save_weights
+    from image_classification.records.checkpoint import save_checkpoint, save_weights
 
     state = torch.load(trained, weights_only=True)
     state["preprocessing"] = {**state["preprocessing"], **GIGAPIXEL_RECORD}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from image_classification.progress import Heartbeat, format_duration
+from image_classification.train.progress import Heartbeat, format_duration
 
 
 def test_durations_read_as_a_person_writes_them():

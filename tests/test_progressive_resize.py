@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from helpers import refused
-from image_classification.cli import run as cli_run
 from image_classification.data import get_loaders
 from image_classification.data.layout import check_dataset
-from image_classification.plan import data_config
-from image_classification.preprocessing import Preprocessing, ResizeSchedule, choose_preprocessing
-from image_classification.raport import read_raport
-from image_classification.runtime import Runtime
+from image_classification.models.preprocessing import Preprocessing, ResizeSchedule, choose_preprocessing
+from image_classification.records.raport import read_raport
+from image_classification.system.cli import run as cli_run
+from image_classification.system.runtime import Runtime
+from image_classification.train.plan import data_config
 from image_classification.training import main
 
 # FFCV's published ResNet-50 ramps (libffcv/ffcv-imagenet, rn50_configs/rn50_{E}_epochs.yaml): E: (start_ramp,

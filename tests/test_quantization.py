@@ -15,12 +15,12 @@ import torch
 from PIL import Image
 
 from helpers import REPO, refused, tiny_registered
-from image_classification import onnx_runtime, quantization
-from image_classification.cli import run
-from image_classification.export import model2onnx_main
-from image_classification.inference import main as classify_main
-from image_classification.quantization import Int8Request, calibration_groups, spread_evenly
-from image_classification.raport import read_raport
+from image_classification.deploy import onnx_runtime, quantization
+from image_classification.deploy.export import model2onnx_main
+from image_classification.deploy.inference import main as classify_main
+from image_classification.deploy.quantization import Int8Request, calibration_groups, spread_evenly
+from image_classification.records.raport import read_raport
+from image_classification.system.cli import run
 from image_classification.training import main as train_main
 
 pytest.importorskip("onnxruntime")
@@ -62,7 +62,7 @@ def test_a_calibration_folder_is_a_tree_of_class_folders_or_a_flat_folder_of_ima
 
 
 def load_plain(path: Path) -> torch.Tensor:
-    from image_classification.inference import image_transform, load_image
+    from image_classification.deploy.inference import image_transform, load_image
 
     return image_transform(SIZE)(load_image(path))
 
@@ -172,7 +172,7 @@ def test_classify_int8_predicts_what_fp32_does_and_quantizes_once_per_calibratio
 @pytest.fixture(scope="module")
 def int8_cache(trained, tmp_path_factory) -> dict:
     """The trained model's int8 export and another model's (other weights), cached once for the module."""
-    from image_classification.inference import calibrate, load_model
+    from image_classification.deploy.inference import calibrate, load_model
 
     folder = tmp_path_factory.mktemp("int8-cache")
     with tiny_registered(), pytest.MonkeyPatch.context() as patch:
@@ -430,7 +430,7 @@ def test_the_deployment_modules_import_only_downward():
     """export -> inference -> onnx_runtime -> quantization: none imports one above it, even inside a function."""
     order = ["export", "inference", "onnx_runtime", "quantization"]
     for position, name in enumerate(order):
-        tree = ast.parse((REPO / "image_classification" / f"{name}.py").read_text())
+        tree = ast.parse((REPO / "image_classification" / "deploy" / f"{name}.py").read_text())
         imported = {node.module.lstrip(".").split(".")[0] for node in ast.walk(tree)
                     if isinstance(node, ast.ImportFrom) and node.level and node.module}
         imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level
@@ -445,7 +445,7 @@ def test_onnxruntime_on_cuda_predicts_what_the_cpu_does(trained, tiny_arch, cach
 
     if not torch.cuda.is_available() or "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
         pytest.skip("needs a GPU and onnxruntime-gpu")
-    from image_classification.inference import load_model
+    from image_classification.deploy.inference import load_model
 
     model = load_model(None, str(trained.checkpoint)).model
     images = torch.randn(4, 3, SIZE, SIZE)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from image_classification.raport import ACC_META, LOSS_META, PERF_META, Raport, quantile_nearest, read_raport
+from image_classification.records.raport import ACC_META, LOSS_META, PERF_META, Raport, quantile_nearest, read_raport
 
 
 def test_records_and_stdout_follow_dllogger(tmp_path):
@@ -145,7 +145,7 @@ def test_tensorboard_shows_each_step_once_after_a_resume_from_an_earlier_checkpo
 def test_a_tensorboard_folder_that_cannot_be_written_is_one_line_before_the_workspace_is_made(
         tmp_path, capsys, make, read_only_folder):
     """Refused with the other checks of the start: no workspace, no lock, no empty raport left behind."""
-    from image_classification.cli import run
+    from image_classification.system.cli import run
     from image_classification.training import main
 
     target = tmp_path / "tb"

@@ -144,7 +144,7 @@ def write_what_later_commands_read(argv: list[str], folder: Path) -> None:
     """For a command skipped for want of DALI: the data set it would have made (``benchmark_loader.py
     --make-dataset``), which the commands after it read."""
     if Path(argv[1]).name == "benchmark_loader.py":
-        loader = load_script("benchmark_loader")
+        loader = load_script("benchmark_loader", "benchmarks")
         opts = loader.build_parser().parse_args(argv[2:])
         opts.data = str(folder / opts.data)
         loader.write_data(opts)

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from image_classification import demo, launch
-from image_classification.raport import read_raport
+from image_classification.records.raport import read_raport
 from image_classification.training import main as train_main
 
 EPOCHS = 30

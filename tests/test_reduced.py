@@ -17,8 +17,8 @@ from image_classification.data.files import decode_rgb_tensor
 from image_classification.data.folder import ImageFiles
 from image_classification.data.layout import data_change_notice, open_split
 from image_classification.data.transforms import INTERPOLATION, TrainTransform, resized_crop, val_transform
-from image_classification.inference import load_resized
-from image_classification.preprocessing import Preprocessing, val_resize_size
+from image_classification.deploy.inference import load_resized
+from image_classification.models.preprocessing import Preprocessing, val_resize_size
 
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
 

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from helpers import Forked, forkable, wait_or_kill
-from image_classification import onnx_runtime
-from image_classification.export import model2onnx_main
-from image_classification.inference import main as classify_main
+from image_classification.deploy import onnx_runtime
+from image_classification.deploy.export import model2onnx_main
+from image_classification.deploy.inference import main as classify_main
 from image_classification.models import build_model
-from image_classification.scratch import SCRATCH, remove_dead_writers
-from image_classification.workspace import writer_stamp
+from image_classification.records.scratch import SCRATCH, remove_dead_writers
+from image_classification.records.workspace import writer_stamp
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from helpers import refused
-from image_classification.cli import run
 from image_classification.data.common import ShardSampler, sample_seed
 from image_classification.seeding import mix_seed
+from image_classification.system.cli import run
 from image_classification.training import main
 
 

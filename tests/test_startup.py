@@ -13,8 +13,8 @@ import pytest
 
 from helpers import REPO, refused
 from image_classification.arguments import build_parser
-from image_classification.cli import run
-from image_classification.startup import DEFAULT_WORKSPACE, workspace_folder
+from image_classification.system.cli import run
+from image_classification.train.startup import DEFAULT_WORKSPACE, workspace_folder
 from image_classification.training import main
 
 
@@ -95,7 +95,7 @@ TRAIN_AND_TELL = ("import sys; from image_classification import commands; code =
 def test_what_needs_no_torch_is_refused_before_torch_is_imported(image_folder, tmp_path):
     """A dataset without val/ (the line names --training-only) and a workspace another run holds are refused
     before main.py imports torch (seconds), as a typo is; a run that gets past them imports it."""
-    from image_classification.workspace import Workspace
+    from image_classification.records.workspace import Workspace
 
     no_val = tmp_path / "no-val"
     shutil.copytree(image_folder / "train", no_val / "train")

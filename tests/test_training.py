@@ -13,12 +13,12 @@ import torch
 
 from conftest import REPO, write_image_folder
 from helpers import refused, score_validations
-from image_classification import checkpoint as ckpt
-from image_classification.cli import run as cli_run
 from image_classification.errors import TrainingDiverged
-from image_classification.raport import read_raport
+from image_classification.records import checkpoint as ckpt
+from image_classification.records.raport import read_raport
+from image_classification.records.workspace import Workspace
+from image_classification.system.cli import run as cli_run
 from image_classification.training import main
-from image_classification.workspace import Workspace
 
 TINY = ["-a", "resnet18", "--image-size", "64", "-b", "8", "--device", "cpu", "-p", "2", "--lr", "0.02", "--num-classes", "3"]
 
@@ -221,10 +221,10 @@ def test_a_fine_tune_is_requeued_with_resume_auto(image_folder, tmp_path, capsys
 
 def make_engine(model, accumulation: int = 1, **settings):
     """An Engine over ``model`` on the CPU with a plain SGD configuration (no weight decay)."""
-    from image_classification.engine import Engine
-    from image_classification.plan import RunConfig
-    from image_classification.preprocessing import Preprocessing
-    from image_classification.runtime import make_runtime
+    from image_classification.models.preprocessing import Preprocessing
+    from image_classification.system.runtime import make_runtime
+    from image_classification.train.engine import Engine
+    from image_classification.train.plan import RunConfig
 
     options = dict(arch="resnet18", num_classes=3, model_options=(), preprocessing=Preprocessing(32),
                    weight_decay=0.0, accumulation=accumulation, lr=0.5, momentum=0.9)
@@ -271,7 +271,7 @@ def test_synthetic_backend_needs_no_dataset(tmp_path):
 
 def test_amp_on_cpu_runs_in_bfloat16_and_nhwc(image_folder, tmp_path, monkeypatch):
     """--amp on the CPU computes the convolutions in bf16 on channels-last batches, and still learns."""
-    from image_classification import engine as engine_module
+    from image_classification.train import engine as engine_module
 
     seen = []
     original = engine_module.Engine.train_step
@@ -324,7 +324,7 @@ def signalled_at_step(step: int, *signals: int):
     """``Engine.train_step`` patched to send this process ``signals`` right after its ``step``-th call."""
     from unittest import mock
 
-    from image_classification import engine as engine_module
+    from image_classification.train import engine as engine_module
 
     original, calls = engine_module.Engine.train_step, [0]
 
@@ -411,7 +411,7 @@ def test_a_run_stopped_before_its_first_checkpoint_is_offered_resume_auto(tmp_pa
     names --resume auto first, which runs it again."""
     import signal
 
-    from image_classification import signals
+    from image_classification.system import signals
 
     argv = ["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "32", "-b", "4", "--prof", "1",
             "--epochs", "1", "--num-classes", "4", "--seed", "1", "--lr", "0.01", "--workspace", str(tmp_path)]
@@ -587,7 +587,7 @@ def test_diverging_from_a_healthy_checkpoint_leaves_it_and_the_best_untouched(im
 def test_a_long_stretch_of_overflowing_steps_stops_the_run():
     """Gradients that always overflow: each step is skipped and counted, and after MAX_OVERFLOW_RUN of them
     in a row the run stops (the loss itself stays finite, so only the skipped steps can tell)."""
-    from image_classification.engine import MAX_OVERFLOW_RUN
+    from image_classification.train.engine import MAX_OVERFLOW_RUN
 
     class OverflowingGradient(torch.autograd.Function):
         @staticmethod
@@ -697,10 +697,10 @@ def test_the_training_loop_reads_the_device_once_per_print_window(image_folder, 
     workers are processes of their own: -j 1."""
     from torch.utils.data import DataLoader
 
-    from image_classification import batch_augment
     from image_classification.data.common import ShardSampler
-    from image_classification.engine import Engine
-    from image_classification.loop import Loop as Trainer
+    from image_classification.train import batch_augment
+    from image_classification.train.engine import Engine
+    from image_classification.train.loop import Loop as Trainer
 
     events: list[str] = []
     counting = [False]
@@ -747,7 +747,7 @@ def test_the_training_loop_reads_the_device_once_per_print_window(image_folder, 
 
     monkeypatch.setattr(Engine, "train_step", step)
     monkeypatch.setattr(Trainer, "train_epoch", epoch)
-    monkeypatch.setattr("image_classification.plan.check_backend", lambda *args, **kwargs: None)  # pytorch-gpu's twin
+    monkeypatch.setattr("image_classification.train.plan.check_backend", lambda *args, **kwargs: None)  # pytorch-gpu's twin
     data = ["--prof", "6"] if backend == "synthetic" else ["-j", "1", str(image_folder)]
     augmentation = ["--augmentation", "trivialaugment"] if options and backend != "synthetic" else []
     code = main(["--data-backend", backend, "-a", tiny_arch, "--num-classes", "3", "--image-size", "32", "-b", "4",

@@ -13,11 +13,11 @@ import torch
 from image_classification.data import get_loaders
 from image_classification.data.common import DataConfig
 from image_classification.data.layout import check_dataset
-from image_classification.inference import load_model
-from image_classification.inference import main as classify_main
-from image_classification.losses import flip_tta
-from image_classification.raport import read_raport
-from image_classification.runtime import Runtime
+from image_classification.deploy.inference import load_model
+from image_classification.deploy.inference import main as classify_main
+from image_classification.records.raport import read_raport
+from image_classification.system.runtime import Runtime
+from image_classification.train.losses import flip_tta
 from image_classification.training import main
 
 
@@ -123,7 +123,7 @@ def test_classify_with_tta_flip_ranks_by_the_averaged_logits(image_folder, tmp_p
         assert classify_main(argv + extra) == 0
         outputs[name] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
 
-    from image_classification.inference import image_transform, load_image
+    from image_classification.deploy.inference import image_transform, load_image
 
     loaded = load_model(tiny_arch, str(checkpoint), 3)
     transform = image_transform(loaded.preprocessing)

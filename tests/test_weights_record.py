@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from helpers import refused
-from image_classification.cli import run
+from image_classification.deploy.inference import main as classify_main
 from image_classification.errors import UserError
-from image_classification.inference import main as classify_main
 from image_classification.models import build_model
+from image_classification.models.preprocessing import Preprocessing, choose_preprocessing
 from image_classification.models.weights import (checked_arch, checked_num_classes, recorded_class_names,
                                                  recorded_num_classes)
-from image_classification.preprocessing import Preprocessing, choose_preprocessing
+from image_classification.system.cli import run
 from image_classification.training import main as train_main
 
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from conftest import REPO
-from image_classification import checkpoint as ckpt
-from image_classification import workspace as workspace_module
 from image_classification.errors import UserError
-from image_classification.workspace import LOCK_NAME, Workspace, holder_is_dead
+from image_classification.records import checkpoint as ckpt
+from image_classification.records import workspace as workspace_module
+from image_classification.records.workspace import LOCK_NAME, Workspace, holder_is_dead
 
 CHECKPOINT, RAPORT = "checkpoint.pth.tar", "experiment_raport.json"
 
@@ -125,7 +125,7 @@ def test_a_lock_kept_by_a_child_of_a_killed_run_is_taken_over(workspace):
     run = textwrap.dedent(f"""
         import os, signal, subprocess, sys
         sys.path.insert(0, {str(REPO)!r})
-        from image_classification.workspace import Workspace, _HELD
+        from image_classification.records.workspace import Workspace, _HELD
         Workspace({str(workspace.path)!r}, "checkpoint.pth.tar", "raport.json").lock()
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                                  pass_fds=[_HELD[0].fileno()], stdout=subprocess.DEVNULL,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import math
 
-from ..cli import positive_int, whole_number
 from ..errors import UserError
-from ..preprocessing import DECODE_SCALES, SIZE_STEP, ResizeSchedule
+from ..models.preprocessing import DECODE_SCALES, SIZE_STEP, ResizeSchedule
+from ..system.cli import positive_int, whole_number
 from .values import float32, probability, raise_first
 
 DATA_BACKENDS = ("pytorch", "pytorch-gpu", "synthetic", "dali-cpu", "dali-gpu")

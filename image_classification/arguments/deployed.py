@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import UserError
-from ..tool_arguments import add_int8_arguments, check_int8_flags
+from .tools import add_int8_arguments, check_int8_flags
 
 
 def add_deployed_arguments(parser: argparse.ArgumentParser) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli import positive_int
 from ..errors import UserError
 from ..models import MODEL_CONFIGS, list_models
+from ..system.cli import positive_int
 from .values import str2bool
 
 
@@ -38,7 +38,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 def check_compile_supported(args: argparse.Namespace) -> None:
     """--compile on a torch and Python that can compile. Imports torch: the last check of all."""
     if args.compile:
-        from ..runtime import compile_unsupported
+        from ..system.runtime import compile_unsupported
 
         if reason := compile_unsupported():
             raise UserError(f"--compile: {reason} (or leave --compile out)")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli import positive_int, whole_number
 from ..errors import UserError
+from ..system.cli import positive_int, whole_number
 from .values import float32, probability, raise_first
 
 LR_SCHEDULES = ("step", "linear", "cosine", "triangular")

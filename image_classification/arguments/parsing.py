@@ -6,8 +6,8 @@ import argparse
 import sys
 from typing import Sequence
 
-from ..cli import UserErrorParser
 from ..errors import UserError
+from ..system.cli import UserErrorParser
 from .data import add_data_arguments, check_data_combinations, check_data_values
 from .deployed import add_deployed_arguments, check_deployed_combinations
 from .model import add_model_arguments, check_compile_supported

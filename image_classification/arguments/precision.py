@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli import positive_float
-from ..gpu_affinity import MODES as GPU_AFFINITY_MODES
+from ..system.cli import positive_float
+from ..system.gpu_affinity import MODES as GPU_AFFINITY_MODES
 from .values import MAX_WAIT_S, float32, raise_first
 
 

@@ -12,8 +12,8 @@ import argparse
 import re
 from dataclasses import dataclass
 
-from ..cli import positive_int, whole, whole_number
 from ..errors import UserError
+from ..system.cli import positive_int, whole, whole_number
 from .values import MAX_WAIT_S, raise_first, shown
 
 DEFAULT_RAPORT_FILE = "experiment_raport.json"

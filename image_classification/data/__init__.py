@@ -10,19 +10,19 @@ import dataclasses
 import importlib
 from typing import TYPE_CHECKING
 
-from .. import machine
 from ..errors import UserError
+from ..system import machine
 
 if TYPE_CHECKING:
     import torch
 
-    from ..runtime import Runtime
+    from ..system.runtime import Runtime
     from .common import DataConfig, Loader
 
 __all__ = ["get_loaders", "resolve_backend", "default_backend_notice", "decoder_notice", "gpu_decoding_problem",
            "DataConfig", "Loader", "DeviceLoader", "ShardSampler", "val_resize_size", "dali_available"]
 _LAZY = {"DataConfig": ".common", "DeviceLoader": ".common", "Loader": ".common", "ShardSampler": ".common",
-         "val_resize_size": "..preprocessing"}  # name: the module that defines it
+         "val_resize_size": "..models.preprocessing"}  # name: the module that defines it
 
 
 def __getattr__(name: str):

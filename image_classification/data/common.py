@@ -14,9 +14,10 @@ import torch
 from torch.utils.data import Sampler
 
 from ..errors import UserError
-from ..preprocessing import CROP_RATIO, IMAGENET_MEAN_255 as MEAN_255, IMAGENET_STD_255 as STD_255, ResizeSchedule
-from ..runtime import Runtime
+from ..models.preprocessing import (CROP_RATIO, IMAGENET_MEAN_255 as MEAN_255, IMAGENET_STD_255 as STD_255,
+                                    ResizeSchedule)
 from ..seeding import SEED_MODULUS, WEIGHTS, mix_seed
+from ..system.runtime import Runtime
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ from typing import Callable, Iterator
 import torch
 
 from ..errors import UserError
-from ..runtime import Runtime
-from ..preprocessing import val_resize_size
+from ..models.preprocessing import val_resize_size
+from ..system.runtime import Runtime
 from .common import DataConfig, ShardSampler, Unreadable, train_sampler
 from .dali_feed import RANDOM_SLOTS, Feed
 from .dali_pipeline import DALI_AUGMENTATIONS, PipelineSpec, build_pipeline

@@ -15,7 +15,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ..preprocessing import val_resize_size
+from ..models.preprocessing import val_resize_size
 from .common import CROP_RATIO, MEAN_255, STD_255
 from .dali_feed import RANDOM_SLOTS, Feed
 from .files import MAX_IMAGE_PIXELS

@@ -43,8 +43,8 @@ from PIL import Image
 from torch.overrides import TorchFunctionMode
 
 from ..errors import UserError
-from ..preprocessing import val_resize_size
-from ..runtime import Runtime
+from ..models.preprocessing import val_resize_size
+from ..system.runtime import Runtime
 from .common import DataConfig, SideStream, WrappingLoader, channel_values, normalized
 from .decoders import device_decoder, device_problem
 from .encoded import EncodedBatch, EncodedImages, collate_encoded

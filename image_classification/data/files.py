@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from ..datafile import NotARegularFile, open_descriptor
 from ..errors import UserError
+from ..records.datafile import NotARegularFile, open_descriptor
 
 if TYPE_CHECKING:
     import torch
@@ -477,7 +477,7 @@ NOT_REGULAR = "not a regular file (a pipe, a socket or a device)"
 def open_file(path: str | os.PathLike):
     """``path`` opened for binary reading, a link followed, only if it is a regular file: the open itself does
     not wait (a FIFO's would, for a writer), and a file swapped for a FIFO after it was listed is refused
-    as well.  Raises what ``open`` raises, and :class:`~image_classification.datafile.NotARegularFile` (an
+    as well.  Raises what ``open`` raises, and :class:`~image_classification.records.datafile.NotARegularFile` (an
     OSError, so that each reader reports it as it reports a file it cannot read)."""
     try:
         return os.fdopen(open_descriptor(path, follow_links=True), "rb")

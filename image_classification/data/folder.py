@@ -16,9 +16,9 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from ..runtime import Runtime
+from ..models.preprocessing import val_resize_size
+from ..system.runtime import Runtime
 from .common import DataConfig, DeviceLoader
-from ..preprocessing import val_resize_size
 from .files import decode_rgb_tensor, open_rgb
 from .layout import Split, open_split
 from .reduced import DecodeFailed, decode_for_crop, open_resized

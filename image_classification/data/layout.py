@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Protocol
 
 from ..errors import UserError
-from ..signals import stop_raises
+from ..system.signals import stop_raises
 from .files import (WITHOUT_SPLIT, SplitWalk, decode_problem, is_image_file, read_bytes, refuse_labels, walk_class)
 from .packed import MANIFEST, check_packed, fingerprint, is_packed, names_blob, open_packed_split, unfinished_pack
 

@@ -41,11 +41,11 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from ..cli import run
-from ..datafile import DataFileError, parse_json, read_json, read_regular
+from ..arguments.tools import pack_parser
 from ..errors import UserError, write_failure
-from ..signals import stop_raises
-from ..tool_arguments import pack_parser
+from ..records.datafile import DataFileError, parse_json, read_json, read_regular
+from ..system.cli import run
+from ..system.signals import stop_raises
 from .files import SPLITS, open_image, open_rgb, printable, read_bytes
 from .layout import _report_links, check_dataset, relative_names, walk_split
 from .pack_destination import PackLock, open_own, prepare_destination, remove_temporaries
@@ -517,7 +517,7 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m image_classifi
 
 
 def pack_command(args: argparse.Namespace) -> int:
-    """The command, its arguments parsed by :func:`tool_arguments.pack_parser`; returns the exit code."""
+    """The command, its arguments parsed by :func:`arguments.tools.pack_parser`; returns the exit code."""
     with stop_raises(f"packing {args.destination}", KEPT):
         pack(Path(args.source), Path(args.destination), parse_size(args.shard_size), args.workers,
              resizing(args.max_size, args.quality))

@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..datafile import NotARegularFile, open_descriptor
 from ..errors import UserError, write_failure
+from ..records.datafile import NotARegularFile, open_descriptor
 from .files import SPLITS, printable
 from .packed import TEMPORARY, written_by_pack
 
@@ -24,7 +24,7 @@ LOCK = ".pack.lock"
 
 def open_own(path: Path, flags: int) -> int:
     """A descriptor of the regular file ``path``, opened with ``flags`` (os.O_*) but never through a link nor
-    waiting on a FIFO (:func:`~image_classification.datafile.open_descriptor`); UserError otherwise."""
+    waiting on a FIFO (:func:`~image_classification.records.datafile.open_descriptor`); UserError otherwise."""
     try:
         return open_descriptor(path, flags)
     except NotARegularFile:
@@ -89,7 +89,7 @@ class PackLock:
         self.path, self.handle = destination / LOCK, None
 
     def __enter__(self) -> "PackLock":
-        from ..workspace import _try_flock
+        from ..records.workspace import _try_flock
 
         handle = os.fdopen(open_own(self.path, os.O_RDWR | os.O_CREAT), "r+", encoding="utf-8", errors="replace")
         locked = _try_flock(handle)

@@ -18,7 +18,7 @@
   of the names, the samples that could not be read when packing, the links not followed; for a pack with
   ``--max-size``, that size and the ``--quality`` of the images it resized (their members are then ``.jpg``).
 
-A split is opened by its manifest, read within :mod:`..datafile`'s bounds (size, nesting, numbers).  What is
+A split is opened by its manifest, read within :mod:`..records.datafile`'s bounds (size, nesting, numbers).  What is
 checked before a run starts (cheap even for 14 M samples): the format version, every file a plain name of the
 split folder and a regular file (not a link, not a FIFO, which would wait for a writer), every shard's size, the
 table's SHA-256, that every sample lies inside its shard and that the first and last sample of each shard
@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..datafile import DataFileError, open_regular, read_json
 from ..errors import UserError
+from ..records.datafile import DataFileError, open_regular, read_json
 from .files import SPLITS, UNDECODABLE_ADVICE, WITHOUT_SPLIT, decode_problem, label_problem, printable
 
 FORMAT = "image-classification packed split"
@@ -125,7 +125,7 @@ def open_plain(directory: Path, name: str) -> int:
 
 def read_manifest(split_dir: Path) -> dict:
     """The manifest of a packed split, its every field checked; UserError for one that is damaged (or no JSON
-    within :mod:`..datafile`'s bounds), of another format version or that names a file outside the split
+    within :mod:`..records.datafile`'s bounds), of another format version or that names a file outside the split
     folder."""
     path = split_dir / MANIFEST
     try:

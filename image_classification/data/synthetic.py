@@ -10,8 +10,8 @@ from typing import Callable, Iterator
 
 import torch
 
-from ..runtime import Runtime
 from ..seeding import mix_seed
+from ..system.runtime import Runtime
 from .common import DataConfig
 
 DEFAULT_EPOCH_LENGTH = 100

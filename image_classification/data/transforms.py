@@ -19,7 +19,7 @@ import torch
 from torchvision import transforms
 from torchvision.transforms import v2
 
-from ..preprocessing import CROP_RATIO, val_resize_size
+from ..models.preprocessing import CROP_RATIO, val_resize_size
 from .common import DataConfig
 from .reduced import ScalableJpeg, crop_scale
 

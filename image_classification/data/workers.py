@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
-from ..runtime import Runtime
-from ..signals import ignore_in_worker
+from ..system.runtime import Runtime
+from ..system.signals import ignore_in_worker
 from .common import DataConfig, ShardSampler, Unreadable, train_sampler
 
 

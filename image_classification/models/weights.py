@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from image_classification.errors import UserError
-from image_classification.integrity import recorded_description, verify
+from image_classification.records.integrity import recorded_description, verify
 
 NGC = "https://api.ngc.nvidia.com/v2/models/nvidia/"
 PRETRAINED_URLS = {  # NGC 20.06.0 releases: plain state dicts with layer1..layer4 names

@@ -25,8 +25,8 @@ import torch
 
 from helpers import (REPO, Forked, Result, explain, forkable, run_script, tiny_registered,  # noqa: F401
                      wait_or_kill)
-from image_classification import checkpoint as ckpt
-from image_classification.raport import read_raport
+from image_classification.records import checkpoint as ckpt
+from image_classification.records.raport import read_raport
 
 from . import runner
 from .tally import TALLY  # noqa: F401  (the tests import it from here)

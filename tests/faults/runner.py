@@ -39,8 +39,8 @@ sys.path[:0] = [str(TESTS.parent), str(TESTS)]  # the repository (image_classifi
 import torch  # noqa: E402
 
 from helpers import REPO, tiny_arch_row  # noqa: E402
-from image_classification import batch_augment, engine  # noqa: E402
 from image_classification.models.resnet import ARCHS  # noqa: E402
+from image_classification.train import batch_augment, engine  # noqa: E402
 
 
 def _rank() -> int:

@@ -13,7 +13,7 @@ import pytest
 from helpers import free_port, run_process, start_process
 from image_classification.errors import EXIT_PREEMPTED
 from image_classification.multiproc import _interrupted, _stopped_early
-from image_classification.distributed import lost_peer_reason as _lost_peer_reason
+from image_classification.system.distributed import lost_peer_reason as _lost_peer_reason
 
 from .harness import COMMON, REPO, RUNNER, TALLY, assert_same_state, environment, explain, load
 

@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
-from .errors import UserError
+from ..errors import UserError
 
 IMAGENET_MEAN_255 = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD_255 = (0.229 * 255, 0.224 * 255, 0.225 * 255)
@@ -257,7 +257,7 @@ def _check_resize_fits(chosen: Preprocessing, recorded: Preprocessing | None, so
     more than a decoded image may (``data.files.MAX_IMAGE_PIXELS``): the largest crop, 8192, fits at the
     default crop ratio, while a recorded ratio of 0.1 would resize it to 81,920 px (6.7 gigapixels).
     """
-    from .data.files import MAX_IMAGE_PIXELS  # here: the data package imports this module
+    from ..data.files import MAX_IMAGE_PIXELS  # here: the data package imports this module
 
     side, size = chosen.resize_size, chosen.image_size
     if side * side <= MAX_IMAGE_PIXELS:

@@ -29,11 +29,11 @@ import tempfile
 from pathlib import Path
 from typing import TextIO
 
+from ..errors import StorageError, UserError
 from .checkpoint import (BEST_NAME, TEMP_SUFFIX, epoch_checkpoints, is_epoch_checkpoint_name, longest_name,
                          temporary_name)
 from .datafile import (folder_problem, nearest_existing, open_own, own_file_problem, parse_json, read_regular,
                        refused_own_file)
-from .errors import StorageError, UserError
 
 LOCK_NAME = ".workspace.lock"
 MAX_LOCK_RECORD_BYTES = 1 << 16  # the lock's record of its holder: host, pid, start, a few hundred bytes

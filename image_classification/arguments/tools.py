@@ -1,6 +1,6 @@
 """The command lines of classify.py, checkpoint2model.py, model2onnx.py and data.pack, defined once.
 
-No torch here (nor in what this imports), as in :mod:`.arguments`: ``-h`` and a mistyped flag answer
+No torch here (nor in what this imports), as in :mod:`image_classification.arguments`: ``-h`` and a mistyped flag answer
 before torch is loaded.  The default precision's help names this machine's choice from /proc/cpuinfo.
 """
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 
-from . import machine
-from .cli import UserErrorParser, positive_int, whole
-from .errors import UserError
-from .models import MODEL_CONFIGS, list_models
-from .preprocessing import DECODE_SCALES
+from ..errors import UserError
+from ..models import MODEL_CONFIGS, list_models
+from ..models.preprocessing import DECODE_SCALES
+from ..system import machine
+from ..system.cli import UserErrorParser, positive_int, whole
 
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 DEFAULT_CALIBRATION_IMAGES = 100

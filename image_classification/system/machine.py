@@ -19,7 +19,7 @@ import re
 import sys
 from pathlib import Path
 
-from .errors import UserError
+from ..errors import UserError
 
 
 @functools.lru_cache(maxsize=1)
@@ -137,7 +137,7 @@ def cpu_bf16_is_faster() -> bool:
 
     * AVX2-only AMD EPYC (bf16 emulated): bf16 0.52x / 0.25x;
     * AMD EPYC with AVX512-BF16, 2 cores: bf16 channels-last 1.43x / 2.75x, FP32 channels-last 0.91x / 1.40x;
-    * Intel Xeon with AMX-BF16, 2 vCPUs (``scripts/inference_benchmark.py``, main.py --evaluate): bf16
+    * Intel Xeon with AMX-BF16, 2 vCPUs (``benchmarks/inference_benchmark.py``, main.py --evaluate): bf16
       channels-last 27.8 / 58.1 images/s against FP32 NCHW's 18.6 / 16.0, 1.5x / 3.6x;
     * Intel Xeon (family 6, model 207) with AVX512-BF16, AVX512-VNNI and AVX512-FP16 but its AMX hidden by
       the hypervisor, 2 cores shared with other work, one thread, CPU time per image (median of 4 rounds):

@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 
 import torch.distributed as dist
 
-from .errors import PeerLost
+from ..errors import PeerLost
 
 
 def attempt_store(timeout: timedelta) -> dist.Store | None:

@@ -22,7 +22,7 @@ Files are written under temporary names that name their writer (pid, process sta
 into place, the model before its record, so that two processes exporting at once both end with a complete
 pair, and a model caught between the two renames fails its check and is exported again. What an export
 writes on the way (the FP32 graph of an int8 model, ONNX Runtime's own temporaries) goes into a scratch
-folder in the cache named the same way (:mod:`.scratch`). A SIGTERM or SIGUSR1 during an export stops the
+folder in the cache named the same way (:mod:`..records.scratch`). A SIGTERM or SIGUSR1 during an export stops the
 script (exit 75) with its temporaries removed; those of a writer killed outright are removed by the next run
 that finds their writer dead. A cache that cannot be written (read-only) and holds a file that fails its
 check: this run exports to a temporary folder instead. The cache holds ONNX graphs, which ONNX Runtime
@@ -49,13 +49,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import machine
-from .datafile import DataFileError, parse_json, read_regular
-from .errors import UserError
+from ..errors import UserError
+from ..records.datafile import DataFileError, parse_json, read_regular
+from ..records.scratch import STAMP, remove_dead_writers, scratch_folder
+from ..records.workspace import writer_stamp
+from ..system import machine
+from ..system.signals import stop_raises
 from .quantization import Quantization, quantize
-from .scratch import STAMP, remove_dead_writers, scratch_folder
-from .signals import stop_raises
-from .workspace import writer_stamp
 
 OPSET = 17
 CACHE_ENV = "IMAGE_CLASSIFICATION_CACHE"
@@ -259,7 +259,7 @@ def _read_file(path: Path, what: str, max_bytes: int | None = None) -> bytes:
 
 def _read_record(path: Path) -> dict:
     """The record at ``path``, as :func:`_record_of` writes it; _Mismatch for anything else (a file that is no
-    JSON within :mod:`.datafile`'s bounds: too large, nested too deep, numbers out of range)."""
+    JSON within :mod:`..records.datafile`'s bounds: too large, nested too deep, numbers out of range)."""
     try:
         record = parse_json(_read_file(path, "its record", MAX_RECORD_BYTES), MAX_RECORD_BYTES)
     except DataFileError as error:

@@ -34,11 +34,11 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from . import machine
-from .data.files import SplitWalk, is_image_file, walk_class
-from .errors import UserError
-from .scratch import temporaries_in
-from .tool_arguments import DEFAULT_CALIBRATION_IMAGES
+from ..arguments.tools import DEFAULT_CALIBRATION_IMAGES
+from ..data.files import SplitWalk, is_image_file, walk_class
+from ..errors import UserError
+from ..records.scratch import temporaries_in
+from ..system import machine
 
 # the int8 dot-product instructions ONNX Runtime's int8 kernels use without saturating, named as
 # machine.INSTRUCTION_SETS names them
@@ -63,7 +63,7 @@ class Int8Request:
 
 
 def int8_request(args) -> Int8Request | None:
-    """The int8 model the parsed flags ask for (checked by ``tool_arguments.check_int8_flags``), or None."""
+    """The int8 model the parsed flags ask for (checked by ``arguments.tools.check_int8_flags``), or None."""
     if args.quantize is None:
         return None
     return Int8Request(args.calibration_data, args.calibration_images or DEFAULT_CALIBRATION_IMAGES,
@@ -192,7 +192,7 @@ def quantize(source: str | os.PathLike, target: str | os.PathLike, quantization:
              scratch: str | os.PathLike) -> None:
     """Write the int8 QDQ graph of the FP32 graph ``source`` (input ``input``, any batch) to ``target``; the
     graphs on the way, ONNX Runtime's temporary ones included, go into the folder ``scratch`` (see
-    :mod:`.scratch`)."""
+    :mod:`..records.scratch`)."""
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
                                           quantize_static)
     from onnxruntime.quantization.shape_inference import quant_pre_process

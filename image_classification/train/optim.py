@@ -8,8 +8,8 @@ import math
 import torch
 from torch import nn
 
-from .arguments import OPTIMIZERS
-from .errors import UserError
+from ..arguments import OPTIMIZERS
+from ..errors import UserError
 
 STEP_MILESTONES = (30, 60, 80)
 

@@ -1,9 +1,9 @@
 """Checkpoint files: written atomically and sealed with a content hash, read as data only.
 
 A training checkpoint is a dict of tensors and plain values (``weights_only=True`` loads it); what it
-holds is :meth:`image_classification.engine.Engine.state_dict`'s business, defined there once. Here:
+holds is :meth:`image_classification.train.engine.Engine.state_dict`'s business, defined there once. Here:
 
-* :func:`save_checkpoint` seals the dict with its SHA-256 (:mod:`image_classification.integrity`) and
+* :func:`save_checkpoint` seals the dict with its SHA-256 (:mod:`image_classification.records.integrity`) and
   writes it through a temporary file, fsync and rename, so a kill never leaves a torn file and a full
   disk leaves the previous file intact (:class:`StorageError`, the temporary file removed);
 * :func:`load_checkpoint` refuses a file whose hash does not match (a damaged copy) with one line;
@@ -25,7 +25,7 @@ from typing import BinaryIO, Callable
 
 import numpy as np
 
-from .errors import StorageError, UserError
+from ..errors import StorageError, UserError
 
 FORMAT = 2  # 1: no hash, one RNG snapshot; 2: sealed, one RNG snapshot per rank
 BEST_NAME = "model_best.pth.tar"
@@ -219,7 +219,7 @@ def copy_atomic(source: str | os.PathLike, target: str | os.PathLike) -> None:
 # ------------------------------------------------------------------------------------------------
 def load_checkpoint(path: str | os.PathLike) -> dict:
     """Read a training checkpoint (data only, hash verified); a file that is not one is a :class:`UserError`."""
-    from .models.weights import load_checkpoint_file  # deferred (torch): see the module docstring
+    from ..models.weights import load_checkpoint_file  # deferred (torch): see the module docstring
 
     state = load_checkpoint_file(path)
     if not isinstance(state, dict) or "state_dict" not in state or "epoch" not in state:

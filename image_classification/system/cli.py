@@ -15,7 +15,7 @@ import re
 import sys
 from typing import Callable, Sequence
 
-from .errors import EXIT_PREEMPTED, UserError
+from ..errors import EXIT_PREEMPTED, UserError
 from .signals import Stopped
 
 
@@ -131,7 +131,7 @@ def positive_float(value: str) -> float:
 def run(entry: Callable[..., int | None], *args, **kwargs) -> int:
     """Call ``entry`` and turn a :class:`UserError` into ``error: ...`` on stderr and its exit code (2 for
     bad input; see :mod:`image_classification.errors` for the others), and a stop signal that interrupted
-    its work (:class:`image_classification.signals.Stopped`) into that line and exit 75."""
+    its work (:class:`image_classification.system.signals.Stopped`) into that line and exit 75."""
     try:
         code = entry(*args, **kwargs)
     except UserError as error:

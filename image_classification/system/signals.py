@@ -10,7 +10,7 @@ cuts short leaves only a temporary file, which the next run removes).
 
 Work with nothing worth saving (an ONNX export) stops at once instead, inside :func:`stop_raises`: the
 signal raises :class:`Stopped`, whose ``finally`` blocks remove the partial file on the way out, and
-:func:`image_classification.cli.run` ends the script with its one line and exit 75.
+:func:`image_classification.system.cli.run` ends the script with its one line and exit 75.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import signal
 import sys
 from typing import Iterator
 
-from .errors import EXIT_PREEMPTED
+from ..errors import EXIT_PREEMPTED
 
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1")
 RUN_STOP_SIGNALS = STOP_SIGNALS + ("SIGINT",)  # what stops a training run with a checkpoint (exit 75)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .raport import ACC_META, COUNT_META, LOSS_META, LR_META, PERF_META, SIZE_META, TIME_META, VERBOSE, Raport
+from ..records.raport import ACC_META, COUNT_META, LOSS_META, LR_META, PERF_META, SIZE_META, TIME_META, VERBOSE, Raport
 
 LATENCY_PERCENTILES = (90, 95, 99, 100)
 
@@ -14,7 +14,7 @@ LATENCY_PERCENTILES = (90, 95, 99, 100)
 def register_metrics(raport: Raport, prefixes: list[str], topk: int, training: bool, warmup: int = 0,
                      pass_counts: tuple[str, ...] = (), tta: bool = False) -> None:
     """Every metric the loop records; with ``warmup`` (``--benchmark-warmup``) also ``*.wall_ips``; each of the
-    loaders' ``pass_counts`` (:meth:`.data.Loader.pass_counts`) once per phase, an epoch's sum of its passes; with
+    loaders' ``pass_counts`` (:meth:`..data.Loader.pass_counts`) once per phase, an epoch's sum of its passes; with
     ``tta`` (``--val-tta``) each validation's figures of the averaged logits, ``*.tta_top1`` ..., beside the plain
     ones."""
 

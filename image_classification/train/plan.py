@@ -20,22 +20,22 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import checkpoint as ckpt
-from . import machine
-from .arguments import DEFAULT_LR_PEAK_EPOCH, DEFAULT_RAPORT_FILE, DEFAULT_WORKERS, CheckpointInterval, raport_file
-from .data import DataConfig, decoder_notice, default_backend_notice, resolve_backend
-from .data.files import printable
-from .errors import UserError
-from .integrity import recorded_description
-from .models import build_model, default_image_size, load_weights
-from .models.weights import checked_arch, recorded_num_classes
+from ..arguments import DEFAULT_LR_PEAK_EPOCH, DEFAULT_RAPORT_FILE, DEFAULT_WORKERS, CheckpointInterval, raport_file
+from ..data import DataConfig, decoder_notice, default_backend_notice, resolve_backend
+from ..data.files import printable
+from ..deploy.quantization import Int8Request, int8_request
+from ..errors import UserError
+from ..models import build_model, default_image_size, load_weights
+from ..models.preprocessing import Preprocessing, choose_preprocessing
+from ..models.weights import checked_arch, recorded_num_classes
+from ..records import checkpoint as ckpt
+from ..records.integrity import recorded_description
+from ..records.workspace import Workspace
+from ..seeding import mix_seed
+from ..system import machine
+from ..system.runtime import Runtime
 from .optim import lr_at
-from .preprocessing import Preprocessing, choose_preprocessing
-from .quantization import Int8Request, int8_request
-from .runtime import Runtime
-from .seeding import mix_seed
 from .startup import DEFAULT_NUM_CLASSES, check_backend, check_fresh_start, class_count_sources, dataset_classes
-from .workspace import Workspace
 
 DEFAULT_LOSS_SCALE = 2.0**16  # where a dynamic fp16 loss scale starts unless told (torch's GradScaler default)
 
@@ -470,7 +470,7 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
                         "to train further, or add --evaluate to validate it")
     pretrained = None
     if resumed is None and args.pretrained_weights:
-        from .models import load_checkpoint_file
+        from ..models import load_checkpoint_file
 
         pretrained = load_checkpoint_file(args.pretrained_weights)
         checked_arch(pretrained, args.arch, args.pretrained_weights)  # before their keys are compared one by one

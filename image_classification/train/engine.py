@@ -1,9 +1,10 @@
 """The training engine: one object owns everything a checkpoint restores.
 
-:class:`Engine` receives the run's frozen :class:`~image_classification.plan.RunConfig` and holds the model (and its DDP / compiled wrapper), optimizer, loss scaler, EMA, the
-:class:`Progress` counters and the random generators of every process. :meth:`Engine.state_dict` is the
-checkpoint, whatever wrote it (an epoch's end, ``--checkpoint-interval``, a SIGTERM): the same layout,
-defined here and nowhere else, and :meth:`Engine.load_state_dict` restores it exactly.
+:class:`Engine` receives the run's frozen :class:`~image_classification.train.plan.RunConfig` and holds the model (and
+its DDP / compiled wrapper), optimizer, loss scaler, EMA, the :class:`Progress` counters and the random generators of
+every process. :meth:`Engine.state_dict` is the checkpoint, whatever wrote it (an epoch's end,
+``--checkpoint-interval``, a SIGTERM): the same layout, defined here and nowhere else, and
+:meth:`Engine.load_state_dict` restores it exactly.
 
 Device-side bookkeeping: the loss sum stays on the device between print windows;
 :meth:`Engine.read_window` reads it once per window and stops a diverged run.  That is the training
@@ -24,14 +25,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import checkpoint as ckpt
+from ..errors import TrainingDiverged, UserError
+from ..records import checkpoint as ckpt
+from ..system.runtime import Runtime
 from .batch_augment import augment_batch
 from .ema import ModelEma, torchvision_decay
-from .errors import TrainingDiverged, UserError
 from .losses import classification_loss
 from .optim import build_optimizer, load_optimizer_state, set_lr
 from .plan import RunConfig, reseed
-from .runtime import Runtime
 
 MAX_OVERFLOW_RUN = 100  # fp16 steps skipped in a row before a run is declared diverged
 LOSS_SCALE_GROWTH_INTERVAL = 100  # clean steps before a dynamic scale doubles (NVIDIA's recipes)
@@ -187,7 +188,7 @@ class Engine:
         so no weight, momentum, moment or step count changes, and the EMA is not updated.  The decision
         reads the scaler's inf flag on the host, once per step.  Skipping on the device instead would take
         torch's fused kernels, whose SGD mishandles a skipped first step (see
-        :func:`~image_classification.optim.make_optimizer`), or a select over every weight and state
+        :func:`~image_classification.train.optim.make_optimizer`), or a select over every weight and state
         tensor, with the EMA's update count moved to the device as well.
         """
         scaler, progress = self.scaler, self.progress

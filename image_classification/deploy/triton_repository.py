@@ -7,7 +7,7 @@ is the graph, version 1; ``ROOT/NAME/labels.txt`` holds the class names, one a l
 classification extension returns.  The config is written as protobuf text by hand: Triton's client
 library is needed only by the tests that parse it.
 
-The model's folder is assembled in the export's scratch folder, inside the repository (see :mod:`.scratch`),
+The model's folder is assembled in the export's scratch folder, inside the repository (see :mod:`..records.scratch`),
 and renamed into its place, so a reader never sees half a model, and a folder that is already there (another
 model, or another version of this one) is refused, never replaced.
 """
@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
-from .errors import StorageError, UserError
+from ..errors import StorageError, UserError
 
 LABELS_FILE = "labels.txt"
 # ONNX TensorProto element types -> Triton's data types

@@ -16,17 +16,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from .checkpoint import load_checkpoint, position_text, save_weights
-from .datafile import folder_problem
-from .errors import UserError, write_failure
+from ..arguments.tools import DEFAULT_MAX_BATCH_SIZE, check_int8_flags, checkpoint2model_parser, model2onnx_parser
+from ..errors import UserError, write_failure
+from ..models.weights import checked_arch, extract_state_dict, recorded_num_classes
+from ..records.checkpoint import load_checkpoint, position_text, save_weights
+from ..records.datafile import folder_problem
+from ..records.integrity import recorded_description
+from ..records.scratch import scratch_folder
+from ..system.signals import stop_raises
 from .inference import LoadedModel, calibrate, class_names_for, load_model, warn
-from .integrity import recorded_description
-from .models.weights import checked_arch, extract_state_dict, recorded_num_classes
 from .onnx_runtime import INT8, ONNX_TOLERANCE, export_onnx, logit_limit, require_finite, require_onnxruntime
 from .quantization import Quantization, int8_request, quantize
-from .scratch import scratch_folder
-from .signals import stop_raises
-from .tool_arguments import DEFAULT_MAX_BATCH_SIZE, check_int8_flags, checkpoint2model_parser, model2onnx_parser
 from .triton_repository import check_free, check_model_name, write_model
 
 
@@ -186,8 +186,8 @@ def destination(args: argparse.Namespace, loaded: LoadedModel) -> Destination:
 
 @contextlib.contextmanager
 def export_scratch(target: Destination) -> Iterator[Path]:
-    """The export's scratch folder beside its output (:mod:`.scratch`; what killed exports left there is removed
-    first), the output's folder made where missing.  A failed write in the block is one line: exit code 2
+    """The export's scratch folder beside its output (:mod:`..records.scratch`; what killed exports left there is
+    removed first), the output's folder made where missing.  A failed write in the block is one line: exit code 2
     where the folder cannot be written (read-only, no permission), 4 otherwise (a full disk)."""
     try:
         target.folder.mkdir(parents=True, exist_ok=True)

@@ -38,18 +38,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import checkpoint as ckpt
-from .data import Loader
+from ..arguments import CheckpointInterval
+from ..data import Loader
+from ..errors import EXIT_PREEMPTED, TrainingDiverged
+from ..records import checkpoint as ckpt
+from ..records.raport import Raport
+from ..records.workspace import Workspace
+from ..system.runtime import Runtime
+from ..system.signals import StopSignal
 from .engine import Engine
-from .errors import EXIT_PREEMPTED, TrainingDiverged
 from .losses import classification_loss, correct_counts, flip_tta
-from .arguments import CheckpointInterval
 from .metrics import Warmup, record_iteration
 from .progress import pass_length, progress_bar
-from .raport import Raport
-from .runtime import Runtime
-from .signals import StopSignal
-from .workspace import Workspace
 
 
 
@@ -254,7 +254,7 @@ class Loop:
                  "this validation gives no accuracy and no best model, and training goes on")
 
     def _record_pass_counts(self, loader, prefix: str) -> None:
-        """Record what ``loader`` counted in the pass just made (:meth:`.data.Loader.pass_counts`), summed over
+        """Record what ``loader`` counted in the pass just made (:meth:`..data.Loader.pass_counts`), summed over
         the processes (one small all-reduce where there are several; nothing where the backend counts nothing)."""
         counts = loader.pass_counts()
         if not counts:

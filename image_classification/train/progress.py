@@ -70,7 +70,7 @@ def pass_length(loader, prof: int) -> int:
 
 def progress_bar(total: int, description: str, enabled: bool, log=None, done: int = 0):
     """A progress bar of a pass (``enabled``: on a terminal), else, given ``log``, a line every minute or so
-    (:class:`~image_classification.progress.Heartbeat`); ``done``: the batches a resumed pass starts after."""
+    (:class:`~image_classification.train.progress.Heartbeat`); ``done``: the batches a resumed pass starts after."""
     if total <= 0 or not (enabled or log is not None):
         return _NoProgress()
     if not enabled:

@@ -35,8 +35,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, TextIO
 
+from ..errors import StorageError, UserError, write_failure
 from .datafile import folder_problem, open_own, parse_json, refused_own_file
-from .errors import StorageError, UserError, write_failure
 
 DEFAULT, VERBOSE = 0, 1
 MAX_RECORD_BYTES = 16 << 20  # far more than a record's line takes (the PARAMETER record: a few KB)

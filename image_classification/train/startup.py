@@ -16,12 +16,12 @@ import os
 import sys
 from pathlib import Path
 
-from .arguments import raport_file
-from .data import resolve_backend
-from .datafile import open_own
-from .errors import UserError
-from .raport import check_tensorboard
-from .workspace import Workspace
+from ..arguments import raport_file
+from ..data import resolve_backend
+from ..errors import UserError
+from ..records.datafile import open_own
+from ..records.raport import check_tensorboard
+from ..records.workspace import Workspace
 
 DEFAULT_WORKSPACE = "./"  # --workspace's default (arguments.py)
 
@@ -100,11 +100,11 @@ def check_backend(backend: str, is_cuda: bool, augmentation: str | None, *, trai
     installed, a torchvision that cannot decode on the GPU) or that lacks the asked ``--augmentation``, before the
     workspace is looked at."""
     if backend == "pytorch-gpu":
-        from .data.device_decode import check_device_decode_request
+        from ..data.device_decode import check_device_decode_request
 
         check_device_decode_request(is_cuda, augmentation, training=training)
     if backend in ("dali-cpu", "dali-gpu"):
-        from .data.dali import check_dali_request
+        from ..data.dali import check_dali_request
 
         check_dali_request(backend, is_cuda, augmentation, training=training)
 
@@ -114,7 +114,7 @@ def dataset_classes(args: argparse.Namespace, backend: str | None) -> list[str]:
     default, which is never synthetic)."""
     if backend == "synthetic":
         return []
-    from .data.layout import check_dataset
+    from ..data.layout import check_dataset
 
     return check_dataset(args.data, sys.maxsize, want_train=not args.evaluate, want_val=not args.training_only)
 

@@ -1,0 +1,1 @@
+"""Deployment: a trained model put to use."""

@@ -1,0 +1,1 @@
+"""The run's records on disk."""

@@ -1,0 +1,1 @@
+"""The process and what it runs on."""

@@ -1,0 +1,1 @@
+"""Training: a run from its set-up to its last step."""
