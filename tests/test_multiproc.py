@@ -16,7 +16,7 @@ import pytest
 
 from helpers import multiproc_cmd, run_process
 from image_classification import multiproc
-from image_classification.system import worker_shim
+from image_classification.system import slurm, worker_shim
 from image_classification.system.cli import run
 
 
@@ -234,19 +234,19 @@ def test_torchrun_arguments():
     ("n-1.cluster.org", "n-1.cluster.org"),
 ])
 def test_first_host_of_a_slurm_nodelist(nodelist, host):
-    assert multiproc.first_host(nodelist) == host
+    assert slurm.first_host(nodelist) == host
 
 
 def test_slurm_rendezvous_env():
     step = {"SLURM_PROCID": "3", "SLURM_JOB_NODELIST": "big[1-8]", "SLURM_STEP_NODELIST": "big[5-6]"}
-    assert multiproc.slurm_rendezvous_env(step) == {"MASTER_ADDR": "big5", "MASTER_PORT": "29500"}
+    assert slurm.slurm_rendezvous_env(step) == {"MASTER_ADDR": "big5", "MASTER_PORT": "29500"}
     explicit = {**step, "MASTER_ADDR": "10.1.1.1", "MASTER_PORT": "4000"}
-    assert multiproc.slurm_rendezvous_env(explicit) == {"MASTER_ADDR": "10.1.1.1", "MASTER_PORT": "4000"}
+    assert slurm.slurm_rendezvous_env(explicit) == {"MASTER_ADDR": "10.1.1.1", "MASTER_PORT": "4000"}
     job_only = {"SLURM_PROCID": "0", "SLURM_JOB_NODELIST": "a[1-2]"}
-    assert multiproc.slurm_rendezvous_env(job_only)["MASTER_ADDR"] == "a1"
-    assert multiproc.slurm_rendezvous_env({}) == {}
+    assert slurm.slurm_rendezvous_env(job_only)["MASTER_ADDR"] == "a1"
+    assert slurm.slurm_rendezvous_env({}) == {}
     with pytest.raises(ValueError):
-        multiproc.first_host("node[01-04")
+        slurm.first_host("node[01-04")
 
 
 def test_a_slurm_task_count_that_srun_did_not_set_is_said(monkeypatch):

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from ..errors import UserError
 from .distributed import PeerWatchdog, attempt_store
 from .machine import distributed_env, lone_slurm_task_notice
+from .slurm import slurm_rendezvous_env
 
 # torch's C++-extension module (which torch.compile and the ONNX exporter import) warns "No CUDA runtime is
 # found" on every machine without a GPU: a fact each command already states, not something to act on.
@@ -185,8 +186,6 @@ def _join_process_group(use_cuda: bool, device: torch.device, rank: int, local_r
         os.environ.setdefault("RANK", str(rank))
         os.environ.setdefault("WORLD_SIZE", str(world_size))
         os.environ.setdefault("LOCAL_RANK", str(local_rank))
-        from ..multiproc import slurm_rendezvous_env
-
         for key, value in slurm_rendezvous_env().items():
             os.environ.setdefault(key, value)
     backend = "nccl" if use_cuda else "gloo"
