@@ -15,7 +15,7 @@ import torch
 
 from image_classification.errors import UserError
 from image_classification.system import machine
-from image_classification.system.runtime import compile_unsupported
+from image_classification.system.machine import compile_unsupported
 
 T = TypeVar("T")
 

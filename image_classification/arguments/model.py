@@ -7,6 +7,7 @@ import argparse
 from ..errors import UserError
 from ..models import MODEL_CONFIGS, list_models
 from ..system.cli import positive_int
+from ..system.machine import compile_unsupported
 from .values import str2bool
 
 
@@ -38,7 +39,5 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 def check_compile_supported(args: argparse.Namespace) -> None:
     """--compile on a torch and Python that can compile. Imports torch: the last check of all."""
     if args.compile:
-        from ..system.runtime import compile_unsupported
-
         if reason := compile_unsupported():
             raise UserError(f"--compile: {reason} (or leave --compile out)")

@@ -7,7 +7,8 @@ another: the same code ranks its paths differently on an AVX2-only CPU and on on
 such a dict, recorded here or elsewhere, into the one line that sits beside a figure.
 
 torch is imported by the functions that ask it, not here: :func:`cpu_has_bf16` and
-:func:`bf16_faster_by_flags` answer from /proc/cpuinfo alone, for help texts written before torch is loaded.
+:func:`bf16_faster_by_flags` answer from /proc/cpuinfo alone, for help texts written before torch is loaded, and
+the command lines' checks import this module before torch (``--compile`` asks :func:`compile_unsupported`).
 """
 
 from __future__ import annotations
@@ -212,6 +213,17 @@ def gpu(index: int | None = None) -> dict | None:
     return {"name": properties.name, "memory_gib": round(properties.total_memory / 2**30, 1),
             "capability": f"{properties.major}.{properties.minor}", "count": torch.cuda.device_count(),
             "driver": gpu_driver(), "cuda": torch.version.cuda}
+
+
+def compile_unsupported() -> str | None:
+    """Why this torch cannot ``torch.compile`` on this Python, or None: its compiler front end, Dynamo,
+    supports a new Python only from a later torch (Python 3.12 from torch 2.4)."""
+    import torch._dynamo
+
+    if torch._dynamo.is_dynamo_supported():
+        return None
+    return (f"torch {torch.__version__} cannot torch.compile on Python {platform.python_version()}; "
+            "a newer torch can")
 
 
 def facts(device: str = "cpu") -> dict:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import platform
 import re
 from dataclasses import dataclass
 from datetime import timedelta
@@ -28,17 +27,6 @@ logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 _MEMORY_FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def compile_unsupported() -> str | None:
-    """Why this torch cannot ``torch.compile`` on this Python, or None: its compiler front end, Dynamo,
-    supports a new Python only from a later torch (Python 3.12 from torch 2.4)."""
-    import torch._dynamo
-
-    if torch._dynamo.is_dynamo_supported():
-        return None
-    return (f"torch {torch.__version__} cannot torch.compile on Python {platform.python_version()}; "
-            "a newer torch can")
 
 
 @dataclass
