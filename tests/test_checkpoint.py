@@ -11,8 +11,9 @@ import torch
 
 from helpers import REPO, one_error_line, run_script, tiny_registered
 from image_classification.errors import StorageError, UserError
-from image_classification.models import build_model, load_checkpoint_file, load_weights
+from image_classification.models import build_model, load_weights
 from image_classification.records import checkpoint as ckpt
+from image_classification.records.checkpoint import load_checkpoint_file
 from image_classification.records.integrity import content_digest, verify
 from image_classification.system.cli import run
 

@@ -21,6 +21,7 @@ from image_classification.models import (MODEL_CONFIGS, build_model, default_ima
                                          load_weights)
 from image_classification.models import weights as weights_module
 from image_classification.models.resnet import Bottleneck, SqueezeExcitation
+from image_classification.records import checkpoint as ckpt
 
 # arch: (parameters, state-dict entries) at 1000 classes; the reference toolkit's spec gives resnet50 and
 # the two ResNeXt101-32x4d, torchvision the others, our definition resnext101-32x8d-basic.
@@ -317,13 +318,13 @@ def test_a_file_that_is_not_a_checkpoint_is_a_user_error(tmp_path, content):
 def test_missing_file_and_unsafe_or_non_dict_contents_are_user_errors(tmp_path):
     with pytest.raises(UserError, match="does not exist.*NVIDIA's published weights come from the NVIDIA NGC "
                        "catalog, https://catalog.ngc.nvidia.com"):
-        weights_module.load_checkpoint_file(tmp_path / "nope.pth")
+        ckpt.load_checkpoint_file(tmp_path / "nope.pth")
     torch.save({"args": argparse.Namespace(lr=0.1)}, tmp_path / "pickled.pth")  # refused by weights_only
     with pytest.raises(UserError, match="was refused: it would build argparse.Namespace"):
-        weights_module.load_checkpoint_file(tmp_path / "pickled.pth")
+        ckpt.load_checkpoint_file(tmp_path / "pickled.pth")
     torch.save([torch.zeros(1)], tmp_path / "list.pth")
     with pytest.raises(UserError, match="holds a list"):
-        weights_module.load_checkpoint_file(tmp_path / "list.pth")
+        ckpt.load_checkpoint_file(tmp_path / "list.pth")
 
 
 class Payload:
@@ -347,7 +348,7 @@ def test_a_malicious_pickle_is_refused_in_one_complete_line_of_ours(tmp_path, re
     path, marker = tmp_path / "evil.pth.tar", tmp_path / "ran"
     torch.save({"state_dict": Payload(marker)}, path, pickle_protocol=protocol)
     with pytest.raises(UserError) as error:
-        weights_module.load_checkpoint_file(path)
+        ckpt.load_checkpoint_file(path)
     assert str(error.value) == f"'{path}' " + words.format(system=f"{os.system.__module__}.system")
     assert not marker.exists() and not [w for w in recwarn if "pickle protocol" in str(w.message)]
 
@@ -365,7 +366,7 @@ def test_a_refusal_in_torch_2_3s_words_names_the_global_too(tmp_path, monkeypatc
 
     monkeypatch.setattr(torch, "load", refuse_as_torch_2_3)
     with pytest.raises(UserError, match=r"was refused: it would build posix\.system, which is neither a"):
-        weights_module.load_checkpoint_file(path)
+        ckpt.load_checkpoint_file(path)
 
 
 def test_torch_load_is_always_safe(tmp_path, resnet18_state, monkeypatch):

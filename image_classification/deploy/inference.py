@@ -28,9 +28,10 @@ from ..data.files import is_image_file, open_image, open_rgb
 from ..data.reduced import open_resized
 from ..data.transforms import val_transform
 from ..errors import UserError
-from ..models import build_model, default_image_size, load_checkpoint_file, load_weights
+from ..models import build_model, default_image_size, load_weights
 from ..models.preprocessing import Preprocessing, choose_preprocessing
 from ..models.weights import checked_arch, checked_num_classes, fetch_pretrained, recorded_class_names
+from ..records.checkpoint import load_checkpoint_file
 from ..records.integrity import recorded_description
 from ..system import machine
 from ..system.runtime import Runtime, make_runtime

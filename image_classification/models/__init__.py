@@ -14,8 +14,7 @@ from image_classification.models.archs import ARCHS, MODEL_CONFIGS
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["MODEL_CONFIGS", "build_model", "default_image_size", "list_models", "load_checkpoint_file",
-           "load_weights"]
+__all__ = ["MODEL_CONFIGS", "build_model", "default_image_size", "list_models", "load_weights"]
 
 CONV_INIT_MODES = ("fan_in", "fan_out")
 OPTIONS = ("last_bn_0_init", "conv_init")
@@ -61,9 +60,8 @@ def build_model(arch: str, num_classes: int = 1000, model_config: str = "classic
 
 
 def __getattr__(name: str):
-    """``load_checkpoint_file`` and ``load_weights``, from :mod:`.weights` (which imports torch) when first
-    asked for."""
-    if name in ("load_checkpoint_file", "load_weights"):
+    """``load_weights``, from :mod:`.weights` (which imports torch) when first asked for."""
+    if name == "load_weights":
         from image_classification.models import weights
 
         return getattr(weights, name)

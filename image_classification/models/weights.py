@@ -1,4 +1,5 @@
-"""Reading checkpoint files and loading weights into a model, whatever layout they were saved in.
+"""Loading weights into a model, whatever layout they were saved in (the file read as data by
+:func:`image_classification.records.checkpoint.load_checkpoint_file`).
 
 Accepted: torchvision / NGC 20.06 names (``layer1``..``layer4``), the later NVIDIA names
 (``layers.0``..``layers.3``), a ``module.`` (DDP) or ``_orig_mod.`` (torch.compile) prefix, a whole
@@ -8,10 +9,8 @@ Anything that does not fit the model exactly is an error, never a silent partial
 
 from __future__ import annotations
 
-import pickle
 import re
 import urllib.error
-import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Union
@@ -20,7 +19,8 @@ import torch
 from torch import nn
 
 from image_classification.errors import UserError
-from image_classification.records.integrity import recorded_description, verify
+from image_classification.records.checkpoint import load_checkpoint_file
+from image_classification.records.integrity import recorded_description
 
 NGC = "https://api.ngc.nvidia.com/v2/models/nvidia/"
 PRETRAINED_URLS = {  # NGC 20.06.0 releases: plain state dicts with layer1..layer4 names
@@ -34,78 +34,6 @@ PRETRAINED_URLS = {  # NGC 20.06.0 releases: plain state dicts with layer1..laye
 HEAD_KEYS = ("fc.weight", "fc.bias")
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DistributedDataParallel, torch.compile
 SHOWN = 5  # how many offending keys an error message names
-
-
-def load_checkpoint_file(path: Union[str, Path]) -> dict:
-    """``torch.load`` a checkpoint safely (tensors and plain containers only) onto the CPU."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"Checkpoint file '{path}' does not exist or is not a file; NVIDIA's published "
-                        "weights come from the NVIDIA NGC catalog, https://catalog.ngc.nvidia.com "
-                        "(classify.py --pretrained downloads them).")
-    try:
-        with warnings.catch_warnings():  # a protocol-4 pickle warns before it is refused: one line only
-            warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises many types for foreign, truncated or malicious files
-        refused = _refused_global(e)
-        if refused is not None:
-            raise UserError(f"'{path}' was refused: it would build {refused}, which is neither a tensor nor "
-                            "a plain container; checkpoints are loaded as data only, never as code (a file "
-                            "from a source you trust can be saved again as a plain state dict).") from None
-        if _is_onnx(path):
-            raise UserError(f"'{path}' is an ONNX model, not PyTorch weights: pass the weights it was exported "
-                            "from and --runtime onnxruntime, which runs them in ONNX Runtime (exported once and "
-                            "cached), e.g. classify.py --weights model.pth --runtime onnxruntime --image IMAGE; "
-                            "the ONNX file itself runs in onnxruntime.InferenceSession or Triton Inference "
-                            "Server.") from None
-        raise UserError(f"'{path}' could not be read as a PyTorch checkpoint of tensors ({_reason(e)}); "
-                        "checkpoints are loaded as data only, never as code.") from e
-    if not isinstance(obj, dict):
-        raise UserError(f"'{path}' holds a {type(obj).__name__}, not a state dict or checkpoint dict.")
-    if verify(obj) is False:
-        raise UserError(f"'{path}' is damaged: its content does not match the hash recorded when it was "
-                        "written; use another copy or an older checkpoint.")
-    return obj
-
-
-# The tags an ONNX ModelProto's second field may have: producer_name .. opset_import, metadata_props, training_info,
-# functions (protobuf writes fields in number order, ir_version first)
-_ONNX_SECOND_TAGS = {0x12, 0x1A, 0x22, 0x28, 0x32, 0x3A, 0x42, 0x72, 0xA2, 0xCA}
-
-
-def _is_onnx(path: Path) -> bool:
-    """Whether ``path`` is named as an ONNX model or opens as one: ir_version (field 1, a small varint), then
-    another field of ModelProto."""
-    if path.suffix.lower() == ".onnx":
-        return True
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(3)
-    except OSError:
-        return False
-    return len(head) == 3 and head[0] == 0x08 and 0 < head[1] < 0x80 and head[2] in _ONNX_SECOND_TAGS
-
-
-def _refused_global(error: Exception) -> str | None:
-    """The function or class that a file asked torch's data-only unpickler to build (``posix.system`` in
-    a malicious file), when that is what it refused: "GLOBAL posix.system" in the words of newer torch,
-    "Unsupported class posix.system" in torch 2.3's."""
-    text = str(error) if isinstance(error, pickle.UnpicklingError) else ""
-    found = re.search(r"(?:GLOBAL|Unsupported class) ([\w.]+\w)", text)
-    return found.group(1)[:80] if found else None
-
-
-def _reason(error: Exception) -> str:
-    """What went wrong, in one short line.  torch's data-only refusals open with paragraphs of advice
-    (among them to pass weights_only=False, exactly what must not be done with such a file): the
-    unpickler's own words are in the exception they replaced, or after "WeightsUnpickler error:"."""
-    if isinstance(error, pickle.UnpicklingError) and isinstance(error.__context__, pickle.UnpicklingError):
-        error = error.__context__
-    text = str(error)
-    found = re.search(r"WeightsUnpickler error:\s*(.+)", text)
-    line = found.group(1) if found else (text.strip().splitlines() or [type(error).__name__])[0]
-    return line.strip()[:160]
 
 
 def checked_arch(weights: Mapping, arch: str | None, source: str) -> str | None:

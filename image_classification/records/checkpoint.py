@@ -6,7 +6,9 @@ holds is :meth:`image_classification.train.engine.Engine.state_dict`'s business,
 * :func:`save_checkpoint` seals the dict with its SHA-256 (:mod:`image_classification.records.integrity`) and
   writes it through a temporary file, fsync and rename, so a kill never leaves a torn file and a full
   disk leaves the previous file intact (:class:`StorageError`, the temporary file removed);
-* :func:`load_checkpoint` refuses a file whose hash does not match (a damaged copy) with one line;
+* :func:`load_checkpoint_file` reads any checkpoint or weights file as data only, and refuses with one line
+  a file that would build objects, an ONNX model, a torn file or one whose hash does not match (a damaged
+  copy); :func:`load_checkpoint` also wants a training checkpoint's entries;
 * the per-epoch files kept by ``--gather-checkpoints`` and the RNG snapshot of a process.
 
 torch is imported by the functions that read, write or seal tensors, not with the module: the workspace's
@@ -16,10 +18,12 @@ checks use the names defined here before main.py imports torch (seconds), so tha
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import re
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import BinaryIO, Callable
 
@@ -217,10 +221,84 @@ def copy_atomic(source: str | os.PathLike, target: str | os.PathLike) -> None:
 # ------------------------------------------------------------------------------------------------
 # Reading
 # ------------------------------------------------------------------------------------------------
+def load_checkpoint_file(path: str | os.PathLike) -> dict:
+    """``torch.load`` a checkpoint safely (tensors and plain containers only) onto the CPU."""
+    import torch  # deferred, as integrity's (torch) import: see the module docstring
+
+    from .integrity import verify
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"Checkpoint file '{path}' does not exist or is not a file; NVIDIA's published "
+                        "weights come from the NVIDIA NGC catalog, https://catalog.ngc.nvidia.com "
+                        "(classify.py --pretrained downloads them).")
+    try:
+        with warnings.catch_warnings():  # a protocol-4 pickle warns before it is refused: one line only
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for foreign, truncated or malicious files
+        refused = _refused_global(e)
+        if refused is not None:
+            raise UserError(f"'{path}' was refused: it would build {refused}, which is neither a tensor nor "
+                            "a plain container; checkpoints are loaded as data only, never as code (a file "
+                            "from a source you trust can be saved again as a plain state dict).") from None
+        if _is_onnx(path):
+            raise UserError(f"'{path}' is an ONNX model, not PyTorch weights: pass the weights it was exported "
+                            "from and --runtime onnxruntime, which runs them in ONNX Runtime (exported once and "
+                            "cached), e.g. classify.py --weights model.pth --runtime onnxruntime --image IMAGE; "
+                            "the ONNX file itself runs in onnxruntime.InferenceSession or Triton Inference "
+                            "Server.") from None
+        raise UserError(f"'{path}' could not be read as a PyTorch checkpoint of tensors ({_reason(e)}); "
+                        "checkpoints are loaded as data only, never as code.") from e
+    if not isinstance(obj, dict):
+        raise UserError(f"'{path}' holds a {type(obj).__name__}, not a state dict or checkpoint dict.")
+    if verify(obj) is False:
+        raise UserError(f"'{path}' is damaged: its content does not match the hash recorded when it was "
+                        "written; use another copy or an older checkpoint.")
+    return obj
+
+
+# The tags an ONNX ModelProto's second field may have: producer_name .. opset_import, metadata_props, training_info,
+# functions (protobuf writes fields in number order, ir_version first)
+_ONNX_SECOND_TAGS = {0x12, 0x1A, 0x22, 0x28, 0x32, 0x3A, 0x42, 0x72, 0xA2, 0xCA}
+
+
+def _is_onnx(path: Path) -> bool:
+    """Whether ``path`` is named as an ONNX model or opens as one: ir_version (field 1, a small varint), then
+    another field of ModelProto."""
+    if path.suffix.lower() == ".onnx":
+        return True
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(3)
+    except OSError:
+        return False
+    return len(head) == 3 and head[0] == 0x08 and 0 < head[1] < 0x80 and head[2] in _ONNX_SECOND_TAGS
+
+
+def _refused_global(error: Exception) -> str | None:
+    """The function or class that a file asked torch's data-only unpickler to build (``posix.system`` in
+    a malicious file), when that is what it refused: "GLOBAL posix.system" in the words of newer torch,
+    "Unsupported class posix.system" in torch 2.3's."""
+    text = str(error) if isinstance(error, pickle.UnpicklingError) else ""
+    found = re.search(r"(?:GLOBAL|Unsupported class) ([\w.]+\w)", text)
+    return found.group(1)[:80] if found else None
+
+
+def _reason(error: Exception) -> str:
+    """What went wrong, in one short line.  torch's data-only refusals open with paragraphs of advice
+    (among them to pass weights_only=False, exactly what must not be done with such a file): the
+    unpickler's own words are in the exception they replaced, or after "WeightsUnpickler error:"."""
+    if isinstance(error, pickle.UnpicklingError) and isinstance(error.__context__, pickle.UnpicklingError):
+        error = error.__context__
+    text = str(error)
+    found = re.search(r"WeightsUnpickler error:\s*(.+)", text)
+    line = found.group(1) if found else (text.strip().splitlines() or [type(error).__name__])[0]
+    return line.strip()[:160]
+
+
 def load_checkpoint(path: str | os.PathLike) -> dict:
     """Read a training checkpoint (data only, hash verified); a file that is not one is a :class:`UserError`."""
-    from ..models.weights import load_checkpoint_file  # deferred (torch): see the module docstring
-
     state = load_checkpoint_file(path)
     if not isinstance(state, dict) or "state_dict" not in state or "epoch" not in state:
         raise UserError(f"{path} is not a training checkpoint (no 'state_dict' and 'epoch'); "

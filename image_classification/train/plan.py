@@ -470,9 +470,7 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
                         "to train further, or add --evaluate to validate it")
     pretrained = None
     if resumed is None and args.pretrained_weights:
-        from ..models import load_checkpoint_file
-
-        pretrained = load_checkpoint_file(args.pretrained_weights)
+        pretrained = ckpt.load_checkpoint_file(args.pretrained_weights)
         checked_arch(pretrained, args.arch, args.pretrained_weights)  # before their keys are compared one by one
 
     seed = resolve_seed(resumed.get("seed", args.seed) if resumed is not None else args.seed, runtime)
