@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..errors import UserError, write_failure
 from ..records.datafile import NotARegularFile, open_descriptor
+from ..records.workspace import try_flock
 from .files import SPLITS, printable
 from .packed import TEMPORARY, written_by_pack
 
@@ -89,10 +90,8 @@ class PackLock:
         self.path, self.handle = destination / LOCK, None
 
     def __enter__(self) -> "PackLock":
-        from ..records.workspace import _try_flock
-
         handle = os.fdopen(open_own(self.path, os.O_RDWR | os.O_CREAT), "r+", encoding="utf-8", errors="replace")
-        locked = _try_flock(handle)
+        locked = try_flock(handle)
         if locked is False:
             handle.seek(0)
             holder = handle.read(200).strip() or "another process"

@@ -138,9 +138,9 @@ def stamp_is_dead(stamp: str) -> bool:
     return holder_is_dead({**here, "pid": int(match[1]), "start": start})
 
 
-def _try_flock(handle: TextIO, mode: int | None = None) -> bool | None:
+def try_flock(handle: TextIO, mode: int | None = None) -> bool | None:
     """Lock ``handle``'s file (``mode``: exclusively unless given): True when done, False when another process
-    holds it, None when the file system has no locks."""
+    holds it, None when the file system has no locks.  The workspace's lock, and the pack's (data/pack_destination)."""
     try:
         fcntl.flock(handle.fileno(), (fcntl.LOCK_EX if mode is None else mode) | fcntl.LOCK_NB)
     except OSError as error:
@@ -280,7 +280,7 @@ class Workspace:
         try:
             fcntl.flock(guard, fcntl.LOCK_EX)
             with open_own(path, "r", encoding="utf-8") as handle:
-                if _try_flock(handle, fcntl.LOCK_SH) is False and not _recorded_holder_is_dead(path):
+                if try_flock(handle, fcntl.LOCK_SH) is False and not _recorded_holder_is_dead(path):
                     raise self._in_use(path)
         except OSError:
             return  # a file system without locks, or a lock file that cannot be read: lock() decides
@@ -326,12 +326,12 @@ class Workspace:
             except OSError:
                 return  # a file system without locks (some network mounts): run unlocked
             handle = self._open_lock(path)
-            locked = _try_flock(handle)
+            locked = try_flock(handle)
             if locked is False and _recorded_holder_is_dead(path):
                 handle.close()
                 path.unlink()  # the dead run's children keep the old file locked; a new file is free
                 handle = self._open_lock(path)
-                locked = _try_flock(handle)
+                locked = try_flock(handle)
             if not locked:
                 handle.close()
                 if locked is None:
