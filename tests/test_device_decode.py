@@ -367,7 +367,7 @@ def test_the_device_holds_at_most_what_the_memory_bound_s_docstring_states(monke
     bytes a value: 4U, U the image's uint8 bytes), validation the image's float32 copy and its resized float32
     image.  The CPU's resize adds an intermediate image (C x height x resized width) and weight tables that CUDA's
     does not; the figures are printed for docs/data.md."""
-    from image_classification.data.files import MAX_IMAGE_PIXELS, check_size
+    from image_classification.models.image_size import MAX_IMAGE_PIXELS, check_size
     from image_classification.data.transforms import Draw, TrainTransform
 
     side = int(MAX_IMAGE_PIXELS ** 0.5)  # 9,459: the largest square, whose whole-image crop box can be drawn

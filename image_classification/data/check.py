@@ -31,11 +31,12 @@ from typing import TextIO
 
 from ..errors import UserError
 from ..models import default_image_size
+from ..models.image_size import MAX_IMAGE_PIXELS
 from ..models.preprocessing import val_resize_size
 from ..system import machine
 from ..system.cli import run
 from ..system.cli import UserErrorParser, positive_int, whole_number
-from .files import LABEL_PROBLEMS, MAX_IMAGE_PIXELS, decode_problem, label_problem, printable
+from .files import LABEL_PROBLEMS, decode_problem, label_problem, printable
 from .layout import class_folders, refuse_unfinished_pack, walk_split
 from .packed import (BLOCK, MANIFEST, TABLE, SampleNames, index_name, is_packed, open_plain, read_manifest,
                      read_table, shard_starts)

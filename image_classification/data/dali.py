@@ -12,7 +12,7 @@ same order for a given seed, from a folder or from its shards.  Training drops t
 batch; validation keeps it, and every validation image is read by exactly one rank.  A file DALI cannot
 read (a dangling link) or decode is reported once and left out, as the pytorch backend does (the pipeline
 is rebuilt then: DALI's state after an error is not reusable); so is an image past the size rule of
-``files.MAX_IMAGE_PIXELS`` (in validation, for its resize as well), which the pipeline finds from its header
+``models.image_size.MAX_IMAGE_PIXELS`` (in validation, for its resize as well), which the pipeline finds from its header
 and never decodes.
 
 The training pipeline's random operators (the crop, the flip, ``--augmentation``) do not draw from their own
@@ -31,12 +31,13 @@ from typing import Callable, Iterator
 import torch
 
 from ..errors import UserError
+from ..models.image_size import ImageTooLarge
 from ..models.preprocessing import val_resize_size
 from ..system.runtime import Runtime
 from .common import DataConfig, ShardSampler, Unreadable, train_sampler
 from .dali_feed import RANDOM_SLOTS, Feed
 from .dali_pipeline import DALI_AUGMENTATIONS, PipelineSpec, build_pipeline
-from .files import ImageTooLarge, size_problem
+from .files import size_problem
 from .layout import Split, open_split
 from .packed import PackedSplit
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from ..models.image_size import MAX_IMAGE_PIXELS
 from ..models.preprocessing import val_resize_size
 from .common import CROP_RATIO, MEAN_255, STD_255
 from .dali_feed import RANDOM_SLOTS, Feed
-from .files import MAX_IMAGE_PIXELS
 
 _INTERPOLATION = {"bilinear": "INTERP_LINEAR", "bicubic": "INTERP_CUBIC", "triangular": "INTERP_TRIANGULAR"}
 # --augmentation on DALI: its auto_aug module has these policies (AugMix it has not).
@@ -222,7 +222,7 @@ def _val_resized_size(height, width, short: int):
 
 def _resize_fits(height, width, short: int):
     """The size rule for the resize of a ``height`` x ``width`` image to a ``short`` px short side, as
-    :func:`files.check_size` applies it: ``short * (short * long // shorter)`` pixels at most
+    :func:`models.image_size.check_size` applies it: ``short * (short * long // shorter)`` pixels at most
     ``MAX_IMAGE_PIXELS``, that is ``short * long < (MAX_IMAGE_PIXELS // short + 1) * shorter`` (no division;
     a side of 0 counts as 1, as there)."""
     from nvidia.dali import fn, types

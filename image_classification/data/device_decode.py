@@ -56,7 +56,7 @@ from .workers import HostBatches, host_loader, split_sampler
 BACKEND = "pytorch-gpu"
 # Decoded pixels held at once: 64 Mpx, 192 MiB as RGB uint8 (a batch of 256 ImageNet photos, about 110,000
 # pixels each on average, is one chunk of about 28 Mpx), or a single larger image, up to the size rule's
-# 89,478,485 px (files.MAX_IMAGE_PIXELS: 256 MiB).  The device holds more at its peak, while an image is
+# 89,478,485 px (models.image_size.MAX_IMAGE_PIXELS: 256 MiB).  The device holds more at its peak, while an image is
 # resized: torchvision resizes uint8 images in float32 there (4 bytes a value), so a crop's float32 copy stands
 # beside the decoded run, and in validation the whole image's float32 copy and its float32 resized image (which
 # keeps to the same rule).  For the largest image the rule admits: 256 MiB decoded and 1 GiB more in training;

@@ -20,7 +20,8 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from .files import check_size, decode_rgb_tensor, is_jpeg, jpeg_frame, open_rgb
+from ..models.image_size import check_size
+from .files import decode_rgb_tensor, is_jpeg, jpeg_frame, open_rgb
 from .layout import Split
 from .transforms import Draw, PolicyDraws, TrainTransform, seeded
 from .workers import shared_tensor

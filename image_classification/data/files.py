@@ -4,9 +4,9 @@ A class folder is walked following symbolic links (datasets are often assembled 
 never makes an image count twice or under another class: a directory already walked, one that holds
 the class folder (``ln -s .. train/a/loop``) or one inside another class folder is not entered, and is
 reported instead.  Images are opened as 8-bit RGB; 16-bit greyscale (PNG ``I;16``) is scaled, not
-clipped.  One size rule holds everywhere (every backend, ``data.check``, classify.py): an image whose header
-declares more than :data:`MAX_IMAGE_PIXELS` pixels is unreadable, before any of it is decoded.  A JPEG's
-header is walked as libjpeg walks it, so the size checked is the size decoded; one in which libjpeg would
+clipped.  One size rule holds everywhere (every backend, ``data.check``, classify.py; :mod:`..models.image_size`):
+an image whose header declares more than ``MAX_IMAGE_PIXELS`` pixels is unreadable, before any of it is decoded.
+A JPEG's header is walked as libjpeg walks it, so the size checked is the size decoded; one in which libjpeg would
 find no frame header is unreadable under the same rule.  Where an image is resized whole (validation,
 ``--evaluate``, classify.py: its short side to the resize size, its long side in proportion), the rule also
 holds for the resized image, found from the same header: a 200,000 x 1 strip keeps to the rule itself, but
@@ -30,6 +30,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from ..errors import UserError
+from ..models.image_size import ImageTooLarge, check_size
 from ..records.datafile import NotARegularFile, open_descriptor
 
 if TYPE_CHECKING:
@@ -43,10 +44,6 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 SPLITS = ("train", "val")  # a dataset's split folders, beside each other
 # the flag that runs without a split, said where the split is found missing
 WITHOUT_SPLIT = {"train": "--evaluate validates without one", "val": "--training-only trains without one"}
-
-# PIL's own default limit (Image.MAX_IMAGE_PIXELS: a quarter GiB as 24-bit RGB), applied alike on every backend
-# and not a flag.  PIL alone only warns up to twice it, torchvision's and DALI's decoders check nothing.
-MAX_IMAGE_PIXELS = 89_478_485
 
 # PIL modes of 16-bit greyscale images (a PNG may open as "I" in older Pillow releases)
 _SIXTEEN_BIT_MODES = {"I;16", "I;16L", "I;16B", "I;16N", "I"}
@@ -226,36 +223,6 @@ def walk_class(class_dir: Path, split_dir: Path | None = None, shared: SplitWalk
     return walk
 
 
-class ImageTooLarge(ValueError):
-    """An image past the size rule: more than MAX_IMAGE_PIXELS pixels in its header or, resized to a short side of
-    ``resized[0]``, in the ``resized`` image (the same words on every backend)."""
-
-    def __init__(self, resized: tuple[int, int] | None = None):
-        if resized is None:
-            super().__init__(f"more than {MAX_IMAGE_PIXELS:,} pixels")
-        else:
-            short, long = resized
-            super().__init__(f"more than {MAX_IMAGE_PIXELS:,} pixels once resized to a {short} px short side "
-                             f"(a {long:,} px long side)")
-
-
-def resized_long_side(width: int, height: int, short_side: int) -> int:
-    """The long side of a ``width`` x ``height`` image whose short side is resized to ``short_side``, as
-    torchvision's ``Resize(short_side)`` and the DALI pipeline scale it (in proportion, rounded down)."""
-    return short_side * max(width, height) // max(min(width, height), 1)
-
-
-def check_size(width: int, height: int, short_side: int | None = None) -> None:
-    """Raise ImageTooLarge when a ``width`` x ``height`` image breaks the size rule, or its resize to a
-    ``short_side`` px short side would (None: it is not resized whole)."""
-    if width * height > MAX_IMAGE_PIXELS:
-        raise ImageTooLarge()
-    if short_side is not None:
-        long_side = resized_long_side(width, height, short_side)
-        if short_side * long_side > MAX_IMAGE_PIXELS:
-            raise ImageTooLarge((short_side, long_side))
-
-
 class UnreadableHeader(ValueError):
     """A JPEG in which the frame header libjpeg would decode cannot be found for sure: the size rule cannot
     be applied, so the image is unreadable (the same words on every path)."""
@@ -381,9 +348,9 @@ def is_jpeg(prefix: bytes) -> bool:
 
 
 def check_jpeg_header(source, short_side: int | None = None) -> None:
-    """The size rule (see :func:`check_size`) from the frame header libjpeg would decode, for a path or a binary
-    file that holds a JPEG (nothing otherwise); a file is left where it stood.  Raises ImageTooLarge or
-    UnreadableHeader."""
+    """The size rule (see :func:`..models.image_size.check_size`) from the frame header libjpeg would decode,
+    for a path or a binary file that holds a JPEG (nothing otherwise); a file is left where it stood.  Raises
+    ImageTooLarge or UnreadableHeader."""
     if isinstance(source, (str, os.PathLike)):
         with open_file(source) as handle:
             check_jpeg_header(handle, short_side)
@@ -450,7 +417,8 @@ def decode_problem(source: str | bytes, short_side: int | None = None) -> str | 
 
 def size_problem(source: str | bytes, short_side: int | None = None) -> str | None:
     """How the image at ``source`` (a path, or an image file's bytes) breaks the size rule (see
-    :func:`check_size`), from its header alone; None when it does not, or when its header cannot be read at all."""
+    :func:`..models.image_size.check_size`), from its header alone; None when it does not, or when its header
+    cannot be read at all."""
     try:
         with open_image(_readable(source), short_side):
             pass

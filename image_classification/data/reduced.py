@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from .files import check_size, decode_rgb_tensor, is_jpeg, jpeg_frame, open_image
+from ..models.image_size import check_size
+from .files import decode_rgb_tensor, is_jpeg, jpeg_frame, open_image
 
 SCALES = (8, 4, 2)  # libjpeg's reduced scales that Pillow's draft asks for, smallest image first
 # The difference from the full-size decode at the same box, measured on photographs (tests/test_reduced.py):

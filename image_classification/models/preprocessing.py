@@ -14,7 +14,7 @@ a record without it (every checkpoint before the flag existed) trained at ``imag
 of it (:meth:`ResizeSchedule.size_at`), and ``train_crop_size`` is the schedule's last size.
 
 Whatever sets the sizes, a flag or a record, the resized image of a square photo may hold no more pixels
-than a decoded image may (``data.files.MAX_IMAGE_PIXELS``): :func:`choose_preprocessing` refuses the rest.
+than a decoded image may (:data:`.image_size.MAX_IMAGE_PIXELS`): :func:`choose_preprocessing` refuses the rest.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
 from ..errors import UserError
+from .image_size import MAX_IMAGE_PIXELS
 
 IMAGENET_MEAN_255 = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD_255 = (0.229 * 255, 0.224 * 255, 0.225 * 255)
@@ -254,11 +255,9 @@ def _check_resize_fits(chosen: Preprocessing, recorded: Preprocessing | None, so
     """Refuse a validation resize whose image cannot be held, naming what set it (a flag or the record).
 
     A square image resized to a short side of ``resize_size`` has that many pixels squared; it may have no
-    more than a decoded image may (``data.files.MAX_IMAGE_PIXELS``): the largest crop, 8192, fits at the
+    more than a decoded image may (:data:`.image_size.MAX_IMAGE_PIXELS`): the largest crop, 8192, fits at the
     default crop ratio, while a recorded ratio of 0.1 would resize it to 81,920 px (6.7 gigapixels).
     """
-    from ..data.files import MAX_IMAGE_PIXELS  # here: the data package imports this module
-
     side, size = chosen.resize_size, chosen.image_size
     if side * side <= MAX_IMAGE_PIXELS:
         return
