@@ -49,7 +49,7 @@ def train(prog: str = "ic-train") -> int:
 def launch(prog: str = "ic-launch") -> int:
     """launch.py: a preset of configs.yml; installed, the commands it prints name ``ic-train``."""
     catch_early()
-    from .launch import main  # it imports torch only to run the preset
+    from .launch import main  # deferred: PyYAML and the presets, which only this command reads
 
     return run(main, prog=prog)
 
@@ -61,7 +61,7 @@ def classify() -> int:
 
 def multiproc() -> int:
     """multiproc.py: one training process per GPU."""
-    from .multiproc import main  # it imports torch only to start the processes
+    from .multiproc import main  # deferred: the launcher's own imports (logging...), for this command alone
 
     return run(main)
 

@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
-from .arguments import parse_args, raport_file
+from .arguments import build_parser, parse_args, raport_file
 from .errors import UserError
 from .system.cli import run
 
@@ -48,8 +48,6 @@ def workspace_for(extra: Sequence[str]) -> Path:
 def without_overridden(flags: Sequence[str], extra: Sequence[str]) -> list[str]:
     """``flags`` (each ``--flag`` followed by its values) without those that ``extra`` sets again, abbreviated
     or as ``--flag=value`` too: the command run and echoed names each flag once, with the value it runs with."""
-    from .arguments import build_parser
-
     options = build_parser()._option_string_actions
     overridden = set()
     for token in (token.split("=", 1)[0] for token in extra if token.startswith("-")):
@@ -101,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (DATA_DIR / "val").is_dir():
         print(f"=> writing scikit-learn's handwritten digits to {DATA_DIR}/", flush=True)
         write_digits(DATA_DIR)
-    from .records.workspace import Workspace
-    from .train.startup import earlier_run
+    from .records.workspace import Workspace  # deferred: torch, once the digits are written
+    from .train.startup import earlier_run  # deferred: torch
 
     checkpoints, raport = earlier_run(args, Workspace(workspace, args.checkpoint_filename, raport_file(args)))
     if workspace == chosen and (checkpoints or raport):
@@ -110,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         command.insert(0, "--overwrite")
     print("=> python main.py " + " ".join(command), flush=True)
-    from .training import train
+    from .training import train  # deferred: torch
 
     code = train(parse_args(command))
     print(where.replace("goes to", "went to", 1), flush=True)

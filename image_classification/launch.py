@@ -365,7 +365,7 @@ def class_count_note(args: argparse.Namespace, placeholder: bool) -> str:
     """What the run's class count will be, from the sources main.py asks, in its order
     (``startup.class_count_sources``): the first that is known here, and what follows a checkpoint or weights
     that may record none."""
-    from .train.startup import DEFAULT_NUM_CLASSES, class_count_sources
+    from .train.startup import DEFAULT_NUM_CLASSES, class_count_sources  # deferred: torch, for a dry run (as main())
 
     first, *then = class_count_sources(args)
     if first == "--num-classes":
@@ -379,7 +379,7 @@ def class_count_note(args: argparse.Namespace, placeholder: bool) -> str:
         return f"# classes: {recorded}, else {rest}"
     if placeholder:
         return f"# classes: one per class folder of {DIR_PLACEHOLDER}"
-    from .data.layout import check_dataset
+    from .data.layout import check_dataset  # deferred: numpy and PIL, for a dry run
 
     try:
         classes = check_dataset(args.data, None, want_train=not args.evaluate, want_val=not args.training_only)
@@ -556,6 +556,6 @@ def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = Non
         _notify(notice)
     if adapted != preset:  # this machine changed preset values: the flags typed still win over them
         args = parse_args(rest, defaults=adapted, prog=prog)
-    from .training import train
+    from .training import train  # deferred: torch
 
     return train(args)

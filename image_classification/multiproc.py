@@ -32,6 +32,7 @@ from .errors import EXIT_PREEMPTED, PeerLost, UserError, write_failure
 from .records.datafile import open_own, refused_own_file
 from .system import worker_shim
 from .system.cli import UserErrorParser, whole_number
+from .system.machine import cores
 from .system.worker_shim import WORKER_LOG
 
 # torch.distributed.elastic's log lines that multiproc's own messages replace (matched on the template)
@@ -124,10 +125,10 @@ def training_arguments(script: str, argv: Sequence[str]) -> argparse.Namespace |
         return None
     prog = Path(script).name
     if kind == "launch.py":
-        from .launch import run_arguments
+        from .launch import run_arguments  # deferred: PyYAML and the presets, for launch.py's runs
 
         return run_arguments(argv, prog=prog)
-    from .arguments import parse_args
+    from .arguments import parse_args  # deferred: main.py's parser, for a training command (not -h)
 
     return parse_args(argv, prog=prog)
 
@@ -142,7 +143,7 @@ def check_before_starting(ns: argparse.Namespace) -> None:
     args = training_arguments(ns.training_script, ns.training_script_args)
     if args is None:
         return
-    from .train.startup import check_before_start
+    from .train.startup import check_before_start  # deferred: torch, once the command line is checked
 
     check_before_start(args, workspace=ns.nnodes == 1 or (ns.rdzv_backend == "static" and ns.node_rank == 0))
 
@@ -331,8 +332,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     prepare_logs(ns.log_dir, ns.nproc_per_node)
     if "OMP_NUM_THREADS" not in os.environ:  # share the cores instead of oversubscribing them
-        from .system.machine import cores
-
         os.environ["OMP_NUM_THREADS"] = str(max(1, cores() // ns.nproc_per_node))
     command = shlex.join([sys.executable, "-u", ns.training_script, *ns.training_script_args])
     for line in startup_lines(ns, command):

@@ -41,7 +41,7 @@ def dali_available() -> bool:
 
 def gpu_decoding_problem() -> str | None:
     """Why no JPEG decoder (torchvision's, TorchCodec's) decodes on this process's CUDA device (None when one does)."""
-    from .device_decode import gpu_decoding_problem as problem
+    from .device_decode import gpu_decoding_problem as problem  # deferred: torch
 
     return problem()
 
@@ -90,19 +90,19 @@ def get_loaders(
     """
     config = dataclasses.replace(config, workers=min(config.workers, machine.cores()))  # torch warns beyond
     if config.backend == "synthetic":
-        from .synthetic import synthetic_loaders
+        from .synthetic import synthetic_loaders  # deferred: torch, as every backend below
 
         return synthetic_loaders(config, runtime, want_train=want_train, want_val=want_val)
-    from .layout import check_dataset, reading_dataset
+    from .layout import check_dataset, reading_dataset  # deferred: numpy and PIL
 
     if classes is None:
         classes = check_dataset(config.data, config.num_classes, want_train=want_train, want_val=want_val)
     if config.backend == "pytorch":
-        from .folder import folder_loaders as build
+        from .folder import folder_loaders as build  # deferred: torch
     elif config.backend == "pytorch-gpu":
-        from .device_decode import device_decode_loaders as build
+        from .device_decode import device_decode_loaders as build  # deferred: torch
     elif config.backend in ("dali-cpu", "dali-gpu"):
-        from .dali import dali_loaders as build
+        from .dali import dali_loaders as build  # deferred: torch, DALI when it runs
     else:
         raise UserError(f"unknown data backend {config.backend!r}")
     with reading_dataset():  # the scan of a folder, the shards' opening: a stop signal ends the wait

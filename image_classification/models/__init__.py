@@ -54,7 +54,7 @@ def build_model(arch: str, num_classes: int = 1000, model_config: str = "classic
                         f"choose one of: {', '.join(CONV_INIT_MODES)}.")
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise UserError(f"The number of classes must be a positive integer, got {num_classes!r}.")
-    from image_classification.models.resnet import resnet
+    from image_classification.models.resnet import resnet  # deferred: torch (see the module's docstring)
 
     return resnet(arch, num_classes, settings["conv_init"], bool(settings.get("last_bn_0_init", False)))
 
@@ -62,7 +62,7 @@ def build_model(arch: str, num_classes: int = 1000, model_config: str = "classic
 def __getattr__(name: str):
     """``load_weights``, from :mod:`.weights` (which imports torch) when first asked for."""
     if name == "load_weights":
-        from image_classification.models import weights
+        from image_classification.models import weights  # deferred: torch
 
         return getattr(weights, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

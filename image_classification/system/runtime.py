@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import UserError
+from . import gpu_affinity as affinity, machine
 from .distributed import PeerWatchdog, attempt_store
 from .machine import distributed_env, lone_slurm_task_notice
 from .slurm import slurm_rendezvous_env
@@ -123,13 +124,11 @@ def make_runtime(
 
     gpu = local_rank % torch.cuda.device_count() if use_cuda else None
     if gpu_affinity != "none":
-        from .gpu_affinity import set_affinity
-
         if gpu is None:
             if rank == 0:
                 log(f"=> --gpu-affinity {gpu_affinity} pins processes to a GPU's cores; there is no GPU: ignored")
         else:
-            set_affinity(gpu, mode=gpu_affinity)
+            affinity.set_affinity(gpu, mode=gpu_affinity)
     if gpu is not None:
         torch.cuda.set_device(gpu)
         torch_device = torch.device("cuda", gpu)
@@ -146,11 +145,9 @@ def make_runtime(
             if not use_cuda and rank == 0:
                 log("=> --amp on CPU: bf16 autocast, no loss scaling")
         if amp_dtype == "bfloat16" and not use_cuda and rank == 0:
-            from .machine import cpu_bf16_is_native, cpu_capability
-
-            if not cpu_bf16_is_native():
-                log(f"=> this CPU ({cpu_capability()}) has no bf16 hardware: bf16 autocast is emulated and runs "
-                    "slower than FP32 here (drop --amp for speed)")
+            if not machine.cpu_bf16_is_native():
+                log(f"=> this CPU ({machine.cpu_capability()}) has no bf16 hardware: bf16 autocast is emulated and "
+                    "runs slower than FP32 here (drop --amp for speed)")
         if amp_dtype == "float16" and not use_cuda and rank == 0:
             log("=> --amp-dtype float16 on the CPU: fp16 autocast with loss scaling, as on CUDA; it exists to run "
                 "the fp16 path here and trains far slower than bf16 or FP32 (--amp alone takes bf16 on the CPU)")

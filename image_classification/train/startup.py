@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..arguments import raport_file
 from ..data import resolve_backend
+from ..data.layout import check_dataset
 from ..errors import UserError
 from ..records.datafile import open_own
 from ..records.raport import check_tensorboard
@@ -100,11 +101,11 @@ def check_backend(backend: str, is_cuda: bool, augmentation: str | None, *, trai
     installed, a torchvision that cannot decode on the GPU) or that lacks the asked ``--augmentation``, before the
     workspace is looked at."""
     if backend == "pytorch-gpu":
-        from ..data.device_decode import check_device_decode_request
+        from ..data.device_decode import check_device_decode_request  # deferred: torchvision's decoders
 
         check_device_decode_request(is_cuda, augmentation, training=training)
     if backend in ("dali-cpu", "dali-gpu"):
-        from ..data.dali import check_dali_request
+        from ..data.dali import check_dali_request  # deferred: torch (data.dali's), checked here before its import
 
         check_dali_request(backend, is_cuda, augmentation, training=training)
 
@@ -114,8 +115,6 @@ def dataset_classes(args: argparse.Namespace, backend: str | None) -> list[str]:
     default, which is never synthetic)."""
     if backend == "synthetic":
         return []
-    from ..data.layout import check_dataset
-
     return check_dataset(args.data, sys.maxsize, want_train=not args.evaluate, want_val=not args.training_only)
 
 
