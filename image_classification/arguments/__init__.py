@@ -1,4 +1,5 @@
-"""The command line of main.py, defined once.
+"""The command lines, defined once: main.py's here, the other commands' (classify.py, checkpoint2model.py,
+model2onnx.py, data.pack) in :mod:`.tools`.
 
 Every flag of the reference README's ``main.py -h`` keeps its name and meaning; the later reference
 flags and our own additions sit beside them in small groups, a module each: :mod:`.data` (with the
@@ -10,6 +11,9 @@ they set and put before the typed ones, so that explicit flags still win.
 
 No torch here (nor in what this imports): ``-h`` and a mistyped flag answer before torch is loaded,
 which takes seconds.
+
+May import: models/ (the architectures' names), system/ (the argument types of cli, GPU-affinity modes, the
+machine's facts that help texts name), errors.
 """
 
 from .data import (AUGMENTATIONS, BACKEND_ALIASES, DATA_BACKENDS, DEFAULT_WORKERS, INTERPOLATIONS, MIN_IMAGE_SIZE,

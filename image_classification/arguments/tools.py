@@ -1,7 +1,7 @@
 """The command lines of classify.py, checkpoint2model.py, model2onnx.py and data.pack, defined once.
 
-No torch here (nor in what this imports), as in :mod:`image_classification.arguments`: ``-h`` and a mistyped flag answer
-before torch is loaded.  The default precision's help names this machine's choice from /proc/cpuinfo.
+No torch here (nor in what this imports), as for main.py's (:mod:`.parsing`): ``-h`` and a mistyped flag
+answer before torch is loaded.  The default precision's help names this machine's choice from /proc/cpuinfo.
 """
 
 from __future__ import annotations

@@ -1,7 +1,12 @@
 """Data backends.  ``get_loaders`` is the one entry point; each backend returns :class:`Loader` objects.
 
 The package imports torch only when a name that needs it is first asked for (PEP 562), so that the modules
-that need none, ``python -m image_classification.data.pack -h`` among them, answer without it.
+that need none, ``python -m image_classification.data.pack -h`` among them, answer without it.  Beside the
+backends: the torchvision transforms (:mod:`.transforms`), the image files (:mod:`.files`), and the dataset's
+check and pack commands.
+
+May import: arguments/ (the pack command's parser), models/ (the preprocessing, the size rule of images),
+system/, records/, errors, seeding.
 """
 
 from __future__ import annotations

@@ -1,1 +1,9 @@
-"""Deployment: a trained model put to use."""
+"""Deployment: a trained model put to use.
+
+:mod:`.inference` classifies images (classify.py, and the model an evaluation loads); :mod:`.export` writes
+plain weights and ONNX graphs (checkpoint2model.py, model2onnx.py); :mod:`.onnx_runtime` runs a model in
+ONNX Runtime, exported once into a cache; :mod:`.quantization` makes its int8 graph; :mod:`.triton_repository`
+writes a model of Triton's model repository.
+
+May import: data/, arguments/, models/, system/, records/, errors.  Used by train/ and the commands.
+"""
