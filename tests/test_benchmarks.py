@@ -14,6 +14,8 @@ import torch
 from image_classification.system import machine
 
 benchmark = importlib.import_module("benchmarks.infer_throughput")
+infer_paths = importlib.import_module("benchmarks.infer_paths")
+infer_timing = importlib.import_module("benchmarks.infer_timing")
 
 
 def test_train_throughput_times_every_path_against_the_plain_loop(tmp_path):
@@ -97,31 +99,29 @@ def test_infer_throughput_reports_every_path_and_skips_what_cannot_run(tmp_path,
     assert set(result["best"]) == {"1", "2"} and result["best"]["1"] in paths
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     ceiling = result["fp32_ceiling"]  # on the CPU: the model's FLOPs at the rate of a dense FP32 product
-    assert ceiling["gflop_per_image"] == pytest.approx(benchmark.model_gflop("resnet18", 32))
+    assert ceiling["gflop_per_image"] == pytest.approx(infer_timing.model_gflop("resnet18", 32))
     assert ceiling["gemm_gflops"] > 0
     assert ceiling["images_per_s"] == pytest.approx(ceiling["gemm_gflops"] / ceiling["gflop_per_image"])
 
 
 def test_the_fp32_ceiling_counts_the_published_flops():
     """At 224 px: ResNet-50 4.09 and ResNet-18 1.81 G multiply-adds (two FLOPs each), as torchvision lists them."""
-    benchmark = importlib.import_module("benchmarks.infer_throughput")
-    assert benchmark.model_gflop("resnet50", 224) == pytest.approx(8.18, abs=0.01)
-    assert benchmark.model_gflop("resnet18", 224) == pytest.approx(3.63, abs=0.01)
+    assert infer_timing.model_gflop("resnet50", 224) == pytest.approx(8.18, abs=0.01)
+    assert infer_timing.model_gflop("resnet18", 224) == pytest.approx(3.63, abs=0.01)
 
 
 def test_a_path_that_compiles_on_its_first_call_never_times_that_call(monkeypatch):
     """The benchmark's clock moves only inside the calls: 10 s for the first (the compilation), 1 ms after."""
-    benchmark = importlib.import_module("benchmarks.infer_throughput")
     calls, clock = [], types.SimpleNamespace(now=0.0)
-    monkeypatch.setattr(benchmark, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+    monkeypatch.setattr(infer_timing, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
 
     def compiling(images):
         calls.append(len(images))
         clock.now += 10.0 if len(calls) == 1 else 0.001
         return images
 
-    path = benchmark.Path_("compile", compiling, min_warmup=1)
-    benchmark.measure_paths([path], [2], 8, torch.device("cpu"), iters=2, warmup=0, repeats=1)
+    path = infer_paths.Path_("compile", compiling, min_warmup=1)
+    infer_timing.measure_paths([path], [2], 8, torch.device("cpu"), iters=2, warmup=0, repeats=1)
     assert len(calls) == 3 and path.latencies[2] == pytest.approx([0.001, 0.001])
     assert path.warmup_seconds[2] == pytest.approx(10.0)
 
@@ -146,8 +146,8 @@ def test_every_path_times_the_model_alone_on_a_batch_already_on_the_device(state
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, method, recording)
-    paths = [benchmark.build_baseline("resnet18", state, device)]
-    paths += [benchmark.build_path(name, state, "resnet18", 10, device, 32, tmp_path)
+    paths = [infer_paths.build_baseline("resnet18", state, device)]
+    paths += [infer_paths.build_path(name, state, "resnet18", 10, device, 32, tmp_path)
               for name in ("eager", "channels_last")]
     for path in paths:
         def timed(images, _forward=path.forward):
@@ -159,7 +159,7 @@ def test_every_path_times_the_model_alone_on_a_batch_already_on_the_device(state
                 inside.pop()
 
         path.forward = timed
-        benchmark.measure_paths([path], [1, 2], 32, device, iters=2, warmup=1, repeats=1)
+        infer_timing.measure_paths([path], [1, 2], 32, device, iters=2, warmup=1, repeats=1)
     assert len(devices) == 3 * 2 * 3 and set(devices) == {device}
     assert moves == []
 
@@ -175,11 +175,11 @@ def test_a_mixed_path_runs_the_dtype_it_is_named_after_on_any_device(state, tmp_
         yield
 
     monkeypatch.setattr(torch, "autocast", autocast)
-    path = benchmark.build_path(name, state, "resnet18", 10, torch.device("meta"), 32, tmp_path)
+    path = infer_paths.build_path(name, state, "resnet18", 10, torch.device("meta"), 32, tmp_path)
     path.forward(torch.zeros(1, 3, 32, 32, device="meta"))
     assert used == [("meta", dtype)] and path.dtype == str(dtype).removeprefix("torch.")
     if name == "fp16":
-        cpu = benchmark.build_path(name, state, "resnet18", 10, torch.device("cpu"), 32, tmp_path)
+        cpu = infer_paths.build_path(name, state, "resnet18", 10, torch.device("cpu"), 32, tmp_path)
         assert "CUDA only" in cpu.skipped and cpu.dtype == "float16"
 
 
@@ -192,8 +192,8 @@ def test_compile_builds_a_static_graph_for_each_batch_size(state, tmp_path, monk
 
     monkeypatch.setattr(torch, "compile", compile_)
     monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
-    path = benchmark.build_path("compile", state, "resnet18", 10, torch.device("cpu"), 32, tmp_path)
-    benchmark.measure_paths([path], [1, 2], 32, torch.device("cpu"), iters=1, warmup=0, repeats=1)
+    path = infer_paths.build_path("compile", state, "resnet18", 10, torch.device("cpu"), 32, tmp_path)
+    infer_timing.measure_paths([path], [1, 2], 32, torch.device("cpu"), iters=1, warmup=0, repeats=1)
     assert compiled == [{"dynamic": False}, {"dynamic": False}]
 
 
@@ -203,7 +203,7 @@ def test_compile_without_a_compiler_is_skipped_on_every_device(state, tmp_path, 
     monkeypatch.setattr(shutil, "which", lambda name: None)
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.delenv("CXX", raising=False)
-    path = benchmark.build_path("compile", state, "resnet18", 10, torch.device(device), 32, tmp_path)
+    path = infer_paths.build_path("compile", state, "resnet18", 10, torch.device(device), 32, tmp_path)
     assert path.skipped.startswith(f"torch.compile on {device} needs a C")
 
 
@@ -316,15 +316,15 @@ def test_the_int8_path_times_the_quantized_export_on_the_cpu_only(state, tmp_pat
     pytest.importorskip("onnxruntime")
     onnx = pytest.importorskip("onnx")
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert "int8" in benchmark.default_paths(cpu) and "int8" not in benchmark.default_paths(cuda)
-    path = benchmark.build_path("int8", state, "resnet18", 10, cpu, 32, tmp_path)
-    baseline = benchmark.build_baseline("resnet18", state, cpu)
-    benchmark.measure_paths([baseline, path], [2], 32, cpu, iters=1, warmup=0, repeats=1)
+    assert "int8" in infer_paths.default_paths(cpu) and "int8" not in infer_paths.default_paths(cuda)
+    path = infer_paths.build_path("int8", state, "resnet18", 10, cpu, 32, tmp_path)
+    baseline = infer_paths.build_baseline("resnet18", state, cpu)
+    infer_timing.measure_paths([baseline, path], [2], 32, cpu, iters=1, warmup=0, repeats=1)
     assert path.dtype.startswith("int8") and len(path.latencies[2]) == 1
     assert path.compared == 2 and path.max_abs_diff > 1e-4  # int8 rounds: measured, not assumed
     graph = onnx.load(str(tmp_path / "model_int8.onnx")).graph
     assert "QuantizeLinear" in {node.op_type for node in graph.node}
-    assert benchmark.build_path("int8", state, "resnet18", 10, torch.device("meta"), 32, tmp_path).skipped == \
+    assert infer_paths.build_path("int8", state, "resnet18", 10, torch.device("meta"), 32, tmp_path).skipped == \
         "the ONNX Runtime paths are measured on the CPU only"
 
 
