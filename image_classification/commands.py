@@ -38,7 +38,7 @@ def train(prog: str = "ic-train") -> int:
 
     def parse() -> argparse.Namespace:
         args = parse_args(prog=prog)
-        from .train.startup import check_before_torch  # numpy's import (the workspace's names) waits past -h too
+        from .train.startup import check_before_torch  # deferred: numpy and PIL (the dataset check), past -h
 
         check_before_torch(args)
         return args

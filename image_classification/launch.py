@@ -540,7 +540,7 @@ def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = Non
         return 0
     args = parse_args(rest, defaults=preset, require_data=not launch.dry_run, prog=prog)
     if not launch.dry_run:
-        from .train.startup import check_before_torch
+        from .train.startup import check_before_torch  # deferred: numpy and PIL (the dataset check), past -h
 
         check_before_torch(args)  # the dataset and the workspace, before torch's import (seconds)
     if cuda_available is None:

@@ -67,7 +67,7 @@ NOT_RUN = {
     r"prepare_imagenet\.py": "needs the ImageNet archives: tests/test_prepare_imagenet.py runs it on archives it builds",
     r"benchmarks/startup\.py --make": "writes 1.28 M files and starts main.py four times: tests/test_pack.py runs its "
                                       "parts on a small set",
-    r"scripts/resize_timing\.py": "six full trainings, an hour on 2 cores: tests/test_resize_timing.py runs it on tiny "
+    r"benchmarks/resize_timing\.py": "six full trainings, an hour on 2 cores: tests/test_resize_timing.py runs it on tiny "
                                   "ones (slow)",
 }
 

@@ -85,8 +85,8 @@ def test_reduced_batches_stay_within_the_documented_bound_of_the_full_decode(cam
     decode's by at most MEAN_BOUND grey levels on average and MAX_BOUND at any pixel, on photographs; and the
     reduced scales are really used."""
     scales = []
-    drafted = reduced._drafted
-    monkeypatch.setattr(reduced, "_drafted", lambda raw, w, h, scale: scales.append(scale) or drafted(raw, w, h, scale))
+    drafted = reduced.drafted
+    monkeypatch.setattr(reduced, "drafted", lambda raw, w, h, scale: scales.append(scale) or drafted(raw, w, h, scale))
     ours = passes(camera, size, "auto", interpolation)
     assert max(scales) >= (4 if size < 224 else 2), scales
     theirs = passes(camera, size, "full", interpolation)

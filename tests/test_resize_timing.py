@@ -1,4 +1,4 @@
-"""scripts/resize_timing.py: alternating fixed-size and progressive runs, and its table (tiny runs; the figures
+"""benchmarks/resize_timing.py: alternating fixed-size and progressive runs, and its table (tiny runs; the figures
 of docs/performance.md come from the same script at full length)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from helpers import load_script
 
 @pytest.mark.slow  # four main.py processes
 def test_the_script_alternates_the_runs_and_reports_time_to_the_target(tmp_path, capsys):
-    timing = load_script("resize_timing")
+    timing = load_script("resize_timing", "benchmarks")
     data = tmp_path / "digits"
     code = timing.main([str(data), "--make", "digits", "--fixed", "64", "--ramp", "32", "64", "0", "1", "--epochs",
                         "2", "--seeds", "1", "2", "--workspace", str(tmp_path / "runs"), "--json",
@@ -33,7 +33,7 @@ def test_the_script_alternates_the_runs_and_reports_time_to_the_target(tmp_path,
 
 
 def test_the_target_is_the_fixed_runs_mean_final_top1_within_the_margin():
-    timing = load_script("resize_timing")
+    timing = load_script("resize_timing", "benchmarks")
     epochs = lambda *top1: [{"top1": t, "train_s": 10.0, "val_s": 1.0, "size": 32, "compute_s": 0.1,  # noqa: E731
                              "data_s": 0.0} for t in top1]
     runs = [timing.Run(1, "fixed", 100, (1, 1, 1), (1, 1, 1), epochs(80, 90, 96)),

@@ -15,9 +15,9 @@ from image_classification.data.common import DataConfig
 from image_classification.data.layout import check_dataset
 from image_classification.deploy.inference import load_model
 from image_classification.deploy.inference import main as classify_main
+from image_classification.deploy.tta import flip_tta
 from image_classification.records.raport import read_raport
 from image_classification.system.runtime import Runtime
-from image_classification.train.losses import flip_tta
 from image_classification.training import main
 
 

@@ -2,8 +2,9 @@
 
 The package imports torch only when a name that needs it is first asked for (PEP 562), so that the modules
 that need none, ``python -m image_classification.data.pack -h`` among them, answer without it.  Beside the
-backends: the torchvision transforms (:mod:`.transforms`), the image files (:mod:`.files`), and the dataset's
-check and pack commands.
+backends: the torchvision transforms (:mod:`.transforms`), the image files (:mod:`.files`), the JPEG decoders
+(:mod:`.decoders`, and :mod:`.reduced`: a JPEG decoded at a reduced scale), and the dataset's check and pack
+commands.
 
 May import: arguments/ (the pack command's parser), models/ (the preprocessing, the size rule of images),
 system/, records/, errors, seeding.
@@ -80,7 +81,7 @@ def decoder_notice(backend: str, device: torch.device, decode_scale: str = "auto
     """The start-up line naming the JPEG decoder ``backend`` uses on ``device`` (None for synthetic data)."""
     if backend == "synthetic":
         return None
-    from .decoders import decoder_notice as notice
+    from .decoders import decoder_notice as notice  # deferred: torch
 
     return notice(backend, device, decode_scale)
 

@@ -475,7 +475,7 @@ def decode_rgb_tensor(raw: bytes) -> torch.Tensor:
 
     if is_jpeg(raw):
         check_jpeg_header(io.BytesIO(raw))
-        from .decoders import cpu_decoder
+        from .decoders import cpu_decoder  # deferred: torch (decoders imports it), as above
 
         try:
             return cpu_decoder().decode(torch.frombuffer(bytearray(raw), dtype=torch.uint8))

@@ -21,8 +21,8 @@ from ..system.runtime import Runtime
 from .common import DataConfig, DeviceLoader
 from .files import decode_rgb_tensor, open_rgb
 from .layout import Split, open_split
-from .reduced import DecodeFailed, decode_for_crop, open_resized
-from .transforms import TrainTransform, seeded, val_transform
+from .reduced import DecodeFailed, decode_for_crop
+from .transforms import TrainTransform, open_resized, seeded, val_transform
 from .workers import HostBatches, host_loader, shared_tensor, split_sampler
 
 

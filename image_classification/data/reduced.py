@@ -39,7 +39,8 @@ SCALES = (8, 4, 2)  # libjpeg's reduced scales that Pillow's draft asks for, sma
 # the mean absolute difference of a batch and the largest of any pixel, in grey levels (0-255).
 MEAN_BOUND = 3.0
 MAX_BOUND = 64
-_FILTERS = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "triangular": Image.BILINEAR}
+# the PIL filter of each --interpolation (PIL's bilinear filter is a triangle filter, DALI's INTERP_TRIANGULAR)
+FILTERS = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "triangular": Image.BILINEAR}
 _COMPONENTS = frozenset({1, 3})  # greyscale and YCbCr: CMYK, YCCK and 12-bit JPEGs decode as before
 
 
@@ -93,10 +94,10 @@ class ScalableJpeg:
         top, left, height, width = box
         scale = crop_scale(height, width, size)
         try:
-            image = _drafted(self.raw, self.width, self.height, scale)
+            image = drafted(self.raw, self.width, self.height, scale)
         except (OSError, ValueError, Image.DecompressionBombError) as error:
             raise DecodeFailed(error) from error
-        out = image.resize((size, size), _FILTERS[interpolation],
+        out = image.resize((size, size), FILTERS[interpolation],
                            box=(left / scale, top / scale, (left + width) / scale, (top + height) / scale))
         return torch.from_numpy(np.array(out, dtype=np.uint8)).permute(2, 0, 1)
 
@@ -131,7 +132,7 @@ def scalable_jpeg(raw: bytes) -> ScalableJpeg | None:
     return ScalableJpeg(raw, frame.width, frame.height)
 
 
-def _drafted(raw: bytes, width: int, height: int, scale: int) -> Image.Image:
+def drafted(raw: bytes, width: int, height: int, scale: int) -> Image.Image:
     """The JPEG ``raw`` (``width`` x ``height``) decoded at 1/``scale`` as an RGB image of ``ceil(width / scale)``
     x ``ceil(height / scale)``.  Raises what Pillow raises for a file it cannot decode, and ValueError where the
     header libjpeg reads disagrees with ``width`` x ``height``."""
@@ -142,28 +143,3 @@ def _drafted(raw: bytes, width: int, height: int, scale: int) -> Image.Image:
         if image.size != (-(-width // scale), -(-height // scale)):
             raise ValueError(f"libjpeg did not scale a {width}x{height} JPEG by 1/{scale}")
         return image.convert("RGB")
-
-
-def open_resized(source, short_side: int, interpolation: str = "bilinear", decode_scale: str = "auto"):
-    """The image at ``source`` (a path or an image file's bytes), 8-bit RGB, resized as torchvision's
-    ``Resize(short_side)`` resizes it: what validation, ``--evaluate`` and classify.py centre-crop.  With
-    ``decode_scale`` "auto" a JPEG is decoded at :func:`resize_scale`'s reduction where it is above 1, and resized
-    from there to the size its full decode is resized to; any other image is opened by :func:`.files.open_rgb` and
-    resized as before.  Raises what :func:`.files.open_rgb` raises."""
-    from torchvision.transforms import functional
-
-    from .files import open_rgb, read_bytes
-    from .transforms import INTERPOLATION
-
-    raw = source if isinstance(source, bytes) else read_bytes(source)
-    if decode_scale == "auto":
-        jpeg = scalable_jpeg(raw)
-        scale = resize_scale(jpeg.width, jpeg.height, short_side) if jpeg is not None else 1
-        if scale > 1:
-            with open_image(io.BytesIO(raw), short_side):  # the size rule, for the resize too
-                pass
-            image = _drafted(raw, jpeg.width, jpeg.height, scale)
-            # from the full image's extent, jpeg.width / scale wide: libjpeg's last column may stand for fewer pixels
-            return image.resize(resized_size(jpeg.width, jpeg.height, short_side), _FILTERS[interpolation],
-                                box=(0, 0, jpeg.width / scale, jpeg.height / scale))
-    return functional.resize(open_rgb(io.BytesIO(raw), short_side), short_side, INTERPOLATION[interpolation])

@@ -7,11 +7,15 @@ crops.  The two backends draw with the same code, :meth:`TrainTransform.draw`; t
 crops on the CPU in its workers, ``pytorch-gpu`` on the device after decoding.  The draws are torchvision's
 own: ``RandomResizedCrop.get_params``, then one ``torch.rand(1)`` for the flip as ``RandomHorizontalFlip``
 draws it, so a run replays the crops torchvision's ``v2.Compose`` of the same transforms would make.
+
+Validation resizes a whole image (:func:`open_resized`, a JPEG decoded at a reduced scale where the resize allows,
+:mod:`.reduced`) and centre-crops it (:func:`val_transform`).
 """
 
 from __future__ import annotations
 
 import copy
+import io
 import random
 from dataclasses import dataclass
 
@@ -21,6 +25,8 @@ from torchvision.transforms import v2
 
 from ..models.preprocessing import CROP_RATIO, val_resize_size
 from .common import DataConfig
+from . import reduced
+from .files import open_image, open_rgb, read_bytes
 from .reduced import ScalableJpeg, crop_scale
 
 INTERPOLATION = {
@@ -182,6 +188,27 @@ def val_transform(image_size: int, interpolation: str = "bilinear", crop_ratio: 
         transforms.Resize(val_resize_size(image_size, crop_ratio), interpolation=INTERPOLATION[interpolation]),
         transforms.CenterCrop(image_size),
     ])
+
+
+def open_resized(source, short_side: int, interpolation: str = "bilinear", decode_scale: str = "auto"):
+    """The image at ``source`` (a path or an image file's bytes), 8-bit RGB, resized as torchvision's
+    ``Resize(short_side)`` resizes it: what validation, ``--evaluate`` and classify.py centre-crop.  With
+    ``decode_scale`` "auto" a JPEG is decoded at :func:`.reduced.resize_scale`'s reduction where it is above 1, and
+    resized from there to the size its full decode is resized to; any other image is opened by
+    :func:`.files.open_rgb` and resized as before.  Raises what :func:`.files.open_rgb` raises."""
+    raw = source if isinstance(source, bytes) else read_bytes(source)
+    if decode_scale == "auto":
+        jpeg = reduced.scalable_jpeg(raw)
+        scale = reduced.resize_scale(jpeg.width, jpeg.height, short_side) if jpeg is not None else 1
+        if scale > 1:
+            with open_image(io.BytesIO(raw), short_side):  # the size rule, for the resize too
+                pass
+            image = reduced.drafted(raw, jpeg.width, jpeg.height, scale)
+            # from the full image's extent, jpeg.width / scale wide: libjpeg's last column may stand for fewer pixels
+            return image.resize(reduced.resized_size(jpeg.width, jpeg.height, short_side),
+                                reduced.FILTERS[interpolation], box=(0, 0, jpeg.width / scale, jpeg.height / scale))
+    return transforms.functional.resize(open_rgb(io.BytesIO(raw), short_side), short_side,
+                                        INTERPOLATION[interpolation])
 
 
 def val_crop(image: torch.Tensor, image_size: int, interpolation: str = "bilinear",

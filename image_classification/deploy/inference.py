@@ -25,8 +25,7 @@ from torchvision import transforms
 
 from ..arguments.tools import check_int8_flags, classify_parser
 from ..data.files import is_image_file, open_image, open_rgb
-from ..data.reduced import open_resized
-from ..data.transforms import val_transform
+from ..data.transforms import open_resized, val_transform
 from ..errors import UserError
 from ..models import build_model, default_image_size, load_weights
 from ..models.preprocessing import Preprocessing, choose_preprocessing
@@ -35,9 +34,9 @@ from ..records.checkpoint import load_checkpoint_file
 from ..records.integrity import recorded_description
 from ..system import machine
 from ..system.runtime import Runtime, make_runtime
-from ..train.losses import flip_tta
 from .onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
 from .quantization import Int8Request, Quantization, int8_request, read_calibration
+from .tta import flip_tta
 
 BATCH_SIZE = 32  # images classified per forward pass
 
@@ -254,7 +253,7 @@ def class_names_for(num_classes: int, labels_file: str | None, recorded: list[st
 @torch.no_grad()
 def predict(model: nn.Module, images: torch.Tensor, runtime: Runtime, tta: str | None = None) -> torch.Tensor:
     """Class probabilities (float32, softmax over the logits) for a batch of normalised images; with ``tta``
-    ``"flip"``, over the mean of their logits and their mirror images' (:func:`..train.losses.flip_tta`)."""
+    ``"flip"``, over the mean of their logits and their mirror images' (:func:`.tta.flip_tta`)."""
     images = images.to(runtime.device).contiguous(memory_format=runtime.memory_format)
     with runtime.autocast():
         logits = model(images)

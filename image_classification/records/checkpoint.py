@@ -193,7 +193,7 @@ def save_checkpoint(payload: dict, path: str | os.PathLike) -> None:
     """Copy ``payload`` to the host once, seal it with its content hash and write it atomically."""
     import torch  # deferred, as integrity's (torch) import: see the module docstring
 
-    from .integrity import seal_checkpoint
+    from .integrity import seal_checkpoint  # deferred: torch (integrity imports it)
 
     sealed = seal_checkpoint({"format": FORMAT, **to_host(payload)})
     write_atomic(path, lambda handle: torch.save(sealed, handle))
@@ -203,7 +203,7 @@ def save_weights(state_dict: dict, description: dict, path: str | os.PathLike) -
     """Write a plain state dict that records ``description`` (arch, classes, preprocessing) and its hash."""
     import torch  # deferred, as integrity's (torch) import: see the module docstring
 
-    from .integrity import seal_state_dict
+    from .integrity import seal_state_dict  # deferred: torch (integrity imports it)
 
     sealed = seal_state_dict(state_dict, description)
     write_atomic(path, lambda handle: torch.save(sealed, handle))
@@ -225,7 +225,7 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict:
     """``torch.load`` a checkpoint safely (tensors and plain containers only) onto the CPU."""
     import torch  # deferred, as integrity's (torch) import: see the module docstring
 
-    from .integrity import verify
+    from .integrity import verify  # deferred: torch (integrity imports it)
 
     path = Path(path)
     if not path.is_file():

@@ -40,6 +40,7 @@ from torch import nn
 
 from ..arguments import CheckpointInterval
 from ..data import Loader
+from ..deploy.tta import flip_tta
 from ..errors import EXIT_PREEMPTED, TrainingDiverged
 from ..records import checkpoint as ckpt
 from ..records.raport import Raport
@@ -47,7 +48,7 @@ from ..records.workspace import Workspace
 from ..system.runtime import Runtime
 from ..system.signals import StopSignal
 from .engine import Engine
-from .losses import classification_loss, correct_counts, flip_tta
+from .losses import classification_loss, correct_counts
 from .metrics import Warmup, record_iteration
 from .progress import pass_length, progress_bar
 

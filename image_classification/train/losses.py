@@ -1,4 +1,4 @@
-"""Losses, MixUp, CutMix, accuracy and flip test-time augmentation as plain functions of their inputs."""
+"""Losses, MixUp, CutMix and accuracy as plain functions of their inputs."""
 
 from __future__ import annotations
 
@@ -46,16 +46,3 @@ def correct_counts(logits: torch.Tensor, targets: torch.Tensor, ks: tuple[int, .
     top = logits.topk(min(max(ks), logits.shape[1]), dim=1).indices
     hits = top.eq(targets.view(-1, 1)) & torch.isfinite(logits).all(dim=1, keepdim=True)
     return torch.stack([hits[:, :k].any(dim=1).sum() for k in ks])
-
-
-def flip_tta(model, images: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """Test-time augmentation by flipping (``--val-tta flip``): the mean of ``logits`` (the model's on
-    ``images``) and the model's logits on the mirror images, in float32.  FFCV's validation sums the two,
-    which ranks the classes alike; the mean keeps the loss on the logits' own scale."""
-    mirrored = model(images.flip(-1).contiguous(memory_format=_memory_format(images)))
-    return (logits.float() + mirrored.float()) / 2
-
-
-def _memory_format(images: torch.Tensor) -> torch.memory_format:
-    return torch.channels_last if images.dim() == 4 and images.is_contiguous(memory_format=torch.channels_last) \
-        and not images.is_contiguous() else torch.contiguous_format

@@ -1,7 +1,7 @@
 """Time the JPEG decoders a loader could use, on the same images: whole, at libjpeg's reduced scales (1/2, 1/4,
 1/8) and, where a library decodes a region, a centred half of the image.
 
-    python scripts/benchmark_decoders.py DIR [--images 16] [--rounds 3]
+    python benchmarks/benchmark_decoders.py DIR [--images 16] [--rounds 3]
 
 DIR holds JPEGs (any depth below it; ``benchmark_loader.py --camera N DIR`` writes 12 MP ones).  Each decoder
 decodes every image once per round, rounds alternating between decoders, so load from other jobs hits them

@@ -1,6 +1,6 @@
 """Time to accuracy with and without ``--progressive-resize``: alternating main.py runs, one table.
 
-    python scripts/resize_timing.py DIR [--make digits|photos] --fixed 64 --ramp 32 64 3 6 --epochs 8 \
+    python benchmarks/resize_timing.py DIR [--make digits|photos] --fixed 64 --ramp 32 64 3 6 --epochs 8 \
         --seeds 1 2 3 --workspace /tmp/timing -- -a resnet18 --num-classes 10 -b 64 --lr 0.05 ...
 
 ``--make`` first writes the data set into DIR where it has no train/ yet: ``digits``, scikit-learn's handwritten

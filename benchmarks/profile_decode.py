@@ -1,7 +1,7 @@
 """Where a training sample's time goes in the ``pytorch`` backend's worker: read, header, decode (at the scale the
 box allows), resize of the box, flip and hand-over (the HWC tensor), and the batch's normalise, per image.
 
-    python scripts/profile_decode.py DIR [--images 32] [--image-size 224] [--decode-scale auto]
+    python benchmarks/profile_decode.py DIR [--images 32] [--image-size 224] [--decode-scale auto]
 
 Each stage is timed on its own, in this process (one core), on DIR's training images with epoch 0's draws; the
 figures are milliseconds per image, the median over three passes.
@@ -45,7 +45,7 @@ def one_pass(split, transform: TrainTransform, count: int, size: int, auto: bool
         scale = reduced.crop_scale(draw.box[2], draw.box[3], size) if auto else 1
         now = time.perf_counter(); spent["header and draw"] += now - clock; clock = now
         if scale > 1:
-            image = reduced._drafted(raw, jpeg.width, jpeg.height, scale)
+            image = reduced.drafted(raw, jpeg.width, jpeg.height, scale)
             now = time.perf_counter(); spent["decode"] += now - clock; clock = now
             top, left, height, width = draw.box
             out = image.resize((size, size), Image.BILINEAR, box=(left / scale, top / scale, (left + width) / scale,
