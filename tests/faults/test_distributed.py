@@ -62,7 +62,8 @@ def test_ranks_stopped_by_a_signal_make_multiproc_exit_75(data, tmp_path):
 # multiproc.py as on a torch whose torchrun has no --signals-to-handle (before 2.9): torchrun takes SIGTERM
 OLD_TORCHRUN = f"""import sys
 sys.path.insert(0, {str(REPO)!r})
-from image_classification import cli, multiproc
+from image_classification import multiproc
+from image_classification.system import cli
 multiproc._has_signals_option = lambda torchrun: False
 sys.exit(cli.run(multiproc.main))
 """
