@@ -45,17 +45,17 @@ def _pillow(scale: int) -> Callable[[bytes], object]:
     return decode
 
 
-def _torchvision(raw: bytes):
+def _torchvision() -> Callable[[bytes], object]:
     import torch
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    return decode_jpeg(torch.frombuffer(bytearray(raw), dtype=torch.uint8), mode=ImageReadMode.RGB).shape
+    return lambda raw: decode_jpeg(torch.frombuffer(bytearray(raw), dtype=torch.uint8), mode=ImageReadMode.RGB).shape
 
 
-def _torchcodec(raw: bytes):
-    from torchcodec.decoders import decode_jpeg
+def _torchcodec() -> Callable[[bytes], object]:
+    from torchcodec.decoders import decode_jpeg  # an ImportError here lists TorchCodec as unavailable
 
-    return decode_jpeg(raw, mode="RGB").shape
+    return lambda raw: decode_jpeg(raw, mode="RGB").shape
 
 
 def _simplejpeg(scale: int):
@@ -94,8 +94,8 @@ def _nvimgcodec(region: bool):
 def decoders() -> dict[str, Callable[[bytes], object] | str]:
     """Each candidate's decode function, or why it cannot run here."""
     makers: dict[str, Callable[[], Callable[[bytes], object]]] = {
-        "torchvision decode_jpeg (whole)": lambda: _torchvision,
-        "TorchCodec decode_jpeg (whole)": lambda: _torchcodec,
+        "torchvision decode_jpeg (whole)": _torchvision,
+        "TorchCodec decode_jpeg (whole)": _torchcodec,
     }
     for scale in SCALES:
         what = "whole" if scale == 1 else f"1/{scale}"
