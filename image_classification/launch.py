@@ -1,8 +1,10 @@
 """``launch.py``: run main.py with a preset from ``configs.yml``.
 
 A preset is picked by model, platform, precision and mode (and optionally a recipe), and resolved as
-``{**precision[P], **platform[H], **models[M][H][P], **recipes[R], **mode[X]}`` (later entries win).  The
-result becomes the defaults of main.py's parser, so every flag given on the command line still wins.
+``{**REFERENCE_DEFAULTS, **precision[P], **platform[H], **models[M][H][P], **recipes[R], **mode[X]}`` (later
+entries win).  The result becomes the defaults of main.py's parser, so every flag given on the command line
+still wins.  ``REFERENCE_DEFAULTS`` are the reference main.py's defaults where a plain run's differ (the
+learning rate, the last BatchNorm's initialisation): a preset resolves to the run it was in the reference.
 
 Like main.py's parser, this module imports no torch until a run starts: ``-h``, ``--list`` and a mistyped
 flag answer at once.
@@ -21,7 +23,7 @@ from typing import Sequence
 
 import yaml
 
-from .arguments import build_parser as build_main_parser, flag_tokens, parse_args
+from .arguments import REFERENCE_DEFAULTS, build_parser as build_main_parser, flag_tokens, parse_args
 from .cli import UserErrorParser
 from .datafile import DataFileError, read_regular, utf8_text
 from .errors import UserError
@@ -152,7 +154,8 @@ def _choose(table: dict, name: str, what: str) -> dict:
 
 def resolve(model: str, precision: str, mode: str, platform: str,
             cfg_file: str | Path = DEFAULT_CFG_FILE, recipe: str | None = None) -> dict:
-    """The preset for one model x platform x precision x mode: a dict of main.py argparse dests.
+    """The preset for one model x platform x precision x mode: a dict of main.py argparse dests, over the
+    reference main.py's defaults where a plain run's differ (``REFERENCE_DEFAULTS``).
 
     ``recipe`` names an entry of the file's ``recipes`` section, whose hyperparameters replace the
     model's own (NVIDIA's) for every platform and precision."""
@@ -174,8 +177,8 @@ def resolve(model: str, precision: str, mode: str, platform: str,
     if precision not in precisions:
         raise UserError(f"{model} on {platform} has no {precision} preset; "
                         f"choose one of: {', '.join(precisions)}")
-    return {**precision_preset, **platform_preset, **(precisions[precision] or {}), **recipe_preset,
-            **mode_preset}
+    return {**REFERENCE_DEFAULTS, **precision_preset, **platform_preset, **(precisions[precision] or {}),
+            **recipe_preset, **mode_preset}
 
 
 def adapt_to_host(preset: dict, device: str, cuda_available: bool) -> tuple[dict, list[str]]:
