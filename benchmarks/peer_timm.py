@@ -266,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from benchmarks.common import environment
 
     machine = environment(torch.device("cpu"))
-    print(f"=> {machine['machine']}; torch {torch.__version__}, timm {version}", flush=True)
+    print(f"=> {machine['machine']}; timm {version}", flush=True)
     runs = []
     for index, seed in enumerate(opts.seeds):
         for side in SIDES if index % 2 == 0 else SIDES[::-1]:

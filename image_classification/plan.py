@@ -181,7 +181,8 @@ def resolve_lr(lr: float | None, global_batch: int, *, optimizer: str, warmup: i
     return lr, (f"=> --lr {lr:g} is {per_image:.2g} per image of the global batch of {global_batch}, "
                 f"{per_image / REFERENCE_LR_PER_IMAGE:.1f}x the reference's {REFERENCE_LR_PER_IMAGE:g}, with no "
                 f"--warmup: the first epoch may diverge; leave --lr out for {linear_scaled_lr(global_batch):g} "
-                f"({LR_BASE:g} per {LR_BASE_BATCH} images), or add --warmup E")
+                f"({LR_BASE:g} per {LR_BASE_BATCH} images), or add --warmup E (epoch e < E trains at (e + 1) / E of "
+                "the rate)")
 
 
 def model_options(args: argparse.Namespace) -> dict:

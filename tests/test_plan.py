@@ -252,7 +252,7 @@ def test_a_given_sgd_rate_far_above_the_reference_s_per_image_without_warm_up_is
     assert lr == 0.1
     assert line == ("=> --lr 0.1 is 0.0031 per image of the global batch of 32, 3.1x the reference's 0.001, with no "
                     "--warmup: the first epoch may diverge; leave --lr out for 0.0125 (0.1 per 256 images), or add "
-                    "--warmup E")
+                    "--warmup E (epoch e < E trains at (e + 1) / E of the rate)")
     assert resolve_lr(0.1, 64, optimizer="sgd", warmup=0) == (0.1, None)  # 1.6x
     assert resolve_lr(0.1, 32, optimizer="sgd", warmup=1) == (0.1, None)
     assert resolve_lr(0.1, 32, optimizer="adamw", warmup=0) == (0.1, None)
