@@ -1,8 +1,10 @@
 """``launch.py``: run main.py with a preset from ``configs.yml``.
 
 A preset is picked by model, platform, precision and mode (and optionally a recipe), and resolved as
-``{**precision[P], **platform[H], **models[M][H][P], **recipes[R], **mode[X]}`` (later entries win).  The
-result becomes the defaults of main.py's parser, so every flag given on the command line still wins.
+``{**REFERENCE_DEFAULTS, **precision[P], **platform[H], **models[M][H][P], **recipes[R], **mode[X]}`` (later
+entries win).  The result becomes the defaults of main.py's parser, so every flag given on the command line
+still wins.  ``REFERENCE_DEFAULTS`` are the reference main.py's defaults where a plain run's differ (the
+learning rate, the last BatchNorm's initialisation): a preset resolves to the run it was in the reference.
 
 Like main.py's parser, this module imports no torch until a run starts: ``-h``, ``--list`` and a mistyped
 flag answer at once.
@@ -16,13 +18,13 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import yaml
 
-from .arguments import build_parser as build_main_parser, flag_tokens, parse_args, shown
+from .arguments import REFERENCE_DEFAULTS, build_parser as build_main_parser, flag_tokens, parse_args, shown
 from .errors import UserError
 from .records.datafile import DataFileError, read_regular, utf8_text
 from .system import machine
@@ -174,7 +176,9 @@ def resolve_layers(model: str, precision: str, mode: str, platform: str,
     if precision not in precisions:
         raise UserError(f"{model} on {platform} has no {precision} preset; "
                         f"choose one of: {', '.join(precisions)}")
-    layers = [(f"precision.{precision}", precision_preset), (f"platform.{platform}", platform_preset),
+    # the bottom layer: the reference main.py's defaults where a plain run's differ, so a preset is its run
+    layers = [("the reference main.py's defaults", REFERENCE_DEFAULTS), (f"precision.{precision}", precision_preset),
+              (f"platform.{platform}", platform_preset),
               (f"models.{model}.{platform}.{precision}", precisions[precision] or {})]
     if recipe is not None:
         layers.append((f"recipes.{recipe}", recipe_preset))
@@ -191,7 +195,7 @@ def resolve(model: str, precision: str, mode: str, platform: str,
     (``lr_batch``) is scaled to the run's (:func:`scaled_lr`: ``typed``, the main.py flags of the command
     line, and ``world_size``, its processes, decide that batch)."""
     layers = resolve_layers(model, precision, mode, platform, cfg_file, recipe)
-    return scaled_lr(merged(layers), layers, typed, world_size)[0]
+    return fit_recipe_to_mode(scaled_lr(merged(layers), layers, typed, world_size)[0], layers)[0]
 
 
 def merged(layers: list[tuple[str, dict]]) -> dict:
@@ -233,6 +237,34 @@ def scaled_lr(preset: dict, layers: list[tuple[str, dict]], typed: Sequence[str]
     preset["lr"] = float(f"{base * batch / reference:.12g}")
     return preset, (f"{base:g} ({_source_of('lr', layers)}) for a global batch of {reference} ({source} "
                     f"{LR_BATCH}), scaled to this run's {batch}: {how}")
+
+
+def fit_recipe_to_mode(preset: dict, layers: list[tuple[str, dict]]) -> tuple[dict, list[str]]:
+    """``preset`` fitted to a mode that runs fewer epochs than its recipe's schedule (the benchmark and evaluate
+    modes run 1 to 3), and a sentence per change (``layers`` gains one that holds the changed values): the epochs run train at the crop that the recipe's
+    progressive resizing starts with (``train_crop_size``, its MIN; the schedule's START and END lie past
+    them), and the triangular rate peaks at the run's last epoch at the latest.  Anything else is unchanged."""
+    epochs, source = preset.get("epochs"), _source_of("epochs", layers)
+    if epochs is None or not source or not source.startswith("mode."):
+        return preset, []
+    preset, notes = dict(preset), []
+    resize = preset.get("progressive_resize")
+    if isinstance(resize, list) and len(resize) == 4 and isinstance(resize[3], int) and resize[3] >= epochs:
+        del preset["progressive_resize"]
+        preset["train_crop_size"] = resize[0]
+        notes.append(f"{source} runs {epochs} epoch(s), before progressive_resize {resize} ({_source_of('progressive_resize', layers)}) "
+                     f"would grow the crop: they train at its {resize[0]} px (train_crop_size)")
+    peak = preset.get("lr_peak_epoch")
+    if preset.get("lr_schedule") == "triangular" and isinstance(peak, int) and peak >= epochs:
+        preset["lr_peak_epoch"] = epochs - 1
+        notes.append(f"{source} runs {epochs} epoch(s): the triangular rate peaks at the start of epoch {epochs} "
+                     f"(lr_peak_epoch {epochs - 1} for {peak})")
+    if notes:  # where value_sources finds the changed values
+        changed = {key: preset.get(key) for key in ("progressive_resize", "train_crop_size", "lr_peak_epoch")
+                   if preset.get(key) != merged(layers).get(key)}
+        layers.append((f"{_source_of('progressive_resize', layers) or _source_of('lr_peak_epoch', layers)} fitted "
+                       f"to {source}", changed))
+    return preset, notes
 
 
 def _source_of(key: str, layers: list[tuple[str, dict]]) -> str | None:
@@ -414,7 +446,8 @@ def dry_run_report(title: str, rest: Sequence[str], preset: dict, adapted: dict,
         return shlex.join([*trainer, *argv, *placeholder])
 
     where_dir = f" ({DIR_PLACEHOLDER}: the dataset folder)" if placeholder else ""
-    lines = [f"# {title}, as written{where_dir}:", command(preset)]
+    lines = [*(f"# {note}" for note in (sources.fitted if sources else ())), f"# {title}, as written{where_dir}:",
+             command(preset)]
     if notices:
         lines.append("# on this machine, launch.py would change it:")
         lines += [f"#   {notice}" for notice in notices]
@@ -433,6 +466,7 @@ class Sources:
 
     layers: list[tuple[str, dict]]
     lr_note: str | None = None
+    fitted: list[str] = field(default_factory=list)  # what fitting a recipe to a short mode changed
 
 
 VALUES_HEADER = "# every value of the run as written, and where it comes from (a later preset wins, a typed flag most):"
@@ -499,7 +533,8 @@ def _preset_command(argv: Sequence[str] | None, prog: str
     layers = resolve_layers(launch.model, launch.precision, launch.mode, launch.platform, launch.cfg_file,
                             recipe=launch.recipe)
     preset, lr_note = scaled_lr(merged(layers), layers, rest, _world_size())
-    return launch, rest, without_imagenet_count(preset, rest), Sources(layers, lr_note)
+    preset, fitted = fit_recipe_to_mode(preset, layers)
+    return launch, rest, without_imagenet_count(preset, rest), Sources(layers, lr_note, fitted)
 
 
 def _world_size() -> int:
@@ -552,7 +587,7 @@ def main(argv: Sequence[str] | None = None, *, cuda_available: bool | None = Non
                  f"from {launch.cfg_file}")
         print(dry_run_report(title, rest, preset, adapted, notices, trainer, sources))
         return 0
-    for notice in notices:
+    for notice in [*sources.fitted, *notices]:
         _notify(notice)
     if adapted != preset:  # this machine changed preset values: the flags typed still win over them
         args = parse_args(rest, defaults=adapted, prog=prog)

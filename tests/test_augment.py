@@ -335,13 +335,14 @@ def test_the_flags_reach_the_run_s_configuration():
                        "--random-erase", "0.1", "--ra-reps", "3", "--augmentation", "randaugment",
                        "--randaugment-magnitude", "12"])
     config = build_config(args, seed=0, num_classes=10, preprocessing=Preprocessing(32), topk=5, accumulation=1,
-                          loss_scale=(1.0, True, None))
+                          loss_scale=(1.0, True, None), lr=0.1)
     assert (config.mixup, config.cutmix, config.mixup_switch_prob, config.random_erase) == (0.2, 1.0, 0.25, 0.1)
     data = data_config(args, 32)
     assert (data.ra_reps, data.augmentation, data.randaugment_magnitude, data.randaugment_num_ops) == \
         (3, "randaugment", 12, 2)
     defaults = build_config(parse_args(["/data", "--mixup", "0.2", "--cutmix", "1"]), seed=0, num_classes=10,
-                            preprocessing=Preprocessing(32), topk=5, accumulation=1, loss_scale=(1.0, True, None))
+                            preprocessing=Preprocessing(32), topk=5, accumulation=1, loss_scale=(1.0, True, None),
+                            lr=0.1)
     assert defaults.mixup_switch_prob == 0.5
     with pytest.raises(UserError):
         parse_args(["/data", "--randaugment-num-ops", "2"])

@@ -408,3 +408,79 @@ def test_the_loader_benchmark_says_what_it_writes_while_it_writes(tmp_path, caps
     assert lines[-1].startswith("=> wrote 4 images in ") and len(list((tmp_path / "d").rglob("*.jpg"))) == 4
     line = refused(run(loader.main, ["--make-datset", "2", str(tmp_path / "e")]), capsys)
     assert line.endswith("unknown flag --make-datset; did you mean --make-dataset?")
+
+
+# -- the side by side with timm's train.py ----------------------------------------------------------------
+def _fake_sides(calls: list, top1: dict):
+    """A stand-in for peer_timm.run_once: the lines each side prints, at made-up times (ours: 2 iterations of
+    the last epoch in 1 s; timm's: in 2 s), and ours' raport."""
+    def run_once(command, cwd):
+        side = "ours" if command[2].endswith("main.py") else "timm"
+        seed = int(command[command.index("--seed") + 1])
+        calls.append((side, seed))
+        if side == "ours":
+            records = [{"type": "LOG", "step": [epoch], "data": {"val.top1": top1[side][seed] - 10 * (1 - epoch)}}
+                       for epoch in (0, 1)]
+            (cwd / "experiment_raport.json").write_text("".join(f"DLLL {json.dumps(r)}\n" for r in records))
+            lines = [(0.5, "DLL - Epoch: 0 Iteration: 3 train.loss : 1.0"), (1.0, "DLL - Epoch: 1 Iteration: 1 train.loss : 1"),
+                     (1.5, "DLL - Epoch: 1 Iteration: 3 Validation Iteration: 1 val.top1 : 1"),
+                     (2.0, "DLL - Epoch: 1 Iteration: 3 train.loss : 0.5")]
+        else:
+            result = [{"epoch": e, "validation": {"top1": top1[side][seed] - 10 * (1 - e)}} for e in (0, 1)]
+            lines = [(1.0, "Train: 1 [   0/3 ( 33%)]  Loss: 1.0"), (3.0, "Train: 1 [   2/3 (100%)]  Loss: 0.5"),
+                     (3.5, "--result"), *((3.5, line) for line in json.dumps(result, indent=4).splitlines())]
+        return lines, 4.0, 0
+    return run_once
+
+
+def test_the_peer_benchmark_alternates_the_sides_and_compares_what_both_measure_alike(tmp_path, monkeypatch, capsys):
+    """Each seed trains both sides, the order alternating; top-1 is the last epoch's, images/s the last epoch's
+    from the arrival of its first and last iteration lines (validation lines aside), the same for both."""
+    peer = importlib.import_module("benchmarks.peer_timm")
+    for split, name in ((s, n) for s in ("train", "val") for n in ("a", "b")):
+        (tmp_path / "data" / split / name).mkdir(parents=True)
+    (tmp_path / "train.py").write_text("")
+    calls, top1 = [], {"ours": {1: 97.0, 2: 99.0}, "timm": {1: 98.0, 2: 99.5}}
+    monkeypatch.setattr(peer, "run_once", _fake_sides(calls, top1))
+    output = tmp_path / "peer.json"
+    assert peer.main([str(tmp_path / "data"), "--timm-train", str(tmp_path / "train.py"), "--seeds", "1", "2",
+                      "-o", str(output)]) == 0
+    assert calls == [("ours", 1), ("timm", 1), ("timm", 2), ("ours", 2)]
+    result = json.loads(output.read_text())
+    assert [run["top1"] for run in result["runs"]] == [97.0, 98.0, 99.5, 99.0]
+    assert [run["images_per_s"] for run in result["runs"]] == [64.0, 32.0, 32.0, 64.0]
+    assert result["images_per_s_ratio"] == {"ratio": 2.0, "spread": 0.0}
+    assert result["top1_difference"] == {"points": -0.75, "seeds_spread": 2.0, "within_noise": True}
+    assert result["machine"]["cpu_model"] and result["recipe"]["lr"] == 0.1
+    out = capsys.readouterr().out
+    assert "images/s, ours over timm's: 2.00x" in out
+    assert "top-1, ours - timm's: -0.75 points, within the seeds' spread of 2.00" in out
+
+
+def test_the_peer_benchmark_gives_main_py_timm_s_recipe_written_out():
+    """Where our defaults and timm's differ, ours is told timm's: Nesterov, biases not decayed, the last BatchNorm
+    at zero, validation at crop_pct 0.95; no warm-up on either side."""
+    from image_classification.arguments import parse_args
+
+    peer = importlib.import_module("benchmarks.peer_timm")
+    opts = peer.build_parser().parse_args(["/d", "--timm-train", "train.py", "--ours-flags=--epochs 3"])
+    args = parse_args(peer.ours_command(opts, 7, "/w", 4)[3:])
+    assert (args.nesterov, args.momentum, args.bias_weight_decay, args.norm_weight_decay) == (True, 0.9, 0.0, None)
+    assert (args.last_bn_0_init, args.val_resize_size, args.image_size, args.interpolation) == (True, 101, 96,
+                                                                                              "bilinear")
+    assert (args.lr, args.lr_schedule, args.warmup, args.label_smoothing, args.weight_decay) == (0.1, "cosine", 0,
+                                                                                                0.1, 1e-4)
+    assert (args.seed, args.epochs, args.batch_size, args.workers, args.device) == (7, 3, 32, 2, "cpu")
+    timm = " ".join(peer.timm_command(opts, 7, "/w", 4))
+    for words in ("--opt sgd --momentum 0.9", "--warmup-epochs 0", "--crop-pct 0.95", "--color-jitter 0",
+                  "--sched cosine", "--smoothing 0.1", "--weight-decay 1e-4", "--seed 7", "--val-split val"):
+        assert words in timm, words
+
+
+def test_the_peer_benchmark_without_timm_s_train_py_says_where_to_get_it(tmp_path, capsys):
+    from helpers import refused
+    from image_classification.system.cli import run
+
+    peer = importlib.import_module("benchmarks.peer_timm")
+    message = refused(run(peer.main, [str(tmp_path), "--timm-train", str(tmp_path / "missing.py")]), capsys)
+    assert "no such file" in message and "github.com/huggingface/pytorch-image-models" in message

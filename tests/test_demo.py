@@ -77,3 +77,11 @@ def test_the_command_it_echoes_names_each_flag_once_with_the_value_it_runs_with(
     args = runs[-1]
     assert (args.epochs, args.batch_size, args.lr, args.workspace) == (3, 8, 0.1, str(tmp_path / "mine"))
     assert (args.arch, args.label_smoothing, args.lr_schedule) == ("resnet18", 0.1, "cosine")  # the recipe's rest
+
+
+def test_the_recipe_is_the_one_its_published_figures_were_measured_with():
+    """A plain run's defaults changed (the learning rate, the last BatchNorm); the demo's recipe did not."""
+    from image_classification.arguments import parse_args
+
+    args = parse_args([*demo.RECIPE, "data/digits"])
+    assert (args.arch, args.lr, args.batch_size, args.epochs, args.last_bn_0_init) == ("resnet18", 0.05, 64, 6, False)

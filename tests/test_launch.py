@@ -15,7 +15,7 @@ import yaml
 
 from helpers import REPO, refused, run_script
 from image_classification import launch
-from image_classification.arguments import parse_args
+from image_classification.arguments import build_parser as build_main_parser, parse_args, preset_tokens
 from image_classification.errors import UserError
 from image_classification.system.cli import run
 
@@ -89,6 +89,54 @@ def test_every_preset_resolves_and_reaches_main_py(model, platform, precision):
         assert args.arch == model
         # the dry-run command line reproduces the run exactly
         assert parse_args(launch.main_py_argv(args, preset)) == args
+
+
+# main.py's defaults as the reference had them (its README's main.py -h, with our additions at their off values):
+# written out here, not read from the code, so that a plain run's defaults may change and the presets may not.
+REFERENCE_MAIN_DEFAULTS = {
+    "data": None, "data_backend": None, "workers": 5, "prefetch": 2, "image_size": None, "train_crop_size": None,
+    "val_resize_size": None, "val_crop_size": None, "interpolation": None, "augmentation": None,
+    "randaugment_magnitude": None, "randaugment_num_ops": None, "random_erase": 0.0, "ra_reps": 1,
+    "crop_scale": (0.08, 1.0), "hflip": 0.5, "arch": "resnet50", "model_config": "classic", "num_classes": None,
+    "conv_init": None, "last_bn_0_init": False, "pretrained_weights": None, "jit": "no", "compile": False,
+    "epochs": 90, "run_epochs": -1, "early_stopping_patience": -1, "batch_size": 256, "optimizer_batch_size": -1,
+    "optimizer": "sgd", "lr": 0.1, "lr_schedule": "step", "end_lr": 0.0, "warmup": 0, "label_smoothing": 0.0,
+    "mixup": 0.0, "cutmix": 0.0, "mixup_switch_prob": None, "momentum": 0.9, "weight_decay": 0.0001,
+    "bn_weight_decay": False, "norm_weight_decay": None, "bias_weight_decay": None, "nesterov": False,
+    "rmsprop_alpha": 0.9, "rmsprop_eps": 0.001, "use_ema": None, "model_ema": False, "model_ema_decay": None,
+    "model_ema_steps": None, "model_ema_warmup": False, "device": "auto", "amp": False, "amp_dtype": None,
+    "static_loss_scale": None, "dynamic_loss_scale": False, "tf32": True, "memory_format": "nchw",
+    "gpu_affinity": "none", "dist_timeout": 300.0, "runtime": "torch", "quantize": None, "calibration_data": None,
+    "calibration_images": None, "calibration_method": None, "seed": None, "print_freq": 10, "prof": -1,
+    "benchmark_warmup": 0, "evaluate": False, "training_only": False, "topk": None, "resume": None,
+    "workspace": "./", "checkpoint_filename": "checkpoint.pth.tar", "overwrite": False, "save_checkpoints": True,
+    "checkpoint_interval": None, "gather_checkpoints": 0, "raport_file": None, "tensorboard": None,
+}
+RECIPES = [None, *CONFIG.get("recipes", {})]
+
+
+def _as_lists(namespace: argparse.Namespace) -> dict:
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in vars(namespace).items()}
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("model,platform,precision", COMBINATIONS)
+def test_every_preset_resolves_as_it_did_over_the_reference_main_py_defaults(model, platform, precision, recipe,
+                                                                             monkeypatch):
+    """A plain main.py run's defaults are not the reference's (the learning rate, the last BatchNorm), but
+    every preset, with or without a recipe, is the run it was: its values over the reference's defaults."""
+    reference = build_main_parser()
+    reference.set_defaults(**REFERENCE_MAIN_DEFAULTS)
+    for mode in MODES:
+        preset = launch.resolve(model, precision, mode, platform, REPO / "configs.yml", recipe=recipe)
+        with monkeypatch.context() as patch:  # the presets file's values alone
+            patch.setattr(launch, "REFERENCE_DEFAULTS", {})
+            in_file = launch.resolve(model, precision, mode, platform, REPO / "configs.yml", recipe=recipe)
+        written = [token for key, value in in_file.items() for token in preset_tokens(reference, key, value)]
+        expected = _as_lists(reference.parse_args(written))
+        args = _as_lists(parse_args([], defaults=preset, require_data=False))
+        assert {key: args[key] for key in REFERENCE_MAIN_DEFAULTS} == \
+            {key: expected[key] for key in REFERENCE_MAIN_DEFAULTS}, (model, platform, precision, mode, recipe)
 
 
 @pytest.mark.parametrize("model,platform,precision", COMBINATIONS)
@@ -704,3 +752,21 @@ def test_the_fast_recipe_trains_end_to_end(tiny_arch, image_folder, tmp_path, ca
     checkpoint = torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)
     assert checkpoint["preprocessing"]["train_schedule"] == {"min_size": 32, "max_size": 64, "start": 0, "end": 1}
     assert checkpoint["preprocessing"]["image_size"] == 48
+
+
+@pytest.mark.parametrize("mode", ["evaluate", "benchmark_training", "benchmark_training_short", "benchmark_inference"])
+def test_a_fast_recipe_fits_the_modes_that_run_fewer_epochs_than_its_schedule(mode, capsys):
+    """fast-16 resizes from epoch 11 to 13 and peaks its rate at epoch 2: a mode of 1 to 3 epochs trains at the
+    schedule's first crop and peaks by its last epoch, each change said in a line, instead of being refused."""
+    argv = ["--model", "resnet50", "--precision", "AMP", "--mode", mode, "--platform", "DGX1V", "--recipe", "fast-16",
+            "/data", "--dry-run"]
+    assert run(launch.main, argv) == 0
+    output = capsys.readouterr().out
+    assert f"# mode.{mode} runs " in output and "they train at its 160 px (train_crop_size)" in output
+    assert "--train-crop-size=160" in output and "--progressive-resize=" not in output
+    assert f"--train-crop-size 160: recipes.fast-16 fitted to mode.{mode}" in output
+    epochs = launch.resolve("resnet50", "AMP", mode, "DGX1V", REPO / "configs.yml", recipe="fast-16")["epochs"]
+    assert f"--lr-peak-epoch={min(2, epochs - 1)}" in output
+    assert ("the triangular rate peaks at the start of epoch 1 (lr_peak_epoch 0 for 2)" in output) == (epochs == 1)
+    convergence = launch.resolve("resnet50", "AMP", "convergence", "DGX1V", REPO / "configs.yml", recipe="fast-16")
+    assert convergence["progressive_resize"] == [160, 192, 11, 13] and convergence["lr_peak_epoch"] == 2

@@ -14,6 +14,17 @@ def test_label_smoothing_matches_the_reference_formula():
     torch.testing.assert_close(classification_loss(logits, targets, s), expected)
 
 
+def test_label_smoothing_is_timm_s_where_timm_is_installed():
+    """timm's train.py trains with LabelSmoothingCrossEntropy: the same loss, so no gap beside it comes from here."""
+    import pytest
+
+    timm_loss = pytest.importorskip("timm.loss")
+    torch.manual_seed(2)
+    logits, targets = torch.randn(8, 4), torch.randint(0, 4, (8,))
+    torch.testing.assert_close(classification_loss(logits, targets, 0.1),
+                               timm_loss.LabelSmoothingCrossEntropy(smoothing=0.1)(logits, targets))
+
+
 def test_soft_targets_with_smoothing_match_the_reference_formula():
     torch.manual_seed(1)
     logits, soft, s = torch.randn(4, 3), torch.softmax(torch.randn(4, 3), -1), 0.1

@@ -264,3 +264,52 @@ def test_a_resume_onto_class_folders_that_moved_is_refused_naming_them(image_fol
     assert (workspace / "checkpoint.pth.tar").read_bytes() == before
     assert run(main, [*common, "--epochs", "2", "--resume", "auto", "--allow-class-changes"]) == 0
     assert "=> --allow-class-changes: " in capsys.readouterr().out
+
+
+# -- the learning rate of a plain run ---------------------------------------------------------------
+@pytest.mark.parametrize("global_batch, expected", [(256, 0.1), (32, 0.0125), (1024, 0.4)])
+def test_without_lr_the_rate_is_0_1_per_256_images_of_the_global_batch(global_batch, expected):
+    """timm's --lr-base 0.1 at --lr-base-size 256, and the reference's lr 0.1 at its -b 256: a plain run at -b 32
+    no longer trains at 8 times the reference's default rate per image."""
+    from image_classification.train.plan import resolve_lr
+
+    lr, line = resolve_lr(None, global_batch, optimizer="sgd", warmup=0)
+    assert lr == pytest.approx(expected)
+    assert line == (f"=> learning rate {expected:g}: 0.1 per 256 images of the global batch of {global_batch} (the "
+                    "linear scaling rule; --lr sets another)")
+
+
+def test_a_given_sgd_rate_far_above_the_reference_s_per_image_without_warm_up_is_said_in_one_line():
+    """--lr 0.1 at -b 32 is 0.0031 per image, 3.1x the reference's 0.001 (0.256 per 256), and without a warm-up
+    such a run lost its first epoch; the line says so and what to do.  Within twice the reference's rate, with a
+    warm-up, or with another optimizer (whose rates are on other scales) nothing is said; a given rate is kept."""
+    from image_classification.train.plan import resolve_lr
+
+    lr, line = resolve_lr(0.1, 32, optimizer="sgd", warmup=0)
+    assert lr == 0.1
+    assert line == ("=> --lr 0.1 is 0.0031 per image of the global batch of 32, 3.1x the reference's 0.001, with no "
+                    "--warmup: the first epoch may diverge; leave --lr out for 0.0125 (0.1 per 256 images), or add "
+                    "--warmup E (epoch e < E trains at (e + 1) / E of the rate)")
+    assert resolve_lr(0.1, 64, optimizer="sgd", warmup=0) == (0.1, None)  # 1.6x
+    assert resolve_lr(0.1, 32, optimizer="sgd", warmup=1) == (0.1, None)
+    assert resolve_lr(0.1, 32, optimizer="adamw", warmup=0) == (0.1, None)
+    assert resolve_lr(2.048, 2048, optimizer="sgd", warmup=0) == (2.048, None)  # the reference's rate itself
+
+
+def test_a_plain_run_scales_its_rate_to_the_global_batch_and_says_so(tmp_path, capsys):
+    """Every process and every accumulated micro-batch counts: -b 4 with --optimizer-batch-size 8 trains at
+    0.1 x 8 / 256, and the raport records that rate."""
+    import json
+
+    from image_classification.system.cli import run
+    from image_classification.training import main
+
+    assert run(main, ["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "32", "-b", "4",
+                      "--optimizer-batch-size", "8", "--prof", "2", "--epochs", "1", "--num-classes", "4", "--seed",
+                      "1", "--no-checkpoints", "--workspace", str(tmp_path)]) == 0
+    assert "=> learning rate 0.003125: 0.1 per 256 images of the global batch of 8" in capsys.readouterr().out
+    records = [json.loads(line.split(" ", 1)[1]) for line in (tmp_path / "experiment_raport.json").open()]
+    parameters = next(record["data"] for record in records if record["step"] == "PARAMETER")
+    assert parameters["lr"] == 0.003125
+    lrs = [record["data"]["train.lr"] for record in records if "train.lr" in record.get("data", {})]
+    assert lrs and set(lrs) == {0.003125}

@@ -7,7 +7,9 @@ dataset DIR), :mod:`.model`, :mod:`.optimisation`, :mod:`.precision` (precision 
 :mod:`.deployed` (evaluation of the deployed model) and :mod:`.run` (run, checkpoints and logging).  Each
 holds its group's flags and the checks of their values.  :mod:`.parsing` builds the parser from the groups
 and runs the checks; ``launch.py``'s presets reach :func:`parse_args` as ``defaults``, written as the flags
-they set and put before the typed ones, so that explicit flags still win.
+they set and put before the typed ones, so that explicit flags still win.  A plain run's defaults are the
+reference's but for the learning rate (scaled to the global batch) and the last BatchNorm of each residual
+block (zero); :data:`REFERENCE_DEFAULTS` holds the reference's values, which the presets start from.
 
 No torch here (nor in what this imports): ``-h`` and a mistyped flag answer before torch is loaded,
 which takes seconds.
@@ -18,16 +20,18 @@ machine's facts that help texts name), errors.
 
 from .data import (AUGMENTATIONS, BACKEND_ALIASES, DATA_BACKENDS, DEFAULT_WORKERS, INTERPOLATIONS, MIN_IMAGE_SIZE,
                    RANDAUGMENT_BINS, VAL_TTA)
-from .optimisation import (DEFAULT_LR_PEAK_EPOCH, LR_SCHEDULES, MIN_MIXUP, OPTIMIZERS,
-                           check_optimisation_combinations)
-from .parsing import build_parser, check_values, flag_tokens, parse_args, preset_tokens, validate_args
+from .optimisation import (DEFAULT_LR_PEAK_EPOCH, LR_BASE, LR_BASE_BATCH, LR_SCHEDULES, MIN_MIXUP, OPTIMIZERS,
+                           REFERENCE_LR_PER_IMAGE, WARN_LR_FACTOR, check_optimisation_combinations, linear_scaled_lr)
+from .parsing import (REFERENCE_DEFAULTS, build_parser, check_values, flag_tokens, parse_args, preset_tokens,
+                      validate_args)
 from .run import DEFAULT_RAPORT_FILE, CheckpointInterval, raport_file
 from .values import FLOAT32_MAX, MAX_WAIT_S, shown
 
 __all__ = [
     "AUGMENTATIONS", "BACKEND_ALIASES", "DATA_BACKENDS", "DEFAULT_LR_PEAK_EPOCH", "DEFAULT_RAPORT_FILE",
-    "DEFAULT_WORKERS", "FLOAT32_MAX",
-    "INTERPOLATIONS", "LR_SCHEDULES", "MAX_WAIT_S", "MIN_IMAGE_SIZE", "MIN_MIXUP", "OPTIMIZERS", "RANDAUGMENT_BINS",
-    "VAL_TTA", "CheckpointInterval", "build_parser", "check_optimisation_combinations", "check_values", "flag_tokens",
-    "parse_args", "preset_tokens", "raport_file", "shown", "validate_args",
+    "DEFAULT_WORKERS", "FLOAT32_MAX", "INTERPOLATIONS", "LR_BASE", "LR_BASE_BATCH", "LR_SCHEDULES", "MAX_WAIT_S",
+    "MIN_IMAGE_SIZE", "MIN_MIXUP", "OPTIMIZERS", "RANDAUGMENT_BINS", "REFERENCE_DEFAULTS", "REFERENCE_LR_PER_IMAGE",
+    "VAL_TTA", "WARN_LR_FACTOR", "CheckpointInterval", "build_parser", "check_optimisation_combinations",
+    "check_values", "flag_tokens", "linear_scaled_lr", "parse_args", "preset_tokens", "raport_file", "shown",
+    "validate_args",
 ]

@@ -24,8 +24,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                        "else 1000)")
     model.add_argument("--conv_init", choices=("fan_in", "fan_out"), default=None,
                        help="kaiming init mode of the convolutions (default: the model config's)")
-    model.add_argument("--last_bn_0_init", metavar="BOOL", type=str2bool, nargs="?", const=True, default=False,
-                       help="zero-initialise the last BatchNorm of every residual block (default: false)")
+    model.add_argument("--last_bn_0_init", metavar="BOOL", type=str2bool, nargs="?", const=True, default=True,
+                       help="zero-initialise the last BatchNorm of every residual block, so that each residual "
+                       "branch starts at zero (default: true; false in launch.py's presets, as in the reference)")
     model.add_argument("--pretrained-weights", "--pretrained-from-file", metavar="PATH",
                        dest="pretrained_weights", default=None,
                        help="load model weights from here (NGC, torchvision or our files); "

@@ -13,6 +13,12 @@ LR_SCHEDULE_ALIASES = {"cyclic": "triangular"}  # FFCV's name for its one-cycle 
 OPTIMIZERS = ("sgd", "rmsprop", "adamw", "lamb", "lars")
 MIN_MIXUP = 1e-3
 DEFAULT_LR_PEAK_EPOCH = 2  # FFCV's lr_peak_epoch
+# The linear scaling rule of a run without --lr (Goyal et al. 2017; timm's --lr-base and --lr-base-size): LR_BASE
+# per LR_BASE_BATCH images of the global batch, so 0.1 at -b 256 on one process, the reference's default.
+LR_BASE, LR_BASE_BATCH = 0.1, 256
+# The reference's recipes train at 0.001 per image of the global batch (0.256 per 256), always after a warm-up
+# (8 epochs); an SGD run without one above WARN_LR_FACTOR times that is told so at start-up.
+REFERENCE_LR_PER_IMAGE, WARN_LR_FACTOR = 0.001, 2.0
 
 
 def _lr_schedule(value: str) -> str:
@@ -40,8 +46,9 @@ def add_optimisation_arguments(parser: argparse.ArgumentParser) -> None:
     optim.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd",
                        help="optimizer: sgd | rmsprop | adamw | lamb | lars; AdamW and LAMB use betas 0.9, 0.999 and "
                        "take no --momentum (default: sgd)")
-    optim.add_argument("--lr", "--learning-rate", metavar="LR", type=float32, default=0.1,
-                       help="initial learning rate (default: 0.1)")
+    optim.add_argument("--lr", "--learning-rate", metavar="LR", type=float32, default=None,
+                       help=f"initial learning rate (default: {LR_BASE:g} x the global batch / {LR_BASE_BATCH}, the "
+                       f"linear scaling rule: {LR_BASE:g} at -b {LR_BASE_BATCH} on one process)")
     optim.add_argument("--lr-schedule", metavar="SCHEDULE", type=_lr_schedule, default="step",
                        help="type of LR schedule: step, linear, cosine, or triangular (alias cyclic: FFCV's, "
                        "set at every step: from 1e-4 x LR up to LR at --lr-peak-epoch, then down to 0 at the end) "
@@ -93,10 +100,15 @@ def add_optimisation_arguments(parser: argparse.ArgumentParser) -> None:
                        "--model-ema (default: off)")
 
 
+def linear_scaled_lr(global_batch: int) -> float:
+    """The learning rate of a run without ``--lr``: :data:`LR_BASE` per :data:`LR_BASE_BATCH` images."""
+    return LR_BASE * global_batch / LR_BASE_BATCH
+
+
 def check_optimisation_values(args: argparse.Namespace) -> None:
     """The optimisation flags' ranges that argparse's types do not cover. Raises :class:`UserError`."""
     raise_first((
-        (args.lr < 0, f"--lr must be 0 or more, got {args.lr}"),
+        (args.lr is not None and args.lr < 0, f"--lr must be 0 or more, got {args.lr}"),
         (args.end_lr < 0, f"--end-lr must be 0 or more, got {args.end_lr}"),
         (not 0.0 <= args.momentum < 1.0, f"--momentum must be in [0, 1), got {args.momentum}"),
         (args.weight_decay < 0, f"--weight-decay must be 0 or more, got {args.weight_decay}"),

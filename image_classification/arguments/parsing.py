@@ -17,6 +17,11 @@ from .run import add_run_arguments, bare_gather_flag, check_run_combinations, ch
 from .values import shown, str2bool
 
 
+# Where a plain main.py run's defaults differ from the reference's main.py: the reference's values.  launch.py's
+# presets (the reference's recipes) start from these, so that every preset resolves as it did in the reference.
+REFERENCE_DEFAULTS = {"lr": 0.1, "last_bn_0_init": False}
+
+
 def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     """Return the parser for training, evaluation and benchmarking runs; the groups in the order of ``-h``."""
     parser = UserErrorParser(prog=prog, description="PyTorch ImageNet Training")

@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..arguments import DEFAULT_LR_PEAK_EPOCH, DEFAULT_RAPORT_FILE, DEFAULT_WORKERS, CheckpointInterval, raport_file
+from ..arguments import (DEFAULT_LR_PEAK_EPOCH, DEFAULT_RAPORT_FILE, DEFAULT_WORKERS, LR_BASE, LR_BASE_BATCH,
+                         REFERENCE_LR_PER_IMAGE, WARN_LR_FACTOR, CheckpointInterval, linear_scaled_lr, raport_file)
 from ..data import DataConfig, decoder_notice, default_backend_notice, resolve_backend
 from ..data.files import printable
 from ..deploy.quantization import Int8Request, int8_request
@@ -173,6 +174,26 @@ def grad_accumulation_steps(optimizer_batch_size: int, batch_size: int, world_si
             f"= {world_size} x {batch_size} = {per_step}"
         )
     return optimizer_batch_size // per_step
+
+
+def resolve_lr(lr: float | None, global_batch: int, *, optimizer: str, warmup: int) -> tuple[float, str | None]:
+    """(learning rate, a start-up line or None): ``--lr`` as given, or the linear scaling rule's without it.
+
+    The line says where a rate not given came from, or warns where an SGD rate given is far above the
+    reference's per image (more than :data:`WARN_LR_FACTOR` times its 0.001) with no warm-up: such a run may
+    lose its first epoch, or diverge."""
+    if lr is None:
+        lr = linear_scaled_lr(global_batch)
+        return lr, (f"=> learning rate {lr:g}: {LR_BASE:g} per {LR_BASE_BATCH} images of the global batch of "
+                    f"{global_batch} (the linear scaling rule; --lr sets another)")
+    per_image = lr / global_batch
+    if optimizer != "sgd" or warmup > 0 or per_image <= WARN_LR_FACTOR * REFERENCE_LR_PER_IMAGE:
+        return lr, None
+    return lr, (f"=> --lr {lr:g} is {per_image:.2g} per image of the global batch of {global_batch}, "
+                f"{per_image / REFERENCE_LR_PER_IMAGE:.1f}x the reference's {REFERENCE_LR_PER_IMAGE:g}, with no "
+                f"--warmup: the first epoch may diverge; leave --lr out for {linear_scaled_lr(global_batch):g} "
+                f"({LR_BASE:g} per {LR_BASE_BATCH} images), or add --warmup E (epoch e < E trains at (e + 1) / E of "
+                "the rate)")
 
 
 def model_options(args: argparse.Namespace) -> dict:
@@ -366,12 +387,12 @@ def ema_options(args: argparse.Namespace) -> dict:
 
 
 def build_config(args: argparse.Namespace, *, seed: int, num_classes: int, preprocessing: Preprocessing,
-                 topk: int, accumulation: int, loss_scale: tuple[float, bool, str | None]) -> RunConfig:
+                 topk: int, accumulation: int, loss_scale: tuple[float, bool, str | None], lr: float) -> RunConfig:
     interval = CheckpointInterval.parse(args.checkpoint_interval) if args.checkpoint_interval else None
     return RunConfig(
         arch=args.arch, num_classes=num_classes, model_options=tuple(model_options(args).items()),
         preprocessing=preprocessing, jit=args.jit, compile=args.compile,
-        optimizer=args.optimizer, lr=args.lr, lr_schedule=args.lr_schedule, warmup=args.warmup, end_lr=args.end_lr,
+        optimizer=args.optimizer, lr=lr, lr_schedule=args.lr_schedule, warmup=args.warmup, end_lr=args.end_lr,
         lr_peak_epoch=DEFAULT_LR_PEAK_EPOCH if args.lr_peak_epoch is None else args.lr_peak_epoch,
         epochs=args.epochs, momentum=args.momentum, weight_decay=args.weight_decay, nesterov=args.nesterov,
         bn_weight_decay=args.bn_weight_decay, norm_weight_decay=args.norm_weight_decay,
@@ -489,8 +510,12 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     accumulation = grad_accumulation_steps(args.optimizer_batch_size, args.batch_size, runtime.world_size)
     if accumulation > 1:
         log(f"=> gradient accumulation: {accumulation} micro-batches of {args.batch_size} per optimizer step")
+    lr, lr_note = resolve_lr(args.lr, args.batch_size * runtime.world_size * accumulation, optimizer=args.optimizer,
+                             warmup=args.warmup)
+    if lr_note and not args.evaluate and (args.lr is None or resumed is None):
+        log(lr_note)
     config = build_config(args, seed=seed, num_classes=num_classes, preprocessing=preprocessing,
-                          topk=resolve_topk(args, num_classes), accumulation=accumulation, loss_scale=loss_scale)
+                          topk=resolve_topk(args, num_classes), accumulation=accumulation, loss_scale=loss_scale, lr=lr)
     recorded_run = (resumed.get("raport") or {}).get("run") if resumed is not None else None
     config = replace(config, run_id=recorded_run or uuid.uuid4().hex[:16], resumed_from=resume_path)
     model = build_model_for(config, runtime, resumed, resume_path, pretrained, args, log)
@@ -502,7 +527,7 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
                        backend=backend, seed=seed, num_classes=num_classes,
                        interpolation=preprocessing.interpolation, workers=workers,
                        crop_ratio=preprocessing.crop_ratio, mean=preprocessing.mean, std=preprocessing.std)
-    parameters = {**vars(args), "data_backend": backend, "seed": seed, "num_classes": num_classes,
+    parameters = {**vars(args), "data_backend": backend, "seed": seed, "num_classes": num_classes, "lr": lr,
                   "topk": config.topk, "world_size": runtime.world_size, "device": str(runtime.device),
                   "amp_dtype": str(runtime.amp_dtype), "image_size": preprocessing.image_size,
                   "train_crop_size": preprocessing.train_size, "val_resize_size": preprocessing.resize_size,
