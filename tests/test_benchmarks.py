@@ -430,7 +430,8 @@ def test_the_decode_scale_benchmark_counts_the_reduced_decodes_the_loader_makes(
     arguments[arguments.index("--workers") + 1] = "0"
     decoded = []
     drafted = reduced._drafted
-    monkeypatch.setattr(reduced, "_drafted", lambda raw, w, h, scale: decoded.append(scale) or drafted(raw, w, h, scale))
+    monkeypatch.setattr(reduced, "_drafted",
+                        lambda raw, w, h, scale: decoded.append(scale) or drafted(raw, w, h, scale))
     args = parse_args(arguments)
     train, val = get_loaders(data_config(args, args.image_size), make_runtime("cpu"), want_train=True, want_val=True)
     boxes = 0

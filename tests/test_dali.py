@@ -239,7 +239,8 @@ def test_validation_stays_within_the_bounds_of_the_pytorch_backend_s(dali, photo
     ours = val_pixels(photographs, "dali-cpu", size, interpolation)
     for decode_scale, mean_bound in (("full", 0.3), ("auto", reduced.MEAN_BOUND)):
         difference = (ours - val_pixels(photographs, "pytorch", size, interpolation, decode_scale)).abs()
-        print(f"{size} px {interpolation}, against {decode_scale}: mean {difference.mean():.3f}, max {difference.max():.0f}")
+        print(f"{size} px {interpolation}, against {decode_scale}: mean {difference.mean():.3f}, "
+              f"max {difference.max():.0f}")
         assert difference.mean() <= mean_bound and difference.max() <= reduced.MAX_BOUND, decode_scale
 
 
