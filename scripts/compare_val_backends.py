@@ -5,7 +5,9 @@
 
 Without ``--checkpoint``: writes scikit-image's sample photographs as JPEGs into a temporary ImageFolder, runs
 the validation pipelines of ``--backend`` (default ``dali-cpu``) and of the pytorch backend over them and prints
-the mean absolute difference per image and overall, in grey levels (0-255).
+the mean absolute difference per image and overall, in grey levels (0-255).  The pytorch backend decodes every
+pixel there (``--decode-scale full``), as the other backends do, so the figure is the resampling's alone;
+``--decode-scale auto`` adds its reduced decoding of the images large enough for it.
 
 With ``--checkpoint CKPT DIR``: evaluates the checkpoint's model on DIR/val with both backends, in the
 preprocessing the checkpoint records, and prints each top-1, their difference in points and how many
@@ -60,11 +62,12 @@ def val_batches(config: DataConfig, runtime: Runtime):
     return val
 
 
-def differences(root: Path, image_size: int, backend: str, runtime: Runtime) -> torch.Tensor:
-    """Mean absolute difference of each image's validation crop between ``backend`` and pytorch, in levels."""
+def differences(root: Path, image_size: int, backend: str, runtime: Runtime, decode_scale: str) -> torch.Tensor:
+    """Mean absolute difference of each image's validation crop between ``backend`` and pytorch (decoding at
+    ``decode_scale``), in levels."""
     config = DataConfig(data=str(root), backend=backend, image_size=image_size, batch_size=4, workers=1, seed=1)
     theirs = val_batches(config, runtime)
-    ours = val_batches(dataclasses.replace(config, backend="pytorch"), runtime)
+    ours = val_batches(dataclasses.replace(config, backend="pytorch", decode_scale=decode_scale), runtime)
     std = torch.tensor(STD_255).view(1, 3, 1, 1)
     return torch.cat([((a.cpu() - b.cpu()).abs() * std).mean(dim=(1, 2, 3))
                       for (a, _), (b, _) in zip(theirs, ours, strict=True)])
@@ -115,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the backend held to the pytorch backend (default: dali-cpu)")
     parser.add_argument("--image-size", type=int, nargs="+", default=[224, 32],
                         help="without --checkpoint: the crop sizes to compare at (default: 224 32)")
+    parser.add_argument("--decode-scale", choices=("full", "auto"), default="full",
+                        help="without --checkpoint: the pytorch backend's JPEG scale, as main.py's flag (default: "
+                             "full, every pixel, as the other backends decode)")
     parser.add_argument("--checkpoint", metavar="CKPT", help="compare the top-1 of this checkpoint's model on DIR")
     parser.add_argument("--within", metavar="POINTS", type=float, default=0.2,
                         help="with --checkpoint: the largest top-1 difference that agrees (default: 0.2)")
@@ -135,9 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         write_photos(Path(folder))
         for size in opts.image_size:
-            per_image = differences(Path(folder), size, opts.backend, runtime)
+            per_image = differences(Path(folder), size, opts.backend, runtime, opts.decode_scale)
             listed = ", ".join(f"{name} {value:.2f}" for name, value in zip(sorted(PHOTOS), per_image.tolist()))
-            print(f"{size} px, {opts.backend} against pytorch: mean {per_image.mean():.3f} levels ({listed})")
+            print(f"{size} px, {opts.backend} against pytorch (--decode-scale {opts.decode_scale}): mean "
+                  f"{per_image.mean():.3f} levels ({listed})")
     return 0
 
 

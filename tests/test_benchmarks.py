@@ -484,3 +484,94 @@ def test_the_peer_benchmark_without_timm_s_train_py_says_where_to_get_it(tmp_pat
     peer = importlib.import_module("benchmarks.peer_timm")
     message = refused(run(peer.main, [str(tmp_path), "--timm-train", str(tmp_path / "missing.py")]), capsys)
     assert "no such file" in message and "github.com/huggingface/pytorch-image-models" in message
+
+
+def test_the_decode_scale_benchmark_counts_the_reduced_decodes_the_loader_makes(tmp_path, monkeypatch):
+    """Its replay of a run's draws counts the boxes and validation images that the pytorch backend's loader
+    decodes at a reduced scale, in the run's own order and crops."""
+    pytest.importorskip("skimage")
+    from image_classification.arguments import parse_args
+    from image_classification.data import get_loaders, reduced
+    from image_classification.system.runtime import make_runtime
+    from image_classification.train.plan import data_config
+
+    benchmark = importlib.import_module("benchmarks.decode_scale_accuracy")
+    data = tmp_path / "photos"
+    benchmark.write_photos(data, 4, 2)
+    assert {path.name for path in data.iterdir()} == {"train", "val"}
+    assert [len(list((data / split).glob("*/*.jpg"))) for split in ("train", "val")] == [16, 8]
+    opts = benchmark.build_parser().parse_args(["--photos", "4", "2", "--image-size", "96", "--epochs", "2", "-b", "3",
+                                                str(data)])
+    _, arguments = benchmark.run_command(opts, 7, "auto", tmp_path / "run")
+    arguments[arguments.index("--workers") + 1] = "0"
+    decoded = []
+    drafted = reduced._drafted
+    monkeypatch.setattr(reduced, "_drafted",
+                        lambda raw, w, h, scale: decoded.append(scale) or drafted(raw, w, h, scale))
+    args = parse_args(arguments)
+    train, val = get_loaders(data_config(args, args.image_size), make_runtime("cpu"), want_train=True, want_val=True)
+    boxes = 0
+    for epoch in range(2):
+        train.set_epoch(epoch)
+        boxes += sum(len(targets) for _, targets in train)
+    reduced_boxes = len(decoded)
+    val.set_epoch(0)
+    assert sum(len(targets) for _, targets in val) == 8
+    assert benchmark.reduced_counts(arguments) == (reduced_boxes, boxes, len(decoded) - reduced_boxes, 8)
+    assert boxes == 30 and 0 < reduced_boxes < boxes and len(decoded) - reduced_boxes == 8
+
+
+@pytest.mark.slow
+def test_the_decode_scale_benchmark_alternates_the_scales_seed_by_seed(tmp_path, capsys):
+    """Each seed trains with both scales, the order alternating; each run says its top-1 and, with ``auto``, what it
+    decoded reduced; the summary gives each scale's spread and the difference seed by seed."""
+    import re
+
+    pytest.importorskip("skimage")
+    benchmark = importlib.import_module("benchmarks.decode_scale_accuracy")
+    argv = ["--photos", "2", "1", "--image-size", "32", "--epochs", "1", "-b", "4", "--seeds", "1", "2",
+            "--workspaces", str(tmp_path / "runs"), str(tmp_path / "photos")]
+    assert benchmark.main(argv) == 0
+    output = capsys.readouterr().out
+    runs = re.findall(r"^seed (\d), --decode-scale (\w+): val top-1 [\d.]+%; (.*) \(\d+ s\)$", output, re.M)
+    assert [run[:2] for run in runs] == [("1", "auto"), ("1", "full"), ("2", "full"), ("2", "auto")]
+    for _, scale, decoded in runs:
+        assert decoded == ("every image decoded whole" if scale == "full" else
+                           "decoded reduced: 8 of 8 training boxes, 4 of 4 validation images"), decoded
+    assert re.search(r"^--decode-scale auto: mean [\d.]+%, sd [\d.]+, min [\d.]+, max [\d.]+$", output, re.M)
+    assert re.search(r"^auto - full, seed by seed: [+-][\d.]+, [+-][\d.]+; mean [+-][\d.]+ points, (within|beyond) "
+                     r"the runs' noise", output, re.M)
+
+
+def test_the_dali_validation_benchmark_times_the_window_against_the_whole_image_on_the_same_pixels(
+        image_folder, capsys, monkeypatch):
+    """Two loaders, one decoding the centre crop's window and one the whole image, give the same batches (within a
+    grey level) and alternate their passes; a line a round and the medians with the load average.  The backend's
+    own validation decodes the window again afterwards."""
+    import re
+
+    pytest.importorskip("nvidia.dali")
+    from nvidia.dali import fn
+
+    from image_classification.data import dali_pipeline
+
+    benchmark = importlib.import_module("benchmarks.dali_validation")
+    decoders = []
+    for name in ("image", "image_slice"):
+        monkeypatch.setattr(fn.decoders, name, lambda *args, _name=name, _decode=getattr(fn.decoders, name), **kwargs:
+                            decoders.append(_name) or _decode(*args, **kwargs))
+    window = dali_pipeline._val_crop
+    argv = ["--image-size", "32", "-b", "4", "-j", "1", "--rounds", "2", str(image_folder)]
+    assert benchmark.main(argv) == 0
+    assert decoders == ["image_slice", "image"] and dali_pipeline._val_crop is window
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("machine: ")
+    assert lines[1] == f"12 images of {image_folder / 'val'}, 32 px, batch 4, 1 threads"
+    levels = re.fullmatch(r"window against whole image: mean ([\d.]+) grey levels, largest (\d+)", lines[2])
+    assert levels and float(levels[1]) < 0.01 and int(levels[2]) <= 1, lines[2]
+    number = r"[\d.]+ ms \([\d.]+ CPU ms\)"
+    for round_, line in zip((1, 2), lines[3:5], strict=True):
+        assert re.fullmatch(rf"round {round_}: window {number}, whole {number} per image; whole / window [\d.]+x", line)
+    assert re.fullmatch(rf"median: window {number}, whole {number} per image; whole / window wall [\d.]+x "
+                        r"\(rounds [\d.]+-[\d.]+\), cpu [\d.]+x \(rounds [\d.]+-[\d.]+\); load average [\d.]+ / "
+                        r"[\d.]+ / [\d.]+", lines[5]) and len(lines) == 6

@@ -171,6 +171,79 @@ def test_batches_match_the_pytorch_backend(dali, image_folder, memory_format):
                 assert ((images - ref_images).abs() * torch.tensor(STD_255).view(1, 3, 1, 1)).mean() < 0.3  # levels
 
 
+@pytest.fixture(scope="module")
+def photographs(tmp_path_factory) -> Path:
+    """scikit-image's photographs as val JPEGs (quality 90, a class each): 1024x768 and 768x1024 with a camera's
+    grain (which the pytorch backend decodes at a reduced scale), 500x375, and 40x30 (which the resize enlarges)."""
+    samples = pytest.importorskip("skimage.data")
+    root = tmp_path_factory.mktemp("photographs")
+    rng = np.random.default_rng(0)
+    for name in ("astronaut", "coffee", "chelsea", "rocket"):
+        folder = root / "val" / name
+        folder.mkdir(parents=True)
+        photo = Image.fromarray(getattr(samples, name)()).convert("RGB")
+        for index, size in enumerate(((1024, 768), (768, 1024), (500, 375), (40, 30))):
+            pixels = np.asarray(photo.resize(size, Image.BICUBIC), dtype=np.float32)
+            pixels = pixels + rng.normal(0, 6, size=pixels.shape[:2] + (1,))
+            Image.fromarray(np.clip(np.rint(pixels), 0, 255).astype(np.uint8)).save(folder / f"{index}.jpg", quality=90)
+    return root
+
+
+def val_pixels(root: Path, backend: str, size: int, interpolation: str, decode_scale: str = "auto") -> torch.Tensor:
+    """A validation pass of ``backend`` on ``root`` at ``size`` px, in grey levels (0-255), NCHW."""
+    args = parse_args([str(root), "--data-backend", backend, "-b", "4", "-j", "1", "--interpolation", interpolation,
+                       "--decode-scale", decode_scale])
+    runtime = cpu_runtime()
+    classes = check_dataset(args.data, args.num_classes, want_train=False, want_val=True)
+    if backend == "pytorch":
+        _, val = folder_loaders(data_config(args, size), runtime, classes, want_train=False, want_val=True)
+    else:
+        from image_classification.data.dali import dali_loaders
+
+        _, val = dali_loaders(data_config(args, size), runtime, classes, want_train=False, want_val=True)
+    std, mean = torch.tensor(STD_255).view(1, 3, 1, 1), torch.tensor(MEAN_255).view(1, 3, 1, 1)
+    return torch.cat([(images * std + mean).round() for images, _ in epoch(val, 0)])
+
+
+@pytest.mark.parametrize("size, interpolation", [(32, "bilinear"), (32, "bicubic"), (32, "triangular"),
+                                                 (224, "bilinear")])
+def test_validation_decodes_only_the_window_its_centre_crop_keeps_and_gives_the_whole_image_s_pixels(
+        dali, photographs, size, interpolation, monkeypatch):
+    """The decoder is asked for a window (ROI decoding), whose resize reaches the pixels that the whole image's
+    resize and centre crop would give: within a grey level of the same pipeline with the window widened to the
+    whole image."""
+    from nvidia.dali import fn
+
+    from image_classification.data import dali_pipeline
+
+    decoders = []
+    for name in ("image", "image_crop", "image_slice", "image_random_crop"):
+        monkeypatch.setattr(fn.decoders, name, lambda *args, _name=name, _decode=getattr(fn.decoders, name), **kwargs:
+                            decoders.append(_name) or _decode(*args, **kwargs))
+    windowed = val_pixels(photographs, "dali-cpu", size, interpolation)
+    assert decoders == ["image_slice"]
+    monkeypatch.setattr(dali_pipeline, "_WINDOW_MARGIN", 10**6)  # the window: the whole image
+    whole = val_pixels(photographs, "dali-cpu", size, interpolation)
+    assert windowed.shape == whole.shape == (16, 3, size, size)
+    difference = (windowed - whole).abs()
+    assert difference.mean() < 0.01 and difference.max() <= 1, (float(difference.mean()), float(difference.max()))
+
+
+@pytest.mark.parametrize("size, interpolation", [(32, "bilinear"), (64, "bicubic"), (224, "bilinear")])
+def test_validation_stays_within_the_bounds_of_the_pytorch_backend_s(dali, photographs, size, interpolation):
+    """Against the whole image's PIL resize (``--decode-scale full``) the resampling arithmetic alone, 0.3 grey
+    levels on average; against the reduced decode (``auto``, which these sizes use on the large photographs) the
+    reduced decode's bound; MAX_BOUND at any pixel."""
+    from image_classification.data import reduced
+
+    ours = val_pixels(photographs, "dali-cpu", size, interpolation)
+    for decode_scale, mean_bound in (("full", 0.3), ("auto", reduced.MEAN_BOUND)):
+        difference = (ours - val_pixels(photographs, "pytorch", size, interpolation, decode_scale)).abs()
+        print(f"{size} px {interpolation}, against {decode_scale}: mean {difference.mean():.3f}, "
+              f"max {difference.max():.0f}")
+        assert difference.mean() <= mean_bound and difference.max() <= reduced.MAX_BOUND, decode_scale
+
+
 @pytest.mark.parametrize("interpolation", ["bilinear", "bicubic", "triangular"])
 def test_every_interpolation_and_no_flip_build(dali, image_folder, interpolation):
     args = parse_args([str(image_folder), "--data-backend", "dali-cpu", "-b", "4", "-j", "0", "--seed", "3",

@@ -652,6 +652,24 @@ def test_compare_val_backends_holds_one_model_s_top1_to_the_pytorch_backend_s(im
     assert capsys.readouterr().out.rstrip().endswith("differ by more than -1.0 points")
 
 
+def test_compare_val_backends_holds_the_pixels_to_the_whole_image_decode_unless_told_otherwise(capsys):
+    """The grey-level figure is the resampling's alone: the pytorch backend decodes every pixel, as pytorch-gpu does
+    (here on the CPU), unless --decode-scale auto adds its reduced decode of the photographs (512 px, at 32 px crops
+    decoded at 1/8)."""
+    pytest.importorskip("skimage")
+    compare = load_script("compare_val_backends")
+    means = {}
+    for decode_scale in ("full", "auto"):
+        assert compare.main(["--backend", "pytorch-gpu", "--device", "cpu", "--image-size", "32",
+                             *(["--decode-scale", decode_scale] if decode_scale == "auto" else [])]) == 0
+        line = capsys.readouterr().out.strip()
+        found = re.fullmatch(rf"32 px, pytorch-gpu against pytorch \(--decode-scale {decode_scale}\): mean ([\d.]+) "
+                             r"levels \(astronaut [\d.]+, .*\)", line)
+        assert found, line
+        means[decode_scale] = float(found[1])
+    assert means["full"] < 0.05 < means["auto"], means
+
+
 # -- on a GPU (each has its CPU twin above) -----------------------------------------------------------------
 @pytest.mark.gpu
 @needs_cuda

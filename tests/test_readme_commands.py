@@ -67,6 +67,8 @@ NOT_RUN = {
     r"prepare_imagenet\.py": "needs the ImageNet archives: tests/test_prepare_imagenet.py runs it on archives it builds",
     r"benchmarks/startup\.py --make": "writes 1.28 M files and starts main.py four times: tests/test_pack.py runs its "
                                       "parts on a small set",
+    r"benchmarks/decode_scale_accuracy\.py": "trains 6 to 16 models: tests/test_benchmarks.py runs it on tiny ones "
+                                             "(slow) and checks its replay of the reduced decodes",
     r"benchmarks/peer_timm\.py": "needs timm's train.py from a clone of pytorch-image-models and trains ResNet-50 four "
                                  "times: tests/test_benchmarks.py runs it against stand-ins",
     r"benchmarks/resize_timing\.py": "six full trainings, an hour on 2 cores: tests/test_resize_timing.py runs it on tiny "

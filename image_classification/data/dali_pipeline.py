@@ -4,8 +4,9 @@
 The feed (:mod:`.dali_feed`) hands it each batch's paths or bytes, labels and, for training, random states: the
 pipeline reads the files (from a folder), finds each image's size in its header and applies the size rule (an
 image past it is not decoded and comes out as a blank flagged unfit, which the loader drops), then decodes the
-random crop window and resizes it (training, with ``--augmentation`` by DALI's ``auto_aug``) or resizes the whole
-image as torchvision's ``Resize`` does (validation), and crops, flips and normalises.  Every random operator
+random crop window and resizes it (training, with ``--augmentation`` by DALI's ``auto_aug``) or decodes the window
+that validation's centre crop keeps and resizes it to the pixels torchvision's ``Resize`` and ``CenterCrop`` of
+the whole image give (validation), and flips and normalises.  Every random operator
 takes its state from the feed, never from DALI's own generators.  Only this module and :mod:`.dali` import DALI,
 lazily.
 """
@@ -29,6 +30,9 @@ _GPU_DECODER_PADDING = {"device_memory_padding": 211_025_920, "host_memory_paddi
 _RANDOM_OPERATORS = ("uniform", "coin_flip", "normal", "choice", "beta")
 # Operators that left ``fn.experimental`` (DALI 1.40 on), which auto_aug still calls by their deprecated names.
 _OUT_OF_EXPERIMENTAL = ("equalize", "filter")
+# Validation decodes the centre crop's window with this many times the resize's scale on each side: the reach of
+# the widest filter it resizes with (cubic: 2 source pixels per output pixel's width).
+_WINDOW_MARGIN = 2
 
 
 @dataclass(frozen=True)
@@ -127,13 +131,11 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
         shape = fn.peek_image_shape(encoded)
         height, width = fn.cast(shape[0], dtype=types.INT64), fn.cast(shape[1], dtype=types.INT64)
         fits = height * width <= MAX_IMAGE_PIXELS
-        resized = None
         if not spec.train:
-            resized = _val_resized_size(height, width, val_resize_size(spec.image_size, spec.crop_ratio))
             fits = fits & _resize_fits(height, width, val_resize_size(spec.image_size, spec.crop_ratio))
         # An image past the size rule is not decoded at all: the branch splits the batch.
         if fits:
-            images = _train_crops(encoded, spec, draw) if spec.train else _val_resize(encoded, spec, *resized)
+            images = _train_crops(encoded, spec, draw) if spec.train else _val_crop(encoded, spec, height, width)
         else:
             images = fn.constant(idata=0, shape=[spec.image_size] * 2 + [3], dtype=types.UINT8, layout="HWC")
             if spec.gpu_decode:
@@ -141,7 +143,7 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
         if spec.device_id is not None:
             # With a GPU, the normalised float batch is made there: only uint8 crops cross the bus.
             images, labels = images.gpu(), labels.gpu()
-        return _normalised(images, spec, draw, resized), labels, fits
+        return _normalised(images, spec, draw), labels, fits
 
     return pipeline()
 
@@ -183,29 +185,48 @@ def _train_crops(encoded, spec: PipelineSpec, draw: _RandomStates):
     return images
 
 
-def _val_resize(encoded, spec: PipelineSpec, out_h, out_w):
-    """The whole image decoded and resized to ``out_h`` x ``out_w`` (see :func:`_val_resized_size`), antialiased
-    when it shrinks, as torchvision's Resize on a PIL image."""
+def _val_crop(encoded, spec: PipelineSpec, height, width):
+    """The centre crop of the image resized as torchvision's Resize does (:func:`_val_resized_size`, antialiased
+    when it shrinks), made from the window of the image that the crop keeps: only that window is decoded (DALI's
+    ROI decoding), with :data:`_WINDOW_MARGIN` times the resize's scale and a pixel more on each side for the
+    filter's reach, and the crop's extent in the image's coordinates is resized to the crop's size: the positions
+    and filter of the whole image's resize, so the pixels are its pixels (the suite holds them within a grey level).
+    """
+    from nvidia.dali import fn, types
+    from nvidia.dali import math as dmath
+
+    size = spec.image_size
+    out_h, out_w = _val_resized_size(height, width, val_resize_size(size, spec.crop_ratio))
+    window, roi_start, roi_end = [], [], []
+    for side, out in ((height, out_h), (width, out_w)):
+        side = fn.cast(side, dtype=types.FLOAT)
+        scale = side / fn.cast(out, dtype=types.FLOAT)
+        start = fn.cast(_centre(out, size), dtype=types.FLOAT) * scale  # the crop's extent, in the image's pixels
+        end = start + size * scale
+        margin = dmath.ceil(_WINDOW_MARGIN * dmath.max(scale, 1.0)) + 1
+        first, last = dmath.max(dmath.floor(start - margin), 0.0), dmath.min(dmath.ceil(end + margin), side)
+        window.append((first, last))  # whole pixels, inside the image: its edge is the whole resize's edge too
+        roi_start.append(start - first)
+        roi_end.append(end - first)
+    (top, bottom), (left, right) = window
+    images = fn.decoders.image_slice(encoded, fn.stack(left, top), fn.stack(right - left, bottom - top),
+                                     normalized_anchor=False, normalized_shape=False, output_type=types.RGB,
+                                     **spec.decoder)  # anchor and shape in (x, y) order, DALI's default axes
+    return fn.resize(images, device=spec.resize_device, size=[size, size], roi_start=fn.stack(*roi_start),
+                     roi_end=fn.stack(*roi_end), interp_type=getattr(types, _INTERPOLATION[spec.interpolation]),
+                     antialias=True)
+
+
+def _normalised(images, spec: PipelineSpec, draw: _RandomStates | None):
+    """The crops (training: flipped at random), normalised to float, in the batch's layout."""
     from nvidia.dali import fn, types
 
-    images = fn.decoders.image(encoded, output_type=types.RGB, **spec.decoder)
-    return fn.resize(images, device=spec.resize_device, resize_x=fn.cast(out_w, dtype=types.FLOAT),
-                     resize_y=fn.cast(out_h, dtype=types.FLOAT),
-                     interp_type=getattr(types, _INTERPOLATION[spec.interpolation]), antialias=True)
-
-
-def _normalised(images, spec: PipelineSpec, draw: _RandomStates | None, resized):
-    """The crop (training: the whole resized image, flipped at random; validation: the centre of the ``resized``
-    image), normalised to float, in the batch's layout."""
-    from nvidia.dali import fn, types
-
-    size, mirror = spec.image_size, 0
+    mirror = 0
     if spec.train and spec.hflip > 0:
         mirror = fn.random.coin_flip(probability=spec.hflip, _random_state=draw())
-    crop_pos = {} if spec.train else {"crop_pos_x": _centre(resized[1], size), "crop_pos_y": _centre(resized[0], size)}
     return fn.crop_mirror_normalize(
-        images, dtype=types.FLOAT, crop=(size, size), mean=list(spec.mean), std=list(spec.std), mirror=mirror,
-        output_layout="HWC" if spec.channels_last else "CHW", **crop_pos,
+        images, dtype=types.FLOAT, mean=list(spec.mean), std=list(spec.std), mirror=mirror,
+        output_layout="HWC" if spec.channels_last else "CHW",
     )
 
 
@@ -249,12 +270,9 @@ def _auto_augment(images, spec: PipelineSpec):
 
 
 def _centre(length, crop: int):
-    """crop_pos for torchvision's CenterCrop: offset ``round((length - crop) / 2)``, halves to even."""
-    from nvidia.dali import fn, types
-
+    """The offset of torchvision's CenterCrop of ``crop`` in ``length``: ``round((length - crop) / 2)``, halves to
+    even."""
     spare = length - crop
     half = spare // 2
     odd = spare - 2 * half
-    offset = half + odd * (half - 2 * (half // 2))  # k + 0.5 rounds to k when k is even, to k + 1 when odd
-    spare = spare + fn.cast(spare == 0, dtype=types.INT64)
-    return fn.cast(offset, dtype=types.FLOAT) / fn.cast(spare, dtype=types.FLOAT)
+    return half + odd * (half - 2 * (half // 2))  # k + 0.5 rounds to k when k is even, to k + 1 when odd
