@@ -505,8 +505,8 @@ def test_the_decode_scale_benchmark_counts_the_reduced_decodes_the_loader_makes(
     _, arguments = benchmark.run_command(opts, 7, "auto", tmp_path / "run")
     arguments[arguments.index("--workers") + 1] = "0"
     decoded = []
-    drafted = reduced._drafted
-    monkeypatch.setattr(reduced, "_drafted",
+    drafted = reduced.drafted
+    monkeypatch.setattr(reduced, "drafted",
                         lambda raw, w, h, scale: decoded.append(scale) or drafted(raw, w, h, scale))
     args = parse_args(arguments)
     train, val = get_loaders(data_config(args, args.image_size), make_runtime("cpu"), want_train=True, want_val=True)
