@@ -102,6 +102,8 @@ SUBSTITUTIONS = [
     (r"(?<![\w./-])/tmp/", "tmp-"),  # the scratch folder stands for /tmp: /tmp/photos is tmp-photos there
     (r"--photos(?! \d)", "--photos 3"),
     (r"--camera(?! \d)", "--camera 4"),  # a batch of -b 4 (each takes seconds to write)
+    (r"--camera \d+", "--camera 4"),
+    (r"--photos \d+(?! \d)", "--photos 3"),
     (r"--batch-sizes( \d+)+", "--batch-sizes 1"),
     (r"--iterations \d+", "--iterations 2"),
     # FFCV's recipes ramp the crops and peak the learning rate past the one epoch the commands run
@@ -112,6 +114,7 @@ SCRIPT_FLAGS = {
     "infer_throughput.py": ["-a", "resnet18", "--image-size", "32", "--iters", "1", "--repeats", "1", "--warmup", "0"],
     "benchmark_loader.py": ["-b", "4", "--epochs", "2", "--image-size", "32"],
     "benchmark_decoders.py": ["--images", "2", "--rounds", "1"],
+    "dali_validation.py": ["--image-size", "32", "-b", "4", "--rounds", "1"],
     "inference_benchmark.py": ["--image-size", "32", "--warmup", "0", "--precisions", "FP32", "--batch-sizes", "1",
                                "--iterations", "2"],
 }
