@@ -239,32 +239,33 @@ def scaled_lr(preset: dict, layers: list[tuple[str, dict]], typed: Sequence[str]
                     f"{LR_BATCH}), scaled to this run's {batch}: {how}")
 
 
-def fit_recipe_to_mode(preset: dict, layers: list[tuple[str, dict]]) -> tuple[dict, list[str]]:
+def fit_recipe_to_mode(preset: dict, layers: list[tuple[str, dict]]
+                       ) -> tuple[dict, list[tuple[str, dict]], list[str]]:
     """``preset`` fitted to a mode that runs fewer epochs than its recipe's schedule (the benchmark and evaluate
-    modes run 1 to 3), and a sentence per change (``layers`` gains one that holds the changed values): the epochs run train at the crop that the recipe's
-    progressive resizing starts with (``train_crop_size``, its MIN; the schedule's START and END lie past
-    them), and the triangular rate peaks at the run's last epoch at the latest.  Anything else is unchanged."""
+    modes run 1 to 3), ``layers`` with one more that holds the values it changed (where :func:`value_sources`
+    finds them), and a sentence per change: the epochs run train at the crop that the recipe's progressive
+    resizing starts with (``train_crop_size``, its MIN; the schedule's START and END lie past them), and the
+    triangular rate peaks at the run's last epoch at the latest.  Anything else is unchanged."""
     epochs, source = preset.get("epochs"), _source_of("epochs", layers)
     if epochs is None or not source or not source.startswith("mode."):
-        return preset, []
-    preset, notes = dict(preset), []
+        return preset, layers, []
+    changed, notes = {}, []
     resize = preset.get("progressive_resize")
     if isinstance(resize, list) and len(resize) == 4 and isinstance(resize[3], int) and resize[3] >= epochs:
-        del preset["progressive_resize"]
-        preset["train_crop_size"] = resize[0]
-        notes.append(f"{source} runs {epochs} epoch(s), before progressive_resize {resize} ({_source_of('progressive_resize', layers)}) "
-                     f"would grow the crop: they train at its {resize[0]} px (train_crop_size)")
+        changed.update(progressive_resize=None, train_crop_size=resize[0])
+        notes.append(f"{source} runs {epochs} epoch(s), before progressive_resize {resize} "
+                     f"({_source_of('progressive_resize', layers)}) would grow the crop: they train at its "
+                     f"{resize[0]} px (train_crop_size)")
     peak = preset.get("lr_peak_epoch")
     if preset.get("lr_schedule") == "triangular" and isinstance(peak, int) and peak >= epochs:
-        preset["lr_peak_epoch"] = epochs - 1
+        changed["lr_peak_epoch"] = epochs - 1
         notes.append(f"{source} runs {epochs} epoch(s): the triangular rate peaks at the start of epoch {epochs} "
                      f"(lr_peak_epoch {epochs - 1} for {peak})")
-    if notes:  # where value_sources finds the changed values
-        changed = {key: preset.get(key) for key in ("progressive_resize", "train_crop_size", "lr_peak_epoch")
-                   if preset.get(key) != merged(layers).get(key)}
-        layers.append((f"{_source_of('progressive_resize', layers) or _source_of('lr_peak_epoch', layers)} fitted "
-                       f"to {source}", changed))
-    return preset, notes
+    if not changed:
+        return preset, layers, []
+    recipe = _source_of("progressive_resize", layers) or _source_of("lr_peak_epoch", layers)
+    fitted = {key: value for key, value in {**preset, **changed}.items() if key not in changed or value is not None}
+    return fitted, [*layers, (f"{recipe} fitted to {source}", changed)], notes
 
 
 def _source_of(key: str, layers: list[tuple[str, dict]]) -> str | None:
@@ -533,7 +534,7 @@ def _preset_command(argv: Sequence[str] | None, prog: str
     layers = resolve_layers(launch.model, launch.precision, launch.mode, launch.platform, launch.cfg_file,
                             recipe=launch.recipe)
     preset, lr_note = scaled_lr(merged(layers), layers, rest, _world_size())
-    preset, fitted = fit_recipe_to_mode(preset, layers)
+    preset, layers, fitted = fit_recipe_to_mode(preset, layers)
     return launch, rest, without_imagenet_count(preset, rest), Sources(layers, lr_note, fitted)
 
 
