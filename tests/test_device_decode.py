@@ -189,6 +189,15 @@ def _warnings(err: str) -> list[str]:
                   if line.startswith("warning: skipped unreadable image"))
 
 
+def passes_with_warnings(root, capsys, device: str = "cpu", batch_size: int = 3) -> tuple[tuple, tuple]:
+    """``pytorch-gpu`` (on ``device``) and ``pytorch`` passes over ``root``, each with the skipped-image warnings
+    it printed."""
+    capsys.readouterr()
+    ours = passes(root, "pytorch-gpu", device=device, batch_size=batch_size), _warnings(capsys.readouterr().err)
+    theirs = passes(root, "pytorch", batch_size=batch_size), _warnings(capsys.readouterr().err)
+    return ours, theirs
+
+
 def test_the_workers_leave_encoded_only_what_the_gpu_decodes_as_the_cpu_would(mixed_folder):
     """Colour, greyscale and progressive JPEGs go to the device whole; a PNG, a CMYK JPEG, and a JPEG cut short
     or with bytes after its end (which nvJPEG might decode where libjpeg-turbo refuses it, or the reverse) are
@@ -209,13 +218,9 @@ def test_what_cannot_be_decoded_is_skipped_and_counted_as_the_pytorch_backend_do
     """PNG, CMYK and truncated JPEGs are decoded by the workers on the CPU (the last refused there), greyscale
     and progressive JPEGs by the device's decoder; each broken image is named once in the pytorch backend's
     words, and counted."""
-    capsys.readouterr()
-    ours = passes(mixed_folder, "pytorch-gpu", batch_size=3)
-    ours_err = capsys.readouterr().err
-    theirs = passes(mixed_folder, "pytorch", batch_size=3)
-    theirs_err = capsys.readouterr().err
+    (ours, ours_warnings), (theirs, theirs_warnings) = passes_with_warnings(mixed_folder, capsys)
     assert ours[2] == theirs[2] == (3, 3)
-    assert _warnings(ours_err) == _warnings(theirs_err) and len(_warnings(ours_err)) == 6
+    assert ours_warnings == theirs_warnings and len(ours_warnings) == 6
     assert same(ours[0], theirs[0]) and sum(len(t) for _, t in ours[0]) == 18 - 3
     assert levels(ours[1], theirs[1]) < 0.05
 
@@ -234,13 +239,9 @@ def test_a_jpeg_whose_header_says_zero_pixels_is_skipped_and_counted_as_the_pyto
             flat[field:field + 2] = b"\0\0"
             (root / split / "class_00" / name).write_bytes(bytes(flat))
             assert gpu_decodable(bytes(flat)) is None
-    capsys.readouterr()
-    ours = passes(root, "pytorch-gpu", batch_size=3)
-    ours_err = capsys.readouterr().err
-    theirs = passes(root, "pytorch", batch_size=3)
-    theirs_err = capsys.readouterr().err
+    (ours, ours_warnings), (theirs, theirs_warnings) = passes_with_warnings(root, capsys)
     assert ours[2] == theirs[2] == (2, 2)
-    assert _warnings(ours_err) == _warnings(theirs_err) and len(_warnings(ours_err)) == 4
+    assert ours_warnings == theirs_warnings and len(ours_warnings) == 4
     assert same(ours[0], theirs[0])
 
 
@@ -714,12 +715,9 @@ def test_on_cuda_a_decode_never_writes_memory_its_stream_is_still_reading():
 @pytest.mark.gpu
 @needs_cuda
 def test_on_cuda_what_cannot_be_decoded_is_skipped_and_counted_as_on_the_cpu(mixed_folder, capsys):
-    capsys.readouterr()
-    ours = passes(mixed_folder, "pytorch-gpu", device="cuda", batch_size=3)
-    ours_err = capsys.readouterr().err
-    theirs = passes(mixed_folder, "pytorch", batch_size=3)
+    (ours, ours_warnings), (theirs, theirs_warnings) = passes_with_warnings(mixed_folder, capsys, device="cuda")
     assert ours[2] == theirs[2] == (3, 3)
-    assert _warnings(ours_err) == _warnings(capsys.readouterr().err)
+    assert ours_warnings == theirs_warnings
     assert levels(ours[0], theirs[0]) < 3
 
 
