@@ -24,7 +24,8 @@ from typing import Sequence
 
 import yaml
 
-from .arguments import REFERENCE_DEFAULTS, build_parser as build_main_parser, flag_tokens, parse_args, shown
+from .arguments import (REFERENCE_DEFAULTS, build_parser as build_main_parser, flag_tokens, linear_scaled_lr,
+                        parse_args, shown)
 from .errors import UserError
 from .records.datafile import DataFileError, read_regular, utf8_text
 from .system import machine
@@ -234,7 +235,7 @@ def scaled_lr(preset: dict, layers: list[tuple[str, dict]], typed: Sequence[str]
         batch = world_size * per_process
         how = f"{world_size} process(es) x -b {per_process} ({where('batch_size')})"
     base = preset["lr"]
-    preset["lr"] = float(f"{base * batch / reference:.12g}")
+    preset["lr"] = float(f"{linear_scaled_lr(batch, base, reference):.12g}")
     return preset, (f"{base:g} ({_source_of('lr', layers)}) for a global batch of {reference} ({source} "
                     f"{LR_BATCH}), scaled to this run's {batch}: {how}")
 

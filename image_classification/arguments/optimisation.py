@@ -100,9 +100,11 @@ def add_optimisation_arguments(parser: argparse.ArgumentParser) -> None:
                        "--model-ema (default: off)")
 
 
-def linear_scaled_lr(global_batch: int) -> float:
-    """The learning rate of a run without ``--lr``: :data:`LR_BASE` per :data:`LR_BASE_BATCH` images."""
-    return LR_BASE * global_batch / LR_BASE_BATCH
+def linear_scaled_lr(global_batch: int, base: float = LR_BASE, base_batch: int = LR_BASE_BATCH) -> float:
+    """The linear scaling rule: ``base`` per ``base_batch`` images, at ``global_batch``; by default the learning
+    rate of a run without ``--lr`` (:data:`LR_BASE` per :data:`LR_BASE_BATCH`), and launch.py's for a preset's
+    ``lr`` stated for a global batch."""
+    return base * global_batch / base_batch
 
 
 def check_optimisation_values(args: argparse.Namespace) -> None:
