@@ -140,15 +140,20 @@ def last_epoch_rate(stamped: Sequence[tuple[float, str]], pattern: re.Pattern, e
 
 
 def ours_top1(workspace: Path) -> float:
-    """The last epoch's validation top-1 in main.py's raport."""
-    top1 = None
+    """The last epoch's validation top-1 in main.py's raport; an error where that epoch has none (its outputs
+    were not finite, or it did not validate), never an earlier epoch's figure."""
+    epochs: dict[int, dict] = {}
     for line in (workspace / "experiment_raport.json").read_text(encoding="utf-8").splitlines():
         record = json.loads(line.split(" ", 1)[1])
-        if isinstance(record.get("step"), list) and len(record["step"]) == 1 and "val.top1" in record["data"]:
-            top1 = record["data"]["val.top1"]
-    if top1 is None:
-        raise UserError(f"main.py's raport in {workspace} holds no validation top-1")
-    return float(top1)
+        if isinstance(record.get("step"), list) and len(record["step"]) == 1:
+            epochs.setdefault(record["step"][0], {}).update(record["data"])
+    if not epochs:
+        raise UserError(f"main.py's raport in {workspace} holds no epoch")
+    last = max(epochs)
+    if "val.top1" not in epochs[last]:
+        raise UserError(f"main.py's raport in {workspace} holds no validation top-1 for its last epoch ({last + 1})"
+                        + (": its outputs were not finite" if "val.not_finite" in epochs[last] else ""))
+    return float(epochs[last]["val.top1"])
 
 
 def timm_top1(output: str) -> float:

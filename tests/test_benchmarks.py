@@ -457,6 +457,24 @@ def test_the_peer_benchmark_alternates_the_sides_and_compares_what_both_measure_
     assert "top-1, ours - timm's: -0.75 points, within the seeds' spread of 2.00" in out
 
 
+def test_the_peer_benchmark_takes_ours_top1_from_the_last_epoch_or_says_it_has_none(tmp_path):
+    """An epoch whose validation outputs were not finite records no top-1: the benchmark says so, where taking the
+    last top-1 the raport holds would report an earlier epoch's figure as the run's."""
+    from image_classification.errors import UserError
+
+    peer = importlib.import_module("benchmarks.peer_timm")
+
+    def raport(*epochs):
+        lines = [{"type": "LOG", "step": [epoch], "data": data} for epoch, data in enumerate(epochs)]
+        (tmp_path / "experiment_raport.json").write_text("".join(f"DLLL {json.dumps(r)}\n" for r in lines))
+
+    raport({"train.loss": 1.0, "val.top1": 60.0}, {"train.loss": 0.5, "val.top1": 90.0})
+    assert peer.ours_top1(tmp_path) == 90.0
+    raport({"train.loss": 1.0, "val.top1": 60.0}, {"train.loss": 0.5, "val.not_finite": 4})
+    with pytest.raises(UserError, match=r"no validation top-1 for its last epoch \(2\): its outputs were not finite"):
+        peer.ours_top1(tmp_path)
+
+
 def test_the_peer_benchmark_gives_main_py_timm_s_recipe_written_out():
     """Where our defaults and timm's differ, ours is told timm's: Nesterov, biases not decayed, the last BatchNorm
     at zero, validation at crop_pct 0.95; no warm-up on either side."""
