@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import shutil
 import statistics
@@ -14,6 +15,7 @@ from typing import Callable, Sequence, TypeVar
 import torch
 
 from image_classification.errors import UserError
+from image_classification.records.raport import epoch_records
 from image_classification.system import machine
 from image_classification.system.machine import compile_unsupported
 
@@ -146,3 +148,17 @@ def largest_fitting(attempt: Callable[[int], T], batch_size: int,
         if batch_size == 1:
             raise UserError("not even a batch of 1 fits in the device's memory")
         batch_size //= 2
+
+
+def last_epoch_top1(raport: Path) -> float:
+    """The validation top-1 of the last epoch ``raport`` records; a :class:`UserError` where that epoch has none (its
+    outputs were not finite, or it did not validate), never an earlier epoch's figure."""
+    epochs = epoch_records(raport)
+    if not epochs:
+        raise UserError(f"{raport} records no epoch")
+    last = max(epochs)
+    top1 = epochs[last].get("val.top1")
+    if not isinstance(top1, (int, float)) or not math.isfinite(top1):
+        raise UserError(f"{raport} holds no validation top-1 for its last epoch ({last + 1})"
+                        + (": its outputs were not finite" if "val.not_finite" in epochs[last] else ""))
+    return float(top1)

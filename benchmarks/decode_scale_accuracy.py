@@ -18,7 +18,6 @@ whether their difference exceeds the runs' noise.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import shutil
 import statistics
@@ -31,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks.common import last_epoch_top1  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
 from image_classification.system.cli import UserErrorParser, positive_int, run  # noqa: E402
 
@@ -121,19 +121,6 @@ def reduced_counts(arguments: list[str]) -> tuple[int, int, int, int]:
     return reduced_boxes, boxes, reduced_val, len(sizes["val"])
 
 
-def last_top1(raport: Path) -> float:
-    """The validation top-1 of the last epoch the raport records."""
-    top1 = None
-    for line in raport.read_text().splitlines():
-        if line.startswith("DLLL "):
-            record = json.loads(line[5:])
-            if record.get("step") and "val.top1" in record.get("data", {}):
-                top1 = record["data"]["val.top1"]
-    if top1 is None:
-        raise RuntimeError(f"{raport} records no validation top-1")
-    return top1
-
-
 def summary(values: list[float]) -> str:
     spread = f", sd {statistics.stdev(values):.2f}" if len(values) > 1 else ""
     return f"mean {statistics.mean(values):.2f}%{spread}, min {min(values):.2f}, max {max(values):.2f}"
@@ -157,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             command, arguments = run_command(opts, seed, scale, workspace)
             started = time.monotonic()
             subprocess.run(command, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
-            top1[scale].append(last_top1(workspace / "experiment_raport.json"))
+            top1[scale].append(last_epoch_top1(workspace / "experiment_raport.json"))
             boxes, all_boxes, val, all_val = reduced_counts(arguments) if scale == "auto" else (0, 0, 0, 0)
             counted = (f"; decoded reduced: {boxes} of {all_boxes} training boxes, {val} of {all_val} validation "
                        "images" if scale == "auto" else "; every image decoded whole")

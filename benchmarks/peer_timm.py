@@ -50,7 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.common import ratio_spread, ratio_text, summarise, write_json  # noqa: E402
+from benchmarks.common import last_epoch_top1, ratio_spread, ratio_text, summarise, write_json  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
 from image_classification.system.cli import UserErrorParser, positive_int, run  # noqa: E402
 
@@ -139,23 +139,6 @@ def last_epoch_rate(stamped: Sequence[tuple[float, str]], pattern: re.Pattern, e
     return (last - first) * batch / (last_at - first_at)
 
 
-def ours_top1(workspace: Path) -> float:
-    """The last epoch's validation top-1 in main.py's raport; an error where that epoch has none (its outputs
-    were not finite, or it did not validate), never an earlier epoch's figure."""
-    epochs: dict[int, dict] = {}
-    for line in (workspace / "experiment_raport.json").read_text(encoding="utf-8").splitlines():
-        record = json.loads(line.split(" ", 1)[1])
-        if isinstance(record.get("step"), list) and len(record["step"]) == 1:
-            epochs.setdefault(record["step"][0], {}).update(record["data"])
-    if not epochs:
-        raise UserError(f"main.py's raport in {workspace} holds no epoch")
-    last = max(epochs)
-    if "val.top1" not in epochs[last]:
-        raise UserError(f"main.py's raport in {workspace} holds no validation top-1 for its last epoch ({last + 1})"
-                        + (": its outputs were not finite" if "val.not_finite" in epochs[last] else ""))
-    return float(epochs[last]["val.top1"])
-
-
 def timm_top1(output: str) -> float:
     """The last epoch's validation top-1 in the results train.py prints at its end."""
     if "--result" not in output:
@@ -186,7 +169,7 @@ def run_side(side: str, opts: argparse.Namespace, seed: int, num_classes: int) -
             raise UserError(f"{side}'s run (seed {seed}) ended with exit {code}: {output[-2000:]}")
         pattern = OURS_ITERATION if side == "ours" else TIMM_ITERATION
         rate = last_epoch_rate(stamped, pattern, opts.epochs - 1, opts.batch_size)
-        top1 = ours_top1(folder) if side == "ours" else timm_top1(output)
+        top1 = last_epoch_top1(folder / "experiment_raport.json") if side == "ours" else timm_top1(output)
     return Run(side, seed, top1, rate, wall, (load_before, os.getloadavg()[0]))
 
 

@@ -39,7 +39,7 @@ if str(REPO) not in sys.path:
 
 from image_classification.data.files import is_image_file  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
-from image_classification.records.raport import read_raport  # noqa: E402
+from image_classification.records.raport import epoch_records  # noqa: E402
 from image_classification.system import machine  # noqa: E402
 from image_classification.system.cli import UserErrorParser, run  # noqa: E402
 
@@ -141,11 +141,7 @@ def run_once(opts, flags: list[str], seed: int, schedule: str, images: int, val_
     if result.returncode:
         raise UserError(f"{schedule} run, seed {seed}, failed (exit {result.returncode}): "
                         f"{(result.stderr or result.stdout).strip().splitlines()[-1:]}")
-    epochs: dict[int, dict] = {}
-    for record in read_raport(workspace / "experiment_raport.json"):
-        step = record.get("step")
-        if record.get("type") == "LOG" and isinstance(step, list) and len(step) == 1:
-            epochs.setdefault(step[0], {}).update(record["data"])
+    epochs = epoch_records(workspace / "experiment_raport.json")
     rows = []
     for number in sorted(epochs):
         data = epochs[number]

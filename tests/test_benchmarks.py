@@ -457,22 +457,25 @@ def test_the_peer_benchmark_alternates_the_sides_and_compares_what_both_measure_
     assert "top-1, ours - timm's: -0.75 points, within the seeds' spread of 2.00" in out
 
 
-def test_the_peer_benchmark_takes_ours_top1_from_the_last_epoch_or_says_it_has_none(tmp_path):
-    """An epoch whose validation outputs were not finite records no top-1: the benchmark says so, where taking the
-    last top-1 the raport holds would report an earlier epoch's figure as the run's."""
+def test_the_benchmarks_take_the_top1_of_the_last_epoch_or_say_it_has_none(tmp_path):
+    """An epoch whose validation outputs were not finite records no top-1: the peer and decode-scale benchmarks
+    say so, where taking the last top-1 the raport holds would report an earlier epoch's figure as the run's."""
+    from benchmarks.common import last_epoch_top1
     from image_classification.errors import UserError
 
-    peer = importlib.import_module("benchmarks.peer_timm")
+    path = tmp_path / "experiment_raport.json"
 
     def raport(*epochs):
         lines = [{"type": "LOG", "step": [epoch], "data": data} for epoch, data in enumerate(epochs)]
-        (tmp_path / "experiment_raport.json").write_text("".join(f"DLLL {json.dumps(r)}\n" for r in lines))
+        path.write_text("".join(f"DLLL {json.dumps(r)}\n" for r in lines))
 
     raport({"train.loss": 1.0, "val.top1": 60.0}, {"train.loss": 0.5, "val.top1": 90.0})
-    assert peer.ours_top1(tmp_path) == 90.0
+    assert last_epoch_top1(path) == 90.0
     raport({"train.loss": 1.0, "val.top1": 60.0}, {"train.loss": 0.5, "val.not_finite": 4})
     with pytest.raises(UserError, match=r"no validation top-1 for its last epoch \(2\): its outputs were not finite"):
-        peer.ours_top1(tmp_path)
+        last_epoch_top1(path)
+    for benchmark in ("peer_timm", "decode_scale_accuracy"):  # both read their runs' top-1 with it
+        assert importlib.import_module(f"benchmarks.{benchmark}").last_epoch_top1 is last_epoch_top1
 
 
 def test_the_peer_benchmark_gives_main_py_timm_s_recipe_written_out():

@@ -437,3 +437,14 @@ def read_raport(path: str | os.PathLike) -> list[dict]:
             if line.startswith("DLLL "):
                 records.append(parse_json(line[5:], MAX_RECORD_BYTES, allow_nonfinite=True))
     return records
+
+
+def epoch_records(path: str | os.PathLike) -> dict[int, dict]:
+    """The figures a raport records for each epoch (its ``LOG`` records of one step, merged), by the raport's
+    0-based epoch index."""
+    epochs: dict[int, dict] = {}
+    for record in read_raport(path):
+        step = record.get("step")
+        if record.get("type") == "LOG" and isinstance(step, list) and len(step) == 1:
+            epochs.setdefault(step[0], {}).update(record["data"])
+    return epochs
