@@ -11,7 +11,9 @@ loader workers, SGD with Nesterov momentum 0.9 (timm's ``sgd``), ``--lr`` with a
 one-dimensional tensor out: BatchNorm's and the biases), the last BatchNorm of each residual block
 initialised at zero (timm's default), random-resized crops of 8-100% of the area and 3/4-4/3 aspect ratio
 with horizontal flips, bilinear, no colour jitter, and validation on the centre crop of the image resized
-to ``image size / 0.95`` (timm's ResNet-50 ``crop_pct``).  ``--ours-flags`` adds flags to ours (they win).
+to ``image size / 0.95`` (timm's ResNet-50 ``crop_pct``).  Each side keeps its own default memory layout: ours
+channels-last on the CPU for ResNet-50 (``--memory-format auto``), timm's NCHW.  ``--ours-flags`` adds flags to
+ours and ``--timm-flags`` to timm's (they win): ``--timm-flags=--channels-last`` runs both in one layout.
 
 timm's ``train.py`` is not part of the pip package: ``--timm-train`` is its path in a clone of
 https://github.com/huggingface/pytorch-image-models, best at the tag of the installed timm.  It runs on this
@@ -36,6 +38,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -78,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr", metavar="LR", type=float, default=0.1, help="learning rate (default: 0.1)")
     parser.add_argument("--ours-flags", metavar="FLAGS", default="",
                         help="more main.py flags for ours, in one argument: --ours-flags=\"--last_bn_0_init false\"")
+    parser.add_argument("--timm-flags", metavar="FLAGS", default="",
+                        help="more train.py flags for timm's, in one argument: --timm-flags=--channels-last")
     parser.add_argument("-o", "--output", metavar="JSON", help="also write the figures here")
     return parser
 
@@ -88,8 +93,6 @@ def timm_val_resize(image_size: int) -> int:
 
 def ours_command(opts: argparse.Namespace, seed: int, workspace: Path, num_classes: int) -> list[str]:
     """main.py with the recipe, every choice written out (our defaults differ from timm's in several)."""
-    import shlex
-
     return [
         sys.executable, "-u", str(REPO / "main.py"), opts.data, "--data-backend", "pytorch", "--device", "cpu",
         "-a", opts.arch, "--num-classes", str(num_classes), "--image-size", str(opts.image_size),
@@ -113,7 +116,7 @@ def timm_command(opts: argparse.Namespace, seed: int, output: Path, num_classes:
         "--epochs", str(opts.epochs), "--opt", "sgd", "--momentum", "0.9", "--lr", str(opts.lr), "--sched", "cosine",
         "--min-lr", "0", "--warmup-epochs", "0", "--cooldown-epochs", "0", "--smoothing", "0.1",
         "--weight-decay", "1e-4", "--seed", str(seed), "--log-interval", "1", "--output", str(output),
-        "--experiment", "run",
+        "--experiment", "run", *shlex.split(opts.timm_flags),
     ]
 
 
@@ -255,6 +258,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     machine = environment(torch.device("cpu"))
     print(f"=> {machine['machine']}; timm {version}", flush=True)
+    for side, flags in (("main.py", opts.ours_flags), ("timm's train.py", opts.timm_flags)):
+        if flags:
+            print(f"=> {side} also gets: {flags}", flush=True)
     runs = []
     for index, seed in enumerate(opts.seeds):
         for side in SIDES if index % 2 == 0 else SIDES[::-1]:

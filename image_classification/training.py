@@ -23,6 +23,7 @@ from .data.layout import data_change_notice
 from .deploy.inference import calibrate
 from .deploy.onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
 from .errors import EXIT_PREEMPTED, PeerLost, UserError
+from .models.archs import cpu_trains_faster_channels_last
 from .records.datafile import open_own
 from .records.raport import Raport
 from .records.workspace import Workspace
@@ -53,7 +54,8 @@ def train(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace, signals: StopSignal) -> int:
     runtime = make_runtime(args.device, args.amp, args.amp_dtype, args.memory_format, args.tf32,
-                           gpu_affinity=args.gpu_affinity, dist_timeout=args.dist_timeout)
+                           gpu_affinity=args.gpu_affinity, dist_timeout=args.dist_timeout,
+                           cpu_channels_last=cpu_trains_faster_channels_last(args.arch))
     log = runtime.print
     log(workspace_notice(args))
     workspace = workspace_of(args)

@@ -484,8 +484,10 @@ def test_the_peer_benchmark_gives_main_py_timm_s_recipe_written_out():
     from image_classification.arguments import parse_args
 
     peer = importlib.import_module("benchmarks.peer_timm")
-    opts = peer.build_parser().parse_args(["/d", "--timm-train", "train.py", "--ours-flags=--epochs 3"])
+    opts = peer.build_parser().parse_args(["/d", "--timm-train", "train.py", "--ours-flags=--epochs 3",
+                                           "--timm-flags=--channels-last --pin-mem"])
     args = parse_args(peer.ours_command(opts, 7, "/w", 4)[3:])
+    assert args.memory_format == "auto"  # each side keeps its own default layout unless told
     assert (args.nesterov, args.momentum, args.bias_weight_decay, args.norm_weight_decay) == (True, 0.9, 0.0, None)
     assert (args.last_bn_0_init, args.val_resize_size, args.image_size, args.interpolation) == (True, 101, 96,
                                                                                               "bilinear")
@@ -493,6 +495,7 @@ def test_the_peer_benchmark_gives_main_py_timm_s_recipe_written_out():
                                                                                                 0.1, 1e-4)
     assert (args.seed, args.epochs, args.batch_size, args.workers, args.device) == (7, 3, 32, 2, "cpu")
     timm = " ".join(peer.timm_command(opts, 7, "/w", 4))
+    assert timm.endswith(" --channels-last --pin-mem")  # --timm-flags, last: they win
     for words in ("--opt sgd --momentum 0.9", "--warmup-epochs 0", "--crop-pct 0.95", "--color-jitter 0",
                   "--sched cosine", "--smoothing 0.1", "--weight-decay 1e-4", "--seed 7", "--val-split val"):
         assert words in timm, words

@@ -167,7 +167,7 @@ def test_reference_values():
     fp32 = preset("resnet50", "FP32", "DGX1V")
     assert (fp32["batch_size"], fp32["optimizer_batch_size"], fp32["lr"], fp32["weight_decay"]) == \
         (112, 896, 0.896, 6.103515625e-05)
-    assert fp32["amp"] is False and fp32["tf32"] is False and "memory_format" not in fp32
+    assert fp32["amp"] is False and fp32["tf32"] is False and fp32["memory_format"] == "nchw"  # the reference's
     assert preset("resnet50", "FP32", "DGX2V")["optimizer_batch_size"] == 4096
     assert preset("resnet50", "FP32", "T4")["batch_size"] == 128
     assert preset("resnet50", "TF32", "DGXA100")["tf32"] is True
@@ -179,8 +179,8 @@ def test_reference_values():
     bf16 = preset("resnext101-32x4d", "BF16", "DGXH100")
     assert bf16["amp_dtype"] == "bfloat16" and "static_loss_scale" not in bf16 and bf16["batch_size"] == 128
     cpu = preset("resnet50", "AMP", "CPU")
-    assert (cpu["device"], cpu["amp_dtype"], cpu["gpu_affinity"], cpu["workers"]) == \
-        ("cpu", "bfloat16", "none", 2)
+    assert (cpu["device"], cpu["amp_dtype"], cpu["gpu_affinity"], cpu["workers"], cpu["memory_format"]) == \
+        ("cpu", "bfloat16", "none", 2, "auto")
     assert "optimizer_batch_size" not in cpu and "print_freq" not in CONFIG["platform"]["CPU"]
 
 

@@ -269,8 +269,9 @@ def test_synthetic_backend_needs_no_dataset(tmp_path):
     assert summary(tmp_path / "experiment_raport.json")["train.total_ips"] > 0
 
 
-def test_amp_on_cpu_runs_in_bfloat16_and_nhwc(image_folder, tmp_path, monkeypatch):
-    """--amp on the CPU computes the convolutions in bf16 on channels-last batches, and still learns."""
+def record_first_convolution(monkeypatch) -> list[tuple[torch.dtype, bool, bool]]:
+    """Each training step's (dtype of the first convolution's output, whether its input and its weight are
+    channels-last), appended to the list returned."""
     from image_classification.train import engine as engine_module
 
     seen = []
@@ -286,6 +287,12 @@ def test_amp_on_cpu_runs_in_bfloat16_and_nhwc(image_folder, tmp_path, monkeypatc
             handle.remove()
 
     monkeypatch.setattr(engine_module.Engine, "train_step", recording_step)
+    return seen
+
+
+def test_amp_on_cpu_runs_in_bfloat16_and_nhwc(image_folder, tmp_path, monkeypatch):
+    """--amp on the CPU computes the convolutions in bf16 on channels-last batches, and still learns."""
+    seen = record_first_convolution(monkeypatch)
     code = train(image_folder, tmp_path, "--data-backend", "pytorch", "-j", "0", "--epochs", "1", "--prof", "2",
                  "--amp", "--memory-format", "nhwc")
     assert code == 0
@@ -293,6 +300,26 @@ def test_amp_on_cpu_runs_in_bfloat16_and_nhwc(image_folder, tmp_path, monkeypatc
     state = torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)
     assert state["scaler"] is None  # bf16 needs no loss scaling
     assert all(v.dtype != torch.bfloat16 for v in state["state_dict"].values())  # the weights stay fp32
+
+
+@pytest.mark.parametrize("arch, flags, channels_last", [
+    ("resnet50", [], True), ("resnet18", [], False), ("resnet50", ["--memory-format", "nchw"], False),
+    ("resnet18", ["--memory-format", "nhwc"], True),
+])
+def test_the_default_layout_on_the_cpu_is_channels_last_for_the_bottleneck_models(
+        image_folder, tmp_path, monkeypatch, capsys, arch, flags, channels_last):
+    """Without --memory-format, a CPU run trains ResNet-50 (bottleneck blocks, faster so on the CPU) in
+    channels-last and ResNet-18 (basic blocks, slower so at small sizes) in NCHW, says the first choice, and
+    records the layout it took, not ``auto``; a typed layout wins."""
+    seen = record_first_convolution(monkeypatch)
+    code = train(image_folder, tmp_path, "--data-backend", "pytorch", "-j", "0", "--epochs", "1", "--prof", "1",
+                 "--training-only", "--no-checkpoints", "-a", arch, "--image-size", "32", *flags)
+    assert code == 0
+    assert seen and all(record == (torch.float32, channels_last, channels_last) for record in seen), seen
+    said = "=> memory format nhwc: channels-last, in which this model trains faster on the CPU" in capsys.readouterr().out
+    assert said == (channels_last and not flags)
+    parameters = next(r["data"] for r in read_raport(tmp_path / "experiment_raport.json") if r["step"] == "PARAMETER")
+    assert parameters["memory_format"] == ("nhwc" if channels_last else "nchw")
 
 
 def test_cpu_runs_repeat_bitwise(image_folder, tmp_path):

@@ -19,7 +19,7 @@ from .values import shown, str2bool
 
 # Where a plain main.py run's defaults differ from the reference's main.py: the reference's values.  launch.py's
 # presets (the reference's recipes) start from these, so that every preset resolves as it did in the reference.
-REFERENCE_DEFAULTS = {"lr": 0.1, "last_bn_0_init": False}
+REFERENCE_DEFAULTS = {"lr": 0.1, "last_bn_0_init": False, "memory_format": "nchw"}
 
 
 def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:

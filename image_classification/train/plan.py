@@ -34,7 +34,7 @@ from ..records.integrity import recorded_description
 from ..records.workspace import Workspace
 from ..seeding import mix_seed
 from ..system import machine
-from ..system.runtime import Runtime
+from ..system.runtime import MEMORY_FORMAT_NAMES, Runtime
 from .optim import lr_at
 from .startup import DEFAULT_NUM_CLASSES, check_backend, check_fresh_start, class_count_sources, dataset_classes
 
@@ -529,6 +529,7 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
                        crop_ratio=preprocessing.crop_ratio, mean=preprocessing.mean, std=preprocessing.std)
     parameters = {**vars(args), "data_backend": backend, "seed": seed, "num_classes": num_classes, "lr": lr,
                   "topk": config.topk, "world_size": runtime.world_size, "device": str(runtime.device),
+                  "memory_format": MEMORY_FORMAT_NAMES[runtime.memory_format],
                   "amp_dtype": str(runtime.amp_dtype), "image_size": preprocessing.image_size,
                   "train_crop_size": preprocessing.train_size, "val_resize_size": preprocessing.resize_size,
                   "progressive_resize": preprocessing.train_schedule.as_flag() if preprocessing.train_schedule
