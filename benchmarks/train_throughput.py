@@ -10,7 +10,8 @@ all at the precision the flags ask for. Each side first runs ``--warmup`` untime
 compilation included, is reported); then ``--repeats`` rounds each time ``--iters`` iterations of every
 side, interleaved (the order rotates from round to round), each synchronised with the device only at its
 end. The JSON holds every round's images/s per side, their median and spread, each path's ratio of
-medians over ``plain`` with its verdict (none when the rounds' spread is larger than the difference), the
+medians over ``plain`` with its verdict (none when the rounds' spread is larger than the difference) and,
+where ``eager`` ran too, the other paths' over ``eager`` (what the layout or the compiler alone gives), the
 device and the software versions; on the CPU also a profile of the plain loop: the share of its operator
 time spent in convolutions, and so the most any path that runs the same convolutions could gain.
 With ``--largest-batch``, ``-b`` is the largest batch tried: a run that runs out of device memory is made
@@ -25,6 +26,7 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -212,6 +214,10 @@ def measure(args: argparse.Namespace) -> dict:
         # the rounds' own ratios (each round runs every side): a ratio inside their spread is no verdict
         spread = ratio_spread(rates[path], rates["plain"])
         paths[path] = {**stats, "ratio": ratio, "ratio_spread": spread, "verdict": verdict(ratio, spread)}
+        if path != "eager" and "eager" in rates:  # the same step in another layout or compiled: what that alone gives
+            over = stats["median"] / statistics.median(rates["eager"])
+            spread = ratio_spread(rates[path], rates["eager"])
+            paths[path]["over_eager"] = {"ratio": over, "ratio_spread": spread, "verdict": verdict(over, spread)}
     precision = "fp32" if runtime.amp_dtype is None else str(runtime.amp_dtype).replace("torch.", "")
     return {
         "benchmark": "train_throughput",
@@ -252,6 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"(spread {100 * stats['relative_spread']:.1f}%), warm-up {result['warmup_seconds'][name]:.2f} s")
         if name != "plain":
             line += f", vs plain {ratio_text(stats['ratio'], stats['ratio_spread'])}"
+        if "over_eager" in stats:
+            line += f", vs eager {ratio_text(stats['over_eager']['ratio'], stats['over_eager']['ratio_spread'])}"
         print(line)
     profile = plain.get("profile")
     if profile:

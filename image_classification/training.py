@@ -29,6 +29,7 @@ from .records.raport import Raport
 from .records.workspace import Workspace
 from .system.cli import report
 from .system.distributed import lost_peer_reason
+from .system.host_memory import keep_freed_memory
 from .system.runtime import Runtime, make_runtime, out_of_memory_reason
 from .system.signals import StopSignal, Stopped
 from .train.engine import Engine
@@ -56,6 +57,8 @@ def _train(args: argparse.Namespace, signals: StopSignal) -> int:
     runtime = make_runtime(args.device, args.amp, args.amp_dtype, args.memory_format, args.tf32,
                            gpu_affinity=args.gpu_affinity, dist_timeout=args.dist_timeout,
                            cpu_channels_last=cpu_trains_faster_channels_last(args.arch))
+    if not runtime.is_cuda:
+        keep_freed_memory()  # each step's activations stay in the heap, not faulted in afresh
     log = runtime.print
     log(workspace_notice(args))
     workspace = workspace_of(args)

@@ -40,6 +40,12 @@ def test_train_throughput_times_every_path_against_the_plain_loop(tmp_path):
         rounds = [a / b for a, b in zip(stats["values"], result["plain"]["values"])]
         assert stats["ratio_spread"] == pytest.approx((max(rounds) - min(rounds)) / (sum(rounds) / 2))
         assert stats["verdict"] == (abs(stats["ratio"] - 1) > stats["ratio_spread"])
+    layout = result["paths"]["channels_last"]["over_eager"]  # what the layout alone gives: the same step in NCHW
+    eager = result["paths"]["eager"]
+    assert "over_eager" not in eager and layout["ratio"] == pytest.approx(
+        result["paths"]["channels_last"]["median"] / eager["median"])
+    rounds = [a / b for a, b in zip(result["paths"]["channels_last"]["values"], eager["values"])]
+    assert layout["ratio_spread"] == pytest.approx((max(rounds) - min(rounds)) / (sum(rounds) / 2))
     profile = result["plain"]["profile"]  # on the CPU: where the plain loop's operator time goes
     convolutions = profile["conv_forward"] + profile["conv_backward"]
     assert 0 < profile["conv_forward"] < 1 and 0 < profile["conv_backward"] < 1 and convolutions < 1
