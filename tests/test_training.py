@@ -310,8 +310,12 @@ def test_the_default_layout_on_the_cpu_is_channels_last_for_the_bottleneck_model
         image_folder, tmp_path, monkeypatch, capsys, arch, flags, channels_last):
     """Without --memory-format, a CPU run trains ResNet-50 (bottleneck blocks, faster so on the CPU) in
     channels-last and ResNet-18 (basic blocks, slower so at small sizes) in NCHW, says the first choice, and
-    records the layout it took, not ``auto``; a typed layout wins."""
-    seen = record_first_convolution(monkeypatch)
+    records the layout it took, not ``auto``; a typed layout wins.  A CPU run keeps its freed activations in
+    the heap (tests/test_host_memory.py)."""
+    import image_classification.training as training
+
+    seen, kept = record_first_convolution(monkeypatch), []
+    monkeypatch.setattr(training, "keep_freed_memory", lambda: kept.append(True))
     code = train(image_folder, tmp_path, "--data-backend", "pytorch", "-j", "0", "--epochs", "1", "--prof", "1",
                  "--training-only", "--no-checkpoints", "-a", arch, "--image-size", "32", *flags)
     assert code == 0
@@ -320,6 +324,7 @@ def test_the_default_layout_on_the_cpu_is_channels_last_for_the_bottleneck_model
     assert said == (channels_last and not flags)
     parameters = next(r["data"] for r in read_raport(tmp_path / "experiment_raport.json") if r["step"] == "PARAMETER")
     assert parameters["memory_format"] == ("nhwc" if channels_last else "nchw")
+    assert kept == [True]
 
 
 def test_cpu_runs_repeat_bitwise(image_folder, tmp_path):
