@@ -387,7 +387,7 @@ def test_a_presets_file_past_a_megabyte_or_not_a_regular_file_is_refused_before_
         reading.join(timeout=30)
         assert outcome == [f"error: {special} is not a regular file (a folder, a device or a pipe): it is not a "
                            "presets file"]
-    assert launch.MAX_CFG_BYTES > 100 * (REPO / "configs.yml").stat().st_size
+    assert launch.MAX_CFG_BYTES > 20 * (REPO / "configs.yml").stat().st_size  # far above the real file
 
 
 def test_a_presets_file_that_is_not_utf8_is_one_line_naming_it(tmp_path, capsys):

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -545,7 +546,9 @@ def test_nothing_is_overwritten_when_a_save_fails(tmp_path, monkeypatch):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-def test_later_reference_features_run_together(image_folder, tmp_path):
+def test_later_reference_features_run_together(image_folder, tmp_path, capsys, recwarn):
+    """The reference's later flags in one run; torch's deprecation of TorchScript (2.14) is one line of the run's
+    output, not a Python warning."""
     code = train(image_folder, tmp_path, "--data-backend", "pytorch", "-j", "1", "--epochs", "2", "--prof", "2",
                  "--augmentation", "autoaugment", "--interpolation", "triangular", "--optimizer", "rmsprop",
                  "--jit", "script", "--use-ema", "0.99", "--topk", "2", "--early-stopping-patience", "1",
@@ -553,6 +556,12 @@ def test_later_reference_features_run_together(image_folder, tmp_path):
     assert code == 0
     data = summary(tmp_path / "experiment_raport.json")
     assert "val_ema.top1" in data and "val.top2" in data
+    assert not [w for w in recwarn if issubclass(w.category, FutureWarning) and "jit" in str(w.message)]
+    deprecated = [line for line in capsys.readouterr().out.splitlines() if line.startswith("=> --jit script: ")]
+    with warnings.catch_warnings(record=True) as caught:  # does this torch deprecate it?
+        warnings.simplefilter("always", FutureWarning)
+        torch.jit.script(torch.nn.Linear(1, 1))
+    assert len(deprecated) == (1 if any(issubclass(w.category, FutureWarning) for w in caught) else 0), deprecated
 
 
 @pytest.mark.parametrize("dynamic", [False, True])

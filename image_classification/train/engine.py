@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -122,7 +123,14 @@ class Engine:
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         if self.config.jit == "script":
-            model = torch.jit.script(model)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", FutureWarning)
+                model = torch.jit.script(model)
+            for warning in caught:  # torch 2.14 deprecates TorchScript: one line, not a warning's two
+                if issubclass(warning.category, FutureWarning):
+                    self.log(f"=> --jit script: {str(warning.message).splitlines()[0]}")
+                else:
+                    warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
         if self.config.compile:
             model = torch.compile(model)
         if self.runtime.distributed:
