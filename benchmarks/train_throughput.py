@@ -216,8 +216,9 @@ def measure(args: argparse.Namespace) -> dict:
         paths[path] = {**stats, "ratio": ratio, "ratio_spread": spread, "verdict": verdict(ratio, spread)}
         if path != "eager" and "eager" in rates:  # the same step in another layout or compiled: what that alone gives
             over = stats["median"] / statistics.median(rates["eager"])
-            spread = ratio_spread(rates[path], rates["eager"])
-            paths[path]["over_eager"] = {"ratio": over, "ratio_spread": spread, "verdict": verdict(over, spread)}
+            over_spread = ratio_spread(rates[path], rates["eager"])
+            paths[path]["over_eager"] = {"ratio": over, "ratio_spread": over_spread,
+                                         "verdict": verdict(over, over_spread)}
     precision = "fp32" if runtime.amp_dtype is None else str(runtime.amp_dtype).replace("torch.", "")
     return {
         "benchmark": "train_throughput",

@@ -9,7 +9,8 @@ holds its group's flags and the checks of their values.  :mod:`.parsing` builds 
 and runs the checks; ``launch.py``'s presets reach :func:`parse_args` as ``defaults``, written as the flags
 they set and put before the typed ones, so that explicit flags still win.  A plain run's defaults are the
 reference's but for the learning rate (scaled to the global batch), the last BatchNorm of each residual
-block (zero) and the memory format (``auto``); :data:`REFERENCE_DEFAULTS` holds the reference's values, which the presets start from.
+block (zero) and the memory format (``auto``); :data:`REFERENCE_DEFAULTS` holds the reference's values, which
+the presets start from.
 
 No torch here (nor in what this imports): ``-h`` and a mistyped flag answer before torch is loaded,
 which takes seconds.

@@ -35,8 +35,9 @@ ARCHS: dict[str, tuple[str, tuple[int, ...], tuple[int, ...], int, int, bool]] =
 
 def cpu_trains_faster_channels_last(arch: str) -> bool:
     """Whether ``arch`` trains faster on the CPU in the channels-last layout (``--memory-format auto``'s choice
-    there): the bottleneck models, whose convolutions oneDNN runs 1.03x (32 px) to 1.36x (224 px) faster in it;
-    not the basic-block ResNet-18 and -34, 0.89x to 1.10x (docs/performance.md, "The memory format on the CPU")."""
+    there): the bottleneck models, whose training step ran 1.13x (32 px, within noise) to 1.43x (224 px) faster in
+    it; not the basic-block ResNet-18 and -34 (ResNet-18: 0.87x at 32 px, 0.99x at 96 px) (docs/performance.md,
+    "The memory format on the CPU")."""
     return ARCHS[arch][0] == "bottleneck"
 
 

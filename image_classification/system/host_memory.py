@@ -7,7 +7,7 @@ tens to thousands of MB, every step, so each step takes its memory from the kern
 of page faults, each zeroing a page, and the TLB flushes of unmapping it.  :func:`keep_freed_memory` keeps
 blocks up to glibc's largest threshold (32 MiB) in the heap and stops the heap from shrinking: the process
 holds the most memory a step needed, as it would again at the next step.  Measured on the photo set's
-ResNet-50 at 96 px, batch 32, two cores: 3.6% more training images/s (docs/performance.md, "The host
+ResNet-50 at 96 px, batch 32, two cores: 1-3% more training images/s (docs/performance.md, "The host
 allocator on the CPU").
 
 A process that sets any of glibc's ``MALLOC_*`` variables, or preloads another allocator (jemalloc,
