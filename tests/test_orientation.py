@@ -79,19 +79,20 @@ def photos(tmp_path_factory) -> Path:
     return root
 
 
-def passes(root: Path, backend: str, **fields) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def passes(root: Path, backend: str, device: str = "cpu", **fields) -> tuple[list[torch.Tensor], list]:
     """One training and one validation pass of ``backend`` on ``root`` (32 px, batches of 4, seed 3, crops of
     at least 60% of the image, so that most decode at half scale): (train, val) images, (train, val)
     targets."""
     settings = dict(data=str(root), backend=backend, image_size=SIZE, batch_size=4, seed=3, workers=0,
                     crop_scale=(0.6, 1.0))
-    runtime = Runtime(torch.device("cpu"), None, torch.contiguous_format)
+    runtime = Runtime(torch.device(device, 0) if device == "cuda" else torch.device(device), None,
+                      torch.contiguous_format)
     train, val = get_loaders(DataConfig(**{**settings, **fields}), runtime, want_train=True, want_val=True)
     train.set_epoch(1)
     val.set_epoch(1)
     batches = [list(loader) for loader in (train, val)]
-    return ([torch.cat([images for images, _ in batch]) for batch in batches],
-            [torch.cat([targets for _, targets in batch]) for batch in batches])
+    return ([torch.cat([images.cpu() for images, _ in batch]) for batch in batches],
+            [torch.cat([targets.cpu() for _, targets in batch]) for batch in batches])
 
 
 def levels_per_image(a: torch.Tensor, b: torch.Tensor) -> list[float]:
@@ -269,3 +270,21 @@ def test_classify_shows_weights_recorded_before_the_turn_the_image_as_stored(pho
         ours, plain = (transform(load_resized(photos / kind / "val" / f"o{orientation}" / "photo.jpg",
                                               preprocessing)) for kind in ("tagged", "plain"))
         assert torch.equal(ours, plain)
+
+
+# -- on a GPU (their CPU twins above) -------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["pytorch-gpu", "dali-gpu"])
+def test_on_cuda_the_gpu_decoders_turn_as_their_cpu_twins_do(photos, backend):
+    """nvJPEG through torchvision (which leaves the tag to the workers' reading) and through DALI (which reads
+    it itself, the validation window too): the crops of the photograph stored turned, on the same device; as
+    stored, the untagged photograph's bit for bit."""
+    _needs(backend)
+    ours, ours_targets = passes(photos / "tagged", backend, device="cuda")
+    turned, turned_targets = passes(photos / "turned", backend, device="cuda")
+    assert [t.tolist() for t in ours_targets] == [t.tolist() for t in turned_targets]
+    assert all(max(levels_per_image(a, b)) < FULL_LEVELS for a, b in zip(ours, turned))
+    stored = passes(photos / "tagged", backend, device="cuda", exif_orientation=False)
+    plain = passes(photos / "plain", backend, device="cuda")
+    assert all(torch.equal(a, b) for a, b in zip(stored[0] + stored[1], plain[0] + plain[1]))
