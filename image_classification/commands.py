@@ -36,14 +36,16 @@ def train(prog: str = "ic-train") -> int:
     without torch (the dataset, the workspace) it refuses before it imports the training code."""
     catch_early()  # as main.py: a SIGTERM during the imports stops the run cleanly (exit 75)
 
-    def parse() -> argparse.Namespace:
+    def job() -> int | None:
         args = parse_args(prog=prog)
-        from .train.startup import check_before_torch  # deferred: numpy and PIL (the dataset check), past -h
+        from .train.startup import launched, preflight  # deferred: numpy and PIL (the dataset check), past -h
 
-        check_before_torch(args)
-        return args
+        classes = None if launched() else preflight(args)  # a launched process checks once its rank is known
+        from .training import train as run_training  # deferred: torch
 
-    return _parse_then_run(parse, "training", "train")
+        return run_training(args, classes=classes)
+
+    return run(job)
 
 
 def launch(prog: str = "ic-launch") -> int:

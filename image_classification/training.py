@@ -36,7 +36,7 @@ from .train.engine import Engine
 from .train.loop import Loop, RunControl, ValResult
 from .train.metrics import register_metrics
 from .train.plan import RunConfig, resolve_run
-from .train.startup import check_workspace, workspace_notice, workspace_of
+from .train.startup import preflight, workspace_notice, workspace_of
 
 
 # ------------------------------------------------------------------------------------------------
@@ -47,13 +47,15 @@ def main(argv: list[str] | None = None, defaults: dict | None = None, *, prog: s
     return train(parse_args(argv, defaults, prog=prog))
 
 
-def train(args: argparse.Namespace) -> int:
-    """Run the job that parsed (and checked) arguments describe; returns the exit code."""
+def train(args: argparse.Namespace, classes: list[str] | None = None) -> int:
+    """Run the job that parsed (and checked) arguments describe; returns the exit code.  ``classes``: the dataset's
+    class folders where :func:`~image_classification.train.startup.preflight` has checked it and the workspace
+    (None: the run checks them itself)."""
     with StopSignal() as signals:
-        return _train(args, signals)
+        return _train(args, signals, classes)
 
 
-def _train(args: argparse.Namespace, signals: StopSignal) -> int:
+def _train(args: argparse.Namespace, signals: StopSignal, classes: list[str] | None) -> int:
     runtime = make_runtime(args.device, args.amp, args.amp_dtype, args.memory_format, args.tf32,
                            gpu_affinity=args.gpu_affinity, dist_timeout=args.dist_timeout,
                            cpu_channels_last=cpu_trains_faster_channels_last(args.arch))
@@ -63,7 +65,7 @@ def _train(args: argparse.Namespace, signals: StopSignal) -> int:
     log(workspace_notice(args))
     workspace = workspace_of(args)
     try:
-        code = _run(args, runtime, workspace, signals, log)
+        code = _run(args, runtime, workspace, signals, log, classes)
         if runtime.distributed and dist.is_initialized():
             with runtime.waiting_for_peers("finishing the run"):
                 dist.barrier()  # every rank is done with every collective once past it
@@ -109,13 +111,14 @@ def _leave_distributed(workspace: Workspace, code: int) -> NoReturn:
     os._exit(code)
 
 
-def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signals: StopSignal, log) -> int:
+def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signals: StopSignal, log,
+         classes: list[str] | None) -> int:
     saving = args.save_checkpoints and not args.evaluate
-    if runtime.is_main:
-        check_workspace(args, workspace)
     # Every check of the set-up (flags, dataset, weights, the checkpoint against the flags) comes before the
     # workspace is created and locked: a run refused for any of them leaves nothing behind.
-    plan = resolve_run(args, runtime, workspace, log)
+    if classes is None:
+        classes = preflight(args, workspace=runtime.is_main, log=log)
+    plan = resolve_run(args, runtime, workspace, classes, log)
     if plan is None:
         return 0
     config = plan.config

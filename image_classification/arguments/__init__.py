@@ -22,7 +22,8 @@ machine's facts that help texts name), errors.
 from .data import (AUGMENTATIONS, BACKEND_ALIASES, DATA_BACKENDS, DEFAULT_WORKERS, INTERPOLATIONS, MIN_IMAGE_SIZE,
                    RANDAUGMENT_BINS, VAL_TTA)
 from .optimisation import (DEFAULT_LR_PEAK_EPOCH, LR_BASE, LR_BASE_BATCH, LR_SCHEDULES, MIN_MIXUP, OPTIMIZERS,
-                           REFERENCE_LR_PER_IMAGE, WARN_LR_FACTOR, check_optimisation_combinations, linear_scaled_lr)
+                           REFERENCE_LR_PER_IMAGE, WARN_LR_FACTOR, check_optimisation_combinations, global_batch,
+                           linear_scaled_lr, resolve_lr)
 from .parsing import (REFERENCE_DEFAULTS, build_parser, check_values, flag_tokens, parse_args, preset_tokens,
                       validate_args)
 from .run import DEFAULT_RAPORT_FILE, CheckpointInterval, raport_file
@@ -33,6 +34,7 @@ __all__ = [
     "DEFAULT_WORKERS", "FLOAT32_MAX", "INTERPOLATIONS", "LR_BASE", "LR_BASE_BATCH", "LR_SCHEDULES", "MAX_WAIT_S",
     "MIN_IMAGE_SIZE", "MIN_MIXUP", "OPTIMIZERS", "RANDAUGMENT_BINS", "REFERENCE_DEFAULTS", "REFERENCE_LR_PER_IMAGE",
     "VAL_TTA", "WARN_LR_FACTOR", "CheckpointInterval", "build_parser", "check_optimisation_combinations",
-    "check_values", "flag_tokens", "linear_scaled_lr", "parse_args", "preset_tokens", "raport_file", "shown",
+    "check_values", "flag_tokens", "global_batch", "linear_scaled_lr", "parse_args", "preset_tokens", "raport_file",
+    "resolve_lr", "shown",
     "validate_args",
 ]

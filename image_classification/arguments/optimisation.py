@@ -49,6 +49,10 @@ def add_optimisation_arguments(parser: argparse.ArgumentParser) -> None:
     optim.add_argument("--lr", "--learning-rate", metavar="LR", type=float32, default=None,
                        help=f"initial learning rate (default: {LR_BASE:g} x the global batch / {LR_BASE_BATCH}, the "
                        f"linear scaling rule: {LR_BASE:g} at -b {LR_BASE_BATCH} on one process)")
+    optim.add_argument("--lr-batch", metavar="N", type=positive_int, default=None,
+                       help="the global batch --lr is stated for: the run scales it linearly to its own global batch "
+                       "(processes x -b, or --optimizer-batch-size), as FFCV's recipes state theirs (default: none, "
+                       "--lr as given)")
     optim.add_argument("--lr-schedule", metavar="SCHEDULE", type=_lr_schedule, default="step",
                        help="type of LR schedule: step, linear, cosine, or triangular (alias cyclic: FFCV's, "
                        "set at every step: from 1e-4 x LR up to LR at --lr-peak-epoch, then down to 0 at the end) "
@@ -101,10 +105,44 @@ def add_optimisation_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def linear_scaled_lr(global_batch: int, base: float = LR_BASE, base_batch: int = LR_BASE_BATCH) -> float:
-    """The linear scaling rule: ``base`` per ``base_batch`` images, at ``global_batch``; by default the learning
-    rate of a run without ``--lr`` (:data:`LR_BASE` per :data:`LR_BASE_BATCH`), and launch.py's for a preset's
-    ``lr`` stated for a global batch."""
-    return base * global_batch / base_batch
+    """The linear scaling rule: ``base`` per ``base_batch`` images, at ``global_batch`` (rounded to 12 digits, so
+    that a rate that scales to itself stays as typed); by default the learning rate of a run without ``--lr``
+    (:data:`LR_BASE` per :data:`LR_BASE_BATCH`)."""
+    return float(f"{base * global_batch / base_batch:.12g}")
+
+
+def global_batch(batch_size: int, world_size: int, optimizer_batch_size: int = -1) -> int:
+    """The images of one optimizer step: ``--optimizer-batch-size`` where positive (gradient accumulation
+    reaches it), else every process's ``-b``."""
+    return optimizer_batch_size if optimizer_batch_size > 0 else batch_size * world_size
+
+
+def resolve_lr(lr: float | None, lr_batch: int | None, batch: int, *, optimizer: str, warmup: int
+               ) -> tuple[float, str | None]:
+    """(learning rate, a start-up line or None) of a run whose optimizer steps take ``batch`` images (:func:`global_batch`):
+    ``--lr`` as given; scaled linearly from ``--lr-batch`` to ``batch``; without ``--lr`` the linear scaling rule's
+    :data:`LR_BASE` per :data:`LR_BASE_BATCH`.  The one place a rate is scaled (``launch.py``'s presets state theirs
+    with ``lr_batch``).
+
+    The line says where a rate not given as is came from, or warns where an SGD rate is far above the reference's
+    per image (more than :data:`WARN_LR_FACTOR` times its 0.001) with no warm-up: such a run may lose its first
+    epoch, or diverge."""
+    if lr is None:
+        lr = linear_scaled_lr(batch)
+        return lr, (f"=> learning rate {lr:g}: {LR_BASE:g} per {LR_BASE_BATCH} images of the global batch of "
+                    f"{batch} (the linear scaling rule; --lr sets another)")
+    if lr_batch is not None:
+        scaled = linear_scaled_lr(batch, lr, lr_batch)
+        return scaled, (f"=> learning rate {scaled:g}: --lr {lr:g} for a global batch of {lr_batch} (--lr-batch), "
+                        f"scaled to this run's {batch}")
+    per_image = lr / batch
+    if optimizer != "sgd" or warmup > 0 or per_image <= WARN_LR_FACTOR * REFERENCE_LR_PER_IMAGE:
+        return lr, None
+    return lr, (f"=> --lr {lr:g} is {per_image:.2g} per image of the global batch of {batch}, "
+                f"{per_image / REFERENCE_LR_PER_IMAGE:.1f}x the reference's {REFERENCE_LR_PER_IMAGE:g}, with no "
+                f"--warmup: the first epoch may diverge; leave --lr out for {linear_scaled_lr(batch):g} "
+                f"({LR_BASE:g} per {LR_BASE_BATCH} images), or add --warmup E (epoch e < E trains at (e + 1) / E of "
+                "the rate)")
 
 
 def check_optimisation_values(args: argparse.Namespace) -> None:
@@ -149,6 +187,9 @@ def check_optimisation_combinations(args: argparse.Namespace) -> None:
                             f"peak below {args.epochs}")
     elif args.lr_peak_epoch is not None:
         raise UserError("--lr-peak-epoch places the peak of --lr-schedule triangular: it needs that schedule")
+    if args.lr_batch is not None and args.lr is None:
+        raise UserError(f"--lr-batch {args.lr_batch} says which global batch --lr is stated for: it needs --lr "
+                        f"(without both, the rate is {LR_BASE:g} per {LR_BASE_BATCH} images of the global batch)")
     if args.nesterov and (args.optimizer != "sgd" or args.momentum <= 0):
         raise UserError("--nesterov needs --optimizer sgd with a positive --momentum")
     if args.mixup_switch_prob is not None and not (args.mixup > 0 and args.cutmix > 0):

@@ -99,9 +99,12 @@ def preset_tokens(parser: argparse.ArgumentParser, key: str, value) -> list[str]
     """The tokens that set ``key`` (an argparse dest) to a preset's ``value``, its type checked; [] for None."""
     action = _action_for(parser, key)
     if action is None or key == "help":
-        raise UserError(f"unknown configuration key: {key}")
+        raise UserError(f"unknown configuration key: {shown(key)}")
     if value is None:
         return []
+    if isinstance(value, str) and "\0" in value:  # it would reach the file system as a path, which refuses it
+        raise UserError(f"preset value {key}: {shown(value)} is not valid: it holds a NUL byte, which no flag value "
+                        "or file name can hold")
     if isinstance(action, argparse.BooleanOptionalAction) or action.nargs == 0:
         _require(key, value, bool)
     elif isinstance(action.nargs, int) and action.nargs > 1:

@@ -45,6 +45,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..errors import UserError
 from ..models.preprocessing import val_resize_size
+from ..system import machine
 from ..system.runtime import Runtime
 from .common import DataConfig, SideStream, WrappingLoader, channel_values, normalized
 from .decoders import device_decoder, device_problem
@@ -79,7 +80,7 @@ OUT_OF_MEMORY = re.compile(r"out of memory|ALLOCATOR_FAILURE|Failed to [^:\n]*: 
 def gpu_decoding_problem(device: torch.device | None = None) -> str | None:
     """Why no decoder decodes a batch of JPEGs on ``device`` (the current CUDA device when None) as the CPU does,
     or None when one does: found by decoding small JPEGs there, once per process."""
-    if not torch.cuda.is_available():
+    if not machine.cuda_available():
         return "no CUDA device"
     return device_problem(device or torch.device("cuda", torch.cuda.current_device()))
 

@@ -34,7 +34,7 @@ from ..models.preprocessing import Preprocessing, choose_preprocessing
 from ..models.weights import checked_arch, checked_num_classes, fetch_pretrained, recorded_class_names
 from ..records.checkpoint import load_checkpoint_file
 from ..records.integrity import recorded_description
-from ..system import machine
+from ..system import host, machine
 from ..system.runtime import Runtime, make_runtime
 from .onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
 from .quantization import Int8Request, Quantization, int8_request, read_calibration
@@ -320,7 +320,7 @@ def _slower_bf16() -> str:
 def classify_runtime(device: str, precision: str | None, memory_format: str) -> Runtime:
     """The runtime of a one-off classification: ``precision`` None picks :func:`default_precision`."""
     if precision is None:
-        wants_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+        wants_cuda = host.use_cuda(device)
         precision = default_precision("cuda" if wants_cuda else "cpu")
         listed = [] if wants_cuda else machine.cpu_bf16_features()
         promised = not wants_cuda and machine.bf16_faster_by_flags()

@@ -193,7 +193,7 @@ def onnx_device(choice: str) -> str:
     is there; else the CPU."""
     if choice == "cpu":
         return "cpu"
-    if not torch.cuda.is_available():
+    if not machine.cuda_available():
         if choice == "cuda":
             raise UserError("--device cuda was asked for, but no CUDA device is available")
         return "cpu"

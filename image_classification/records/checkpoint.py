@@ -324,7 +324,8 @@ def rng_state() -> dict:
             "cached_gaussian": float(np_state[4]),
         },
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        # the generators of a process that uses CUDA (initialising it only to read them would take a GPU's memory)
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
     }
 
 
@@ -339,7 +340,7 @@ def restore_rng_state(state: dict) -> None:
          np_state["has_gauss"], np_state["cached_gaussian"])
     )
     torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+    if state["cuda"] and torch.cuda.is_initialized() and len(state["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 

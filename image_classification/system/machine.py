@@ -202,13 +202,24 @@ def kernel_module_version(text: str) -> str | None:
     return match.group(1) if match else None
 
 
+def cuda_available() -> bool:
+    """Whether torch sees a CUDA device here: the one place that asks (:func:`.host.use_cuda` decides whether a
+    command uses it).  A process that has not imported torch yet asks NVIDIA's driver first: without one torch
+    can find no GPU, and its import takes seconds that a ``--dry-run`` need not wait for."""
+    if "torch" not in sys.modules and gpu_driver() is None:
+        return False
+    import torch  # deferred: seconds, where a driver says a GPU may be there (or torch is loaded already)
+
+    return torch.cuda.is_available()
+
+
 def gpu(index: int | None = None) -> dict | None:
     """CUDA device ``index`` (default: the current one): name, memory, compute capability, how many devices
     there are, the driver and torch's CUDA version; None where CUDA is not available."""
+    if not cuda_available():
+        return None
     import torch
 
-    if not torch.cuda.is_available():
-        return None
     properties = torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index)
     return {"name": properties.name, "memory_gib": round(properties.total_memory / 2**30, 1),
             "capability": f"{properties.major}.{properties.minor}", "count": torch.cuda.device_count(),

@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..arguments import (DEFAULT_LR_PEAK_EPOCH, DEFAULT_RAPORT_FILE, DEFAULT_WORKERS, LR_BASE, LR_BASE_BATCH,
-                         REFERENCE_LR_PER_IMAGE, WARN_LR_FACTOR, CheckpointInterval, linear_scaled_lr, raport_file)
+from ..arguments import (DEFAULT_LR_PEAK_EPOCH, DEFAULT_RAPORT_FILE, DEFAULT_WORKERS, CheckpointInterval,
+                         global_batch, raport_file, resolve_lr)
 from ..data import DataConfig, decoder_notice, default_backend_notice, resolve_backend
 from ..data.files import printable
 from ..deploy.quantization import Int8Request, int8_request
@@ -36,7 +36,7 @@ from ..seeding import mix_seed
 from ..system import machine
 from ..system.runtime import MEMORY_FORMAT_NAMES, Runtime
 from .optim import lr_at
-from .startup import DEFAULT_NUM_CLASSES, check_backend, check_fresh_start, class_count_sources, dataset_classes
+from .startup import DEFAULT_NUM_CLASSES, check_backend, class_count_sources
 
 DEFAULT_LOSS_SCALE = 2.0**16  # where a dynamic fp16 loss scale starts unless told (torch's GradScaler default)
 
@@ -174,26 +174,6 @@ def grad_accumulation_steps(optimizer_batch_size: int, batch_size: int, world_si
             f"= {world_size} x {batch_size} = {per_step}"
         )
     return optimizer_batch_size // per_step
-
-
-def resolve_lr(lr: float | None, global_batch: int, *, optimizer: str, warmup: int) -> tuple[float, str | None]:
-    """(learning rate, a start-up line or None): ``--lr`` as given, or the linear scaling rule's without it.
-
-    The line says where a rate not given came from, or warns where an SGD rate given is far above the
-    reference's per image (more than :data:`WARN_LR_FACTOR` times its 0.001) with no warm-up: such a run may
-    lose its first epoch, or diverge."""
-    if lr is None:
-        lr = linear_scaled_lr(global_batch)
-        return lr, (f"=> learning rate {lr:g}: {LR_BASE:g} per {LR_BASE_BATCH} images of the global batch of "
-                    f"{global_batch} (the linear scaling rule; --lr sets another)")
-    per_image = lr / global_batch
-    if optimizer != "sgd" or warmup > 0 or per_image <= WARN_LR_FACTOR * REFERENCE_LR_PER_IMAGE:
-        return lr, None
-    return lr, (f"=> --lr {lr:g} is {per_image:.2g} per image of the global batch of {global_batch}, "
-                f"{per_image / REFERENCE_LR_PER_IMAGE:.1f}x the reference's {REFERENCE_LR_PER_IMAGE:g}, with no "
-                f"--warmup: the first epoch may diverge; leave --lr out for {linear_scaled_lr(global_batch):g} "
-                f"({LR_BASE:g} per {LR_BASE_BATCH} images), or add --warmup E (epoch e < E trains at (e + 1) / E of "
-                "the rate)")
 
 
 def model_options(args: argparse.Namespace) -> dict:
@@ -456,23 +436,21 @@ def check_progress(state: dict, path: str) -> None:
         raise UserError(f"{path} records best_prec1 = {str(best)[:40]}, not a number; it cannot be resumed")
 
 
-def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, log) -> Plan | None:
-    """Everything the run decides before its first step (see the module docstring); None when a
-    ``--resume auto`` run finds its work already done."""
+def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, classes: list[str], log
+                ) -> Plan | None:
+    """Everything the run decides before its first step (see the module docstring), after
+    :func:`~.startup.preflight` checked the dataset (its ``classes``) and the workspace; None when a ``--resume
+    auto`` run finds its work already done."""
     loss_scale = choose_loss_scale(runtime.amp_dtype, args.static_loss_scale, args.dynamic_loss_scale)
     if loss_scale[2]:
         log(loss_scale[2])
-    backend = resolve_backend(args.data_backend, runtime.is_cuda)
+    backend = resolve_backend(args.data_backend, runtime.is_cuda)  # the one place the backend is decided
     if args.data_backend is None:  # otherwise only the raport would say which
         log(default_backend_notice(backend, runtime.is_cuda))
-    # What cannot work at all (this machine, the dataset) is said before what an earlier run left in the
-    # workspace: the user fixes the first, then meets the second, never the other way round.
     check_backend(backend, runtime.is_cuda, args.augmentation, training=not args.evaluate)
     decoder = decoder_notice(backend, runtime.device, args.decode_scale)
     if decoder is not None:
         log(decoder)
-    classes = dataset_classes(args, backend)
-    check_fresh_start(args, workspace, log)
     resume_path, resumed = find_resume_checkpoint(args, workspace, runtime, log)
     if resumed is not None:
         check_progress(resumed, resume_path)
@@ -512,7 +490,8 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     accumulation = grad_accumulation_steps(args.optimizer_batch_size, args.batch_size, runtime.world_size)
     if accumulation > 1:
         log(f"=> gradient accumulation: {accumulation} micro-batches of {args.batch_size} per optimizer step")
-    lr, lr_note = resolve_lr(args.lr, args.batch_size * runtime.world_size * accumulation, optimizer=args.optimizer,
+    lr, lr_note = resolve_lr(args.lr, args.lr_batch, global_batch(args.batch_size, runtime.world_size,
+                                                                   args.optimizer_batch_size), optimizer=args.optimizer,
                              warmup=args.warmup)
     if lr_note and not args.evaluate and (args.lr is None or resumed is None):
         log(lr_note)
