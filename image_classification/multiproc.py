@@ -145,8 +145,8 @@ def check_before_starting(ns: argparse.Namespace) -> None:
         return
     from .train.startup import preflight  # deferred: numpy and PIL, once the command line is checked
 
-    preflight(args, workspace=ns.nnodes == 1 or (ns.rdzv_backend == "static" and ns.node_rank == 0),
-              log=lambda line: None)
+    on_rank_0s_node = ns.nnodes == 1 or (ns.rdzv_backend == "static" and ns.node_rank == 0)
+    preflight(args, workspace=on_rank_0s_node, earlier_run=on_rank_0s_node)
 
 
 def torchrun_argv(ns: argparse.Namespace) -> list[str]:

@@ -117,7 +117,7 @@ def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signa
     # Every check of the set-up (flags, dataset, weights, the checkpoint against the flags) comes before the
     # workspace is created and locked: a run refused for any of them leaves nothing behind.
     if classes is None:
-        classes = preflight(args, workspace=runtime.is_main, log=log)
+        classes = preflight(args, workspace=runtime.is_main)
     plan = resolve_run(args, runtime, workspace, classes, log)
     if plan is None:
         return 0

@@ -24,6 +24,7 @@ from pathlib import Path
 from types import ModuleType
 
 import numpy as np
+import pytest
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
@@ -538,3 +539,15 @@ def run_process(argv: list, cwd: Path | None = None, env: dict[str, str] | None 
         process = start_process(argv, out, err, cwd=cwd, env=env)
         wait_or_kill(process, timeout)
         return Result([str(token) for token in argv], process.returncode, out.read_text(), err.read_text())
+
+
+def launch_on(argv: list[str], cuda_available: bool) -> int:
+    """``launch.py argv`` in this process, on a machine with CUDA or without (as ``machine.cuda_available``, the
+    one place that asks, answers); its exit code."""
+    from image_classification import launch
+    from image_classification.system import machine
+    from image_classification.system.cli import run
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(machine, "cuda_available", lambda: cuda_available)
+        return run(launch.main, argv)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO, load_script, run_script
+from helpers import REPO, launch_on, load_script, run_script
 
 report = load_script("gpu_report")
 
@@ -148,7 +148,7 @@ def test_every_planned_command_parses_with_its_script(tmp_path, capsys):
             if step.kind == "launch":  # launch.py resolves its preset and main.py's flags, as the run will
                 from image_classification import launch
 
-                assert launch.main([*step.argv[1:], "--dry-run"], cuda_available=True) == 0
+                assert launch_on([*step.argv[1:], "--dry-run"], True) == 0
                 continue
             script = (load_script(Path(step.argv[0]).stem) if step.argv[0].startswith("scripts/") else
                       importlib.import_module(step.argv[0][:-3].replace("/", ".")))

@@ -13,7 +13,7 @@ from typing import NamedTuple, Sequence
 import pytest
 import yaml
 
-from helpers import REPO, refused, run_script
+from helpers import REPO, launch_on, refused, run_script
 from image_classification import launch
 from image_classification.arguments import build_parser as build_main_parser, parse_args, preset_tokens
 from image_classification.arguments.described import VALUES_HEADER
@@ -48,10 +48,7 @@ def _main_py(line: str) -> argparse.Namespace:
 
 
 def _launch(argv: list[str], cuda_available: bool = True) -> int:
-    """``launch.main(argv)`` on a machine with CUDA or without (as machine.cuda_available says)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(machine, "cuda_available", lambda: cuda_available)
-        return run(launch.main, argv)
+    return launch_on(argv, cuda_available)
 
 
 def _dry_run(argv: list[str], capsys, cuda_available: bool = True, notes: Sequence[str] = ()) -> DryRun:

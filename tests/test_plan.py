@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import refused
+from helpers import launch_on, refused
 from image_classification.train.plan import DEFAULT_LOSS_SCALE, choose_loss_scale
 
 FP16, BF16 = torch.float16, torch.bfloat16
@@ -89,11 +89,11 @@ def test_a_preset_s_imagenet_class_count_gives_way_to_the_dataset_s(image_folder
     from image_classification import launch
 
     seen = {}
-    monkeypatch.setattr("image_classification.training.train", lambda args: seen.setdefault("args", args) and 0)
+    monkeypatch.setattr("image_classification.training.train", lambda args, **kw: seen.setdefault("args", args) and 0)
     preset = ["--model", "resnet50", "--precision", "FP32", "--mode", "convergence", "--platform", "CPU"]
-    assert launch.main([*preset, str(image_folder)], cuda_available=False) == 0
+    assert launch_on([*preset, str(image_folder)], False) == 0
     assert seen.pop("args").num_classes is None  # plan.py then takes the dataset's 3, and says so
-    assert launch.main([*preset, "--num-classes", "1000", str(image_folder)], cuda_available=False) == 0
+    assert launch_on([*preset, "--num-classes", "1000", str(image_folder)], False) == 0
     assert seen["args"].num_classes == 1000  # typed: kept
 
 
@@ -223,7 +223,7 @@ def test_a_run_without_data_backend_says_which_it_uses(dali, backend, image_fold
 
     monkeypatch.setattr("image_classification.data.dali_available", lambda: dali)
     monkeypatch.setattr("image_classification.train.plan.check_backend", lambda *args, **kwargs: None)
-    monkeypatch.setattr("image_classification.train.plan.dataset_classes", stop)
+    monkeypatch.setattr("image_classification.train.plan.find_resume_checkpoint", stop)
     assert run(main, ["-a", "resnet18", "--device", "cpu", "--workspace", str(tmp_path), str(image_folder)]) == 2
     assert f"=> data backend: {backend}, the default " in capsys.readouterr().out
     assert run(main, ["-a", "resnet18", "--device", "cpu", "--data-backend", backend, "--workspace", str(tmp_path),
@@ -271,9 +271,9 @@ def test_a_resume_onto_class_folders_that_moved_is_refused_naming_them(image_fol
 def test_without_lr_the_rate_is_0_1_per_256_images_of_the_global_batch(global_batch, expected):
     """timm's --lr-base 0.1 at --lr-base-size 256, and the reference's lr 0.1 at its -b 256: a plain run at -b 32
     no longer trains at 8 times the reference's default rate per image."""
-    from image_classification.train.plan import resolve_lr
+    from image_classification.arguments import resolve_lr
 
-    lr, line = resolve_lr(None, global_batch, optimizer="sgd", warmup=0)
+    lr, line = resolve_lr(None, None, global_batch, optimizer="sgd", warmup=0)
     assert lr == pytest.approx(expected)
     assert line == (f"=> learning rate {expected:g}: 0.1 per 256 images of the global batch of {global_batch} (the "
                     "linear scaling rule; --lr sets another)")
@@ -283,17 +283,17 @@ def test_a_given_sgd_rate_far_above_the_reference_s_per_image_without_warm_up_is
     """--lr 0.1 at -b 32 is 0.0031 per image, 3.1x the reference's 0.001 (0.256 per 256), and without a warm-up
     such a run lost its first epoch; the line says so and what to do.  Within twice the reference's rate, with a
     warm-up, or with another optimizer (whose rates are on other scales) nothing is said; a given rate is kept."""
-    from image_classification.train.plan import resolve_lr
+    from image_classification.arguments import resolve_lr
 
-    lr, line = resolve_lr(0.1, 32, optimizer="sgd", warmup=0)
+    lr, line = resolve_lr(0.1, None, 32, optimizer="sgd", warmup=0)
     assert lr == 0.1
     assert line == ("=> --lr 0.1 is 0.0031 per image of the global batch of 32, 3.1x the reference's 0.001, with no "
                     "--warmup: the first epoch may diverge; leave --lr out for 0.0125 (0.1 per 256 images), or add "
                     "--warmup E (epoch e < E trains at (e + 1) / E of the rate)")
-    assert resolve_lr(0.1, 64, optimizer="sgd", warmup=0) == (0.1, None)  # 1.6x
-    assert resolve_lr(0.1, 32, optimizer="sgd", warmup=1) == (0.1, None)
-    assert resolve_lr(0.1, 32, optimizer="adamw", warmup=0) == (0.1, None)
-    assert resolve_lr(2.048, 2048, optimizer="sgd", warmup=0) == (2.048, None)  # the reference's rate itself
+    assert resolve_lr(0.1, None, 64, optimizer="sgd", warmup=0) == (0.1, None)  # 1.6x
+    assert resolve_lr(0.1, None, 32, optimizer="sgd", warmup=1) == (0.1, None)
+    assert resolve_lr(0.1, None, 32, optimizer="adamw", warmup=0) == (0.1, None)
+    assert resolve_lr(2.048, None, 2048, optimizer="sgd", warmup=0) == (2.048, None)  # the reference's rate itself
 
 
 def test_a_plain_run_scales_its_rate_to_the_global_batch_and_says_so(tmp_path, capsys):

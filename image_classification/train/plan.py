@@ -36,7 +36,7 @@ from ..seeding import mix_seed
 from ..system import machine
 from ..system.runtime import MEMORY_FORMAT_NAMES, Runtime
 from .optim import lr_at
-from .startup import DEFAULT_NUM_CLASSES, check_backend, class_count_sources
+from .startup import DEFAULT_NUM_CLASSES, check_backend, check_fresh_start, class_count_sources
 
 DEFAULT_LOSS_SCALE = 2.0**16  # where a dynamic fp16 loss scale starts unless told (torch's GradScaler default)
 
@@ -451,6 +451,8 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     decoder = decoder_notice(backend, runtime.device, args.decode_scale)
     if decoder is not None:
         log(decoder)
+    # what cannot work at all (this machine, the dataset) is said before what an earlier run left in the workspace
+    check_fresh_start(args, workspace, log)
     resume_path, resumed = find_resume_checkpoint(args, workspace, runtime, log)
     if resumed is not None:
         check_progress(resumed, resume_path)

@@ -75,18 +75,20 @@ def launched() -> bool:
     return any(name in os.environ for name in LAUNCHER_VARIABLES)
 
 
-def preflight(args: argparse.Namespace, *, workspace: bool = True, log=print) -> list[str]:
+def preflight(args: argparse.Namespace, *, workspace: bool = True, earlier_run: bool = False) -> list[str]:
     """The checks of a run that need neither torch nor a device, in the order a user meets them: the dataset (a
     missing val/ names --training-only), then (``workspace``: where rank 0 runs) the workspace's names, a folder
-    that cannot be written, another run holding it, and the run it already holds, which a new run must not replace
-    unasked.  main.py and launch.py make them before they import torch (seconds), multiproc.py before it starts a
-    process, so that such a mistake is one line and exit 2 with nothing written; a process that a launcher
-    started makes them in the run, where its rank is known.  The dataset's class folders, in label order."""
+    that cannot be written, another run holding it, and (``earlier_run``) the run it already holds, which a new run
+    must not replace unasked; a run checks that itself once it has checked the data backend, which needs torch.
+    main.py and launch.py make them before they import torch (seconds), multiproc.py before it starts a process,
+    so that such a mistake is one line and exit 2 with nothing written; a process that a launcher started makes
+    them in the run, where its rank is known.  The dataset's class folders, in label order."""
     classes = dataset_classes(args)
     if workspace:
         folder = workspace_of(args)
         check_workspace(args, folder)
-        check_fresh_start(args, folder, log)
+        if earlier_run:
+            check_fresh_start(args, folder, log=lambda line: None)
     return classes
 
 
