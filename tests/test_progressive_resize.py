@@ -71,7 +71,8 @@ def test_a_half_step_rounds_up_where_ffcv_rounds_to_even():
     (["32", "20", "0", "3"], "MIN and MAX must be at least 32 px"),
     (["32", "64", "3", "1"], "needs 0 <= START <= END"),
     (["32", "64", "-1", "1"], "needs 0 <= START <= END"),
-    (["32", "64", "1", "5"], "END 5 is past --epochs 4"),
+    (["32", "64", "1", "5"], "END 5 is not before --epochs 4"),
+    (["32", "64", "1", "4"], "END 4 is not before --epochs 4: epoch END is the first at MAX 64 px"),  # never at MAX
 ])
 def test_a_schedule_that_cannot_be_is_refused_in_one_line(values, message, capsys):
     argv = ["--data-backend", "synthetic", "--device", "cpu", "--epochs", "4", "--progressive-resize", *values]

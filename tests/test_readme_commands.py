@@ -106,8 +106,9 @@ SUBSTITUTIONS = [
     (r"--photos \d+(?! \d)", "--photos 3"),
     (r"--batch-sizes( \d+)+", "--batch-sizes 1"),
     (r"--iterations \d+", "--iterations 2"),
-    # FFCV's recipes ramp the crops and peak the learning rate past the one epoch the commands run
-    (r"(--recipe fast-\d+)", r"\1 --progressive-resize 32 64 0 1 --lr-peak-epoch 0"),
+    # FFCV's recipes ramp the crops and peak the learning rate past the one epoch the commands run: a step to the
+    # largest crop at epoch 0 (END 0, the first epoch at MAX, within the one epoch) and the peak there
+    (r"(--recipe fast-\d+)", r"\1 --progressive-resize 32 64 0 0 --lr-peak-epoch 0"),
 ]
 # extra flags per script (beyond TINY_TRAINING for the training scripts)
 SCRIPT_FLAGS = {
