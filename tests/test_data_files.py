@@ -286,8 +286,8 @@ def test_a_hard_linked_image_counts_once_and_the_start_up_says_how_many_were_lef
     samples = list_samples(train, ["class_00", "class_01"])
     assert len(samples) == 6 and not any("dup_" in path for path, _ in samples)
     warnings = capsys.readouterr().err.splitlines()
-    assert warnings == [f"warning: leaving out 2 images that are hard links to images already counted under another "
-                        f"name, the first {train / 'class_01' / 'dup_a.jpg'}, the same file as "
+    assert warnings == [f"warning: leaving out 2 images that are hard links to images already counted under "
+                        f"another name, the first {train / 'class_01' / 'dup_a.jpg'}, the same file as "
                         f"{train / 'class_00' / 'img_000.jpg'} (a file counts once, under the name walked first; "
                         "python -m image_classification.data.check lists them all)"]
     run(check_main, [str(root)])

@@ -41,9 +41,9 @@ def _report_links(problems: list[str]) -> None:
         first, counted = hard[0][:-1].split(f": {HARD_LINK} (", 1)
         what = "images that are hard links to images" if len(hard) > 1 else "image that is a hard link to an image"
         listed = "; python -m image_classification.data.check lists them all" if len(hard) > 1 else ""
-        lines.append(f"leaving out {len(hard):,} {what} already counted under another name"
-                     f"{', the first ' if len(hard) > 1 else ': '}{first}, the same file as {counted} (a file counts "
-                     f"once, under the name walked first{listed})")
+        which = ", the first " if len(hard) > 1 else ": "
+        lines.append(f"leaving out {len(hard):,} {what} already counted under another name{which}{first}, the same "
+                     f"file as {counted} (a file counts once, under the name walked first{listed})")
     for line in lines:
         if line not in _reported_links:
             _reported_links.add(line)
