@@ -212,9 +212,9 @@ def _restart_notice(record: logging.LogRecord) -> bool:
 def prepare_logs(log_dir: str, nproc_per_node: int) -> None:
     """Make ``log_dir`` and an empty ``GPU_k.log`` there for each local rank k > 0, which its process then appends
     to (a restarted one after its predecessor's last words), before any starts: a log_dir that cannot be
-    written is one line (exit 2 read-only, 4 full) instead of a traceback in each process, and a link or a FIFO
-    named like a log is refused (written through, a link would change a file outside log_dir; a FIFO's open
-    would hang the job)."""
+    written is one line (exit 2 read-only, 4 full) instead of a traceback in each process, and a link, a FIFO or
+    a folder named like a log is refused with exit 2 (written through, a link would change a file outside
+    log_dir; a FIFO's open would hang the job)."""
     try:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         for local_rank in range(1, nproc_per_node):

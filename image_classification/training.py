@@ -24,6 +24,7 @@ from .deploy.inference import calibrate
 from .deploy.onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
 from .errors import EXIT_PREEMPTED, PeerLost, UserError
 from .models.archs import cpu_trains_faster_channels_last
+from .records.checkpoint import load_checkpoint
 from .records.datafile import open_own
 from .records.raport import Raport
 from .records.workspace import Workspace
@@ -120,6 +121,8 @@ def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signa
         classes = preflight(args, workspace=runtime.is_main)
     plan = resolve_run(args, runtime, workspace, classes, log)
     if plan is None:
+        if saving and runtime.is_main:
+            _finish_last_save(args, workspace, log)
         return 0
     config = plan.config
     train_loader, val_loader = get_loaders(plan.data, runtime, plan.classes, want_train=not config.evaluate,
@@ -204,6 +207,20 @@ def onnx_models(config: RunConfig, runtime: Runtime, engine: Engine, log) -> dic
     modules = {"val": engine.base_model, "val_ema": engine.ema.module if engine.ema else None}
     return {prefix: OnnxModel(module, config.preprocessing.image_size, log, quantization, device)
             for prefix, module in modules.items() if module is not None}
+
+
+def _finish_last_save(args: argparse.Namespace, workspace: Workspace, log) -> None:
+    """A finished run (``--resume auto``: nothing to do) whose last save ended after the latest checkpoint (a kill,
+    a full disk) gets the copies it owes, the best model among them, as a resumed run would."""
+    try:
+        latest = load_checkpoint(workspace.latest)
+    except UserError:
+        return  # none, or damaged: another checkpoint ended the run
+    if not (latest.get("stopped_early") or int(latest["epoch"]) >= args.epochs):
+        return  # behind the checkpoint that ended the run: its copies are not this run's last
+    if workspace.owed_copies(latest, args.gather_checkpoints != 0):
+        _take_workspace(workspace, True, False, log)
+        workspace.write_owed_copies(workspace.latest, latest, args.gather_checkpoints, log)
 
 
 def _take_workspace(workspace: Workspace, saving: bool, evaluate: bool, log) -> None:

@@ -134,6 +134,36 @@ def test_another_runtime_error_while_writing_stays_a_bug(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_signal_whose_handler_raises_is_handled_once_the_file_is_in_place(tmp_path):
+    """A second Ctrl-C's KeyboardInterrupt raised inside torch.save can abort the process: a signal that comes while
+    a file is written reaches its handler once the file is renamed into place, and the handler is restored."""
+    import signal
+    import threading
+
+    target, seen = tmp_path / "c.pth.tar", []
+
+    def interrupted(signum, frame):
+        seen.append(target.is_file())
+        raise KeyboardInterrupt
+
+    def write(handle):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        handle.write(b"complete")
+
+    previous = signal.signal(signal.SIGUSR1, interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ckpt.write_atomic(target, write)
+        assert signal.getsignal(signal.SIGUSR1) is interrupted
+        worker = threading.Thread(target=ckpt.write_atomic, args=(tmp_path / "d", lambda h: h.write(b"d")))
+        worker.start()  # outside the main thread no handler can be set: the write goes on as it is
+        worker.join()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert seen == [True] and target.read_bytes() == b"complete"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["c.pth.tar", "d"]
+
+
 def test_non_finite_weights_are_refused(tmp_path):
     state = build_model("resnet18", num_classes=3).state_dict()
     state["layer2.0.conv1.weight"][0, 0, 0, 0] = float("nan")

@@ -271,6 +271,32 @@ def test_links_never_relabel_an_image_or_leak_validation_into_training(tmp_path,
     assert "train/: 2 classes, 7 images" in report and LEFT_OUT.format(3) in report
 
 
+def test_a_hard_linked_image_counts_once_and_the_start_up_says_how_many_were_left_out(tmp_path, capsys):
+    """cp -al and deduplicating tools give one file two names, in two classes: it counts under the name walked
+    first; one warning says how many images were left out for it, data.check lists each."""
+    from conftest import write_image_folder
+    from image_classification.data.check import main as check_main
+    from image_classification.data.layout import list_samples
+    from image_classification.system.cli import run
+
+    root = write_image_folder(tmp_path / "d", num_classes=2, train_per_class=3, val_per_class=2)
+    train = root / "train"
+    os.link(train / "class_00" / "img_000.jpg", train / "class_01" / "dup_a.jpg")
+    os.link(train / "class_00" / "img_001.jpg", train / "class_01" / "dup_b.jpg")
+    samples = list_samples(train, ["class_00", "class_01"])
+    assert len(samples) == 6 and not any("dup_" in path for path, _ in samples)
+    warnings = capsys.readouterr().err.splitlines()
+    assert warnings == [f"warning: leaving out 2 images that are hard links to images already counted under "
+                        f"another name, the first {train / 'class_01' / 'dup_a.jpg'}, the same file as "
+                        f"{train / 'class_00' / 'img_000.jpg'} (a file counts once, under the name walked first; "
+                        "python -m image_classification.data.check lists them all)"]
+    run(check_main, [str(root)])
+    report = capsys.readouterr().out
+    assert "train/: 2 classes, 6 images" in report and LEFT_OUT.format(2) in report
+    assert f"{train / 'class_01' / 'dup_b.jpg'}: a hard link to an image already counted under another name " \
+           f"({train / 'class_00' / 'img_001.jpg'})" in report
+
+
 # -- one size rule: every backend and data.check -------------------------------------------------------
 def write_grey_jpeg(path, width: int, height: int) -> None:
     """A real baseline JPEG of uniform grey 128, written without ever holding its pixels: with the standard

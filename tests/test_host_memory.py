@@ -49,10 +49,29 @@ def test_the_users_own_malloc_settings_are_left_alone():
     assert (made, mapped, kept) == ("False", "True", "False")  # glibc's default: mapped, and given back
 
 
-def test_what_leaves_the_allocator_alone_is_said(monkeypatch):
+@glibc
+def test_the_users_own_glibc_malloc_tunables_are_left_alone():
+    """mallopt would override what GLIBC_TUNABLES set; a tunable of glibc's allocator is the user's choice."""
+    made, mapped, kept = probe({"PATH": "/usr/bin:/bin", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
+    assert (made, mapped, kept) == ("False", "True", "False")
+
+
+def test_only_the_allocator_s_tunables_count_as_the_user_s_choice(monkeypatch):
     monkeypatch.setattr(host_memory.platform, "system", lambda: "Linux")
     monkeypatch.setattr(host_memory.platform, "libc_ver", lambda: ("glibc", "2.36"))
     for name in [name for name in host_memory.os.environ if name.startswith("MALLOC_")] + ["LD_PRELOAD"]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.rtld.optional_static_tls=2048:glibc.cpu.hwcaps=-AVX512F")
+    assert host_memory.allocator_choice() is None
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.cpu.hwcaps=-AVX512F:glibc.malloc.mmap_threshold=65536")
+    assert host_memory.allocator_choice() == "glibc.malloc.mmap_threshold set"
+
+
+def test_what_leaves_the_allocator_alone_is_said(monkeypatch):
+    monkeypatch.setattr(host_memory.platform, "system", lambda: "Linux")
+    monkeypatch.setattr(host_memory.platform, "libc_ver", lambda: ("glibc", "2.36"))
+    for name in [name for name in host_memory.os.environ if name.startswith("MALLOC_")] + ["LD_PRELOAD",
+                                                                                         "GLIBC_TUNABLES"]:
         monkeypatch.delenv(name, raising=False)
     assert host_memory.allocator_choice() is None
     monkeypatch.setenv("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")

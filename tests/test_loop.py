@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -134,30 +136,79 @@ def test_a_stop_signal_during_start_up_stops_before_the_first_step_with_75(tmp_p
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the run gives the handlers back
 
 
-def test_a_failed_save_of_the_best_model_is_written_again_by_the_resumed_run(tmp_path, monkeypatch, capsys):
-    """The best model and the latest checkpoint are one commit: the latest is written last, so a save that
-    failed on model_best leaves the previous latest, and the resumed run redoes the epoch and its files."""
+def test_a_failed_copy_of_the_best_model_keeps_the_epoch_and_the_resumed_run_writes_it_first(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """The latest checkpoint is written first: a full disk on model_best's copy ends the run (exit 4) with the
+    epoch saved, and the resumed run writes model_best from it before it trains on, redoing nothing."""
+    from image_classification.errors import StorageError
     from image_classification.records import checkpoint as ckpt
     from image_classification.system.cli import run
 
-    score_validations(monkeypatch, 50.0, 50.0, 10.0)  # epoch 0 (tried twice) is the best; epoch 1 is not
-    real_save = ckpt.save_checkpoint
+    score_validations(monkeypatch, 50.0, 10.0)  # epoch 0 is the best; epoch 1 is not
+    real_write = ckpt.write_atomic
 
-    def full_disk_on_best(state, path):
-        if path.name == ckpt.BEST_NAME:
-            from image_classification.errors import StorageError
-            raise StorageError(f"could not write {path}: No space left on device")
-        return real_save(state, path)
+    def full_disk_on_best(target, write):
+        if Path(target).name == ckpt.BEST_NAME:
+            raise StorageError(f"could not write {target}: No space left on device")
+        return real_write(target, write)
 
-    monkeypatch.setattr(ckpt, "save_checkpoint", full_disk_on_best)
+    monkeypatch.setattr(ckpt, "write_atomic", full_disk_on_best)
     run_args = SYNTHETIC + ["--prof", "1", "--epochs", "2", "--resume", "auto", "--workspace", str(tmp_path)]
     assert run(main, run_args) == 4
-    assert not (tmp_path / "checkpoint.pth.tar").exists()  # nothing committed: the epoch is redone
-    monkeypatch.setattr(ckpt, "save_checkpoint", real_save)
+    assert torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)["epoch"] == 1  # the epoch is kept
+    assert not (tmp_path / ckpt.BEST_NAME).exists()
+    monkeypatch.setattr(ckpt, "write_atomic", real_write)
+    capsys.readouterr()
     assert run(main, run_args) == 0
+    out = capsys.readouterr().out
+    assert f"=> writing {ckpt.BEST_NAME} from {tmp_path / 'checkpoint.pth.tar'}: the save of end of epoch 1" in out
+    assert "RUNNING EPOCHS FROM 2 TO 2" in out  # epoch 1 is not trained again
     best = torch.load(tmp_path / ckpt.BEST_NAME, weights_only=True)
     assert best["epoch"] == 1 and best["best_epoch"] == 0
     assert torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)["epoch"] == 2
+
+
+def test_a_finished_run_whose_last_copy_failed_gets_it_from_the_requeue(tmp_path, monkeypatch, capsys):
+    """The last epoch's best model, left unwritten (a kill after the latest checkpoint), is written by the requeue
+    that finds nothing else to do; a requeue with nothing owed writes nothing."""
+    from image_classification.records import checkpoint as ckpt
+
+    score_validations(monkeypatch, 10.0, 50.0)  # the last epoch is the best
+    run_args = SYNTHETIC + ["--prof", "1", "--epochs", "2", "--resume", "auto", "--gather-checkpoints",
+                            "--workspace", str(tmp_path)]
+    assert main(run_args) == 0
+    latest, best = tmp_path / "checkpoint.pth.tar", tmp_path / ckpt.BEST_NAME
+    last = tmp_path / "checkpoint_0001.pth.tar"
+    assert best.read_bytes() == latest.read_bytes() == last.read_bytes()
+    ckpt.copy_atomic(tmp_path / "checkpoint_0000.pth.tar", best)  # the best model as epoch 1 left it
+    last.unlink()
+    capsys.readouterr()
+    assert main(run_args) == 0
+    out = capsys.readouterr().out
+    assert "already finished all 2 epochs: nothing to do" in out
+    assert f"=> writing {last.name} and {best.name} from {latest}: the save of end of epoch 2" in out
+    assert best.read_bytes() == latest.read_bytes() == last.read_bytes()
+    before = {path.name: path.stat().st_mtime_ns for path in tmp_path.iterdir()}
+    assert main(run_args) == 0
+    assert "=> writing" not in capsys.readouterr().out
+    assert {path.name: path.stat().st_mtime_ns for path in tmp_path.iterdir()} == before
+
+
+@pytest.mark.parametrize("name,flags", [("model_best.pth.tar", []),
+                                        ("checkpoint_0003.pth.tar", ["--gather-checkpoints", "2"])])
+def test_a_folder_named_like_a_copy_of_the_checkpoint_is_refused_before_the_first_step(tmp_path, capsys, name,
+                                                                                     flags):
+    """Its copy would fail at the end of every epoch: one line and exit 2, before anything is trained or written."""
+    from helpers import refused
+    from image_classification.system.cli import run
+
+    (tmp_path / name).mkdir()
+    line = refused(run(main, SYNTHETIC + ["--prof", "1", "--epochs", "1", "--workspace", str(tmp_path), *flags]),
+                   capsys)
+    what = "the best model" if name == "model_best.pth.tar" else "a per-epoch checkpoint (--gather-checkpoints)"
+    assert line == f"error: {tmp_path / name} is a folder, where the run writes {what} as a file; remove it or " \
+        "move it away"
+    assert sorted(path.name for path in tmp_path.iterdir()) == [name]
 
 
 def test_resuming_another_run_s_checkpoint_never_cuts_this_workspace_s_raport(tmp_path):

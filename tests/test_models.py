@@ -279,6 +279,21 @@ def test_head_mismatch_raises_unless_allowed_and_then_keeps_the_fresh_head(resne
     assert torch.equal(model.layer3[1].bn2.running_mean, resnet18_state["layer3.1.bn2.running_mean"])
 
 
+def test_a_resume_with_another_class_count_is_told_as_a_resume_not_an_evaluation(tmp_path, capsys):
+    """--resume auto --num-classes 4 over a 3-class run: the refusal speaks of resuming, what the user did."""
+    from helpers import refused
+    from image_classification.system.cli import run
+    from image_classification.training import main
+
+    run_args = ["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "32", "-b", "2", "--prof", "1",
+                "--epochs", "2", "--run-epochs", "1", "--workspace", str(tmp_path)]
+    assert main(run_args + ["--num-classes", "3"]) == 0
+    capsys.readouterr()
+    line = refused(run(main, run_args + ["--resume", "auto", "--num-classes", "4"]), capsys)
+    assert "have 3 classes and the model 4: pass --num-classes 3 to resume that run as it is" in line
+    assert "evaluat" not in line and f"--pretrained-weights '{tmp_path / 'checkpoint.pth.tar'}'" in line
+
+
 def test_allow_head_mismatch_does_not_hide_other_mismatches(resnet18_state):
     model = build_model("resnet34", num_classes=10)
     with pytest.raises(UserError, match=r"missing keys layer1\.2\.conv1\.weight"):

@@ -152,11 +152,12 @@ def test_a_job_that_every_process_would_refuse_is_refused_before_any_starts(tmp_
     assert "does not exist" in line
 
 
-@pytest.mark.parametrize("kind", ["fifo", "link"])
-def test_a_rank_s_log_that_is_a_fifo_or_a_link_is_refused_before_any_process_starts(worker_script, tmp_path,
-                                                                                   monkeypatch, capsys, kind):
+@pytest.mark.parametrize("kind", ["fifo", "link", "folder"])
+def test_a_rank_s_log_that_is_a_fifo_a_link_or_a_folder_is_refused_before_any_process_starts(
+        worker_script, tmp_path, monkeypatch, capsys, kind):
     """A FIFO named GPU_1.log would hang rank 1's start for good, and the job with it; a link would have rank 1
-    write through it, outside --log_dir.  Either is one line and exit 2, nothing started."""
+    write through it, outside --log_dir; a folder there is no full disk (exit 4).  Each is one line and exit 2,
+    nothing started."""
     from torch.distributed import run as torchrun
 
     from helpers import refused
@@ -167,6 +168,8 @@ def test_a_rank_s_log_that_is_a_fifo_or_a_link_is_refused_before_any_process_sta
     victim.write_text("not a log\n")
     if kind == "fifo":
         os.mkfifo(logs / "GPU_1.log")
+    elif kind == "folder":
+        (logs / "GPU_1.log").mkdir()
     else:
         (logs / "GPU_1.log").symlink_to(victim)
     line = refused(run(multiproc.main, ["--nproc_per_node", "2", "--log_dir", str(logs), str(worker_script)]), capsys)

@@ -404,11 +404,11 @@ def test_a_second_ctrl_c_stops_at_once_without_saving(image_folder, tmp_path, ca
     assert signal.getsignal(signal.SIGINT) is before  # the run's handler is gone with it
 
 
-def test_a_second_ctrl_c_during_the_save_stops_at_once_not_as_a_full_disk(image_folder, tmp_path, capsys,
-                                                                         monkeypatch):
+def test_a_second_ctrl_c_during_the_save_stops_once_it_is_written_not_as_a_full_disk(image_folder, tmp_path, capsys,
+                                                                                    monkeypatch):
     """The first Ctrl-C's save is under way when the second comes: raised inside torch.save's zip writer, the
     interrupt surfaced as the writer's RuntimeError, and the run ended with exit 4, "is the disk full?".  It is
-    the interrupt: exit 130, the partial file removed."""
+    the interrupt, acted on once the checkpoint is in place: exit 130, no temporary file left."""
     import signal
 
     real_save = torch.save
@@ -436,7 +436,11 @@ def test_a_second_ctrl_c_during_the_save_stops_at_once_not_as_a_full_disk(image_
         assert cli_run(main, argv) == 130
     err = capsys.readouterr().err
     assert "Received SIGINT again: stopping at once, without saving" in err and "disk" not in err, err
-    assert sorted(path.name for path in tmp_path.iterdir()) == [".workspace.lock", "experiment_raport.json"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [".workspace.lock", "checkpoint.pth.tar",
+                                                                "experiment_raport.json"]
+    from image_classification.records.checkpoint import load_checkpoint
+
+    assert load_checkpoint(tmp_path / "checkpoint.pth.tar")["batch"] == 2  # the first Ctrl-C's, complete
 
 
 def test_a_run_stopped_before_its_first_checkpoint_is_offered_resume_auto(tmp_path, capsys):

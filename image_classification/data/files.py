@@ -135,7 +135,11 @@ class SplitWalk:
     """What the walks of one split's class folders share: every folder walked and image counted so far."""
 
     folders: set[tuple[int, int]] = field(default_factory=set)
-    images: set[tuple[int, int]] = field(default_factory=set)
+    images: dict[tuple[int, int], str] = field(default_factory=dict)  # (device, inode): the name counted
+
+
+# why an entry is left out that is another name (a hard link) of an image file already counted
+HARD_LINK = "a hard link to an image already counted under another name"
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -161,8 +165,10 @@ def walk_class(class_dir: Path, split_dir: Path | None = None, shared: SplitWalk
 
     A link, to a folder or to a file, is followed unless its target lies in another class folder or in
     another split of the dataset (``split_dir``'s siblings), or was already counted: walked by this split
-    (``shared``, across its classes) or by this class.  Each link not followed is reported, so no image
-    is counted twice or under a label that is not its own, and validation never leaks into training.
+    (``shared``, across its classes) or by this class.  A hard link (another name of a file already counted,
+    as ``cp -al`` and deduplicating tools make them) is left out too: the file counts under the name walked
+    first.  Each entry left out is reported, so no image is counted twice or under a label that is not its
+    own, and validation never leaks into training.
     """
     walk = ClassWalk()
     root = os.path.realpath(class_dir)
@@ -213,10 +219,12 @@ def walk_class(class_dir: Path, split_dir: Path | None = None, shared: SplitWalk
                 if not stat.S_ISREG(target.st_mode):  # opening a FIFO would wait for a writer, for good
                     walk.skipped_links.append(f"{entry.path}: {NOT_REGULAR}")
                     continue
-                if (target.st_dev, target.st_ino) in shared.images:
-                    walk.skipped_links.append(f"{entry.path}: an image already counted under another name")
+                counted = shared.images.get((target.st_dev, target.st_ino))
+                if counted is not None:
+                    why = "links to an image already counted" if entry.is_symlink() else HARD_LINK
+                    walk.skipped_links.append(f"{entry.path}: {why} ({counted})")
                     continue
-                shared.images.add((target.st_dev, target.st_ino))
+                shared.images[(target.st_dev, target.st_ino)] = entry.path
                 walk.files.append(entry.path)
         for subdirectory in subdirectories:
             visit(subdirectory)

@@ -18,7 +18,8 @@ from typing import Protocol
 
 from ..errors import UserError
 from ..system.signals import stop_raises
-from .files import (WITHOUT_SPLIT, SplitWalk, decode_problem, is_image_file, read_bytes, refuse_labels, walk_class)
+from .files import (HARD_LINK, WITHOUT_SPLIT, SplitWalk, decode_problem, is_image_file, read_bytes, refuse_labels,
+                    walk_class)
 from .packed import MANIFEST, check_packed, fingerprint, is_packed, names_blob, open_packed_split, unfinished_pack
 
 
@@ -31,12 +32,22 @@ _reported_links: set[str] = set()
 
 
 def _report_links(problems: list[str]) -> None:
-    """One warning per entry left out (a link not followed, a file that is not regular), however often the
-    folder is listed."""
-    for problem in problems:
-        if problem not in _reported_links:
-            _reported_links.add(problem)
-            print(f"warning: leaving out {problem}", file=sys.stderr, flush=True)
+    """One warning per entry left out (a link not followed, a file that is not regular), and one for all the hard
+    links of a split, which a tree made with ``cp -al`` holds by the thousand: how many, and the first; each said
+    once, however often the folder is listed."""
+    hard = [problem for problem in problems if f": {HARD_LINK} (" in problem]
+    lines = [f"leaving out {problem}" for problem in problems if f": {HARD_LINK} (" not in problem]
+    if hard:
+        first, counted = hard[0][:-1].split(f": {HARD_LINK} (", 1)
+        what = "images that are hard links to images" if len(hard) > 1 else "image that is a hard link to an image"
+        listed = "; python -m image_classification.data.check lists them all" if len(hard) > 1 else ""
+        which = ", the first " if len(hard) > 1 else ": "
+        lines.append(f"leaving out {len(hard):,} {what} already counted under another name{which}{first}, the same "
+                     f"file as {counted} (a file counts once, under the name walked first{listed})")
+    for line in lines:
+        if line not in _reported_links:
+            _reported_links.add(line)
+            print(f"warning: {line}", file=sys.stderr, flush=True)
 
 
 class Split(Protocol):

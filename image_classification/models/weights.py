@@ -118,11 +118,12 @@ def _names(keys: list[str]) -> str:
 
 
 def load_weights(model: nn.Module, source: Union[str, Path, Mapping], *, allow_head_mismatch: bool = False,
-                 log: Callable[[str], None] = print, label: str | None = None) -> None:
+                 log: Callable[[str], None] = print, label: str | None = None, resuming: bool = False) -> None:
     """Load a checkpoint file or state dict into ``model``, which it must fit exactly.
 
     With ``allow_head_mismatch`` a classifier of another size is skipped (the model keeps its fresh ``fc``),
-    for fine-tuning to a different number of classes.
+    for fine-tuning to a different number of classes.  ``resuming``: the weights are those of a run that
+    continues (a classifier of another size is then advised as a resume, not an evaluation).
     """
     where = f"'{label or source}'" if label or isinstance(source, (str, Path)) else "the given state dict"
     checkpoint = load_checkpoint_file(source) if isinstance(source, (str, Path)) else source
@@ -163,10 +164,14 @@ def load_weights(model: nn.Module, source: Union[str, Path, Mapping], *, allow_h
             problems.append("shape mismatches " + _names(
                 [f"{k} {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}" for k in mismatched]))
         if head_only:
-            raise UserError(f"The weights in {where} have {len(state['fc.bias'])} classes and the model "
-                            f"{len(expected['fc.bias'])}: pass --num-classes {len(state['fc.bias'])} to use them "
-                            "as they are (to fine-tune on another number of classes, train with "
-                            "--pretrained-weights instead of evaluating).")
+            classes = len(state["fc.bias"])
+            advice = (f"pass --num-classes {classes} to resume that run as it is (to fine-tune its weights on "
+                      f"another number of classes, start a new run from them with --pretrained-weights {where} in "
+                      "another --workspace)") if resuming else (
+                      f"pass --num-classes {classes} to use them as they are (to fine-tune on another number of "
+                      "classes, train with --pretrained-weights instead of evaluating)")
+            raise UserError(f"The weights in {where} have {classes} classes and the model "
+                            f"{len(expected['fc.bias'])}: {advice}.")
         raise UserError(f"The weights in {where} do not fit this model: {'; '.join(problems)}.")
     model.load_state_dict(state, strict=True)
 

@@ -5,7 +5,8 @@ holds is :meth:`image_classification.train.engine.Engine.state_dict`'s business,
 
 * :func:`save_checkpoint` seals the dict with its SHA-256 (:mod:`image_classification.records.integrity`) and
   writes it through a temporary file, fsync and rename, so a kill never leaves a torn file and a full
-  disk leaves the previous file intact (:class:`StorageError`, the temporary file removed);
+  disk leaves the previous file intact (:class:`StorageError`, the temporary file removed); a signal whose
+  handler raises (a second Ctrl-C) is acted on once the file is in place, never inside torch.save;
 * :func:`load_checkpoint_file` reads any checkpoint or weights file as data only, and refuses with one line
   a file that would build objects, an ONNX model, a torn file or one whose hash does not match (a damaged
   copy); :func:`load_checkpoint` also wants a training checkpoint's entries;
@@ -17,15 +18,17 @@ checks use the names defined here before main.py imports torch (seconds), so tha
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import random
 import re
 import shutil
+import signal
 import tempfile
 import warnings
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Iterator
 
 import numpy as np
 
@@ -57,16 +60,35 @@ def _storage_error(path: Path, error: OSError | None, fallback: str = "") -> Sto
 _ZIP_WRITER_FAILURE = re.compile(r"inline_container\.cc|PytorchStreamWriter")
 
 
-def _interrupt_behind(error: BaseException) -> BaseException | None:
-    """The interrupt (a second Ctrl-C's KeyboardInterrupt, a stop signal's exception: anything that is not an
-    Exception) that ``error`` stands for, when it was raised inside torch.save's zip writer, which reports it
-    as its own RuntimeError; None otherwise."""
-    cause = error.__cause__ or error.__context__
-    while cause is not None:
-        if not isinstance(cause, Exception):
-            return cause
-        cause = cause.__cause__ or cause.__context__
-    return None
+# The signals whose handlers may raise (image_classification.system.signals: a second Ctrl-C's KeyboardInterrupt,
+# stop_raises' Stopped), held while a file is written.
+_HELD_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, name))
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Within the block the signals handled in Python are only noted; once it ends, their handlers get them, in
+    the order they came, so one that raises does so after the block, never inside it.
+
+    Raised inside torch.save, an exception that cuts its zip writer's closing short leaves the writer unfinished,
+    and its destructor, writing to the closed file, aborts the process (std::terminate, exit 134).  A signal
+    with the default action (a kill) is not held; outside the main thread, where no handler runs, none is.
+    """
+    held: list[int] = []
+    previous = {}
+    try:
+        try:
+            for number in _HELD_SIGNALS:
+                if callable(signal.getsignal(number)):
+                    previous[number] = signal.signal(number, lambda signum, frame: held.append(signum))
+        except ValueError:  # not the main thread
+            pass
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for number in held:
+            signal.raise_signal(number)  # the handler runs before this returns
 
 
 def _zip_writer_failure(error: RuntimeError) -> tuple[OSError | None, str] | None:
@@ -108,35 +130,33 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
     """Write ``path`` through a temporary file beside it, fsync and rename: never a half-written file.
 
     Any OSError (a full disk, a read-only folder), and torch.save's zip writer failing on one, removes
-    the temporary file, leaves ``path`` as it was and becomes a :class:`StorageError`; an interrupt the zip
-    writer reported as its failure (a second Ctrl-C during the save) is raised again as itself.
+    the temporary file, leaves ``path`` as it was and becomes a :class:`StorageError`.  Stop signals are held
+    meanwhile (:func:`signals_held`): a second Ctrl-C during the write stops the process once ``path`` is in place.
     """
     path = Path(path)
     tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=temporary_name(path), suffix=TEMP_SUFFIX, dir=path.parent)
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, _umask_mode())  # mkstemp makes 0600 files; give the usual permissions
-        os.replace(tmp, path)
-        tmp = None
-        _fsync_folder(path.parent)
-    except (OSError, RuntimeError) as error:
-        interrupt = _interrupt_behind(error)
-        if interrupt is not None:
-            raise interrupt from None
-        if isinstance(error, OSError):
-            raise _storage_error(path, error) from None
-        failure = _zip_writer_failure(error)
-        if failure is None:
-            raise
-        raise _storage_error(path, *failure) from None
-    finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+    with signals_held():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=temporary_name(path), suffix=TEMP_SUFFIX, dir=path.parent)
+            with os.fdopen(fd, "wb") as handle:
+                write(handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp, _umask_mode())  # mkstemp makes 0600 files; give the usual permissions
+            os.replace(tmp, path)
+            tmp = None
+            _fsync_folder(path.parent)
+        except (OSError, RuntimeError) as error:
+            if isinstance(error, OSError):
+                raise _storage_error(path, error) from None
+            failure = _zip_writer_failure(error)
+            if failure is None:
+                raise
+            raise _storage_error(path, *failure) from None
+        finally:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -115,8 +115,9 @@ def folder_problem(folder: str | os.PathLike) -> str | None:
 
 def refused_own_file(path: str | os.PathLike, error: OSError) -> str | None:
     """What :func:`own_file_problem` says of ``path`` when ``error``, raised by :func:`open_own`, is its refusal of a
-    link, a FIFO or another file that is not regular; None for any other error (a full disk, a read-only one)."""
-    if isinstance(error, NotARegularFile) or error.errno in (errno.ELOOP, errno.ENXIO):
+    link, a FIFO, a folder (EISDIR: opened for writing) or another file that is not regular; None for any other
+    error (a full disk, a read-only one)."""
+    if isinstance(error, NotARegularFile) or error.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
         return own_file_problem(path) or "is not a regular file (a folder, a FIFO, a socket or a device)"
     return None
 

@@ -1,10 +1,15 @@
 """The workspace a run writes into: checked before the first step, locked while the run lives.
 
 * :meth:`Workspace.check` refuses, with one line each and without writing anything, a workspace that is a
-  file, cannot be written or is in use by another run, and a ``--checkpoint-filename`` / ``--raport-file``
+  file, cannot be written or is in use by another run, a ``--checkpoint-filename`` / ``--raport-file``
   that is empty, too long for the file system, outside the workspace, or the same file as a checkpoint, the
-  lock or each other; a run calls it first, and creates the workspace (:meth:`Workspace.prepare`) only once
+  lock or each other, and a folder where a file the run writes will go (the checkpoint, the best model, a
+  per-epoch file); a run calls it first, and creates the workspace (:meth:`Workspace.prepare`) only once
   every other check of its set-up has passed too;
+* a save writes the latest checkpoint first, then its copies (:meth:`Workspace.copies`: the per-epoch file,
+  the best model), so that a copy that cannot be written never holds back the run's progress; a save
+  stopped between them (a kill, a full disk) leaves copies behind, which :meth:`Workspace.owed_copies`
+  finds and the resumed run writes first;
 * :meth:`Workspace.lock` holds an exclusive ``flock`` on ``.workspace.lock``: a second run on the same
   workspace stops with the first one's pid and host.  The lock dies with the run's process, SIGKILL
   included: fork()ed children (DataLoader workers) close their copy of it at once, and a lock that
@@ -20,17 +25,20 @@ from __future__ import annotations
 
 import datetime
 import errno
+import filecmp
 import hashlib
 import json
 import os
 import re
 import socket
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
 from ..errors import StorageError, UserError
-from .checkpoint import (BEST_NAME, TEMP_SUFFIX, epoch_checkpoints, is_epoch_checkpoint_name, longest_name,
+from .checkpoint import (BEST_NAME, TEMP_SUFFIX, copy_atomic, epoch_checkpoint_name, epoch_checkpoints,
+                         is_epoch_checkpoint_name, longest_name, position_text, prune_epoch_checkpoints,
                          temporary_name)
 from .datafile import (folder_problem, nearest_existing, open_own, own_file_problem, parse_json, read_regular,
                        refused_own_file)
@@ -220,14 +228,18 @@ class Workspace:
             raise UserError(f"--checkpoint-filename {self.checkpoint_filename} is the workspace's lock file; "
                             "choose another name, such as checkpoint.pth.tar")
 
-    def check(self, saving: bool, *, locking: bool = True, raport_must_be_new: bool = False) -> None:
+    def check(self, saving: bool, *, locking: bool = True, raport_must_be_new: bool = False,
+              gathering: bool = False) -> None:
         """What :meth:`prepare` would refuse, and (``locking``: for a run that will take the lock) a workspace in
         use by another run, found without writing anything (nor creating the workspace): a run that stops
         here leaves no trace.  ``raport_must_be_new``: an evaluation's ``--raport-file`` of the user's
-        choosing, which must not exist (see :meth:`claim_evaluation_raport`)."""
+        choosing, which must not exist (see :meth:`claim_evaluation_raport`); ``gathering``: the run keeps
+        per-epoch files (``--gather-checkpoints``), whose names must be free for files too."""
         self.check_names(saving)
         try:
             self._check_writable(saving)
+            if saving:
+                self._check_copies_free(gathering)
         except OSError as error:  # a path too long for the file system, say
             raise self._cannot_write(error) from None
         if raport_must_be_new and self.raport.exists():
@@ -264,6 +276,18 @@ class Workspace:
                 raise UserError(f"{holder} is a file, so {name} cannot be written inside --workspace")
             if target.is_dir():
                 raise UserError(f"{target} is a folder; it must be free for a file")
+
+    def _check_copies_free(self, gathering: bool) -> None:
+        """A folder named like the best model or (``gathering``) a per-epoch file: the copy's rename would fail
+        at the end of every epoch (EISDIR), and pruning would fail to delete it."""
+        taken = [self.best] if self.best.is_dir() else []
+        if gathering and self.path.is_dir():
+            taken += [entry for entry in sorted(self.path.iterdir())
+                      if is_epoch_checkpoint_name(entry.name) and entry.is_dir()]
+        if taken:
+            what = "the best model" if taken[0] == self.best else "a per-epoch checkpoint (--gather-checkpoints)"
+            raise UserError(f"{taken[0]} is a folder, where the run writes {what} as a file; remove it or move "
+                            "it away")
 
     def _check_not_in_use(self) -> None:
         """Refuse a workspace whose lock another live run holds, as :meth:`lock` would, without taking it.
@@ -420,6 +444,41 @@ class Workspace:
             raise StorageError(f"could not create the raport of this evaluation beside {wanted}: "
                                f"{error.strerror or error}") from None
         raise StorageError(f"could not find a free name for the raport of this evaluation beside {wanted}")
+
+    def copies(self, progress: Mapping, gathering: bool) -> list[Path]:
+        """The files a save at ``progress`` (a checkpoint's ``epoch``, ``batch`` and ``best_epoch``) writes after
+        the latest checkpoint, as copies of it: at the end of an epoch its per-epoch file (``gathering``:
+        ``--gather-checkpoints``), and the best model when that epoch is the best; none mid-epoch."""
+        epoch, batch, best = int(progress["epoch"]), int(progress.get("batch", 0)), progress.get("best_epoch", -1)
+        if batch or epoch < 1:
+            return []
+        return ([self.path / epoch_checkpoint_name(epoch - 1)] if gathering else []) + \
+            ([self.best] if best == epoch - 1 else [])
+
+    def owed_copies(self, latest: Mapping, gathering: bool) -> list[Path]:
+        """The :meth:`copies` of the latest checkpoint (``latest``: what it holds) that do not hold its bytes: its
+        save stopped before them (a kill, a full disk, a folder in their place)."""
+        return [target for target in self.copies(latest, gathering)
+                if not (target.is_file() and filecmp.cmp(self.latest, target, shallow=False))]
+
+    def write_copies(self, targets: list[Path], keep_epochs: int) -> None:
+        """Copy the latest checkpoint to ``targets`` (:meth:`copies`), then keep the newest ``keep_epochs``
+        per-epoch files (``--gather-checkpoints``: all when -1, none written when 0)."""
+        for target in targets:
+            copy_atomic(self.latest, target)
+        if keep_epochs != 0:
+            prune_epoch_checkpoints(self.path, keep_epochs)
+
+    def write_owed_copies(self, source: str | os.PathLike | None, latest: Mapping, keep_epochs: int, log) -> None:
+        """Before a run resumed from ``source`` saves anything: when that is the latest checkpoint (``latest``:
+        what it holds), write the copies its save did not (:meth:`owed_copies`), said in one line."""
+        if source is None or not self.latest.is_file() or not os.path.samefile(source, self.latest):
+            return
+        owed = self.owed_copies(latest, keep_epochs != 0)
+        if owed:
+            log(f"=> writing {' and '.join(target.name for target in owed)} from {self.latest}: the save of "
+                f"{position_text(int(latest['epoch']))} ended before them")
+            self.write_copies(owed, keep_epochs)
 
     @staticmethod
     def _is_checkpoint_name(name: str) -> bool:

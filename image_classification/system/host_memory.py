@@ -10,8 +10,9 @@ holds the most memory a step needed, as it would again at the next step.  Measur
 ResNet-50 at 96 px, batch 32, two cores: 1-3% more training images/s (docs/performance.md, "The host
 allocator on the CPU").
 
-A process that sets any of glibc's ``MALLOC_*`` variables, or preloads another allocator (jemalloc,
-tcmalloc), keeps what it chose: this module then changes nothing.  Standard library only.
+A process that sets any of glibc's ``MALLOC_*`` variables or a ``glibc.malloc.*`` tunable in
+``GLIBC_TUNABLES``, or preloads another allocator (jemalloc, tcmalloc), keeps what it chose: this module then
+changes nothing (mallopt would override the tunables).  Standard library only.
 """
 
 from __future__ import annotations
@@ -35,9 +36,18 @@ def allocator_choice() -> str | None:
     if any(name in preloaded for name in ("jemalloc", "tcmalloc", "mimalloc")):
         return "another allocator is preloaded"
     chosen = sorted(name for name in os.environ if name.startswith("MALLOC_"))
+    chosen += malloc_tunables(os.environ.get("GLIBC_TUNABLES", ""))
     if chosen:
         return f"{', '.join(chosen)} set"
     return None
+
+
+def malloc_tunables(tunables: str) -> list[str]:
+    """The allocator's tunables that a ``GLIBC_TUNABLES`` value sets (``name=value`` pairs joined by colons;
+    glibc's own ``glibc.malloc.*``), in the order given; the other tunables (``glibc.cpu.*``...) say nothing
+    of the allocator."""
+    names = (pair.split("=", 1)[0].strip() for pair in tunables.split(":"))
+    return [name for name in names if name.startswith("glibc.malloc.")]
 
 
 def keep_freed_memory() -> bool:

@@ -5,8 +5,10 @@ Standard library only, so that the entry scripts can catch them before torch is 
 the imports, the dataset scan or the checkpoint load then stops the run cleanly (exit 75) before its first
 step, instead of killing it with no word.  Once the loop runs, it saves where it is and stops.  A second
 Ctrl-C is the way out of a stop that takes too long (a validation pass ends before the stop is acted on):
-it raises KeyboardInterrupt at once, and the run ends with exit code 130 and no new checkpoint (a save it
-cuts short leaves only a temporary file, which the next run removes).
+it raises KeyboardInterrupt at once, and the run ends with exit code 130 and no new checkpoint, but for a
+file being written when it comes: :func:`image_classification.records.checkpoint.write_atomic` holds the
+signals meanwhile and hands them to these handlers once the file is in place (raised inside torch.save's
+zip writer, the interrupt could abort the process).
 
 Work with nothing worth saving (an ONNX export) stops at once instead, inside :func:`stop_raises`: the
 signal raises :class:`Stopped`, whose ``finally`` blocks remove the partial file on the way out, and

@@ -174,6 +174,9 @@ class Loop:
         start_epoch = progress.epoch
         end_epoch = config.epochs if config.run_epochs < 0 else min(start_epoch + config.run_epochs, config.epochs)
         where = f", batch {progress.batch}" if progress.batch else ""
+        if config.save_checkpoints and self.runtime.is_main:
+            self.workspace.write_owed_copies(config.resumed_from, dataclasses.asdict(progress),
+                                             config.gather_checkpoints, log)
         control.at_window()
         if control.stop_pending:  # a signal during start-up: nothing trained, nothing to save
             log(f"Stopped by {control.signals.received or 'another process'} before the first step; --resume "
@@ -198,9 +201,9 @@ class Loop:
             results = self._validate_all(val_loader, epoch, f"after epoch {epoch + 1}")
             val = results.get("val")
             self.last_validation = (epoch + 1, val) if val is not None else self.last_validation
-            is_best = engine.end_epoch(val.finite_top1 if val is not None else None)
+            engine.end_epoch(val.finite_top1 if val is not None else None)  # the best epoch's save: model_best too
             raport.end_epoch(epoch, progress.iterations)
-            self.save(finished_epoch=True, reason="epoch", is_best=is_best)
+            self.save(finished_epoch=True, reason="epoch")
             if progress.stopped_early:
                 log(f"Early stopping: no better top1 for {progress.epochs_without_improvement} epochs")
                 break
@@ -486,7 +489,7 @@ class Loop:
         return time.perf_counter() - begin, logits, averaged
 
     # -- checkpoints --------------------------------------------------------------------------------
-    def save(self, *, finished_epoch: bool, reason: str, is_best: bool = False) -> None:
+    def save(self, *, finished_epoch: bool, reason: str) -> None:
         """Write the engine's checkpoint (every rank takes part; rank 0 writes). Never non-finite weights."""
         config, engine = self.config, self.engine
         if not config.save_checkpoints:
@@ -503,20 +506,12 @@ class Loop:
         where = ckpt.position_text(progress.epoch, 0 if finished_epoch else progress.batch)
         where += "" if finished_epoch else f" ({reason})"
         self.log(f"SAVING {latest} ({where})")
-        # One commit per save: the derived files first, the latest checkpoint last.  Until the latest is
-        # renamed into place a resume starts from the previous one and writes them all again, so a kill or
-        # a full disk in between never leaves a run without its best model or a per-epoch file.
-        targets = []
-        if finished_epoch and config.gather_checkpoints != 0:
-            targets.append(self.workspace.path / ckpt.epoch_checkpoint_name(progress.epoch - 1))
-        if is_best:
-            targets.append(self.workspace.best)
-        targets.append(latest)
-        ckpt.save_checkpoint(state, targets[0])
-        for target in targets[1:]:
-            ckpt.copy_atomic(targets[0], target)
-        if finished_epoch and config.gather_checkpoints != 0:
-            ckpt.prune_epoch_checkpoints(self.workspace.path, config.gather_checkpoints)
+        # The latest checkpoint first, its copies (the per-epoch file, the best model) after it: a copy that
+        # cannot be written never holds back the run's progress, and one a save left unwritten (a kill, a
+        # full disk) is written first by the resumed run (write_owed_copies).
+        ckpt.save_checkpoint(state, latest)
+        self.workspace.write_copies(self.workspace.copies(state, config.gather_checkpoints != 0),
+                                    config.gather_checkpoints if finished_epoch else 0)
 
 
 def compile_count() -> int:

@@ -395,7 +395,7 @@ def build_model_for(config: RunConfig, runtime: Runtime, resumed: dict | None, r
     """The model on the device, with the resumed or pretrained weights when asked."""
     model = build_model(config.arch, num_classes=config.num_classes, **dict(config.model_options))
     if resumed is not None:
-        load_weights(model, resumed["state_dict"], log=log, label=resume_path)
+        load_weights(model, resumed["state_dict"], log=log, label=resume_path, resuming=not config.evaluate)
         log(f"=> loaded checkpoint ({ckpt.position_text(resumed['epoch'], resumed.get('batch', 0))})")
     elif pretrained is not None:
         # Fine-tuning may replace the head; evaluating a freshly initialised head would be meaningless.

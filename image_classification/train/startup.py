@@ -57,11 +57,12 @@ def workspace_notice(args: argparse.Namespace) -> str:
 
 
 def check_workspace(args: argparse.Namespace, workspace: Workspace) -> None:
-    """What the workspace itself refuses (its names, a folder that cannot be written, another run holding it),
-    and a ``--tensorboard`` folder that cannot be written, found without writing anything; rank 0 checks them
-    first."""
+    """What the workspace itself refuses (its names, a folder where a checkpoint or a copy of it goes, a folder
+    that cannot be written, another run holding it), and a ``--tensorboard`` folder that cannot be written,
+    found without writing anything; rank 0 checks them first."""
     workspace.check(args.save_checkpoints and not args.evaluate, locking=not args.evaluate,
-                    raport_must_be_new=args.evaluate and args.raport_file is not None)
+                    raport_must_be_new=args.evaluate and args.raport_file is not None,
+                    gathering=args.gather_checkpoints != 0)
     if args.tensorboard:
         check_tensorboard(args.tensorboard)
 

@@ -16,6 +16,10 @@ kilobytes, so a test can save and kill many times in seconds.  The environment p
   them and then the process sends itself SIGKILL (a kill in the middle of writing a checkpoint);
 * ``FAULTS_FULL_IN_SAVE=N``: the N-th ``torch.save`` writes half of its bytes and then fails as a full
   disk does (``OSError`` ENOSPC);
+* ``FAULTS_INTERRUPT_IN_SAVE=N:POINT``: the N-th checkpoint the process saves gets a double Ctrl-C (two
+  SIGINTs at once) at POINT: ``before`` (as the save begins, nothing written yet), ``writing`` (from inside
+  torch.save's zip writer, at its third write into the file), ``closing`` (as the zip writer closes the
+  file: the interrupt that aborted a run with exit 134) or ``renamed`` (just after the rename);
 * ``FAULTS_RANK=R``: the faults above apply to global rank R only (all ranks when unset);
 * ``FAULTS_ONCE=PATH``: they apply while PATH does not exist, and the first that strikes creates it (a
   run restarted by torchrun, which resumes before the iteration of the fault, goes past it);
@@ -115,6 +119,75 @@ def disk_full() -> None:
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
+INTERRUPT_POINTS = ("before", "writing", "closing", "renamed")
+
+
+def _install_interrupt_in_save(spec: str) -> None:
+    """See ``FAULTS_INTERRUPT_IN_SAVE``: each point is a hook on what ``records.checkpoint`` calls as it saves."""
+    import torch.serialization as serialization
+
+    from image_classification.records import checkpoint as ckpt
+
+    when, point = spec.split(":")
+    assert point in INTERRUPT_POINTS, point
+    state = {"saves": 0, "armed": False}
+
+    def interrupt() -> None:
+        if state["armed"]:
+            state["armed"] = False
+            _struck()
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    real_save_checkpoint = ckpt.save_checkpoint
+
+    def save_checkpoint(payload, path):
+        state["saves"] += 1
+        state["armed"] = state["saves"] == int(when) and _applies()
+        if point == "before":
+            interrupt()
+        try:
+            return real_save_checkpoint(payload, path)
+        finally:
+            state["armed"] = False
+
+    ckpt.save_checkpoint = save_checkpoint
+    if point == "writing":
+        real_save = torch.save
+
+        class Interrupting:
+            def __init__(self, handle):
+                self.handle, self.writes = handle, 0
+
+            def write(self, data):
+                self.writes += 1
+                if self.writes == 3:
+                    interrupt()
+                return self.handle.write(data)
+
+            def __getattr__(self, name):
+                return getattr(self.handle, name)
+
+        torch.save = lambda obj, f, *args, **kwargs: real_save(obj, Interrupting(f), *args, **kwargs)
+    if point == "closing":
+        writer = serialization._open_zipfile_writer_buffer  # what torch.save writes a file object through
+        real_exit = writer.__exit__
+
+        def closing(self, *args):
+            interrupt()
+            return real_exit(self, *args)
+
+        writer.__exit__ = closing
+    if point == "renamed":
+        real_fsync_folder = ckpt._fsync_folder  # write_atomic's next step after the rename
+
+        def renamed(folder):
+            interrupt()
+            return real_fsync_folder(folder)
+
+        ckpt._fsync_folder = renamed
+
+
 def _install_mixup_record(path: str) -> None:
     """Record each MixUp draw where the training step makes it (``batch_augment`` calls ``mixup``)."""
     original = batch_augment.mixup
@@ -140,6 +213,8 @@ def main(argv: list[str]) -> None:
         torch.save = faulty_save(torch.save, int(os.environ["FAULTS_KILL_IN_SAVE"]), _kill)
     if os.environ.get("FAULTS_FULL_IN_SAVE"):
         torch.save = faulty_save(torch.save, int(os.environ["FAULTS_FULL_IN_SAVE"]), disk_full)
+    if os.environ.get("FAULTS_INTERRUPT_IN_SAVE"):
+        _install_interrupt_in_save(os.environ["FAULTS_INTERRUPT_IN_SAVE"])
     if os.environ.get("FAULTS_RECORD"):
         _install_mixup_record(os.environ["FAULTS_RECORD"])
     sys.argv = [str(REPO / "main.py"), *argv]

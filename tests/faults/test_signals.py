@@ -11,8 +11,8 @@ import pytest
 
 from image_classification.errors import EXIT_PREEMPTED
 
-from .harness import (ITERATIONS_PER_EPOCH, RUN, TALLY, assert_same_state, count_lost_records, explain, load,
-                      train, train_here)
+from .harness import (INTERVAL, ITERATIONS_PER_EPOCH, RUN, TALLY, assert_same_state, count_lost_records, explain,
+                      load, train, train_here)
 
 
 @pytest.mark.parametrize("name,at", [("SIGTERM", 3), ("SIGUSR1", 8)])
@@ -40,6 +40,32 @@ def test_a_stop_signal_to_the_process_group_with_loader_workers_saves_and_exits_
     assert f"Stopped by {name}" in stopped.stdout and "Traceback" not in stopped.stderr, explain(stopped)
     assert load(tmp_path / "ws" / "checkpoint.pth.tar")["iterations"] == 3
     TALLY["stops"] += 1
+
+
+@pytest.mark.parametrize("save,point", [(2, "before"), (2, "writing"), (2, "closing"), (2, "renamed"),
+                                        (3, "renamed")],
+                         ids=["before", "writing", "closing", "renamed", "renamed-at-an-epoch-s-end"])
+def test_a_double_ctrl_c_at_any_point_of_a_save_exits_130_with_a_checkpoint_that_loads(data, tmp_path, straight,
+                                                                                       save, point, capsys):
+    """Two SIGINTs at once (a double Ctrl-C) during the interval save of iteration 4 (the second save), or the
+    epoch's save of iteration 6 (the third): exit 130, never 134 (an interrupt inside torch.save's zip writer,
+    which aborted the process), no temporary file left, the last checkpoint complete; a save under way when
+    they come is finished first.  The same command with --resume auto then ends with the weights of a run never
+    interrupted, the per-epoch file that the interrupted epoch save left unwritten included."""
+    workspace = tmp_path / "ws"
+    stopped = train(data, workspace, *RUN, "-j", "0", interrupt_in_save=f"{save}:{point}")
+    assert stopped.returncode == 130, explain(stopped)
+    assert "Received SIGINT again: stopping at once" in stopped.stderr and "Traceback" not in stopped.stderr
+    assert not list(workspace.glob(".*.tmp")), sorted(path.name for path in workspace.iterdir())
+    assert load(workspace / "checkpoint.pth.tar")["iterations"] == INTERVAL * (save - (point == "before"))
+    assert not (workspace / "checkpoint_0000.pth.tar").exists()  # the epoch's copy: not reached
+
+    resumed = train_here(data, workspace, *RUN, "-j", "0", capsys=capsys)
+    assert resumed.returncode == 0, explain(resumed)
+    TALLY["interrupts"] += 1
+    for name in ("checkpoint.pth.tar", "checkpoint_0000.pth.tar", "checkpoint_0001.pth.tar"):
+        assert_same_state(load(straight / name), load(workspace / name))
+    assert count_lost_records(workspace / "experiment_raport.json", epochs=2) == 0
 
 
 def test_resume_auto_of_a_finished_run_exits_0_without_training(data, tmp_path, straight, capsys):
