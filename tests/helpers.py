@@ -25,6 +25,7 @@ from types import ModuleType
 
 import numpy as np
 import pytest
+
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
@@ -551,3 +552,37 @@ def launch_on(argv: list[str], cuda_available: bool) -> int:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(machine, "cuda_available", lambda: cuda_available)
         return run(launch.main, argv)
+
+
+def run_config(**values):
+    """A run's frozen configuration (``train.plan.RunConfig``) from the flat names of the values a test sets, each
+    put into its group (``lr`` into the optimisation's, ``batch_size`` into the data's, ``preprocessing`` too); the
+    EMA as ``ema_decay``/``ema_style``/``ema_steps``, the loss scale as ``loss_scale``/``dynamic_loss_scale``."""
+    import dataclasses
+
+    from image_classification.arguments.data import DataConfig
+    from image_classification.arguments.deployed import DeployConfig
+    from image_classification.arguments.model import ModelConfig
+    from image_classification.arguments.optimisation import OptimConfig
+    from image_classification.arguments.precision import PrecisionConfig
+    from image_classification.arguments.run import RunSettings
+    from image_classification.models.preprocessing import Preprocessing
+    from image_classification.train.plan import RunConfig
+
+    values = dict(values)
+    values.pop("model_options", None)
+    decay, style, steps = values.pop("ema_decay", None), values.pop("ema_style", "reference"), values.pop("ema_steps", None)
+    if decay is not None:
+        values.update({"model_ema": True, "model_ema_decay": decay, "model_ema_steps": steps} if style == "torchvision"
+                      else {"use_ema": decay})
+    if "loss_scale" in values or "dynamic_loss_scale" in values:
+        values["loss_scale_adapts"] = values.pop("dynamic_loss_scale", True)
+    values.setdefault("preprocessing", Preprocessing(32))
+    values.setdefault("lr", 0.1)  # a rate as resolve_lr settles it (the flag has none)
+    groups = {}
+    for group in (ModelConfig, OptimConfig, DataConfig, PrecisionConfig, RunSettings, DeployConfig):
+        names = {item.name for item in dataclasses.fields(group)}
+        groups[group] = group(**{name: values.pop(name) for name in list(values) if name in names})
+    assert not values, f"no group holds {sorted(values)}"
+    return RunConfig(groups[ModelConfig], groups[OptimConfig], groups[DataConfig], groups[PrecisionConfig],
+                     groups[RunSettings], groups[DeployConfig])

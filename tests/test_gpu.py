@@ -214,13 +214,12 @@ def test_a_one_process_nccl_ddp_run_with_amp_and_accumulation(monkeypatch):
     from image_classification.models.preprocessing import Preprocessing
     from image_classification.system.runtime import Runtime
     from image_classification.train.engine import Engine
-    from image_classification.train.plan import RunConfig
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29533")
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
     try:
-        config = RunConfig(arch="resnet18", num_classes=10, model_options=(), preprocessing=Preprocessing(32),
+        config = run_config(arch="resnet18", num_classes=10, model_options=(), preprocessing=Preprocessing(32),
                            accumulation=2, lr=0.05)
         torch.manual_seed(0)
         model = build_model("resnet18", num_classes=10).cuda()
@@ -290,7 +289,7 @@ def test_no_host_sync_between_print_windows_on_cuda(tmp_path, monkeypatch, preci
     outside them): none in FP32 and bf16; in fp16 (--amp) one per optimizer step, the read of the loss
     scaler's inf flag that decides whether the step is taken.  MixUp with CutMix, random erasing, label
     smoothing, the EMA, channels-last and accumulation (an optimizer step every second micro-batch) included."""
-    from helpers import count_step_syncs
+    from helpers import count_step_syncs, run_config
 
     syncs = count_step_syncs(monkeypatch)
     args = TINY + ["--data-backend", "synthetic", "--device", "cuda", "--prof", "8", "-p", "4", "--epochs", "1",

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import score_validations
+from helpers import run_config, score_validations
 from image_classification.records.raport import read_raport
 from image_classification.training import main
 
@@ -82,10 +82,9 @@ def test_a_training_batch_of_one_is_trained_not_a_batchnorm_traceback():
     from image_classification.models.preprocessing import Preprocessing
     from image_classification.system.runtime import Runtime
     from image_classification.train.engine import Engine
-    from image_classification.train.plan import RunConfig
 
     model = build_model("resnet18", num_classes=4)
-    config = RunConfig(arch="resnet18", num_classes=4, model_options=(), preprocessing=Preprocessing(32))
+    config = run_config(arch="resnet18", num_classes=4, model_options=(), preprocessing=Preprocessing(32))
     engine = Engine(config, Runtime(torch.device("cpu"), None, torch.contiguous_format), model, log=print)
     before = model.fc.weight.detach().clone()
     engine.train_step(torch.randn(1, 3, 32, 32), torch.tensor([2]), accumulation=1, step_now=True)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from helpers import launch_on, refused
-from image_classification.train.plan import DEFAULT_LOSS_SCALE, choose_loss_scale
+from image_classification.arguments.precision import DEFAULT_LOSS_SCALE, PrecisionConfig
 
-FP16, BF16 = torch.float16, torch.bfloat16
+FP16, BF16 = "float16", "bfloat16"  # the autocast dtypes, as the flags name them
 
 
 @pytest.mark.parametrize("amp_dtype, static, dynamic, expected", [
@@ -19,7 +19,7 @@ FP16, BF16 = torch.float16, torch.bfloat16
     (FP16, 256.0, False, (256.0, False)),  # asked for explicitly: fixed, and said so
 ])
 def test_fp16_loss_scale_follows_the_flags(amp_dtype, static, dynamic, expected):
-    scale, is_dynamic, notice = choose_loss_scale(amp_dtype, static, dynamic)
+    scale, is_dynamic, notice = PrecisionConfig(static_loss_scale=static, dynamic_loss_scale=dynamic).choose_loss_scale(amp_dtype)
     assert (scale, is_dynamic) == expected
     assert (notice is not None) == (not is_dynamic)
     if notice:
@@ -28,9 +28,9 @@ def test_fp16_loss_scale_follows_the_flags(amp_dtype, static, dynamic, expected)
 
 @pytest.mark.parametrize("amp_dtype", [None, BF16])
 def test_scale_flags_without_fp16_are_ignored_aloud(amp_dtype):
-    assert choose_loss_scale(amp_dtype, None, False)[2] is None
+    assert PrecisionConfig().choose_loss_scale(amp_dtype)[2] is None
     for static, dynamic in ((128.0, False), (None, True)):
-        notice = choose_loss_scale(amp_dtype, static, dynamic)[2]
+        notice = PrecisionConfig(static_loss_scale=static, dynamic_loss_scale=dynamic).choose_loss_scale(amp_dtype)[2]
         assert notice is not None and "ignored" in notice
 
 

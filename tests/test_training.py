@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import REPO, write_image_folder
-from helpers import refused, score_validations
+from helpers import refused, run_config, score_validations
 from image_classification.errors import TrainingDiverged
 from image_classification.records import checkpoint as ckpt
 from image_classification.records.raport import read_raport
@@ -225,12 +225,11 @@ def make_engine(model, accumulation: int = 1, **settings):
     from image_classification.models.preprocessing import Preprocessing
     from image_classification.system.runtime import make_runtime
     from image_classification.train.engine import Engine
-    from image_classification.train.plan import RunConfig
 
     options = dict(arch="resnet18", num_classes=3, model_options=(), preprocessing=Preprocessing(32),
                    weight_decay=0.0, accumulation=accumulation, lr=0.5, momentum=0.9)
     options.update(settings)
-    return Engine(RunConfig(**options), make_runtime("cpu"), model, log=lambda *a: None)
+    return Engine(run_config(**options), make_runtime("cpu"), model, log=lambda *a: None)
 
 
 def test_gradient_accumulation_matches_the_large_batch():

@@ -315,8 +315,8 @@ class DeviceDecodedLoader(WrappingLoader):
         super().__init__(host)
         self.samples, self.runtime = samples, runtime
         self.crop, self.policy, self.num_samples = crop, policy, num_samples
-        self.mean = channel_values(config.mean, runtime.device)
-        self.std = channel_values(config.std, runtime.device)
+        self.mean = channel_values(config.preprocessing.mean, runtime.device)
+        self.std = channel_values(config.preprocessing.std, runtime.device)
         self.side = SideStream(runtime.device)
         self.fallbacks = DecodeFallbacks(phase)
         device_decoder(runtime.device)  # chosen now: its probes read pixels back, which a pass never does
@@ -385,19 +385,19 @@ def device_decode_loaders(
         samples = open_split(root, "train", classes, batch_size=config.batch_size, world_size=runtime.world_size)
         transform = TrainTransform(config)
         policy = PolicyDraws(transform.augmentation) if transform.augmentation is not None else None
-        dataset = EncodedImages(samples, transform, policy=policy, turn=config.exif_orientation)
+        dataset = EncodedImages(samples, transform, policy=policy, turn=config.preprocessing.exif_orientation)
         train = _loader(samples, dataset, config, runtime, True, transform.crop, policy)
     if want_val:
         samples = open_split(root, "val", classes)
         crop = functools.partial(_val_crop, config=config)
-        resize = val_resize_size(config.image_size, config.crop_ratio)
-        dataset = EncodedImages(samples, None, resize, turn=config.exif_orientation)
+        resize = val_resize_size(config.preprocessing.image_size, config.preprocessing.crop_ratio)
+        dataset = EncodedImages(samples, None, resize, turn=config.preprocessing.exif_orientation)
         val = _loader(samples, dataset, config, runtime, False, crop)
     return train, val
 
 
 def _val_crop(image: torch.Tensor, _draw: None, config: DataConfig) -> torch.Tensor:
-    return val_crop(image, config.image_size, config.interpolation, config.crop_ratio)
+    return val_crop(image, config.preprocessing.image_size, config.preprocessing.interpolation, config.preprocessing.crop_ratio)
 
 
 def _loader(samples: Split, dataset: EncodedImages, config: DataConfig, runtime: Runtime, train: bool, crop,

@@ -80,6 +80,12 @@ class Runtime:
             return contextlib.nullcontext()
         return self.watchdog.guard(what)
 
+    def describe(self) -> dict:
+        """What the run's raport records of where it ran: the device, the autocast dtype, the memory format taken
+        and the processes."""
+        return {"device": str(self.device), "amp_dtype": str(self.amp_dtype),
+                "memory_format": MEMORY_FORMAT_NAMES[self.memory_format], "world_size": self.world_size}
+
     def synchronize(self) -> None:
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
