@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.common import ratio_spread, ratio_text  # noqa: E402
+from benchmarks.common import ratio_spread, ratio_text, require_scikit_image  # noqa: E402
 from image_classification.arguments import DATA_BACKENDS, parse_args  # noqa: E402
 from image_classification.data import get_loaders  # noqa: E402
 from image_classification.data.common import MEAN_255, STD_255  # noqa: E402
@@ -112,16 +112,6 @@ def build_parser() -> argparse.ArgumentParser:
                         f"JPEGs of 500x375 cut from scikit-image's {', '.join(PHOTO_SET)}; written first where "
                         "DIR has no train/ (needs scikit-image)")
     return parser
-
-
-def require_scikit_image(what: str) -> None:
-    """A :class:`UserError` (one line, exit 2) where scikit-image, whose sample photographs ``what`` cuts its
-    images from, is not installed (``make demo`` leaves it out; requirements-dev.txt pins it)."""
-    try:
-        import skimage.data  # noqa: F401
-    except ImportError:
-        raise UserError(f"{what} cuts its images from scikit-image's sample photographs, and scikit-image is not "
-                        "installed here: pip install scikit-image (requirements-dev.txt pins it)") from None
 
 
 def _sample_photos(names: tuple[str, ...]):
