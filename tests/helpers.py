@@ -177,6 +177,44 @@ def write_image_folder(
     return root
 
 
+def write_colour_checkpoint(image_folder: Path, path: Path, size: int = 32) -> Path:
+    """A resnet18 trained for a few SGD steps on :func:`write_image_folder`'s colours (train/, ``size`` px),
+    saved at ``path`` as a training checkpoint that records no class names; every training image right."""
+    import torch  # deferred: torch, for the tests that train
+
+    from image_classification.deploy.inference import image_transform
+    from image_classification.models import build_model
+
+    torch.manual_seed(0)
+    transform = image_transform(size)
+    classes = sorted(folder.name for folder in (image_folder / "train").iterdir())
+    images, targets = [], []
+    for label, name in enumerate(classes):
+        for image in sorted((image_folder / "train" / name).iterdir()):
+            images.append(transform(Image.open(image).convert("RGB")))
+            targets.append(label)
+    images, targets = torch.stack(images), torch.tensor(targets)
+    model = build_model("resnet18", num_classes=len(classes))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model.train()
+    for _ in range(6):  # the colours are learnt in a few steps
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(images), targets).backward()
+        optimizer.step()
+    with torch.no_grad():  # BN statistics of the final weights, over the whole training set
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.reset_running_stats()
+                module.momentum = None
+        model(images)
+    model.eval()
+    with torch.no_grad():
+        assert (model(images).argmax(1) == targets).all()
+    torch.save({"epoch": 1, "arch": "resnet18", "best_prec1": 100.0, "state_dict": model.state_dict(),
+                "model_options": {"num_classes": len(classes), "model_config": "classic"}}, path)
+    return path
+
+
 
 class Crash(Exception):
     """A run that dies without saving (as a SIGKILL would leave it)."""

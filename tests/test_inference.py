@@ -13,11 +13,11 @@ import torch
 from PIL import Image
 
 from conftest import load_script
-from helpers import refused
+from helpers import refused, write_colour_checkpoint
 from image_classification.arguments import parse_args
 from image_classification.arguments.tools import classify_parser
 from image_classification.deploy import inference
-from image_classification.deploy.inference import image_transform, imagenet_class_names
+from image_classification.deploy.inference import imagenet_class_names
 from image_classification.deploy.inference import main as classify_main
 from image_classification.models import build_model
 from image_classification.system import machine
@@ -57,34 +57,7 @@ def photo(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def colour_checkpoint(image_folder, tmp_path_factory) -> Path:
     """A resnet18 trained for a few SGD steps on the colour dataset, saved as a training checkpoint."""
-    torch.manual_seed(0)
-    transform = image_transform(SIZE)
-    images, targets = [], []
-    for label, name in enumerate(CLASSES):
-        for path in sorted((image_folder / "train" / name).iterdir()):
-            images.append(transform(Image.open(path).convert("RGB")))
-            targets.append(label)
-    images, targets = torch.stack(images), torch.tensor(targets)
-    model = build_model("resnet18", num_classes=3)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    model.train()
-    for _ in range(6):  # the colours are learnt in a few steps
-        optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(model(images), targets).backward()
-        optimizer.step()
-    with torch.no_grad():  # BN statistics of the final weights, over the whole training set
-        for module in model.modules():
-            if isinstance(module, torch.nn.BatchNorm2d):
-                module.reset_running_stats()
-                module.momentum = None
-        model(images)
-    model.eval()
-    with torch.no_grad():
-        assert (model(images).argmax(1) == targets).all()
-    path = tmp_path_factory.mktemp("trained") / "checkpoint.pth.tar"
-    torch.save({"epoch": 1, "arch": "resnet18", "best_prec1": 100.0, "state_dict": model.state_dict(),
-                "model_options": {"num_classes": 3, "model_config": "classic"}}, path)
-    return path
+    return write_colour_checkpoint(image_folder, tmp_path_factory.mktemp("trained") / "checkpoint.pth.tar", SIZE)
 
 
 def test_classify_photo_without_weights_prints_falling_percentages(photo):

@@ -108,7 +108,9 @@ def precision_default_text() -> str:
 def classify_parser() -> argparse.ArgumentParser:
     parser = UserErrorParser(prog="classify.py", description="Classify images with a trained model.")
     parser.add_argument("--image", metavar="PATH", nargs="+", action="extend", required=True,
-                        help="image file, or folder whose images are all classified; may be repeated")
+                        help="image file, folder whose images are all classified, or split in ImageFolder layout "
+                        "(DIR/<class>/<image>), whose images are then scored against their class folders' names: "
+                        "top-1, top-5 and the classes most often confused; may be repeated")
     add_model_arguments(parser, default_arch=None)
     run = parser.add_argument_group("inference")
     run.add_argument("--precision", choices=("AMP", "FP32"), default=None,
@@ -138,7 +140,8 @@ def classify_parser() -> argparse.ArgumentParser:
                      "records, else ImageNet's for 1000 classes, else the class index)")
     run.add_argument("--json", action="store_true",
                      help="print one JSON object per image: "
-                     "{path, predictions: [{label, index, probability}]}")
+                     "{path, predictions: [{label, index, probability}]}, then one per split: {split, images, "
+                     "left_out, classes, top1, top5, confused: [{true, predicted, images}]}")
     return parser
 
 
