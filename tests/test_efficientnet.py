@@ -358,16 +358,13 @@ def test_torchscript_gives_the_same_logits(reference):
 
 
 @pytest.mark.slow
-def test_torch_compile_trains_and_gives_the_same_logits(reference):
-    model = build_model("efficientnet-b0", num_classes=10, survival_prob=0.8).eval()
+def test_torch_compile_gives_the_same_logits(reference):
+    model = fresh("efficientnet-b0").eval()
     load_weights(model, reference_state(reference["efficientnet-b0"][0]))
     compiled = torch.compile(model)
     x = image((2, 3, 64, 64))
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
-    compiled.train()
-    compiled(x).sum().backward()
-    assert torch.isfinite(model.stem.conv.weight.grad).all()
     load_weights(build_model("efficientnet-b0", num_classes=10), compiled.state_dict())  # keys carry _orig_mod.
 
 
