@@ -58,6 +58,29 @@ def tiny_registered():
             ARCHS["tiny"] = previous
 
 
+def hub_load(entry: str, **kwargs):
+    """``torch.hub.load`` of this repository's ``entry`` (hubconf.py), from the working tree."""
+    import torch
+
+    return torch.hub.load(str(REPO), entry, source="local", **kwargs)
+
+
+def published_on_ngc(monkeypatch, hub_dir: Path, weights: dict) -> list[str]:
+    """Downloads into the torch.hub cache under ``hub_dir`` write ``weights`` instead of reaching the network;
+    the list returned gathers the URLs asked for."""
+    import torch
+
+    downloads: list[str] = []
+
+    def fake_download(url, dst, *args, **kwargs):
+        downloads.append(url)
+        torch.save(weights, dst)
+
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(hub_dir))
+    monkeypatch.setattr(torch.hub, "download_url_to_file", fake_download)
+    return downloads
+
+
 def score_validations(monkeypatch, *top1: float) -> None:
     """Each validation of the training loop reports the next of ``top1`` as its score (its other figures
     stay real): the way to make an epoch the best, or not, at will.  Monkeypatched until the test ends,

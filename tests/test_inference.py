@@ -163,6 +163,48 @@ def json_predictions(capsys, argv: list[str]) -> list[dict]:
     return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
 
 
+def test_an_efficientnet_trained_by_main_py_is_exported_and_classified_as_pytorch_computes_it(
+        image_folder, tmp_path, capsys):
+    """main.py trains efficientnet-b0 for an epoch at 32 px; model2onnx.py exports its checkpoint (the arch and
+    the class count read from it) and onnxruntime gives PyTorch's logits; classify.py gives PyTorch's
+    probabilities for every validation image."""
+    from helpers import run_script
+    from image_classification.models import load_weights
+    from image_classification.training import main as train_main
+
+    onnxruntime = pytest.importorskip("onnxruntime")
+    workspace = tmp_path / "run"
+    assert run(train_main, ["-a", "efficientnet-b0", "--image-size", str(SIZE), "-b", "8", "--epochs", "1",
+                            "--device", "cpu", "--data-backend", "pytorch", "-j", "0", "--lr", "0.02",
+                            "--workspace", str(workspace), str(image_folder)]) == 0
+    checkpoint = workspace / "checkpoint.pth.tar"
+    assert torch.load(checkpoint, weights_only=True)["arch"] == "efficientnet-b0"
+    onnx_file = tmp_path / "b0.onnx"
+    exported = run_script(["model2onnx.py", "--weights", checkpoint, "--output", onnx_file, "-b", "2"], capsys,
+                          cwd=REPO)
+    assert exported.returncode == 0, exported.stderr
+
+    model = build_model("efficientnet-b0", num_classes=3)
+    load_weights(model, str(checkpoint))
+    model.eval()
+    paths = sorted((image_folder / "val").glob("*/*.jpg"))
+    transform = image_transform(SIZE)
+    images = torch.stack([transform(Image.open(path).convert("RGB")) for path in paths])
+    with torch.no_grad():
+        logits = model(images)
+    session = onnxruntime.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    for start in range(0, len(paths), 2):  # exported at a fixed batch of 2
+        (got,) = session.run(None, {"input": images[start:start + 2].numpy()})
+        assert abs(got - logits[start:start + 2].numpy()).max() < 1e-3
+    predictions = json_predictions(capsys, ["--weights", str(checkpoint), "--image", *map(str, paths), "--topk", "3",
+                                            "--precision", "FP32", "--memory-format", "nchw"])
+    probabilities = torch.softmax(logits, 1)
+    assert [record["path"] for record in predictions] == list(map(str, paths))
+    for record, expected in zip(predictions, probabilities):
+        for prediction in record["predictions"]:
+            assert prediction["probability"] == pytest.approx(expected[prediction["index"]].item(), abs=1e-5)
+
+
 @pytest.mark.parametrize("precision", [[], ["--precision", "AMP"]], ids=["default", "AMP"])
 def test_fast_paths_predict_what_the_plain_fp32_path_does(colour_checkpoint, image_folder, capsys, precision):
     """The default (channels-last; bf16 autocast where the CPU has native bf16, else FP32) and channels-last

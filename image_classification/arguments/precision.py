@@ -33,8 +33,8 @@ def add_precision_arguments(parser: argparse.ArgumentParser) -> None:
                            "FP32 (default: on)")
     precision.add_argument("--memory-format", choices=("auto", "nchw", "nhwc"), default="auto",
                            help="memory layout, nchw or nhwc; auto: nhwc (channels-last) on the CPU for the "
-                           "bottleneck models (ResNet-50 and deeper, ResNeXt, SE-ResNeXt), which train faster "
-                           "in it there, else nchw, the reference's (default: auto)")
+                           "bottleneck models (ResNet-50 and deeper, ResNeXt, SE-ResNeXt) and the EfficientNets, "
+                           "which train faster in it there, else nchw, the reference's (default: auto)")
     precision.add_argument("--gpu-affinity", choices=GPU_AFFINITY_MODES, default="none",
                            help="pin each process to the CPU cores near its GPU (default: none)")
     precision.add_argument("--dist-timeout", metavar="SECONDS", type=positive_float, default=300.0,

@@ -35,8 +35,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_arch: str | Non
     group.add_argument("--arch", "-a", metavar="ARCH", default=default_arch, choices=list_models(),
                        help="model architecture: " + " | ".join(list_models())
                        + " (default: the checkpoint's, else resnet50)")
-    group.add_argument("--model-config", "-c", metavar="CONF", default="classic", choices=list(MODEL_CONFIGS),
-                       help="model config: " + " | ".join(MODEL_CONFIGS)
+    group.add_argument("--model-config", "-c", metavar="CONF", default=None, choices=list(MODEL_CONFIGS),
+                       help="model config of the ResNets: " + " | ".join(MODEL_CONFIGS)
                        + " (initialisation only; default: classic)")
     group.add_argument("--weights", "--pretrained-weights", "--pretrained-from-file", metavar="PATH",
                        dest="weights", default=None,

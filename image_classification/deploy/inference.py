@@ -189,7 +189,7 @@ class LoadedModel:
 
 
 def load_model(arch: str | None, weights: str | None = None, num_classes: int | None = None,
-               model_config: str = "classic", pretrained: bool = False, log: Callable[[str], None] = warn,
+               model_config: str | None = None, pretrained: bool = False, log: Callable[[str], None] = warn,
                ) -> LoadedModel:
     """Build ``arch`` and load ``weights`` (any layout ``load_weights`` reads), in eval mode on the CPU.
 

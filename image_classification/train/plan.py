@@ -21,7 +21,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..arguments import (DEFAULT_LR_PEAK_EPOCH, DEFAULT_RAPORT_FILE, DEFAULT_WORKERS, LR_BASE, LR_BASE_BATCH,
-                         REFERENCE_LR_PER_IMAGE, WARN_LR_FACTOR, CheckpointInterval, linear_scaled_lr, raport_file)
+                         REFERENCE_LR_PER_IMAGE, WARN_LR_FACTOR, CheckpointInterval, linear_scaled_lr, model_options,
+                         raport_file)
 from ..data import DataConfig, decoder_notice, default_backend_notice, resolve_backend
 from ..data.files import printable
 from ..deploy.quantization import Int8Request, int8_request
@@ -194,13 +195,6 @@ def resolve_lr(lr: float | None, global_batch: int, *, optimizer: str, warmup: i
                 f"--warmup: the first epoch may diverge; leave --lr out for {linear_scaled_lr(global_batch):g} "
                 f"({LR_BASE:g} per {LR_BASE_BATCH} images), or add --warmup E (epoch e < E trains at (e + 1) / E of "
                 "the rate)")
-
-
-def model_options(args: argparse.Namespace) -> dict:
-    options = {"model_config": args.model_config, "last_bn_0_init": bool(args.last_bn_0_init)}
-    if args.conv_init is not None:
-        options["conv_init"] = args.conv_init
-    return options
 
 
 def _broadcast_choice(value, runtime: Runtime):
