@@ -34,7 +34,7 @@ $(VENV)/.installed-dev: $(VENV)/.installed-package requirements-dev.txt
 	$(PY) -m pip install --disable-pip-version-check -q -r requirements-dev.txt
 	touch $@
 
-demo: $(VENV)/.installed-package  ## train ResNet-18 on the bundled handwritten digits (about a minute on 2 cores of a recent Xeon, a few on other CPUs; README.md gives a measured time)
+demo: $(VENV)/.installed-package  ## train ResNet-18 on the bundled handwritten digits (how long it took, and on which machine: README.md, "Set-up")
 	$(PY) -m image_classification.demo
 
 test: $(VENV)/.installed-dev  ## the fast suite (slow and GPU tests excluded)

@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.common import ratio_spread, ratio_text  # noqa: E402
+from benchmarks.common import ratio_spread, ratio_text, require_scikit_image  # noqa: E402
 from image_classification.arguments import DATA_BACKENDS, parse_args  # noqa: E402
 from image_classification.data import get_loaders  # noqa: E402
 from image_classification.data.common import MEAN_255, STD_255  # noqa: E402
@@ -118,10 +118,9 @@ def _sample_photos(names: tuple[str, ...]):
     """scikit-image's sample photographs ``names``, as RGB PIL images."""
     from PIL import Image
 
-    try:
-        import skimage.data
-    except ImportError:
-        raise UserError("--make-dataset and --photos need scikit-image: pip install scikit-image") from None
+    require_scikit_image("the data set")
+    import skimage.data
+
     return [Image.fromarray(getattr(skimage.data, name)()).convert("RGB") for name in names]
 
 
@@ -357,8 +356,14 @@ def profile_dali_stages(opts: argparse.Namespace) -> dict[str, float]:
 
 def write_data(opts: argparse.Namespace) -> None:
     """The data set ``--make-dataset`` or ``--photos`` asks for, written into DIR before anything is timed:
-    said before it starts, every minute or so while it lasts, and when it is done."""
+    said before it starts, every minute or so while it lasts, and when it is done; a flag that would write one
+    without scikit-image is one line before anything is said or written."""
     root = Path(opts.data)
+    unwritten = not (root / "train").is_dir()  # --camera and --photos use a set already there as it is
+    for flag, writes in (("--make-dataset", opts.make_dataset), ("--camera", opts.camera and unwritten),
+                         ("--photos", opts.photos and unwritten)):
+        if writes:
+            require_scikit_image(flag)
     if opts.make_dataset:
         _writing(root, 2 * opts.make_dataset, lambda progress: make_dataset(root, per_class=opts.make_dataset,
                                                                            progress=progress))

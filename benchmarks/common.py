@@ -41,6 +41,16 @@ def environment(device: torch.device) -> dict:
     return info
 
 
+def require_scikit_image(what: str) -> None:
+    """A :class:`UserError` (one line, exit 2) where scikit-image, whose sample photographs ``what`` cuts its
+    images from, is not installed (``make demo`` leaves it out; requirements-dev.txt pins it)."""
+    try:
+        import skimage.data  # noqa: F401
+    except ImportError:
+        raise UserError(f"{what} cuts its images from scikit-image's sample photographs, and scikit-image is not "
+                        "installed here: pip install scikit-image (requirements-dev.txt pins it)") from None
+
+
 def summarise(values: Sequence[float]) -> dict:
     """Median, spread (max - min, and relative to the median), and every value."""
     median = statistics.median(values)

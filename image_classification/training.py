@@ -32,7 +32,7 @@ from .errors import EXIT_PREEMPTED, PeerLost, UserError
 from .models.archs import cpu_trains_faster_channels_last
 from .records.checkpoint import load_checkpoint
 from .records.datafile import open_own
-from .records.raport import Raport
+from .records.raport import Raport, shown_epoch_offset
 from .records.workspace import Workspace
 from .system.cli import report
 from .system.distributed import lost_peer_reason
@@ -268,7 +268,8 @@ def open_raport(config: RunConfig, runtime: Runtime, resumed: dict | None, works
                                  "checkpoint's run"}
     purge = int(resumed.get("iterations", 0)) + 1 if resumed is not None else None  # what a killed run logged after
     raport = Raport(workspace.raport, enabled=runtime.is_main, resume_offset=offset, tensorboard=config.run.tensorboard,
-                    tensorboard_purge_step=purge, run_id=config.run.run_id, epoch_offset=0 if config.run.evaluate else 1)
+                    tensorboard_purge_step=purge, run_id=config.run.run_id,
+                    epoch_offset=shown_epoch_offset(config.run.evaluate))
     if separator is not None:
         raport.parameters(separator)
     return raport

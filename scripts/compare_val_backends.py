@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
+from benchmarks.common import require_scikit_image  # noqa: E402
 from image_classification.data import DataConfig, get_loaders  # noqa: E402
 from image_classification.data.common import STD_255  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
@@ -138,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         if opts.data is None:
             raise UserError("--checkpoint needs DIR, the dataset whose val/ the model is evaluated on")
         return compare_top1(opts, runtime)
+    require_scikit_image("compare_val_backends.py without --checkpoint")
     with tempfile.TemporaryDirectory() as folder:
         write_photos(Path(folder))
         for size in opts.image_size:

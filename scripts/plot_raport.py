@@ -4,7 +4,9 @@
 
 Writes one PNG per metric into the output folder: ``train_loss.png``, ``val_loss.png``, ``val_top1.png``,
 ``val_top5.png`` (``val_top{k}`` for a run with ``--topk k``) and ``throughput.png`` (``train.total_ips``).
-The values are the raport's end-of-epoch records (``step`` ``[epoch]``), the x axis their epoch numbers.
+The values are the raport's end-of-epoch records (``step`` ``[epoch]``), the x axis their epochs counted from 1,
+as the run's lines count them (the record ``[0]`` is epoch 1; an evaluation's step, the count of epochs its
+weights trained, is shown as it is).
 Each run is one line, labelled with its file name, or with its folder when the file names are the same.
 A metric that no run has (a ``--training-only`` run has no val metrics) gets no PNG.  The loss charts use a
 log scale, said in the axis label: the first epoch's loss is often many times the later ones, and on a
@@ -27,7 +29,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from image_classification.errors import UserError  # noqa: E402
-from image_classification.records.raport import read_raport  # noqa: E402
+from image_classification.records.raport import raport_epoch_offset, read_raport  # noqa: E402
 from image_classification.system.cli import run as cli_run  # noqa: E402
 from image_classification.system.cli import UserErrorParser  # noqa: E402
 
@@ -59,7 +61,7 @@ def plots_for(metrics: set[str]) -> list[Plot]:
 
 @dataclass
 class Run:
-    """One raport's end-of-epoch values: metric -> {epoch: value}."""
+    """One raport's end-of-epoch values: metric -> {epoch, counted from 1: value}."""
 
     label: str
     per_epoch: dict[str, dict[int, float]]
@@ -165,10 +167,13 @@ def plot_raports(paths: Sequence[Path], out_dir: Path) -> dict[str, dict[str, Se
     """Write the PNGs of the raports at ``paths`` into ``out_dir``: {file name: {run label: series}}."""
     runs = []
     for label, path in zip(run_labels(paths), paths):
-        values, left_out = per_epoch_values(load(path))
+        records = load(path)
+        values, left_out = per_epoch_values(records)
         if left_out:
             print(f"note: {path}: left out {', '.join(left_out)}", file=sys.stderr)
-        runs.append(Run(label, values))
+        offset = raport_epoch_offset(records)  # the epochs as the run's lines said them
+        runs.append(Run(label, {metric: {epoch + offset: value for epoch, value in by_epoch.items()}
+                                for metric, by_epoch in values.items()}))
     for run, path in zip(runs, paths):
         if not run.per_epoch:
             print(f"note: {path} has no end-of-epoch records yet; it is left out", file=sys.stderr)

@@ -60,6 +60,29 @@ def tiny_registered():
             ARCHS["tiny"] = previous
 
 
+def hub_load(entry: str, **kwargs):
+    """``torch.hub.load`` of this repository's ``entry`` (hubconf.py), from the working tree."""
+    import torch
+
+    return torch.hub.load(str(REPO), entry, source="local", **kwargs)
+
+
+def published_on_ngc(monkeypatch, hub_dir: Path, weights: dict) -> list[str]:
+    """Downloads into the torch.hub cache under ``hub_dir`` write ``weights`` instead of reaching the network;
+    the list returned gathers the URLs asked for."""
+    import torch
+
+    downloads: list[str] = []
+
+    def fake_download(url, dst, *args, **kwargs):
+        downloads.append(url)
+        torch.save(weights, dst)
+
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(hub_dir))
+    monkeypatch.setattr(torch.hub, "download_url_to_file", fake_download)
+    return downloads
+
+
 def score_validations(monkeypatch, *top1: float) -> None:
     """Each validation of the training loop reports the next of ``top1`` as its score (its other figures
     stay real): the way to make an epoch the best, or not, at will.  Monkeypatched until the test ends,
@@ -177,6 +200,44 @@ def write_image_folder(
                 pixels = np.clip(base + noise, 0, 255).astype(np.uint8)
                 Image.fromarray(pixels).save(folder / f"img_{index:03d}.jpg", quality=90)
     return root
+
+
+def write_colour_checkpoint(image_folder: Path, path: Path, size: int = 32) -> Path:
+    """A resnet18 trained for a few SGD steps on :func:`write_image_folder`'s colours (train/, ``size`` px),
+    saved at ``path`` as a training checkpoint that records no class names; every training image right."""
+    import torch  # deferred: torch, for the tests that train
+
+    from image_classification.deploy.inference import image_transform
+    from image_classification.models import build_model
+
+    torch.manual_seed(0)
+    transform = image_transform(size)
+    classes = sorted(folder.name for folder in (image_folder / "train").iterdir())
+    images, targets = [], []
+    for label, name in enumerate(classes):
+        for image in sorted((image_folder / "train" / name).iterdir()):
+            images.append(transform(Image.open(image).convert("RGB")))
+            targets.append(label)
+    images, targets = torch.stack(images), torch.tensor(targets)
+    model = build_model("resnet18", num_classes=len(classes))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model.train()
+    for _ in range(6):  # the colours are learnt in a few steps
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(images), targets).backward()
+        optimizer.step()
+    with torch.no_grad():  # BN statistics of the final weights, over the whole training set
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.reset_running_stats()
+                module.momentum = None
+        model(images)
+    model.eval()
+    with torch.no_grad():
+        assert (model(images).argmax(1) == targets).all()
+    torch.save({"epoch": 1, "arch": "resnet18", "best_prec1": 100.0, "state_dict": model.state_dict(),
+                "model_options": {"num_classes": len(classes), "model_config": "classic"}}, path)
+    return path
 
 
 

@@ -8,7 +8,8 @@ import textwrap
 import pytest
 
 from helpers import REPO, refused
-from image_classification.arguments import REFERENCE_DEFAULTS, build_parser, linear_scaled_lr, parse_args, raport_file
+from image_classification.arguments import (REFERENCE_DEFAULTS, build_parser, linear_scaled_lr, model_options, parse_args,
+                                            raport_file)
 from image_classification.errors import UserError
 
 SEED_FLAGS = [
@@ -55,7 +56,7 @@ def test_defaults_match_the_reference_but_for_the_learning_rate_the_last_batchno
     assert (args.workers, args.epochs, args.batch_size, args.lr_schedule, args.warmup) == (5, 90, 256, "step", 0)
     # a plain run scales its rate to the batch (0.1 at the reference's -b 256) and starts each residual block as the
     # identity; launch.py's presets start from the reference's values instead
-    assert args.lr is None and args.last_bn_0_init is True
+    assert args.lr is None and model_options(args) == {"last_bn_0_init": True}
     assert REFERENCE_DEFAULTS == {"lr": 0.1, "last_bn_0_init": False, "memory_format": "nchw"}
     assert linear_scaled_lr(256) == 0.1 and linear_scaled_lr(32) == 0.0125
     assert (args.momentum, args.weight_decay, args.print_freq) == (0.9, 1e-4, 10)
@@ -64,7 +65,7 @@ def test_defaults_match_the_reference_but_for_the_learning_rate_the_last_batchno
     assert (raport_file(args), args.checkpoint_filename, args.workspace) == ("experiment_raport.json",
                                                                             "checkpoint.pth.tar", "./")
     # channels-last on the CPU for the models that train faster in it, decided when the device is known
-    assert (args.memory_format, args.arch, args.model_config) == ("auto", "resnet50", "classic")
+    assert (args.memory_format, args.arch, build_parser().get_default("model_config")) == ("auto", "resnet50", None)
     assert args.gather_checkpoints == 0 and args.save_checkpoints is True
     # resolved when the run starts: top-5 (or the class count), the checkpoint's or the dataset's classes, 1000
     assert (args.topk, args.num_classes, args.image_size, args.interpolation) == (None, None, None, None)
@@ -103,8 +104,39 @@ def test_unknown_preset_key_is_named():
 
 def test_help_lists_every_architecture():
     text = build_parser().format_help()
-    for arch in ("resnet18", "resnext101-32x8d-basic", "se-resnext101-32x4d"):
+    for arch in ("resnet18", "resnext101-32x8d-basic", "se-resnext101-32x4d", "efficientnet-b0",
+                 "efficientnet-widese-b7"):
         assert arch in text
+
+
+@pytest.mark.parametrize("argv, options", [
+    (["--arch", "efficientnet-b0"], {}),  # a plain run's zeroed last BatchNorm is the ResNets' alone
+    (["--arch", "efficientnet-b4", "--last_bn_0_init", "false"], {"last_bn_0_init": False}),  # asks nothing
+    (["--arch", "efficientnet-b4", "--dropout", "0.5", "--survival_prob", "0.9", "--bn_momentum", "0.1",
+      "--bn_epsilon", "1e-5", "--conv_init", "fan_out"],
+     {"dropout": 0.5, "survival_prob": 0.9, "bn_momentum": 0.1, "bn_epsilon": 1e-5, "conv_init": "fan_out"}),
+    (["--arch", "resnet50"], {"last_bn_0_init": True}),
+    (["--arch", "resnet50", "-c", "fanin", "--last_bn_0_init", "false"],
+     {"model_config": "fanin", "last_bn_0_init": False}),
+])
+def test_the_model_flags_given_reach_the_model_and_a_plain_run_defaults_per_family(argv, options):
+    assert model_options(parse_args([*argv, "/d"])) == options
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--arch", "efficientnet-b0", "--last_bn_0_init"], "last_bn_0_init does not apply to efficientnet-b0"),
+    (["--arch", "efficientnet-b0", "-c", "classic"], "model_config does not apply to efficientnet-b0"),
+    (["--arch", "resnet50", "--dropout", "0.2"], "dropout does not apply to resnet50 (a ResNet)"),
+    (["--arch", "efficientnet-b0", "--dropout", "1"], "dropout must be from 0 up to (not including) 1"),
+    (["--arch", "efficientnet-b0", "--survival_prob", "0"], "survival_prob must be above 0"),
+])
+def test_a_model_flag_that_does_not_fit_the_architecture_is_one_line(argv, words, capsys):
+    from image_classification.system.cli import run
+    from image_classification.training import main
+
+    assert words in refused(run(main, argv + ["--data-backend", "synthetic", "--device", "cpu"]), capsys)
+    with pytest.raises(UserError, match=words.split(" (")[0]):  # refused at parsing, before any set-up
+        parse_args(["/d", *argv])
 
 
 # -- one validation path for flags and preset values ----------------------------------------------------

@@ -6,6 +6,7 @@ import contextlib
 import importlib
 import json
 import shutil
+import sys
 import types
 
 import pytest
@@ -414,6 +415,23 @@ def test_the_loader_benchmark_says_what_it_writes_while_it_writes(tmp_path, caps
     assert lines[-1].startswith("=> wrote 4 images in ") and len(list((tmp_path / "d").rglob("*.jpg"))) == 4
     line = refused(run(loader.main, ["--make-datset", "2", str(tmp_path / "e")]), capsys)
     assert line.endswith("unknown flag --make-datset; did you mean --make-dataset?")
+
+
+@pytest.mark.parametrize("flag", ["--photos", "--camera", "--make-dataset"])
+def test_a_loader_benchmark_that_writes_photos_without_scikit_image_is_one_line_before_anything(
+        tmp_path, capsys, monkeypatch, flag):
+    """`make demo` installs no scikit-image: the flag that needs it says so, and nothing is said or written."""
+    from helpers import load_script
+    from image_classification.system.cli import run
+
+    monkeypatch.setitem(sys.modules, "skimage", None)  # `import skimage` raises ImportError
+    monkeypatch.setitem(sys.modules, "skimage.data", None)
+    loader = load_script("benchmark_loader", "benchmarks")
+    assert run(loader.main, [flag, "2", "--data-backend", "pytorch", str(tmp_path / "photos")]) == 2
+    assert capsys.readouterr() == ("", f"error: {flag} cuts its images from scikit-image's sample photographs, "
+                                   "and scikit-image is not installed here: pip install scikit-image "
+                                   "(requirements-dev.txt pins it)\n")
+    assert not (tmp_path / "photos").exists()
 
 
 # -- the side by side with timm's train.py ----------------------------------------------------------------

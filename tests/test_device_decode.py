@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -669,6 +670,17 @@ def test_compare_val_backends_holds_the_pixels_to_the_whole_image_decode_unless_
         assert found, line
         means[decode_scale] = float(found[1])
     assert means["full"] < 0.05 < means["auto"], means
+
+
+def test_compare_val_backends_without_scikit_image_is_one_line(monkeypatch, capsys):
+    """Its photographs are scikit-image's, which `make demo` does not install: one line, exit 2, no traceback."""
+    monkeypatch.setitem(sys.modules, "skimage", None)  # `import skimage` raises ImportError
+    monkeypatch.setitem(sys.modules, "skimage.data", None)
+    compare = load_script("compare_val_backends")
+    assert run(compare.main, ["--backend", "pytorch-gpu", "--device", "cpu", "--image-size", "32"]) == 2
+    assert capsys.readouterr().err == ("error: compare_val_backends.py without --checkpoint cuts its images from "
+                                       "scikit-image's sample photographs, and scikit-image is not installed "
+                                       "here: pip install scikit-image (requirements-dev.txt pins it)\n")
 
 
 # -- on a GPU (each has its CPU twin above) -----------------------------------------------------------------

@@ -91,13 +91,14 @@ def test_checkpoint2model_failures_leave_the_target_alone(tmp_path, case, script
     assert sorted(p.name for p in tmp_path.iterdir()) == ["source.pth", "weights.pth"]
 
 
-def test_onnx_round_trip(tmp_path, script):
+@pytest.mark.parametrize("arch", ["resnet18", "efficientnet-b0"])
+def test_onnx_round_trip(tmp_path, script, arch):
     onnx, onnxruntime = pytest.importorskip("onnx"), pytest.importorskip("onnxruntime")
-    weights = tmp_path / "resnet18.pth"
-    model = randomised(build_model("resnet18", num_classes=10), seed=3).eval()
+    weights = tmp_path / f"{arch}.pth"
+    model = randomised(build_model(arch, num_classes=10), seed=3).eval()
     torch.save(model.state_dict(), weights)
-    output = tmp_path / "out" / "resnet18.onnx"
-    result = script("model2onnx.py", "--arch", "resnet18", "--weights", weights, "--output", output,
+    output = tmp_path / "out" / f"{arch}.onnx"
+    result = script("model2onnx.py", "--arch", arch, "--weights", weights, "--output", output,
                     "-b", "2", "--image-size", "64", "--dynamic-batch")
     assert result.returncode == 0, result.stderr
     assert "max abs difference" in result.stdout

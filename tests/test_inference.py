@@ -13,11 +13,11 @@ import torch
 from PIL import Image
 
 from conftest import load_script
-from helpers import refused
+from helpers import refused, write_colour_checkpoint
 from image_classification.arguments import parse_args
 from image_classification.arguments.tools import classify_parser
 from image_classification.deploy import inference
-from image_classification.deploy.inference import image_transform, imagenet_class_names
+from image_classification.deploy.inference import imagenet_class_names
 from image_classification.deploy.inference import main as classify_main
 from image_classification.models import build_model
 from image_classification.system import machine
@@ -57,34 +57,7 @@ def photo(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def colour_checkpoint(image_folder, tmp_path_factory) -> Path:
     """A resnet18 trained for a few SGD steps on the colour dataset, saved as a training checkpoint."""
-    torch.manual_seed(0)
-    transform = image_transform(SIZE)
-    images, targets = [], []
-    for label, name in enumerate(CLASSES):
-        for path in sorted((image_folder / "train" / name).iterdir()):
-            images.append(transform(Image.open(path).convert("RGB")))
-            targets.append(label)
-    images, targets = torch.stack(images), torch.tensor(targets)
-    model = build_model("resnet18", num_classes=3)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    model.train()
-    for _ in range(6):  # the colours are learnt in a few steps
-        optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(model(images), targets).backward()
-        optimizer.step()
-    with torch.no_grad():  # BN statistics of the final weights, over the whole training set
-        for module in model.modules():
-            if isinstance(module, torch.nn.BatchNorm2d):
-                module.reset_running_stats()
-                module.momentum = None
-        model(images)
-    model.eval()
-    with torch.no_grad():
-        assert (model(images).argmax(1) == targets).all()
-    path = tmp_path_factory.mktemp("trained") / "checkpoint.pth.tar"
-    torch.save({"epoch": 1, "arch": "resnet18", "best_prec1": 100.0, "state_dict": model.state_dict(),
-                "model_options": {"num_classes": 3, "model_config": "classic"}}, path)
-    return path
+    return write_colour_checkpoint(image_folder, tmp_path_factory.mktemp("trained") / "checkpoint.pth.tar", SIZE)
 
 
 def test_classify_photo_without_weights_prints_falling_percentages(photo):
@@ -188,6 +161,48 @@ def test_class_names_recorded_in_a_checkpoint_are_used(colour_checkpoint, image_
 def json_predictions(capsys, argv: list[str]) -> list[dict]:
     assert run(classify_main, argv + ["--json"]) == 0
     return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_an_efficientnet_trained_by_main_py_is_exported_and_classified_as_pytorch_computes_it(
+        image_folder, tmp_path, capsys):
+    """main.py trains efficientnet-b0 for an epoch at 32 px; model2onnx.py exports its checkpoint (the arch and
+    the class count read from it) and onnxruntime gives PyTorch's logits; classify.py gives PyTorch's
+    probabilities for every validation image."""
+    from helpers import run_script
+    from image_classification.models import load_weights
+    from image_classification.training import main as train_main
+
+    onnxruntime = pytest.importorskip("onnxruntime")
+    workspace = tmp_path / "run"
+    assert run(train_main, ["-a", "efficientnet-b0", "--image-size", str(SIZE), "-b", "8", "--epochs", "1",
+                            "--device", "cpu", "--data-backend", "pytorch", "-j", "0", "--lr", "0.02",
+                            "--workspace", str(workspace), str(image_folder)]) == 0
+    checkpoint = workspace / "checkpoint.pth.tar"
+    assert torch.load(checkpoint, weights_only=True)["arch"] == "efficientnet-b0"
+    onnx_file = tmp_path / "b0.onnx"
+    exported = run_script(["model2onnx.py", "--weights", checkpoint, "--output", onnx_file, "-b", "2"], capsys,
+                          cwd=REPO)
+    assert exported.returncode == 0, exported.stderr
+
+    model = build_model("efficientnet-b0", num_classes=3)
+    load_weights(model, str(checkpoint))
+    model.eval()
+    paths = sorted((image_folder / "val").glob("*/*.jpg"))
+    transform = image_transform(SIZE)
+    images = torch.stack([transform(Image.open(path).convert("RGB")) for path in paths])
+    with torch.no_grad():
+        logits = model(images)
+    session = onnxruntime.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    for start in range(0, len(paths), 2):  # exported at a fixed batch of 2
+        (got,) = session.run(None, {"input": images[start:start + 2].numpy()})
+        assert abs(got - logits[start:start + 2].numpy()).max() < 1e-3
+    predictions = json_predictions(capsys, ["--weights", str(checkpoint), "--image", *map(str, paths), "--topk", "3",
+                                            "--precision", "FP32", "--memory-format", "nchw"])
+    probabilities = torch.softmax(logits, 1)
+    assert [record["path"] for record in predictions] == list(map(str, paths))
+    for record, expected in zip(predictions, probabilities):
+        for prediction in record["predictions"]:
+            assert prediction["probability"] == pytest.approx(expected[prediction["index"]].item(), abs=1e-5)
 
 
 @pytest.mark.parametrize("precision", [[], ["--precision", "AMP"]], ids=["default", "AMP"])

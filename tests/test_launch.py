@@ -97,11 +97,12 @@ def test_every_preset_resolves_and_reaches_main_py(model, platform, precision):
 
 # main.py's defaults as the reference had them (its README's main.py -h, with our additions at their off values):
 # written out here, not read from the code, so that a plain run's defaults may change and the presets may not.
+# model_config None is the reference's classic: the ResNets' default, unset so that an EfficientNet is not given it.
 REFERENCE_MAIN_DEFAULTS = {
     "data": None, "data_backend": None, "workers": 5, "prefetch": 2, "image_size": None, "train_crop_size": None,
     "val_resize_size": None, "val_crop_size": None, "interpolation": None, "augmentation": None,
     "randaugment_magnitude": None, "randaugment_num_ops": None, "random_erase": 0.0, "ra_reps": 1,
-    "crop_scale": (0.08, 1.0), "hflip": 0.5, "arch": "resnet50", "model_config": "classic", "num_classes": None,
+    "crop_scale": (0.08, 1.0), "hflip": 0.5, "arch": "resnet50", "model_config": None, "num_classes": None,
     "conv_init": None, "last_bn_0_init": False, "pretrained_weights": None, "jit": "no", "compile": False,
     "epochs": 90, "run_epochs": -1, "early_stopping_patience": -1, "batch_size": 256, "optimizer_batch_size": -1,
     "optimizer": "sgd", "lr": 0.1, "lr_batch": None, "lr_schedule": "step", "end_lr": 0.0, "warmup": 0, "label_smoothing": 0.0,

@@ -59,8 +59,10 @@ def test_real_runs_give_one_png_per_metric_with_the_raports_values(plot_raport, 
                "val_top3.png": "val.top3", "throughput.png": "train.total_ips"}
     for name, metric in metrics.items():
         for label, (epochs, values) in drawn[name].items():
-            assert (epochs, values) == _epoch_values(raports[label], metric), (name, label)
-    assert drawn["val_top1.png"]["full"][0] == [0, 1] and drawn["throughput.png"]["train_only"][0] == [0]
+            recorded, recorded_values = _epoch_values(raports[label], metric)
+            assert (epochs, values) == ([epoch + 1 for epoch in recorded], recorded_values), (name, label)
+    # the epochs as the run's lines count them, from 1: the raport's record [0] is epoch 1
+    assert drawn["val_top1.png"]["full"][0] == [1, 2] and drawn["throughput.png"]["train_only"][0] == [1]
 
 
 def test_a_training_only_run_alone_skips_the_val_plots(plot_raport, raports, tmp_path, capsys):
@@ -117,8 +119,21 @@ def test_odd_records_and_values_that_are_not_finite_are_left_out_with_a_note(plo
                    "not hold an epoch number and an object of values (3), values that are not finite numbers "
                    "(3)\n")
     drawn = plot_raport.plot_raports([odd], tmp_path / "again")
-    assert drawn["train_loss.png"] == {"raport": ([0, 2], [2.0, 1.5])}
-    assert drawn["val_loss.png"] == {"raport": ([3], [0.5])}
+    assert drawn["train_loss.png"] == {"raport": ([1, 3], [2.0, 1.5])}
+    assert drawn["val_loss.png"] == {"raport": ([4], [0.5])}
+
+
+def test_epochs_are_counted_from_1_as_the_run_said_them_and_an_evaluations_as_it_is(plot_raport, tmp_path):
+    """A training's record [0] is its epoch 1 (``Epoch: 1`` on the console); an evaluation's step is the count of
+    epochs its weights trained, which its line shows as it is."""
+    training, evaluation = tmp_path / "training.json", tmp_path / "evaluation.json"
+    training.write_text('DLLL {"type": "LOG", "step": "PARAMETER", "data": {"evaluate": false}}\n'
+                        'DLLL {"type": "LOG", "step": [0], "data": {"val.top1": 40.0}}\n'
+                        'DLLL {"type": "LOG", "step": [1], "data": {"val.top1": 60.0}}\n')
+    evaluation.write_text('DLLL {"type": "LOG", "step": "PARAMETER", "data": {"evaluate": true}}\n'
+                          'DLLL {"type": "LOG", "step": [2], "data": {"val.top1": 60.0}}\n')
+    drawn = plot_raport.plot_raports([training, evaluation], tmp_path / "out")
+    assert drawn["val_top1.png"] == {"training": ([1, 2], [40.0, 60.0]), "evaluation": ([2], [60.0])}
 
 
 def test_loss_charts_use_a_log_scale_and_say_so(plot_raport):

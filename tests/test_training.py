@@ -278,7 +278,8 @@ def record_first_convolution(monkeypatch) -> list[tuple[torch.dtype, bool, bool]
     original = engine_module.Engine.train_step
 
     def recording_step(self, images, targets, **kwargs):
-        handle = self.base_model.conv1.register_forward_hook(
+        first = next(m for m in self.base_model.modules() if isinstance(m, torch.nn.Conv2d))
+        handle = first.register_forward_hook(
             lambda module, inputs, output: seen.append((output.dtype, inputs[0].is_contiguous(
                 memory_format=torch.channels_last), module.weight.is_contiguous(memory_format=torch.channels_last))))
         try:
@@ -304,12 +305,13 @@ def test_amp_on_cpu_runs_in_bfloat16_and_nhwc(image_folder, tmp_path, monkeypatc
 
 @pytest.mark.parametrize("arch, flags, channels_last", [
     ("resnet50", [], True), ("resnet18", [], False), ("resnet50", ["--memory-format", "nchw"], False),
-    ("resnet18", ["--memory-format", "nhwc"], True),
+    ("resnet18", ["--memory-format", "nhwc"], True), ("efficientnet-b0", [], True),
 ])
 def test_the_default_layout_on_the_cpu_is_channels_last_for_the_bottleneck_models(
         image_folder, tmp_path, monkeypatch, capsys, arch, flags, channels_last):
-    """Without --memory-format, a CPU run trains ResNet-50 (bottleneck blocks, faster so on the CPU) in
-    channels-last and ResNet-18 (basic blocks, slower so at small sizes) in NCHW, says the first choice, and
+    """Without --memory-format, a CPU run trains ResNet-50 (bottleneck blocks) and EfficientNet-B0 (depthwise
+    convolutions), faster so on the CPU, in channels-last and ResNet-18 (basic blocks, slower so at small sizes) in
+    NCHW, says the first choice, and
     records the layout it took, not ``auto``; a typed layout wins.  A CPU run keeps its freed activations in
     the heap (tests/test_host_memory.py)."""
     import image_classification.training as training

@@ -21,6 +21,7 @@ machine's facts that help texts name), errors.
 
 from .data import (AUGMENTATIONS, BACKEND_ALIASES, DATA_BACKENDS, DEFAULT_WORKERS, INTERPOLATIONS, MIN_IMAGE_SIZE,
                    RANDAUGMENT_BINS, VAL_TTA)
+from .model import model_options
 from .optimisation import (DEFAULT_LR_PEAK_EPOCH, LR_BASE, LR_BASE_BATCH, LR_SCHEDULES, MIN_MIXUP, OPTIMIZERS,
                            REFERENCE_LR_PER_IMAGE, WARN_LR_FACTOR, check_optimisation_combinations, global_batch,
                            linear_scaled_lr, resolve_lr)
@@ -34,7 +35,6 @@ __all__ = [
     "DEFAULT_WORKERS", "FLOAT32_MAX", "INTERPOLATIONS", "LR_BASE", "LR_BASE_BATCH", "LR_SCHEDULES", "MAX_WAIT_S",
     "MIN_IMAGE_SIZE", "MIN_MIXUP", "OPTIMIZERS", "RANDAUGMENT_BINS", "REFERENCE_DEFAULTS", "REFERENCE_LR_PER_IMAGE",
     "VAL_TTA", "WARN_LR_FACTOR", "CheckpointInterval", "build_parser", "check_optimisation_combinations",
-    "check_values", "flag_tokens", "global_batch", "linear_scaled_lr", "parse_args", "preset_tokens", "raport_file",
-    "resolve_lr", "shown",
-    "validate_args",
+    "check_values", "flag_tokens", "global_batch", "linear_scaled_lr", "model_options", "parse_args", "preset_tokens",
+    "raport_file", "resolve_lr", "shown", "validate_args",
 ]

@@ -10,7 +10,7 @@ from ..errors import UserError
 from ..system.cli import UserErrorParser
 from .data import add_data_arguments, check_data_combinations, check_data_values
 from .deployed import add_deployed_arguments, check_deployed_combinations
-from .model import add_model_arguments, check_compile_supported
+from .model import add_model_arguments, check_compile_supported, check_model_combinations
 from .optimisation import add_optimisation_arguments, check_optimisation_combinations, check_optimisation_values
 from .precision import add_precision_arguments, check_precision_values
 from .run import add_run_arguments, bare_gather_flag, check_run_combinations, check_run_values
@@ -74,6 +74,7 @@ def validate_args(args: argparse.Namespace, *, require_data: bool = True) -> Non
     check_optimisation_combinations(args)
     check_run_combinations(args)
     check_deployed_combinations(args)
+    check_model_combinations(args)
     check_compile_supported(args)  # last: it imports torch
 
 

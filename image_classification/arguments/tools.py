@@ -36,8 +36,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_arch: str | Non
     group.add_argument("--arch", "-a", metavar="ARCH", default=default_arch, choices=list_models(),
                        help="model architecture: " + " | ".join(list_models())
                        + " (default: the checkpoint's, else resnet50)")
-    group.add_argument("--model-config", "-c", metavar="CONF", default="classic", choices=list(MODEL_CONFIGS),
-                       help="model config: " + " | ".join(MODEL_CONFIGS)
+    group.add_argument("--model-config", "-c", metavar="CONF", default=None, choices=list(MODEL_CONFIGS),
+                       help="model config of the ResNets: " + " | ".join(MODEL_CONFIGS)
                        + " (initialisation only; default: classic)")
     group.add_argument("--weights", "--pretrained-weights", "--pretrained-from-file", metavar="PATH",
                        dest="weights", default=None,
@@ -117,7 +117,9 @@ def precision_default_text() -> str:
 def classify_parser() -> argparse.ArgumentParser:
     parser = UserErrorParser(prog="classify.py", description="Classify images with a trained model.")
     parser.add_argument("--image", metavar="PATH", nargs="+", action="extend", required=True,
-                        help="image file, or folder whose images are all classified; may be repeated")
+                        help="image file, folder whose images are all classified, or split in ImageFolder layout "
+                        "(DIR/<class>/<image>), whose images are then scored against their class folders' names: "
+                        "top-1, top-5 and the classes most often confused; may be repeated")
     add_model_arguments(parser, default_arch=None)
     run = parser.add_argument_group("inference")
     run.add_argument("--precision", choices=("AMP", "FP32"), default=None,
@@ -147,7 +149,8 @@ def classify_parser() -> argparse.ArgumentParser:
                      "records, else ImageNet's for 1000 classes, else the class index)")
     run.add_argument("--json", action="store_true",
                      help="print one JSON object per image: "
-                     "{path, predictions: [{label, index, probability}]}")
+                     "{path, predictions: [{label, index, probability}]}, then one per split: {split, images, "
+                     "left_out, classes, top1, top5, confused: [{true, predicted, images}]}")
     return parser
 
 

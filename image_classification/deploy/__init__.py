@@ -1,6 +1,7 @@
 """Deployment: a trained model put to use.
 
-:mod:`.inference` classifies images (classify.py, and the model an evaluation loads); :mod:`.export` writes
+:mod:`.inference` classifies images (classify.py, and the model an evaluation loads), :mod:`.split_accuracy`
+scores them on a split in ImageFolder layout (top-1, top-5, the classes confused); :mod:`.export` writes
 plain weights and ONNX graphs (checkpoint2model.py, model2onnx.py); :mod:`.onnx_runtime` runs a model in
 ONNX Runtime, exported once into a cache; :mod:`.quantization` makes its int8 graph; :mod:`.triton_repository`
 writes a model of Triton's model repository; :mod:`.tta` averages a model's logits over flipped copies of the

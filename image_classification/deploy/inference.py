@@ -38,6 +38,7 @@ from ..system import host, machine
 from ..system.runtime import Runtime, make_runtime
 from .onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
 from .quantization import Int8Request, Quantization, int8_request, read_calibration
+from .split_accuracy import LabelledSplit, SplitScoring, is_split, open_labelled_split
 from .tta import flip_tta
 
 BATCH_SIZE = 32  # images classified per forward pass
@@ -103,17 +104,22 @@ def _as_user_error(path: str | os.PathLike, read: Callable[[], Image.Image | Non
         raise UserError(f"{path} could not be read as an image ({reason})") from None
 
 
-def expand_image_paths(paths: Sequence[str]) -> list[Path]:
-    """Files as given, folders replaced by the image files directly inside them (sorted).
+def expand_image_paths(paths: Sequence[str]) -> tuple[list[Path], list[LabelledSplit]]:
+    """Files as given, folders replaced by the image files directly inside them (sorted), and a folder of class
+    folders (a split, ``DIR/<class>/<image>``) by its images, walked as training walks a split; the splits too.
 
     A path that does not exist, or a folder without images, stops the run before the model is built.  Every
     file's header is read: as in training, an unreadable image is named on stderr and left out, and only when
     none is readable does the run stop (one line, naming the first).
     """
     found: list[Path] = []
+    splits: list[LabelledSplit] = []
     for raw in paths:
         path = Path(raw)
-        if path.is_dir():
+        if is_split(path):
+            splits.append(open_labelled_split(path))
+            found.extend(splits[-1].paths)
+        elif path.is_dir():
             images = sorted(p for p in path.iterdir() if p.is_file() and is_image_file(p.name))
             if not images:
                 raise UserError(f"folder {path} holds no image files")
@@ -122,7 +128,7 @@ def expand_image_paths(paths: Sequence[str]) -> list[Path]:
             found.append(path)
         else:
             raise UserError(f"image file {path} {_missing(path)}")
-    return readable_images(found)
+    return readable_images(found), splits
 
 
 def _missing(path: Path) -> str:
@@ -183,7 +189,7 @@ class LoadedModel:
 
 
 def load_model(arch: str | None, weights: str | None = None, num_classes: int | None = None,
-               model_config: str = "classic", pretrained: bool = False, log: Callable[[str], None] = warn,
+               model_config: str | None = None, pretrained: bool = False, log: Callable[[str], None] = warn,
                ) -> LoadedModel:
     """Build ``arch`` and load ``weights`` (any layout ``load_weights`` reads), in eval mode on the CPU.
 
@@ -349,7 +355,7 @@ def classify(args: argparse.Namespace) -> int:
             raise UserError("--runtime onnxruntime runs the exported graph as it is (FP32, or int8 with --quantize "
                             "int8); leave out --precision AMP")
         require_onnxruntime("--runtime onnxruntime")
-    paths = expand_image_paths(args.image)
+    paths, splits = expand_image_paths(args.image)
     if args.labels and not Path(args.labels).is_file():
         raise UserError(f"labels file {args.labels} {_missing(Path(args.labels))}")
     if not args.weights and not args.pretrained:
@@ -357,6 +363,7 @@ def classify(args: argparse.Namespace) -> int:
              "mean nothing")
     loaded = load_model(args.arch, args.weights, args.num_classes, args.model_config, args.pretrained)
     names = class_names_for(loaded.num_classes, args.labels, loaded.class_names)
+    scoring = SplitScoring(splits, names, warn) if splits else None  # before any image is classified
     preprocessing = loaded.resolve_preprocessing(args.image_size)
     paths = readable_images(paths, preprocessing.resize_size)  # the resize's size rule, known from the weights
     if args.runtime == "onnxruntime":
@@ -369,9 +376,13 @@ def classify(args: argparse.Namespace) -> int:
         runtime = classify_runtime(args.device, args.precision, args.memory_format)
         model = loaded.model.to(runtime.device, memory_format=runtime.memory_format)
     predicted = 0
-    for path, predictions in classify_paths(model, paths, runtime, preprocessing, names, args.topk,
+    topk = max(args.topk, scoring.k) if scoring else args.topk  # a split's top-5 needs five
+    for path, predictions in classify_paths(model, paths, runtime, preprocessing, names, topk,
                                                  args.decode_scale, args.tta):
         predicted += 1
+        if scoring:
+            scoring.add(path, predictions)
+            predictions = predictions[:args.topk]
         if args.json:
             print(json.dumps({"path": str(path), "predictions": predictions}), flush=True)
             continue
@@ -381,4 +392,16 @@ def classify(args: argparse.Namespace) -> int:
         sys.stdout.flush()
     if not predicted:
         raise UserError("none of the images could be read (each is named above)")
+    if scoring:
+        print_split_reports(scoring, args.json)
     return 0
+
+
+def print_split_reports(scoring: SplitScoring, as_json: bool) -> None:
+    """After the images' lines, each split's top-1, top-5 and confusions: a JSON object a split with
+    ``as_json``, else text after a blank line."""
+    if not as_json:
+        print()
+    for line in scoring.reports(as_json):
+        print(line)
+    sys.stdout.flush()

@@ -1,9 +1,10 @@
-"""The architecture table: every variant as one row of data, read by ``resnet.resnet`` to build it.
+"""The architecture tables: every variant as one row of data, the ResNet family's (:data:`ARCHS`) read by
+``resnet.resnet`` and the EfficientNet family's (:data:`EFFICIENTNETS`) by ``efficientnet.efficientnet``.
 
 Standard library only, so that the command lines can list the architectures (``--arch``'s choices and
 help) without importing torch.
 
-Columns: block (``basic``: two 3x3 convs; ``bottleneck``: 1x1, 3x3, 1x1), layers per stage, inner width
+ResNet columns: block (``basic``: two 3x3 convs; ``bottleneck``: 1x1, 3x3, 1x1), layers per stage, inner width
 per stage, expansion (block output = width * expansion), groups of the 3x3 convs, and whether every block
 ends in squeeze-and-excitation.
 
@@ -14,6 +15,8 @@ convs of every block; layers [3, 4, 23, 3]. Its head sees 2048 features like the
 """
 
 from __future__ import annotations
+
+import math
 
 BLOCKS = ("basic", "bottleneck")
 
@@ -32,13 +35,94 @@ ARCHS: dict[str, tuple[str, tuple[int, ...], tuple[int, ...], int, int, bool]] =
 }
 
 
+# EfficientNet-B0's stages, which every EfficientNet scales (the reference's table; squeeze-and-excitation on
+# a quarter of each block's input channels, of its hidden ones in the widese variants).
+#                          kernel  stride  repeats  expansion  channels
+EFFICIENTNET_B0_STAGES = ((3,      1,      1,       1,         16),
+                          (3,      2,      2,       6,         24),
+                          (5,      2,      2,       6,         40),
+                          (3,      2,      3,       6,         80),
+                          (5,      1,      3,       6,         112),
+                          (5,      2,      4,       6,         192),
+                          (3,      1,      1,       6,         320))
+EFFICIENTNET_B0_STEM, EFFICIENTNET_B0_HEAD, EFFICIENTNET_SE_RATIO = 32, 1280, 0.25
+
+# Columns: width and depth coefficients (channels and repeats of every stage scaled by them), the image size,
+# the classifier's dropout, stochastic depth's survival probability of the last block, whether the
+# squeeze-and-excitation works on the hidden channels (widese).  The reference's values: survival 0.8 for b4
+# only.
+#   name                      width  depth  size  dropout  survival  widese
+EFFICIENTNETS: dict[str, tuple[float, float, int, float, float, bool]] = {
+    "efficientnet-b0":        (1.0,  1.0,   224,  0.2,     1.0,      False),
+    "efficientnet-b1":        (1.0,  1.1,   240,  0.2,     1.0,      False),
+    "efficientnet-b2":        (1.1,  1.2,   260,  0.3,     1.0,      False),
+    "efficientnet-b3":        (1.2,  1.4,   300,  0.3,     1.0,      False),
+    "efficientnet-b4":        (1.4,  1.8,   380,  0.4,     0.8,      False),
+    "efficientnet-b5":        (1.6,  2.2,   456,  0.4,     1.0,      False),
+    "efficientnet-b6":        (1.8,  2.6,   528,  0.5,     1.0,      False),
+    "efficientnet-b7":        (2.0,  3.1,   600,  0.5,     1.0,      False),
+    "efficientnet-widese-b0": (1.0,  1.0,   224,  0.2,     1.0,      True),
+    "efficientnet-widese-b1": (1.0,  1.1,   240,  0.2,     1.0,      True),
+    "efficientnet-widese-b2": (1.1,  1.2,   260,  0.3,     1.0,      True),
+    "efficientnet-widese-b3": (1.2,  1.4,   300,  0.3,     1.0,      True),
+    "efficientnet-widese-b4": (1.4,  1.8,   380,  0.4,     0.8,      True),
+    "efficientnet-widese-b5": (1.6,  2.2,   456,  0.4,     1.0,      True),
+    "efficientnet-widese-b6": (1.8,  2.6,   528,  0.5,     1.0,      True),
+    "efficientnet-widese-b7": (2.0,  3.1,   600,  0.5,     1.0,      True),
+}
+
+# The options of build_model each family takes (beside num_classes), in the order the docs name them.
+FAMILY_OPTIONS: dict[str, tuple[str, ...]] = {
+    "resnet": ("model_config", "last_bn_0_init", "conv_init"),
+    "efficientnet": ("conv_init", "bn_momentum", "bn_epsilon", "dropout", "survival_prob"),
+}
+
+
+def scaled_width(channels: int, width: float, divisor: int = 8) -> int:
+    """``channels * width`` rounded to a multiple of ``divisor``, at least ``divisor`` and never 10% below."""
+    scaled = channels * width
+    rounded = max(divisor, int(scaled + divisor / 2) // divisor * divisor)
+    return rounded + divisor if rounded < 0.9 * scaled else rounded
+
+
+def scaled_depth(repeats: int, depth: float) -> int:
+    """``repeats * depth``, rounded up."""
+    return int(math.ceil(repeats * depth))
+
+
+def efficientnet_layout(arch: str) -> tuple[int, list[tuple[int, int, int, int, int]], int]:
+    """(stem channels, stages as (kernel, stride, repeats, expansion, channels), head channels) of the
+    ``EFFICIENTNETS`` row ``arch``: B0's scaled by its width and depth."""
+    width, depth = EFFICIENTNETS[arch][:2]
+    stages = [(kernel, stride, scaled_depth(repeats, depth), expansion, scaled_width(channels, width))
+              for kernel, stride, repeats, expansion, channels in EFFICIENTNET_B0_STAGES]
+    return scaled_width(EFFICIENTNET_B0_STEM, width), stages, scaled_width(EFFICIENTNET_B0_HEAD, width)
+
+
+def family(arch: str) -> str | None:
+    """``resnet`` or ``efficientnet``: the table that holds ``arch``; None for a name of neither."""
+    if arch in ARCHS:
+        return "resnet"
+    return "efficientnet" if arch in EFFICIENTNETS else None
+
+
+def all_archs() -> list[str]:
+    """Every architecture's name, the ResNet family's first: ``--arch``'s choices."""
+    return [*ARCHS, *EFFICIENTNETS]
+
+
+def designed_image_size(arch: str) -> int:
+    """The training and validation crop ``arch`` was designed for (the name is assumed valid)."""
+    return EFFICIENTNETS[arch][2] if arch in EFFICIENTNETS else 224
+
 
 def cpu_trains_faster_channels_last(arch: str) -> bool:
     """Whether ``arch`` trains faster on the CPU in the channels-last layout (``--memory-format auto``'s choice
-    there): the bottleneck models, whose training step ran 1.13x (32 px, within noise) to 1.43x (224 px) faster in
-    it; not the basic-block ResNet-18 and -34 (ResNet-18: 0.87x at 32 px, 0.99x at 96 px) (docs/performance.md,
-    "The memory format on the CPU")."""
-    return ARCHS[arch][0] == "bottleneck"
+    there): the bottleneck models, whose training step ran 1.13x (32 px, within noise) to 1.43x (224 px) faster
+    in it, and the EfficientNets (depthwise convolutions; B0: 1.42x at 96 px, 1.81x at 32 px); not the
+    basic-block ResNet-18 and -34 (ResNet-18: 0.87x at 32 px, 0.99x at 96 px) (docs/performance.md, "The memory
+    format on the CPU")."""
+    return arch in EFFICIENTNETS or ARCHS[arch][0] == "bottleneck"
 
 
 # conv_init mode of each legacy --model-config preset; all of them use ReLU and no zero-init of BN.

@@ -16,15 +16,16 @@ SE_HIDDEN = 16  # fixed, not C/16: the published SE-ResNeXt weights use 16
 
 
 class SqueezeExcitation(nn.Module):
-    """Scale each channel by sigmoid(expand(relu(squeeze(mean over H, W))))."""
+    """Scale each channel by sigmoid(expand(activation(squeeze(mean over H, W)))); ReLU unless told."""
 
-    def __init__(self, channels: int, hidden: int = SE_HIDDEN):
+    def __init__(self, channels: int, hidden: int = SE_HIDDEN, activation: Optional[nn.Module] = None):
         super().__init__()
         self.squeeze = nn.Linear(channels, hidden)
+        self.activation = nn.ReLU() if activation is None else activation
         self.expand = nn.Linear(hidden, channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        scale = self.expand(torch.relu(self.squeeze(x.mean(dim=(2, 3)))))
+        scale = self.expand(self.activation(self.squeeze(x.mean(dim=(2, 3)))))
         return x * torch.sigmoid(scale)[:, :, None, None]
 
 

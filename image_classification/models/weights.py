@@ -1,10 +1,11 @@
 """Loading weights into a model, whatever layout they were saved in (the file read as data by
 :func:`image_classification.records.checkpoint.load_checkpoint_file`).
 
-Accepted: torchvision / NGC 20.06 names (``layer1``..``layer4``), the later NVIDIA names
-(``layers.0``..``layers.3``), a ``module.`` (DDP) or ``_orig_mod.`` (torch.compile) prefix, a whole
-training checkpoint (its ``state_dict`` or ``model`` entry) and TensorRT-style 4-D SE weights.
-Anything that does not fit the model exactly is an error, never a silent partial load.
+Accepted: both spellings of the stages, ``layer1``.. (torchvision, NGC's 20.06 ResNets and 20.12
+EfficientNets) and ``layers.0``.. (the later NVIDIA code, our EfficientNets), a ``module.`` (DDP) or
+``_orig_mod.`` (torch.compile) prefix, a whole training checkpoint (its ``state_dict`` or ``model`` entry) and
+TensorRT-style 4-D SE weights.  Anything that does not fit the model exactly is an error, never a silent
+partial load; weights of another architecture are named where their keys tell which.
 """
 
 from __future__ import annotations
@@ -19,19 +20,32 @@ import torch
 from torch import nn
 
 from image_classification.errors import UserError
+from image_classification.models.archs import EFFICIENTNET_SE_RATIO, EFFICIENTNETS, efficientnet_layout
 from image_classification.records.checkpoint import load_checkpoint_file
 from image_classification.records.integrity import recorded_description
 
 NGC = "https://api.ngc.nvidia.com/v2/models/nvidia/"
-PRETRAINED_URLS = {  # NGC 20.06.0 releases: plain state dicts with layer1..layer4 names
+PRETRAINED_URLS = {  # NGC 20.06.0 (ResNets) and 20.12.0 (EfficientNets) releases: plain state dicts
     "resnet50": NGC + "resnet50_pyt_amp/versions/20.06.0/files/nvidia_resnet50_200821.pth.tar",
     "resnext101-32x4d":
         NGC + "resnext101_32x4d_pyt_amp/versions/20.06.0/files/nvidia_resnext101-32x4d_200821.pth.tar",
     "se-resnext101-32x4d":
         NGC + "seresnext101_32x4d_pyt_amp/versions/20.06.0/files/nvidia_se-resnext101-32x4d_200821.pth.tar",
+    "efficientnet-b0":
+        NGC + "efficientnet_b0_pyt_amp/versions/20.12.0/files/nvidia_efficientnet-b0_210412.pth",
+    "efficientnet-b4":
+        NGC + "efficientnet_b4_pyt_amp/versions/20.12.0/files/nvidia_efficientnet-b4_210412.pth",
+    "efficientnet-widese-b0": NGC + "efficientnet_widese_b0_pyt_amp/versions/20.12.0/files/"
+                                    "nvidia_efficientnet-widese-b0_210412.pth",
+    "efficientnet-widese-b4": NGC + "efficientnet_widese_b4_pyt_amp/versions/20.12.0/files/"
+                                    "nvidia_efficientnet-widese-b4_210412.pth",
 }
 
-HEAD_KEYS = ("fc.weight", "fc.bias")
+HEADS = ("fc", "classifier.fc")  # the ResNets', the EfficientNets' classifier
+HEAD_KEYS = tuple(f"{head}.{name}" for head in HEADS for name in ("weight", "bias"))
+FAMILY_NAMES = {"resnet": "a ResNet", "efficientnet": "an EfficientNet"}
+FAMILY_KEYS = {"resnet": "conv1, layer1..layer4, fc",
+               "efficientnet": "stem, layers.N.blockM, features, classifier.fc"}
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DistributedDataParallel, torch.compile
 SHOWN = 5  # how many offending keys an error message names
 
@@ -57,9 +71,10 @@ def recorded_num_classes(weights: Mapping | None) -> int | None:
     if isinstance(number, int) and not isinstance(number, bool):
         return number
     try:
-        head = extract_state_dict(weights).get("fc.weight")
+        state = extract_state_dict(weights)
     except UserError:
         return None
+    head = next((state[f"{h}.weight"] for h in HEADS if f"{h}.weight" in state), None)
     return int(head.shape[0]) if isinstance(head, torch.Tensor) and head.dim() == 2 else None
 
 
@@ -87,7 +102,8 @@ def recorded_class_names(weights: Mapping, num_classes: int) -> list[str] | None
 
 
 def extract_state_dict(checkpoint: Mapping) -> dict[str, torch.Tensor]:
-    """The model weights of a checkpoint, with wrapper prefixes and later NVIDIA stage names undone."""
+    """The model weights of a checkpoint, wrapper prefixes undone and stages spelled as their family's models
+    spell them: ``layer1``.. for a ResNet's, ``layers.0``.. for an EfficientNet's (:func:`weights_family`)."""
     for key in ("state_dict", "model"):
         if isinstance(checkpoint.get(key), Mapping):
             checkpoint = checkpoint[key]
@@ -98,9 +114,58 @@ def extract_state_dict(checkpoint: Mapping) -> dict[str, torch.Tensor]:
             raise UserError(f"The checkpoint entry {key!r} is not a tensor, so this is not a state dict.")
         while key.startswith(WRAPPER_PREFIXES):
             key = key.split(".", 1)[1]
-        key = re.sub(r"^layers\.(\d+)\.", lambda m: f"layer{int(m.group(1)) + 1}.", key)
         state[key] = value
-    return state
+    if weights_family(state) == "efficientnet":
+        rename = (r"^layer(\d+)\.", lambda m: f"layers.{int(m.group(1)) - 1}.")
+    else:
+        rename = (r"^layers\.(\d+)\.", lambda m: f"layer{int(m.group(1)) + 1}.")
+    return {re.sub(*rename, key): value for key, value in state.items()}
+
+
+def weights_family(keys) -> str | None:
+    """``efficientnet`` or ``resnet``: the family whose names ``keys`` (a state dict's, prefixes undone) use;
+    None for neither."""
+    if "stem.conv.weight" in keys:
+        return "efficientnet"
+    return "resnet" if "conv1.weight" in keys else None
+
+
+def efficientnet_of(state: Mapping[str, torch.Tensor]) -> str | None:
+    """The EfficientNet whose layout ``state`` (in our names) has: its stem, head, blocks per stage and, for
+    widese, the squeeze-and-excitation of stage 1; None where none has it."""
+    def rows(name: str, index: int) -> int | None:
+        tensor = state.get(name)
+        return int(tensor.shape[index]) if isinstance(tensor, torch.Tensor) and tensor.dim() > index else None
+
+    blocks: dict[int, set[int]] = {}
+    for key in state:
+        if match := re.match(r"layers\.(\d+)\.block(\d+)\.", key):
+            blocks.setdefault(int(match.group(1)), set()).add(int(match.group(2)))
+    found = (rows("stem.conv.weight", 0), rows("features.conv.weight", 0),
+             [len(blocks[i]) for i in sorted(blocks)], rows("layers.1.block0.se.squeeze.weight", 0))
+    for arch, row in EFFICIENTNETS.items():
+        stem, stages, head = efficientnet_layout(arch)
+        squeezed = stages[0][4] * (stages[1][3] if row[5] else 1)  # stage 1's input, or its hidden channels
+        layout = (stem, head, [stage[2] for stage in stages], max(1, int(squeezed * EFFICIENTNET_SE_RATIO)))
+        if found == layout:
+            return arch
+    return None
+
+
+def _refuse_another_architecture(state: dict, expected: dict, where: str) -> None:
+    """A :class:`UserError` naming the architecture the weights are, where their keys say it is not the
+    model's: another family, or another EfficientNet."""
+    theirs, ours = weights_family(state), weights_family(expected)
+    if theirs is None or ours is None:
+        return
+    named = efficientnet_of(state) if theirs == "efficientnet" else None
+    model = efficientnet_of(expected) if ours == "efficientnet" else None
+    if theirs == ours and (named is None or named == model):
+        return
+    what = f"{named}'s" if named else f"{FAMILY_NAMES[theirs]}'s ({FAMILY_KEYS[theirs]})"
+    model_text = model if theirs == ours and model else FAMILY_NAMES[ours]
+    hint = f"pass --arch {named}" if named else "pass the --arch they were trained as"
+    raise UserError(f"The weights in {where} are {what}, not {model_text}'s: {hint}.")
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -149,12 +214,15 @@ def load_weights(model: nn.Module, source: Union[str, Path, Mapping], *, allow_h
     unexpected = [k for k in state if k not in expected]
     mismatched = [k for k in expected if k in state and state[k].shape != expected[k].shape]
     head_only = bool(mismatched) and not missing and not unexpected and set(mismatched) <= set(HEAD_KEYS)
+    bias = next((f"{head}.bias" for head in HEADS if f"{head}.bias" in expected), "fc.bias")
     if head_only and allow_head_mismatch:
-        log(f"Replaced the classifier head: the weights have {len(state['fc.bias'])} classes, the model "
-            f"{len(expected['fc.bias'])}; fc starts from its fresh initialisation.")
+        log(f"Replaced the classifier head: the weights have {len(state[bias])} classes, the model "
+            f"{len(expected[bias])}; {bias[:-5]} starts from its fresh initialisation.")
         for key in mismatched:
             state[key] = expected[key]
     elif missing or unexpected or mismatched:
+        if not head_only:
+            _refuse_another_architecture(state, expected, where)
         problems = []
         if missing:
             problems.append(f"missing keys {_names(missing)}")
@@ -164,14 +232,14 @@ def load_weights(model: nn.Module, source: Union[str, Path, Mapping], *, allow_h
             problems.append("shape mismatches " + _names(
                 [f"{k} {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}" for k in mismatched]))
         if head_only:
-            classes = len(state["fc.bias"])
+            classes = len(state[bias])
             advice = (f"pass --num-classes {classes} to resume that run as it is (to fine-tune its weights on "
                       f"another number of classes, start a new run from them with --pretrained-weights {where} in "
                       "another --workspace)") if resuming else (
                       f"pass --num-classes {classes} to use them as they are (to fine-tune on another number of "
                       "classes, train with --pretrained-weights instead of evaluating)")
             raise UserError(f"The weights in {where} have {classes} classes and the model "
-                            f"{len(expected['fc.bias'])}: {advice}.")
+                            f"{len(expected[bias])}: {advice}.")
         raise UserError(f"The weights in {where} do not fit this model: {'; '.join(problems)}.")
     model.load_state_dict(state, strict=True)
 

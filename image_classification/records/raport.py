@@ -158,6 +158,20 @@ def _strict_json(record: dict) -> str:
         return json.dumps(finite(record), allow_nan=False)
 
 
+def shown_epoch_offset(evaluate: bool) -> int:
+    """What a record's epoch gains where a person reads it (see the module docstring): 1 for a training's records,
+    whose ``[0]`` is epoch 1, 0 for an evaluation's, whose step is the count of epochs its weights trained."""
+    return 0 if evaluate else 1
+
+
+def raport_epoch_offset(records: list[dict]) -> int:
+    """:func:`shown_epoch_offset` of the run whose ``records`` these are: an evaluation's PARAMETER record says
+    ``evaluate``."""
+    evaluate = any(record.get("step") == "PARAMETER" and isinstance(record.get("data"), dict)
+                   and record["data"].get("evaluate") is True for record in records if isinstance(record, dict))
+    return shown_epoch_offset(evaluate)
+
+
 def format_step(step, epoch_offset: int = 1) -> str:
     """A record's step as standard output shows it; ``epoch_offset`` is added to its epoch (see the module
     docstring: 1 for a training's records, 0 for an evaluation's)."""
