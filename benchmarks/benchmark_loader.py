@@ -57,7 +57,7 @@ from image_classification.models.preprocessing import DECODE_SCALES  # noqa: E40
 from image_classification.system import machine  # noqa: E402
 from image_classification.system.cli import UserErrorParser, run  # noqa: E402
 from image_classification.system.runtime import Runtime, make_runtime  # noqa: E402
-from image_classification.train.plan import data_config  # noqa: E402
+from image_classification.arguments.data import data_config  # noqa: E402
 from image_classification.train.progress import Heartbeat  # noqa: E402
 
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry")

@@ -143,9 +143,9 @@ def test_random_erase_erases_torchvision_s_rectangles(p):
 def test_training_transform_applies_torchvision_s_augmentation(augmentation, theirs):
     """After the crop and flip, torchvision's transform with the flags' settings: the same seed gives the
     same pixels; without it the images differ."""
-    config = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=4, augmentation=augmentation,
+    config = DataConfig(data=None, data_backend="pytorch", image_size=32, batch_size=4, augmentation=augmentation,
                         randaugment_magnitude=17, randaugment_num_ops=3)
-    plain = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=4)
+    plain = DataConfig(data=None, data_backend="pytorch", image_size=32, batch_size=4)
     image = torch.randint(0, 256, (3, 48, 40), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     expected_steps = [TrainTransform(plain), theirs()]
     changed = 0
@@ -164,7 +164,7 @@ def test_a_policy_drawn_apart_from_its_image_then_applied_is_the_policy_bit_for_
     """What pytorch-gpu's workers draw (the operations and magnitudes, from a stand-in of the image's size) and its
     background thread applies (drawing nothing) is torchvision's policy on the image: the same pixels, and the
     generator left where the policy leaves it; every operation of the policy's space comes up."""
-    config = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=4, augmentation=augmentation,
+    config = DataConfig(data=None, data_backend="pytorch", image_size=32, batch_size=4, augmentation=augmentation,
                         randaugment_magnitude=17, randaugment_num_ops=3)
     policy = auto_augmentation(config)
     halves = PolicyDraws(policy)
@@ -244,10 +244,10 @@ def test_an_ra_epoch_without_a_whole_batch_is_refused():
     from image_classification.system.runtime import Runtime
 
     runtime = Runtime(torch.device("cpu"), None, torch.contiguous_format, rank=1, local_rank=1, world_size=2)
-    config = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=200, ra_reps=3)
+    config = DataConfig(data=None, data_backend="pytorch", image_size=32, batch_size=200, ra_reps=3)
     with pytest.raises(UserError, match="--ra-reps 3: .* 128 of the 500 training images.*lower -b"):
         train_sampler(500, config, runtime)
-    assert len(train_sampler(500, DataConfig(data=None, backend="pytorch", image_size=32, batch_size=128,
+    assert len(train_sampler(500, DataConfig(data=None, data_backend="pytorch", image_size=32, batch_size=128,
                                              ra_reps=3), runtime)) == 128
 
 
@@ -300,7 +300,7 @@ def test_more_repeats_than_an_epoch_shows_images_are_refused_in_one_line(image_f
     from image_classification.system.runtime import Runtime
 
     runtime = Runtime(torch.device("cpu"), None, torch.contiguous_format, rank=0, local_rank=0, world_size=1)
-    config = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=4, ra_reps=23)
+    config = DataConfig(data=None, data_backend="pytorch", image_size=32, batch_size=4, ra_reps=23)
     assert len({index for index, _ in train_sampler(24, config, runtime)}) == 2  # 23 in a row, then another
     argv = ["-a", tiny_arch, "--image-size", "32", "-b", "4", "--device", "cpu", "--data-backend", "pytorch",
             "-j", "0", "--epochs", "1", "--workspace", str(tmp_path / "run"), str(image_folder)]
@@ -328,22 +328,18 @@ def test_bad_recipe_flags_are_one_line_and_exit_2(argv, message, capsys):
 
 
 def test_the_flags_reach_the_run_s_configuration():
-    from image_classification.models.preprocessing import Preprocessing
-    from image_classification.train.plan import build_config, data_config
+    from image_classification.arguments.data import DataConfig
+    from image_classification.arguments.optimisation import OptimConfig
+    from image_classification.arguments.values import from_args
 
     args = parse_args(["/data", "--mixup", "0.2", "--cutmix", "1.0", "--mixup-switch-prob", "0.25",
                        "--random-erase", "0.1", "--ra-reps", "3", "--augmentation", "randaugment",
                        "--randaugment-magnitude", "12"])
-    config = build_config(args, seed=0, num_classes=10, preprocessing=Preprocessing(32), topk=5, accumulation=1,
-                          loss_scale=(1.0, True, None), lr=0.1)
-    assert (config.mixup, config.cutmix, config.mixup_switch_prob, config.random_erase) == (0.2, 1.0, 0.25, 0.1)
-    data = data_config(args, 32)
-    assert (data.ra_reps, data.augmentation, data.randaugment_magnitude, data.randaugment_num_ops) == \
-        (3, "randaugment", 12, 2)
-    defaults = build_config(parse_args(["/data", "--mixup", "0.2", "--cutmix", "1"]), seed=0, num_classes=10,
-                            preprocessing=Preprocessing(32), topk=5, accumulation=1, loss_scale=(1.0, True, None),
-                            lr=0.1)
-    assert defaults.mixup_switch_prob == 0.5
+    optim, data = from_args(OptimConfig, args), from_args(DataConfig, args)
+    assert (optim.mixup, optim.cutmix, optim.switch_prob, data.random_erase) == (0.2, 1.0, 0.25, 0.1)
+    assert (data.ra_reps, data.augmentation, data.randaugment) == (3, "randaugment", (12, 2))
+    defaults = from_args(OptimConfig, parse_args(["/data", "--mixup", "0.2", "--cutmix", "1"]))
+    assert defaults.switch_prob == 0.5
     with pytest.raises(UserError):
         parse_args(["/data", "--randaugment-num-ops", "2"])
 

@@ -154,7 +154,7 @@ def test_torchcodec_s_and_torchvision_s_decoders_give_the_same_batches(image_fol
     for library in decoders.LIBRARIES:
         with decoders.use_decoder(library):
             for backend in ("pytorch", "pytorch-gpu"):
-                train, val = get_loaders(DataConfig(backend=backend, **config), runtime, want_train=True,
+                train, val = get_loaders(DataConfig(data_backend=backend, **config), runtime, want_train=True,
                                          want_val=True)
                 train.set_epoch(1)
                 batches[library, backend] = [images for loader in (train, val) for images, _ in loader]

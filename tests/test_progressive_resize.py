@@ -17,7 +17,7 @@ from image_classification.models.preprocessing import Preprocessing, ResizeSched
 from image_classification.records.raport import read_raport
 from image_classification.system.cli import run as cli_run
 from image_classification.system.runtime import Runtime
-from image_classification.train.plan import data_config
+from image_classification.arguments.data import data_config
 from image_classification.training import main
 
 # FFCV's published ResNet-50 ramps (libffcv/ffcv-imagenet, rn50_configs/rn50_{E}_epochs.yaml): E: (start_ramp,
@@ -97,7 +97,7 @@ def _config(root: Path | None, backend: str, workers: int = 0):
 
     args = parse_args([*([str(root)] if root else []), "--data-backend", backend, "-b", "4", "-j", str(workers),
                        "--seed", "3", "--num-classes", "3"])
-    return data_config(args, 48, train_schedule=SCHEDULE, train_crop_size=64)
+    return data_config(args, preprocessing=Preprocessing(48, train_schedule=SCHEDULE))
 
 
 def _sides(root, backend: str, memory_format=torch.contiguous_format, workers: int = 0) -> list[set[int]]:

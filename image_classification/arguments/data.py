@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ..errors import UserError
 from ..models.preprocessing import DECODE_SCALES, SIZE_STEP, Preprocessing, ResizeSchedule
 from ..system.cli import positive_int, whole_number
-from .values import add_group, flag, float32, probability, raise_first
+from .values import add_group, flag, float32, from_args, probability, raise_first
 
 DATA_BACKENDS = ("pytorch", "pytorch-gpu", "synthetic", "dali-cpu", "dali-gpu")
 BACKEND_ALIASES = {"syntetic": "synthetic"}  # the reference README's spelling
@@ -45,15 +45,15 @@ class DataConfig:
                                     "GPU) | synthetic (alias syntetic) | dali-cpu | dali-gpu (default: "
                                     "dali-cpu where NVIDIA DALI is installed; else, on CUDA, pytorch-gpu "
                                     "where torchvision decodes JPEGs there; else pytorch)")
+    image_size: int | None = flag("--image-size", metavar="S", type=positive_int,
+                                  help="training and validation crop size, at least 32 (default: the "
+                                  "checkpoint's, else the architecture's, 224)")
+    batch_size: int = flag("-b", "--batch-size", default=256, metavar="N", type=positive_int,
+                           help="mini-batch size (default: 256) per gpu")
     workers: int = flag("-j", "--workers", default=DEFAULT_WORKERS, metavar="N", type=whole_number,
                         help="number of data loading workers; 0 loads in the main process (default: 5)")
     prefetch: int = flag("--prefetch", default=2, metavar="N", type=positive_int,
                          help="batches each pytorch-backend worker loads ahead (default: 2)")
-    batch_size: int = flag("-b", "--batch-size", default=256, metavar="N", type=positive_int,
-                           help="mini-batch size (default: 256) per gpu")
-    image_size: int | None = flag("--image-size", metavar="S", type=positive_int,
-                                  help="training and validation crop size, at least 32 (default: the "
-                                  "checkpoint's, else the architecture's, 224)")
     train_crop_size: int | None = flag("--train-crop-size", metavar="S", type=positive_int,
                                        help="training crop size when it differs from the validation one "
                                        "(FixRes; torchvision's recipe trains at 176) (default: "
@@ -126,6 +126,14 @@ class DataConfig:
         """--augmentation randaugment's magnitude and operations per image (torchvision's defaults: 9, 2)."""
         magnitude = 9 if self.randaugment_magnitude is None else self.randaugment_magnitude
         return magnitude, 2 if self.randaugment_num_ops is None else self.randaugment_num_ops
+
+
+def data_config(args: argparse.Namespace, image_size: int | None = None, **resolved) -> DataConfig:
+    """The data configuration that main.py's parsed flags describe, made without a run's plan (a benchmark, a test):
+    its preprocessing the size flags' (``image_size``: crops of that side instead), ``resolved`` the fields given."""
+    if image_size is not None and "preprocessing" not in resolved:
+        resolved["preprocessing"] = Preprocessing(image_size, args.interpolation or "bilinear")
+    return from_args(DataConfig, args, **resolved)
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
