@@ -27,7 +27,7 @@ from typing import Sequence
 import yaml
 
 from .arguments import REFERENCE_DEFAULTS, build_parser as build_main_parser, global_batch, parse_args, resolve_lr
-from .arguments.described import main_py_argv, source_of, value_sources
+from .arguments.described import main_py_argv, source_of, typed_dests, value_sources
 from .errors import UserError
 from .records.datafile import DataFileError, read_regular, utf8_text
 from .system import host, machine
@@ -136,14 +136,6 @@ class Preset:
     values: dict
     layers: list[tuple[str, dict]]
     fitted: list[str] = field(default_factory=list)
-
-
-def typed_dests(rest: Sequence[str]) -> set[str]:
-    """The main.py destinations that the command line ``rest`` gives a value (a parse with no defaults)."""
-    parser = build_main_parser()
-    for action in parser._actions:
-        action.default = argparse.SUPPRESS  # an action without a value typed sets nothing
-    return set(vars(parser.parse_known_args(list(rest))[0]))
 
 
 def preset_for(launch: argparse.Namespace, typed: set[str]) -> Preset:

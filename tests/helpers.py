@@ -603,7 +603,7 @@ def run_process(argv: list, cwd: Path | None = None, env: dict[str, str] | None 
         return Result([str(token) for token in argv], process.returncode, out.read_text(), err.read_text())
 
 
-def launch_on(argv: list[str], cuda_available: bool) -> int:
+def launch_on(argv: list[str], cuda_available: bool, **kwargs) -> int:
     """``launch.py argv`` in this process, on a machine with CUDA or without (as ``machine.cuda_available``, the
     one place that asks, answers); its exit code."""
     from image_classification import launch
@@ -612,7 +612,7 @@ def launch_on(argv: list[str], cuda_available: bool) -> int:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(machine, "cuda_available", lambda: cuda_available)
-        return run(launch.main, argv)
+        return run(launch.main, argv, **kwargs)
 
 
 def run_config(**values):

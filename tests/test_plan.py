@@ -161,8 +161,9 @@ def test_evaluate_normalises_and_crops_as_the_weights_recorded(trained, tmp_path
     args = parse_args(["--data-backend", "synthetic", "-a", "resnet18", "-b", "4", "--evaluate", "--resume", path,
                        "--workspace", str(tmp_path / "ws")])
     plan = resolve_run(args, make_runtime("cpu"), Workspace(args.workspace, args.checkpoint_filename,
-                                                               raport_file(args)), log=lambda *_: None)
-    assert (plan.data.mean, plan.data.std, plan.data.crop_ratio) == ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0), 0.5)
+                                                               raport_file(args)), [], log=lambda *_: None)
+    preprocessing = plan.data.preprocessing  # what the data backends read
+    assert (preprocessing.mean, preprocessing.std, preprocessing.crop_ratio) == ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0), 0.5)
 
 
 def test_a_mixup_alpha_too_small_to_draw_is_refused_as_a_flag():
@@ -185,8 +186,8 @@ def test_installed_commands_name_themselves(capsys):
     with pytest.raises(SystemExit):
         main(["-h"], prog="ic-train")
     assert capsys.readouterr().out.startswith("usage: ic-train ")
-    assert run(launch.main, ["--model", "resnet50", "--precision", "FP32", "--mode", "convergence", "--platform",
-                             "CPU", "--dry-run"], prog="ic-launch", cuda_available=False) == 0
+    assert launch_on(["--model", "resnet50", "--precision", "FP32", "--mode", "convergence", "--platform", "CPU",
+                      "--dry-run"], False, prog="ic-launch") == 0
     commands = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
     assert commands and all(line.startswith("ic-train ") for line in commands)
 

@@ -5,9 +5,12 @@ Every flag of the reference README's ``main.py -h`` keeps its name and meaning; 
 flags and our own additions sit beside them in small groups, a module each: :mod:`.data` (with the
 dataset DIR), :mod:`.model`, :mod:`.optimisation`, :mod:`.precision` (precision and device),
 :mod:`.deployed` (evaluation of the deployed model) and :mod:`.run` (run, checkpoints and logging).  Each
-holds its group's flags and the checks of their values.  :mod:`.parsing` builds the parser from the groups
-and runs the checks; ``launch.py``'s presets reach :func:`parse_args` as ``defaults``, written as the flags
-they set and put before the typed ones, so that explicit flags still win.  A plain run's defaults are the
+holds its group's frozen dataclass, whose fields are the flags (:func:`.values.flag`: a new flag is one field
+in one group), and the checks of their values; the run's configuration (``train.plan.RunConfig``) is those
+dataclasses, built from the parsed flags (:func:`.values.from_args`) and completed once with what the run
+settles.  :mod:`.parsing` builds the parser from the groups and runs the checks; ``launch.py``'s presets reach
+:func:`parse_args` as ``defaults``, written as the flags they set and put before the typed ones, so that
+explicit flags still win.  A plain run's defaults are the
 reference's but for the learning rate (scaled to the global batch), the last BatchNorm of each residual
 block (zero) and the memory format (``auto``); :data:`REFERENCE_DEFAULTS` holds the reference's values, which
 the presets start from.

@@ -32,6 +32,14 @@ def main_py_argv(args: argparse.Namespace, always: Sequence[str] = ()) -> list[s
 VALUES_HEADER = "# every value of the run as written, and where it comes from (a later preset wins, a typed flag most):"
 
 
+def typed_dests(argv: Sequence[str]) -> set[str]:
+    """The main.py destinations that the command line ``argv`` gives a value (a parse with no defaults)."""
+    parser = build_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS  # an action without a value typed sets nothing
+    return set(vars(parser.parse_known_args(list(argv))[0]))
+
+
 def source_of(key: str, layers: Sequence[tuple[str, dict]]) -> str | None:
     """The name of the last of ``layers`` (name, values) that sets ``key``."""
     return next((name for name, preset in reversed(layers) if key in preset), None)

@@ -131,24 +131,10 @@ def cpu_bf16_is_native() -> bool:
 
 
 def cpu_bf16_is_faster() -> bool:
-    """Whether bf16 autocast runs faster than FP32 here: what makes bf16 the CPU's default precision.
-
-    Native bf16 is not enough.  resnet50 inference against torchvision's FP32 eager, batch 1 / batch 16
-    (``benchmarks/infer_throughput.py``), per CPU class:
-
-    * AVX2-only AMD EPYC (bf16 emulated): bf16 0.52x / 0.25x;
-    * AMD EPYC with AVX512-BF16, 2 cores: bf16 channels-last 1.43x / 2.75x, FP32 channels-last 0.91x / 1.40x;
-    * Intel Xeon with AMX-BF16, 2 vCPUs (``benchmarks/inference_benchmark.py``, main.py --evaluate): bf16
-      channels-last 27.8 / 58.1 images/s against FP32 NCHW's 18.6 / 16.0, 1.5x / 3.6x;
-    * Intel Xeon (family 6, model 207) with AVX512-BF16, AVX512-VNNI and AVX512-FP16 but its AMX hidden by
-      the hypervisor, 2 cores shared with other work, one thread, CPU time per image (median of 4 rounds):
-      bf16 channels-last 0.73x / 1.05x, FP32 channels-last 1.19x / 1.13x; the benchmark's own wall-clock
-      run, one thread: bf16 0.54x at batch 1 (at batch 16 within the rounds' spread).  oneDNN runs its
-      AVX512-BF16 kernels there (``brg_conv_fwd:avx512_core_bf16``), and they are no faster than FP32.
-
-    So bf16 is the default where AMX computes it, on AMD's AVX512-BF16 and on Arm's BF16 extension (not
-    measured here: oneDNN's own check decides), and FP32 on an Intel CPU with AVX512-BF16 alone.
-    """
+    """Whether bf16 autocast runs faster than FP32 here, which makes bf16 the CPU's default precision: native bf16
+    (:func:`cpu_bf16_is_native`) computed by AMX, by AMD's AVX512-BF16 or by Arm's BF16 extension; not an Intel CPU
+    with AVX512-BF16 alone, whose bf16 kernels ran no faster than FP32 (docs/performance.md, "Inference", measures
+    each class of CPU)."""
     if not cpu_bf16_is_native():
         return False
     return bf16_faster_by_flags() is not False  # no /proc/cpuinfo: oneDNN's word
