@@ -314,3 +314,42 @@ def test_a_plain_run_scales_its_rate_to_the_global_batch_and_says_so(tmp_path, c
     assert parameters["lr"] == 0.003125
     lrs = [record["data"]["train.lr"] for record in records if "train.lr" in record.get("data", {})]
     assert lrs and set(lrs) == {0.003125}
+
+
+def test_a_warm_up_as_long_as_the_run_and_a_resume_with_other_epochs_are_said():
+    """A preset's 8 warm-up epochs over --epochs 2 never reach --lr; a resume with more --epochs than the
+    checkpoint's run stretches the schedule: the rate the next epoch starts at, against the old schedule's."""
+    from helpers import run_config
+    from image_classification.train.plan import schedule_notices
+
+    short = run_config(epochs=2, warmup=8, lr=0.5, lr_schedule="cosine")
+    (line,) = schedule_notices(short, None)
+    assert line.startswith("=> --warmup 8 is as long as --epochs 2") and "never reaches --lr 0.5" in line
+    longer = run_config(epochs=8, lr=0.4, lr_schedule="cosine")
+    (line,) = schedule_notices(longer, {"epoch": 4, "epochs": 4})
+    assert line.startswith("=> --epochs 8, where the checkpoint's run had 4: the cosine schedule now spans 8 epochs")
+    assert f"epoch 5 starts at lr {longer.lr_at(4):.6g} (at 0 in the 4-epoch schedule)" in line
+    assert schedule_notices(longer, {"epoch": 4, "epochs": 8}) == [] == schedule_notices(longer, {"epoch": 4})
+
+
+def test_a_fine_tune_at_another_size_than_its_weights_were_trained_at_says_so():
+    from image_classification.models.preprocessing import Preprocessing
+    from image_classification.train.plan import fine_tune_notice
+
+    weights = {"state_dict": {}, "preprocessing": Preprocessing(32).to_dict()}
+    line = fine_tune_notice(weights, Preprocessing(224), "w.pth")
+    assert line == ("=> w.pth were trained on 32 px crops; this fine-tune trains on 224 px crops (--image-size or "
+                    "--train-crop-size sets another)")
+    assert fine_tune_notice(weights, Preprocessing(32), "w.pth") is None
+    assert fine_tune_notice({"state_dict": {}}, Preprocessing(224), "w.pth") is None  # NGC's: nothing recorded
+
+
+def test_a_batch_larger_than_the_training_set_is_refused_naming_the_batch_that_fits(image_folder, tmp_path, capsys):
+    from image_classification.system.cli import run
+    from image_classification.training import main
+
+    argv = ["-a", "resnet18", "--device", "cpu", "--epochs", "1", "--image-size", "32", "-j", "0",
+            "--workspace", str(tmp_path), str(image_folder)]
+    line = refused(run(main, argv), capsys)  # -b 256 over 24 training images
+    assert line == "error: train/ holds 24 images, fewer than one batch of 256 per process: lower -b/--batch-size; " \
+                   "-b 16 fits"

@@ -304,6 +304,7 @@ class Engine:
             "seed": self.config.run.seed,
             "world_size": self.runtime.world_size,
             "batch_size": self.config.data.batch_size,
+            "epochs": self.config.optim.epochs,  # the schedule's length: a resume with another says so
             "rng": rng,
         }
         if self.classes:

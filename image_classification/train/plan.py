@@ -180,6 +180,38 @@ def resolve_preprocessing(data: DataConfig, arch: str, recorded: dict, source: s
                                 training=training)
 
 
+def fine_tune_notice(pretrained: dict, preprocessing: Preprocessing, weights: str) -> str | None:
+    """The line of a fine-tune whose training crops are not the size its weights were trained at (a record of
+    32 px weights trained on at 224 px), or None (same size, or weights that record none)."""
+    record = recorded_description(pretrained).get("preprocessing")
+    try:
+        trained = Preprocessing.from_dict(record) if isinstance(record, dict) else None
+    except UserError:
+        return None
+    if trained is None or trained.train_size == preprocessing.train_size:
+        return None
+    return (f"=> {weights} were trained on {trained.train_size} px crops; this fine-tune trains on "
+            f"{preprocessing.train_size} px crops (--image-size or --train-crop-size sets another)")
+
+
+def schedule_notices(config: RunConfig, resumed: dict | None) -> list[str]:
+    """What a person would not foresee of the run's schedule: a warm-up as long as the run (its rate never
+    reaches --lr), and a resume with another --epochs than its checkpoint's run (the schedule stretched or
+    shrunk: the rate the next epoch starts at, against where the checkpoint's schedule had it)."""
+    optim, notes = config.optim, []
+    if optim.warmup >= optim.epochs:
+        notes.append(f"=> --warmup {optim.warmup} is as long as --epochs {optim.epochs}: every epoch warms up, and "
+                     f"the rate never reaches --lr {optim.lr:g} (a shorter --warmup reaches it)")
+    epochs = resumed.get("epochs") if resumed is not None else None
+    if isinstance(epochs, int) and not isinstance(epochs, bool) and epochs != optim.epochs:
+        start = int(resumed["epoch"])
+        before = replace(config, optim=replace(optim, epochs=epochs)).lr_at(start)
+        notes.append(f"=> --epochs {optim.epochs}, where the checkpoint's run had {epochs}: the {optim.lr_schedule} "
+                     f"schedule now spans {optim.epochs} epochs, and epoch {start + 1} starts at lr "
+                     f"{config.lr_at(start):.6g} (at {before:.6g} in the {epochs}-epoch schedule)")
+    return notes
+
+
 def resolve_topk(topk: int | None, num_classes: int) -> int:
     if topk is None:
         return min(5, num_classes)
@@ -304,8 +336,12 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     check_class_labels(described, classes, resume_path or args.pretrained_weights, run.allow_class_changes, log)
     num_classes = resolve_num_classes(args, described, classes, log)
     preprocessing = resolve_preprocessing(data, args.arch, recorded, source, not run.evaluate, log)
-    if pretrained is not None and not run.evaluate and trained_as_stored(recorded_description(pretrained)):
-        log(f"=> {orientation_notice(args.pretrained_weights, trains_anew=True)}")
+    if pretrained is not None and not run.evaluate:
+        if trained_as_stored(recorded_description(pretrained)):
+            log(f"=> {orientation_notice(args.pretrained_weights, trains_anew=True)}")
+        notice = fine_tune_notice(pretrained, preprocessing, args.pretrained_weights)
+        if notice:
+            log(notice)
     data = settle_data(data, backend, preprocessing, seed=seed, num_classes=num_classes, prof=run.prof,
                        training=not run.evaluate, log=log)
     optim = settle_optimisation(from_args(OptimConfig, args), data, runtime, log=log,
@@ -316,5 +352,7 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     deploy = from_args(DeployConfig, args)
     config = RunConfig(from_args(ModelConfig, args, num_classes=num_classes), optim, data,
                        replace(precision, loss_scale=scale, loss_scale_adapts=adapts), run, deploy, int8_request(deploy))
+    for notice in schedule_notices(config, resumed) if not run.evaluate else ():
+        log(notice)
     model = build_model_for(config, runtime, resumed, resume_path, pretrained, log)
     return Plan(config, model, classes, resumed, {**config.recorded(), **runtime.describe()})
