@@ -290,3 +290,45 @@ def test_every_installed_decoder_gives_pillow_s_batches(image_folder):
         for backend in ("pytorch", "pytorch-gpu"):
             ours, theirs = batches[library, backend], batches["pillow", backend]
             assert len(ours) == len(theirs) == 9 and all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
+def jpeg_kinds() -> dict[str, bytes]:
+    """A textured image (gradients, sharp edges, noise) at two sizes as encoders write it: every chroma
+    subsampling, baseline and progressive, optimised Huffman tables, qualities 50 to 100, greyscale, CMYK, restart
+    markers and torchvision's encoder."""
+    from torchvision.io import encode_jpeg
+
+    kinds = {}
+    for width, height in ((333, 251), (17, 9)):
+        rows, cols = np.mgrid[0:height, 0:width]
+        noise = np.random.default_rng(width).integers(0, 96, (height, width, 3))
+        edges = ((rows // 7 + cols // 5) % 2 * 120)[..., None]
+        pixels = np.clip(np.stack([rows, cols, rows + cols], -1) % 256 + noise + edges - 60, 0, 255).astype(np.uint8)
+        image = Image.fromarray(pixels)
+        options = {f"subsampling {sub}": {"subsampling": sub} for sub in ("4:4:4", "4:2:2", "4:2:0", "4:1:1")}
+        options |= {"progressive": {"progressive": True}, "optimised, quality 50": {"optimize": True, "quality": 50},
+                    "quality 100": {"quality": 100}, "restart markers": {"restart_marker_blocks": 3}}
+        for kind, saved in {**options, "greyscale": {}, "CMYK": {}}.items():
+            encoded = io.BytesIO()
+            image.convert({"greyscale": "L", "CMYK": "CMYK"}.get(kind, "RGB")).save(encoded, "JPEG",
+                                                                                     **{"quality": 90, **saved})
+            kinds[f"{width}x{height}: {kind}"] = encoded.getvalue()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", decoders.TORCHVISION_DEPRECATION, DeprecationWarning)
+            tensor = torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
+            kinds[f"{width}x{height}: torchvision's encoder"] = encode_jpeg(tensor, quality=85).numpy().tobytes()
+    return kinds
+
+
+def test_every_installed_decoder_gives_pillow_s_pixels_on_every_kind_of_jpeg():
+    """Beyond the probes: the pixels of record do not hang on the library (libjpeg-turbo in each, with its default
+    arithmetic), so the batches of a run, and of its resume, are the same whichever a machine takes."""
+    pillow = decoders._pillow()
+    others = [decoders.load(library) for library in decoders.LIBRARIES[:-1] if decoders.installed(library)]
+    assert others
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", decoders.TORCHVISION_DEPRECATION, DeprecationWarning)
+        for kind, raw in jpeg_kinds().items():
+            data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+            expected = pillow.decode(data)
+            assert all(torch.equal(other.decode(data), expected) for other in others), kind

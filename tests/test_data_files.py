@@ -68,7 +68,8 @@ def test_sixteen_bit_greyscale_is_scaled_not_clipped(tmp_path):
     ramp = np.linspace(0, 65535, 256 * 4, dtype=np.uint16).reshape(4, 256)
     path = tmp_path / "ramp16.png"
     Image.fromarray(ramp).save(path)  # a 16-bit greyscale PNG
-    assert Image.open(path).mode.startswith("I")
+    with Image.open(path) as image:
+        assert image.mode.startswith("I")
     expected = np.rint(ramp / 257.0)
     for image in (open_rgb(path), load_image(path)):  # training and classify.py
         pixels = np.asarray(image)
