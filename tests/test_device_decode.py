@@ -425,10 +425,7 @@ def test_preparing_batches_reads_nothing_back(image_folder, monkeypatch, augment
     """The training process decodes, crops, augments and normalises (in its background thread) and hands batches
     over (in the loop's) without reading a tensor back to the host: on a GPU each read would wait for the device
     (the CPU twin of the GPU test below; the DataLoader's and the sampler's own reads of host tensors are not
-    counted, nor the CPU decoder's of the JPEGs' bytes, which are host memory on any device: Pillow, standing in
-    for nvJPEG here, reads them as bytes).  ``--augmentation``'s draws, reads of torch's CPU generator, are the
-    workers'."""
-    import dataclasses
+    counted).  ``--augmentation``'s draws, reads of torch's CPU generator, are the workers'."""
     import threading
 
     from image_classification.data.device_decode import DeviceDecodedLoader
@@ -452,18 +449,6 @@ def test_preparing_batches_reads_nothing_back(image_folder, monkeypatch, augment
                 counting.on = False
         return call
 
-    def uncounted(decode_batch):
-        def call(*args):
-            was, counting.on = getattr(counting, "on", False), False
-            try:
-                return decode_batch(*args)
-            finally:
-                counting.on = was
-        return call
-
-    chosen = device_decode.device_decoder(torch.device("cpu"))
-    monkeypatch.setattr(device_decode, "device_decoder", lambda device: dataclasses.replace(
-        chosen, decode_batch=uncounted(chosen.decode_batch)))
     monkeypatch.setattr(DeviceDecodedLoader, "_prepare", counted(DeviceDecodedLoader._prepare))
     monkeypatch.setattr(DeviceDecodedLoader, "_deliver", counted(DeviceDecodedLoader._deliver, materialise=True))
     for loader in (train, val):

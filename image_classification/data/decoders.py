@@ -27,6 +27,7 @@ is hidden.  :func:`decoder_notice` is the start-up line that names the decoder a
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import io
 import re
@@ -109,11 +110,17 @@ def rgb_tensor(image: Image.Image) -> torch.Tensor:
     return torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1)
 
 
+def host_bytes(data: torch.Tensor) -> bytes:
+    """A copy of a contiguous uint8 CPU tensor's bytes (a JPEG's, which are host memory on every device), read
+    from its pointer: no Tensor method that could read a device back is called."""
+    return ctypes.string_at(data.data_ptr(), data.numel()) if data.numel() else b""
+
+
 def _pillow_decode(data: torch.Tensor) -> torch.Tensor:
     """Pillow's decode, else torchvision's where Pillow refuses and torchvision is installed (:func:`last_resort`);
     RuntimeError where neither decodes."""
     try:
-        with Image.open(io.BytesIO(data.numpy().tobytes())) as image:
+        with Image.open(io.BytesIO(host_bytes(data.contiguous()))) as image:
             return rgb_tensor(image if image.mode == "RGB" else image.convert("RGB"))
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
         refused = error
@@ -159,7 +166,7 @@ def exif_hidden(data: torch.Tensor) -> torch.Tensor:
     reads renamed APP15, and every ``Exif\\0\\0`` in a segment that no decoder reads (APPn, COM) broken, for a
     reader that walks the markers less carefully; ``data`` itself where there is none.  No pixel changes: the
     tables and the scans are left as they are."""
-    raw = data.numpy().tobytes()
+    raw = host_bytes(data.contiguous())
     if _EXIF not in raw and b"\xff\xe1" not in raw:
         return data
     patched, at = bytearray(raw), 2
