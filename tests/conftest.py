@@ -31,6 +31,16 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def torchvision_deprecation_left_out_once_its_decoder_loaded():
+    """pytest puts its warning filters back before each test: where torchvision's decoder was loaded, the filter
+    our code sets once per process (data/decoders.py: torchvision's deprecation of it, by its message alone) is
+    put back with them, as a run keeps it."""
+    decoders = sys.modules.get("image_classification.data.decoders")
+    if decoders is not None and decoders._torchvision.cache_info().currsize:
+        decoders.quiet_torchvision_deprecation()
+
+
 @pytest.fixture(scope="session")
 def image_folder(tmp_path_factory) -> Path:
     """A 3-class colour dataset: 8 train and 4 val JPEGs per class, 48x40 pixels."""

@@ -181,6 +181,20 @@ def load_script(name: str, folder: str = "scripts") -> ModuleType:
     return module
 
 
+def libjpeg_decode(raw: bytes, mode: str = "UNCHANGED"):
+    """libjpeg's own decode of a JPEG's bytes, reading its markers as libjpeg reads them (torchvision's decoder:
+    Pillow reads them in Python first), to a CHW uint8 tensor; torchvision's deprecation of its decoders, not
+    the subject here, left out."""
+    import torch
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    from image_classification.data.decoders import TORCHVISION_DEPRECATION
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", TORCHVISION_DEPRECATION, DeprecationWarning)
+        return decode_jpeg(torch.frombuffer(bytearray(raw), dtype=torch.uint8), mode=ImageReadMode[mode])
+
+
 def write_image_folder(
     root: Path, num_classes: int = 3, train_per_class: int = 8, val_per_class: int = 4,
     size: tuple[int, int] = (48, 40), seed: int = 0,

@@ -301,8 +301,8 @@ def test_the_loader_benchmark_times_one_backend_with_two_jpeg_decoders(tmp_path,
     used = []
     for library in decoders.LIBRARIES:  # stand-ins: torchcodec need not be installed
         monkeypatch.setitem(decoders._LOADERS, library, lambda library=library: decoders.JpegDecoder(
-            library, "1.0", lambda data, library=library: used.append(library) or decoders._torchvision().decode(data),
-            decoders._torchvision().decode_batch))
+            library, "1.0", lambda data, library=library: used.append(library) or decoders._pillow().decode(data),
+            decoders._pillow().decode_batch))
     loader = load_script("benchmark_loader", "benchmarks")
     argv = ["--photos", "2", "--data-backend", "pytorch", "--decoder", "torchcodec", "--beside-decoder", "torchvision",
             "--decode-scale", "full", "-b", "2", "-j", "0", "--epochs", "2", "--image-size", "32", "--device", "cpu", str(tmp_path / "photos")]
