@@ -5,8 +5,9 @@ baseline: ``torchvision.models.<arch>()`` in eval mode under ``torch.no_grad``, 
 ours: ``eager`` (FP32, NCHW, ``torch.inference_mode``), ``channels_last`` (FP32), ``bf16`` and ``fp16``
 (bfloat16 and float16 autocast, channels-last; each runs the dtype it is named after, fp16 on CUDA only),
 ``compile`` (``torch.compile`` of the channels-last FP32 model, compiled for each batch size's static shape),
-``onnxruntime`` (the model exported by ``image_classification.deploy.export.export_onnx`` run with ONNX
-Runtime; CPU only) and ``int8`` (that export quantized as ``--quantize int8`` does, calibrated on random
+``aoti`` (the model compiled ahead of time into an AOTInductor package, its batch free, as ``model2onnx.py
+--output M.pt2`` writes it), ``onnxruntime`` (the model exported by
+``image_classification.deploy.torch_export.export_onnx`` run with ONNX Runtime; CPU only) and ``int8`` (that export quantized as ``--quantize int8`` does, calibrated on random
 images like the measured ones; CPU only). A path that cannot run here (no compiler for ``torch.compile``,
 onnxruntime not installed, no bf16 on the GPU) is recorded as skipped with the reason. On CUDA, cuDNN
 autotuning is on.

@@ -257,20 +257,24 @@ def sigterm_noted():
 
 def sigterm_during_the_export(monkeypatch) -> None:
     """``export_onnx`` (model2onnx.py's and the ONNX cache's) writes part of its file, then gets a SIGTERM while
-    it traces the model (sent by this process to itself: signal handlers run in the main thread, so the test
-    runs here)."""
+    it traces the model, by torch.export or TorchScript (sent by this process to itself: signal handlers run in
+    the main thread, so the test runs here)."""
     import torch
 
     from image_classification.deploy import export, onnx_runtime
 
     exporter = onnx_runtime.export_onnx
 
+    def stop_while_traced(*_) -> None:  # returns None: a forward pre-hook's value would replace the input
+        exporting = getattr(torch.compiler, "is_exporting", lambda: False)
+        if torch.jit.is_tracing() or exporting():
+            os.kill(os.getpid(), signal.SIGTERM)
+
     def export_onnx(model, example, path, **kwargs):
         Path(path).write_bytes(b"partial")
-        hook = model.register_forward_pre_hook(
-            lambda *_: torch.jit.is_tracing() and os.kill(os.getpid(), signal.SIGTERM))
+        hook = model.register_forward_pre_hook(stop_while_traced)
         try:
-            exporter(model, example, path, **kwargs)
+            return exporter(model, example, path, **kwargs)
         finally:
             hook.remove()
 

@@ -316,3 +316,62 @@ def test_weights_whose_logits_overflow_are_refused_before_any_export(tiny, image
     monkeypatch.setattr(onnx_runtime, "export_onnx", no_export)
     line = refused(run(classify_main, argv + ["--runtime", "onnxruntime"]), capsys)
     assert line == "error: the model's outputs are NaN or inf on a probe image; its predictions would mean nothing"
+
+
+# -- the exporter -----------------------------------------------------------------------------------------
+def test_the_cache_holds_exports_of_torch_export_and_never_reads_those_of_the_old_exporter(tiny, monkeypatch):
+    """The record says which exporter wrote the file; the key covers the opset and the exporter tried first, so a
+    file the TorchScript-based exporter wrote at opset 17 (before torch.export's was the default) is never read."""
+    record = json.loads(tiny.file(tiny.key, ".json").read_text())
+    assert record["format"] == 2 and record["written_by"] == "torch.export"
+    assert (record["exported"]["exporter"], record["exported"]["opset"]) == ("torch.export", 18)
+    model = build_model("tiny", num_classes=4)
+    model.load_state_dict(torch.load(tiny.weights))
+    assert onnx_runtime.weights_key(model, TINY_SIZE) == tiny.key
+    monkeypatch.setattr(onnx_runtime, "OPSET", 17)
+    assert onnx_runtime.weights_key(model, TINY_SIZE) != tiny.key
+    monkeypatch.setattr(onnx_runtime, "OPSET", 18)
+    monkeypatch.setattr(onnx_runtime, "torch_export_unavailable", lambda opset: "onnxscript is not installed")
+    assert onnx_runtime.weights_key(model, TINY_SIZE) != tiny.key
+
+
+def test_a_model_torch_export_fails_for_is_cached_from_the_torchscript_exporter_and_then_read_back(
+        tiny, images, capsys, monkeypatch):
+    from image_classification.deploy import torch_export
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("Dynamic control flow is not supported")
+
+    argv = tiny_argv(tiny, images)
+    plain = torch_predictions(capsys, argv)
+    shutil.rmtree(tiny.folder)
+    monkeypatch.setattr(torch_export, "_export_through_torch_export", fails)
+    assert run(classify_main, argv + ["--runtime", "onnxruntime", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [f"note: exporting the model to ONNX once, cached as {tiny.file(tiny.key)}",
+                                "note: ONNX through the TorchScript-based exporter: torch.export's exporter failed "
+                                "for this model (RuntimeError: Dynamic control flow is not supported)"]
+    assert_same_predictions([json.loads(line) for line in out.splitlines()], plain)
+    record = json.loads(tiny.file(tiny.key, ".json").read_text())
+    assert (record["written_by"], record["exported"]["exporter"]) == ("TorchScript", "torch.export")
+    monkeypatch.setattr(onnx_runtime, "export_onnx", no_export)
+    assert run(classify_main, argv + ["--runtime", "onnxruntime", "--json"]) == 0
+    assert capsys.readouterr().err == ""  # proven and used: no export through torch.export tried again
+
+
+def test_a_channels_last_model_exports_what_its_nchw_twin_computes(tiny, capsys):
+    torch.manual_seed(5)
+    model = build_model("tiny", num_classes=4).eval()
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if tensor.is_floating_point():  # every weight and statistic other than a fresh model's
+                tensor.copy_(torch.rand_like(tensor) + 0.5 if "running_var" in name else torch.randn_like(tensor) * 0.2)
+    twin = build_model("tiny", num_classes=4).eval()
+    twin.load_state_dict(model.state_dict())
+    model = model.to(memory_format=torch.channels_last)
+    assert not model.conv1.weight.is_contiguous()
+    assert onnx_runtime.weights_key(model, TINY_SIZE) == onnx_runtime.weights_key(twin, TINY_SIZE)
+    exported = onnx_runtime.OnnxModel(model, TINY_SIZE, log=lambda line: None)
+    images = torch.randn(5, 3, TINY_SIZE, TINY_SIZE).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        torch.testing.assert_close(exported(images), twin(images.contiguous()), rtol=0, atol=1e-4)

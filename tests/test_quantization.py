@@ -427,8 +427,9 @@ def test_a_triton_model_is_never_written_over_another(trained, tiny_arch, tmp_pa
 
 # -- the modules' order -----------------------------------------------------------------------------------
 def test_the_deployment_modules_import_only_downward():
-    """export -> inference -> onnx_runtime -> quantization: none imports one above it, even inside a function."""
-    order = ["export", "inference", "onnx_runtime", "quantization"]
+    """export -> inference -> aoti -> onnx_runtime -> quantization -> torch_export: none imports one above it, even
+    inside a function."""
+    order = ["export", "inference", "aoti", "onnx_runtime", "quantization", "torch_export"]
     for position, name in enumerate(order):
         tree = ast.parse((REPO / "image_classification" / "deploy" / f"{name}.py").read_text())
         imported = {node.module.lstrip(".").split(".")[0] for node in ast.walk(tree)
