@@ -50,9 +50,13 @@ class Path_:
     compared: int = 0
 
 
+ON_REQUEST = ("aoti",)  # measured when named: its compilation takes minutes for a ResNet-50 on two cores
+
+
 def default_paths(device: torch.device) -> list[str]:
-    """Every path that can run on ``device``: fp16 autocast on CUDA only, ONNX Runtime on the CPU only."""
-    excluded = ("fp16",) if device.type == "cpu" else CPU_ONLY
+    """Every path that can run on ``device`` but those measured on request: fp16 autocast on CUDA only, ONNX
+    Runtime on the CPU only."""
+    excluded = (("fp16",) if device.type == "cpu" else CPU_ONLY) + ON_REQUEST
     return [name for name in PATHS if name not in excluded]
 
 

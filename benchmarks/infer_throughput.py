@@ -61,8 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-sizes", nargs="+", type=positive_int, default=[1, 16], metavar="N",
                         help="batch sizes (default: 1 16)")
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=None,
-                        help="our paths to measure (default: all that run on the device: fp16 on CUDA only, "
-                        "onnxruntime and int8 on the CPU only)")
+                        help="our paths to measure (default: all that run on the device, fp16 on CUDA only, "
+                        "onnxruntime and int8 on the CPU only, but aoti, whose compilation takes minutes)")
     parser.add_argument("--iters", type=positive_int, default=10, metavar="N",
                         help="timed batches per path, batch size and round (default: 10)")
     parser.add_argument("--warmup", type=int, default=3, metavar="N",

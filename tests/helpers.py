@@ -52,6 +52,26 @@ def tiny_registered():
             ARCHS["tiny"] = previous
 
 
+def torch_export_writes_onnx() -> bool:
+    """Whether ONNX goes through torch.export's exporter here (torch 2.6 and later, onnxscript installed); on the
+    oldest torch the package supports, the TorchScript-based exporter writes every file."""
+    from image_classification.deploy.torch_export import OPSET, torch_export_unavailable
+
+    return torch_export_unavailable(OPSET) is None
+
+
+def aoti_available() -> bool:
+    """Whether this torch compiles and runs AOTInductor packages (2.6 and later) and a C++ compiler is there;
+    told without importing Inductor, which takes seconds."""
+    import shutil
+
+    import torch
+
+    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    compilers = (os.environ.get("CXX"), "c++", "g++", "clang++")
+    return version >= (2, 6) and any(name and shutil.which(name) for name in compilers)
+
+
 def score_validations(monkeypatch, *top1: float) -> None:
     """Each validation of the training loop reports the next of ``top1`` as its score (its other figures
     stay real): the way to make an epoch the best, or not, at will.  Monkeypatched until the test ends,

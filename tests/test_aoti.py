@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import refused, tiny_registered
+from helpers import aoti_available, refused, tiny_registered
 from image_classification.deploy import aoti, export
 from image_classification.deploy.export import model2onnx_main
 from image_classification.deploy.inference import main as classify_main
@@ -24,6 +24,7 @@ from image_classification.records.raport import read_raport
 from image_classification.system.cli import run
 from image_classification.training import main as train_main
 
+pytestmark = pytest.mark.skipif(not aoti_available(), reason="needs torch 2.6 or later and a C++ compiler")
 SIZE = 32
 CLASSES = ["class_00", "class_01", "class_02"]  # image_folder's, which main.py checks recorded names against
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import REPO, one_error_line, refused, run_script, sigterm_during_the_export, sigterm_noted
+from helpers import (REPO, one_error_line, refused, run_script, sigterm_during_the_export, sigterm_noted,
+                     torch_export_writes_onnx)
 from image_classification.deploy import export
 from image_classification.models import build_model, load_weights
 from image_classification.system.cli import run
@@ -98,6 +99,7 @@ def onnx_logits(path: Path, images: torch.Tensor) -> np.ndarray:
     return session.run(None, {"input": images.numpy()})[0]
 
 
+@pytest.mark.skipif(not torch_export_writes_onnx(), reason="torch.export's ONNX exporter needs torch 2.6 and onnxscript")
 @pytest.mark.parametrize("layout", ["nchw", "channels-last"])
 def test_onnx_through_torch_export_runs_any_batch_and_carries_the_model_record(tmp_path, script, layout):
     """The default export: torch.export's exporter, opset 18, the batch free (-b sizes only the example: batch 1
@@ -139,6 +141,7 @@ def test_no_dynamic_batch_fixes_the_batch_to_b(tiny_weights, tmp_path, script):
     assert onnx.load(str(output)).graph.input[0].type.tensor_type.shape.dim[0].dim_value == 4
 
 
+@pytest.mark.skipif(not torch_export_writes_onnx(), reason="torch.export's ONNX exporter needs torch 2.6 and onnxscript")
 def test_where_torch_export_fails_for_a_model_the_torchscript_exporter_writes_it_said_in_one_line(
         tiny_weights, tmp_path, monkeypatch, script):
     pytest.importorskip("onnx")
@@ -158,6 +161,7 @@ def test_where_torch_export_fails_for_a_model_the_torchscript_exporter_writes_it
     assert onnx_logits(output, torch.zeros(3, 3, 32, 32)).shape == (3, 3)  # its batch is free too
 
 
+@pytest.mark.skipif(not torch_export_writes_onnx(), reason="torch.export's ONNX exporter needs torch 2.6 and onnxscript")
 @pytest.mark.parametrize("argv, message", [
     (["--opset", "17"], "note: ONNX through the TorchScript-based exporter: opset 17 was asked for, and "
                         "torch.export's exporter writes opset 18 and later"),

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import refused, sigterm_during_the_export, sigterm_noted, tiny_registered
+from helpers import refused, sigterm_during_the_export, sigterm_noted, tiny_registered, torch_export_writes_onnx
 from image_classification.deploy import onnx_runtime
 from image_classification.deploy.inference import main as classify_main
 from image_classification.models import build_model
@@ -319,6 +319,7 @@ def test_weights_whose_logits_overflow_are_refused_before_any_export(tiny, image
 
 
 # -- the exporter -----------------------------------------------------------------------------------------
+@pytest.mark.skipif(not torch_export_writes_onnx(), reason="torch.export's ONNX exporter needs torch 2.6 and onnxscript")
 def test_the_cache_holds_exports_of_torch_export_and_never_reads_those_of_the_old_exporter(tiny, monkeypatch):
     """The record says which exporter wrote the file; the key covers the opset and the exporter tried first, so a
     file the TorchScript-based exporter wrote at opset 17 (before torch.export's was the default) is never read."""
@@ -335,6 +336,7 @@ def test_the_cache_holds_exports_of_torch_export_and_never_reads_those_of_the_ol
     assert onnx_runtime.weights_key(model, TINY_SIZE) != tiny.key
 
 
+@pytest.mark.skipif(not torch_export_writes_onnx(), reason="torch.export's ONNX exporter needs torch 2.6 and onnxscript")
 def test_a_model_torch_export_fails_for_is_cached_from_the_torchscript_exporter_and_then_read_back(
         tiny, images, capsys, monkeypatch):
     from image_classification.deploy import torch_export

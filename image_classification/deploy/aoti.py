@@ -37,7 +37,7 @@ from torch import nn
 
 from ..errors import UserError
 from ..records.datafile import DataFileError, parse_json
-from .torch_export import MIN_TRACED_BATCH, RECORD_KEY, export_program, quiet_torch
+from .torch_export import MIN_TRACED_BATCH, RECORD_KEY, export_program, probe_image, quiet_torch
 
 PACKAGE_SUFFIX = ".pt2"
 RECORD_FORMAT = 1
@@ -75,13 +75,6 @@ def compile_problem(device: torch.device) -> str | None:
     return None
 
 
-def probe_logits(model: nn.Module, image_size: int) -> np.ndarray:
-    """PyTorch's FP32 logits for the fixed probe image (standard normal pixels, seed 0), on the CPU."""
-    probe = torch.randn(1, 3, image_size, image_size, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        return model(probe).double().numpy()
-
-
 # ------------------------------------------------------------------------------------------------
 # Writing
 # ------------------------------------------------------------------------------------------------
@@ -93,8 +86,9 @@ def write_package(model: nn.Module, image_size: int, target: Path, device: torch
     problem = compile_problem(device)
     if problem:
         raise UserError(f"cannot compile a .pt2 package: {problem}")
-    model = copy.deepcopy(model).float().eval()
-    logits = probe_logits(model.cpu(), image_size)
+    model = copy.deepcopy(model).float().eval().cpu()
+    with torch.no_grad():
+        logits = model(probe_image(image_size)).double().numpy()
     if not np.isfinite(logits).all():
         raise UserError("the model's outputs are NaN or inf on a probe image; its predictions would mean nothing")
     full = {**record, "format": RECORD_FORMAT, "image_size": image_size, "device": device.type,
@@ -197,7 +191,12 @@ class AotiModel:
     """Called like the eval-mode model: float32 images in (any layout, any device), logits out on the images'
     device.  ``record``: what the package records; ``description``: which model it is, for a raport."""
 
-    def __init__(self, path: str | os.PathLike, log: Callable[[str], None] = print):
+    def __init__(self, path: str | os.PathLike):
+        import torch._inductor  # deferred: Inductor, seconds to import (``torch`` is then this function's name)
+
+        if not hasattr(torch._inductor, "aoti_load_package"):
+            raise UserError(f"'{path}' is a .pt2 package, and running one needs torch 2.6 or later (this is "
+                            f"{torch.__version__})")
         found = read_record(path)
         problem = runs_here_problem(found)
         if problem:
@@ -215,8 +214,7 @@ class AotiModel:
                             "compiled_with_torch": self.record.get("torch"), "torch": torch.__version__}
 
     def _check_probe(self, path) -> None:
-        size = self.record["image_size"]
-        probe = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(0))
+        probe = probe_image(self.record["image_size"])
         expected = np.asarray(self.record["probe_logits"], dtype=np.float64)
         try:
             got = self(probe).double().cpu().numpy()
@@ -245,4 +243,4 @@ def compiled_for_this_run(model: nn.Module, image_size: int, device: torch.devic
     with tempfile.TemporaryDirectory(prefix="image_classification-aoti-") as scratch:
         path = Path(scratch) / f"model{PACKAGE_SUFFIX}"
         write_package(model, image_size, path, device, {})
-        return AotiModel(path, log)
+        return AotiModel(path)

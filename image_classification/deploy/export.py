@@ -27,7 +27,7 @@ from ..records.datafile import folder_problem
 from ..records.integrity import recorded_description
 from ..records.scratch import scratch_folder
 from ..system.signals import stop_raises
-from .aoti import PACKAGE_SUFFIX, PACKAGE_TOLERANCE, AotiModel, write_package
+from .aoti import PACKAGE_SUFFIX, PACKAGE_TOLERANCE, AotiModel, compile_problem, write_package
 from .inference import LoadedModel, calibrate, class_names_for, load_model, warn
 from .onnx_runtime import INT8, ONNX_TOLERANCE, logit_limit, require_finite, require_onnxruntime
 from .quantization import Quantization, int8_request, quantize
@@ -241,6 +241,9 @@ def export_scratch(target: Destination) -> Iterator[Path]:
 def model2onnx(args: argparse.Namespace) -> int:
     """Export and check the model that model2onnx.py's parsed arguments describe."""
     package = export_format(args) == "pt2"
+    device = torch.device(args.device or "cpu")
+    if package and (problem := compile_problem(device)):
+        raise UserError(f"cannot compile a .pt2 package: {problem}")
     if not package:
         require_onnxruntime("model2onnx")
     check_int8_flags(args, needs_runtime=False)
@@ -259,7 +262,7 @@ def model2onnx(args: argparse.Namespace) -> int:
     example = torch.randn(traced_batch(args.batch_size or 1, dynamic), 3, size, size, generator=generator)
     checks = [example, example[:1]] if dynamic else [example]  # batch N and batch 1: the batch really is free
     if package:
-        return _write_package(model, loaded, record, size, target, checks, torch.device(args.device or "cpu"))
+        return _write_package(model, loaded, record, size, target, checks, device)
     return _write_onnx(args, model, loaded, record, target, checks, preprocessing)
 
 
@@ -325,7 +328,7 @@ def _write_package(model: nn.Module, loaded: LoadedModel, record: dict, size: in
               f"AOTInductor package for {device.type} (tens of seconds to minutes)", flush=True)
         written = scratch / f"model{PACKAGE_SUFFIX}"
         write_package(model, size, written, device, record, len(checks[0]))
-        package = AotiModel(written, warn)  # proven on the probe image
+        package = AotiModel(written)  # proven on the probe image
         found = agreement(lambda batch: package(batch).numpy(), model, checks)
         limit = logit_limit(PACKAGE_TOLERANCE[device.type], found.scale)
         print(f"the package vs PyTorch, max abs difference of the logits at batch "

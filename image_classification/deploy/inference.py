@@ -401,7 +401,7 @@ def package_to_run(args: argparse.Namespace) -> tuple[AotiModel, list[str], Prep
     if args.pretrained:
         raise UserError("--weights and --pretrained exclude each other; pass one source of weights")
     source = f"'{args.weights}'"
-    model = AotiModel(args.weights, warn)
+    model = AotiModel(args.weights)
     arch, names, preprocessing = read_deployed(model.record, source)
     if args.device in ("cpu", "cuda") and args.device != model.device.type:
         raise UserError(f"{source} is compiled for {model.device.type}: leave out --device {args.device}, or "

@@ -60,7 +60,8 @@ from ..records.workspace import writer_stamp
 from ..system import machine
 from ..system.signals import stop_raises
 from .quantization import Quantization, quantize
-from .torch_export import MIN_TRACED_BATCH, OPSET, TORCH_EXPORT, TORCHSCRIPT, export_onnx, torch_export_unavailable
+from .torch_export import (MIN_TRACED_BATCH, OPSET, TORCH_EXPORT, TORCHSCRIPT, export_onnx, probe_image,
+                           torch_export_unavailable)
 
 CACHE_ENV = "IMAGE_CLASSIFICATION_CACHE"
 RECORD_FORMAT = 2  # 2: the record names the exporter that wrote the file (1: always the TorchScript-based one)
@@ -155,11 +156,6 @@ def weights_key(model: nn.Module, image_size: int, quantization: Quantization | 
         digest.update(f"|{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
         digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
     return digest.hexdigest()[:32]
-
-
-def probe_image(image_size: int) -> torch.Tensor:
-    """The fixed input a cached model is checked on: standard normal pixels, as normalised images have."""
-    return torch.randn(1, 3, image_size, image_size, generator=torch.Generator().manual_seed(0))
 
 
 def providers(device: str = "cpu") -> list:

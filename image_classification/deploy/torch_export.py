@@ -66,6 +66,11 @@ def quiet_torch() -> Iterator[None]:
             logger.setLevel(level)
 
 
+def probe_image(image_size: int) -> torch.Tensor:
+    """The fixed input an exported model is checked on: standard normal pixels, as normalised images have."""
+    return torch.randn(1, 3, image_size, image_size, generator=torch.Generator().manual_seed(0))
+
+
 def export_program(model: nn.Module, example: torch.Tensor) -> torch.export.ExportedProgram:
     """``model`` traced by ``torch.export.export`` on ``example`` (at least :data:`MIN_TRACED_BATCH` images), its
     batch dimension free."""
