@@ -100,28 +100,29 @@ def onnx_logits(path: Path, images: torch.Tensor) -> np.ndarray:
 
 
 @pytest.mark.skipif(not torch_export_writes_onnx(), reason="torch.export's ONNX exporter needs torch 2.6 and onnxscript")
-@pytest.mark.parametrize("layout", ["nchw", "channels-last"])
-def test_onnx_through_torch_export_runs_any_batch_and_carries_the_model_record(tmp_path, script, layout):
+@pytest.mark.parametrize("arch, layout", [("resnet18", "nchw"), ("tiny", "channels-last")])
+def test_onnx_through_torch_export_runs_any_batch_and_carries_the_model_record(tmp_path, script, tiny_arch, arch,
+                                                                               layout):
     """The default export: torch.export's exporter, opset 18, the batch free (-b sizes only the example: batch 1
     and 5 run), PyTorch's logits; a checkpoint saved from a channels-last model exports the same."""
     onnx = pytest.importorskip("onnx")
-    weights = tmp_path / "resnet18.pth"
-    model = randomised(build_model("resnet18", num_classes=10), seed=3).eval()
+    weights = tmp_path / "model.pth"
+    model = randomised(build_model(arch, num_classes=10), seed=3).eval()
     state = model.to(memory_format=torch.channels_last).state_dict() if layout == "channels-last" else model.state_dict()
     assert state["conv1.weight"].is_contiguous() == (layout == "nchw")
     torch.save(state, weights)
-    output = tmp_path / "out" / "resnet18.onnx"
-    result = script("model2onnx.py", "--arch", "resnet18", "--weights", weights, "--output", output, "--image-size",
+    output = tmp_path / "out" / "model.onnx"
+    result = script("model2onnx.py", "--arch", arch, "--weights", weights, "--output", output, "--image-size",
                     "64", "-b", "3")
     assert result.returncode == 0, result.stderr
-    assert "Exporting resnet18 (10 classes) at 64x64, batch dynamic, opset 18" in result.stdout
+    assert f"Exporting {arch} (10 classes) at 64x64, batch dynamic, opset 18" in result.stdout
     assert "at batch 3 and 1:" in result.stdout and "exported through torch.export)" in result.stdout
     assert "TorchScript" not in result.stdout + result.stderr and "Warning" not in result.stderr
     graph = onnx.load(str(output))
     assert graph.opset_import[0].version == 18
     assert graph.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
     record = json.loads({entry.key: entry.value for entry in graph.metadata_props}["image_classification"])
-    assert (record["arch"], record["num_classes"], record["classes"]) == ("resnet18", 10, [str(i) for i in range(10)])
+    assert (record["arch"], record["num_classes"], record["classes"]) == (arch, 10, [str(i) for i in range(10)])
     assert record["preprocessing"]["image_size"] == 64
     model = model.to(memory_format=torch.contiguous_format)
     for batch in (1, 5):

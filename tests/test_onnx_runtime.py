@@ -11,7 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import refused, sigterm_during_the_export, sigterm_noted, tiny_registered, torch_export_writes_onnx
+from helpers import (refused, reuse_exports, sigterm_during_the_export, sigterm_noted, tiny_registered,
+                     torch_export_writes_onnx)
 from image_classification.deploy import onnx_runtime
 from image_classification.deploy.inference import main as classify_main
 from image_classification.models import build_model
@@ -22,11 +23,17 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
 
+@pytest.fixture(autouse=True)
+def exports_reused(monkeypatch) -> None:
+    """Each model is exported for real once in the module, then its file copied (helpers.reuse_exports)."""
+    reuse_exports(monkeypatch)
+
+
 @pytest.fixture
-def weights(tmp_path) -> Path:
+def weights(tmp_path, tiny_arch) -> Path:
     torch.manual_seed(0)
     path = tmp_path / "tiny.pth"
-    torch.save(build_model("resnet18", num_classes=4).state_dict(), path)
+    torch.save(build_model("tiny", num_classes=4).state_dict(), path)
     return path
 
 
@@ -68,7 +75,7 @@ def no_export(*args, **kwargs):
 
 
 def test_onnxruntime_predicts_what_torch_fp32_does_and_exports_once(weights, images, cache, capsys, monkeypatch):
-    common = ["--arch", "resnet18", "--weights", str(weights), "--image", *images, "--image-size", "64",
+    common = ["--arch", "tiny", "--weights", str(weights), "--image", *images, "--image-size", "64",
               "--topk", "4", "--cpu"]
     plain = predictions(capsys, common + ["--precision", "FP32", "--memory-format", "nchw"])
     onnx = predictions(capsys, common + ["--runtime", "onnxruntime"])
@@ -79,7 +86,7 @@ def test_onnxruntime_predicts_what_torch_fp32_does_and_exports_once(weights, ima
     monkeypatch.setattr(onnx_runtime, "export_onnx", no_export)
     assert predictions(capsys, common + ["--runtime", "onnxruntime"]) == onnx  # the cached file, as is
 
-    changed = build_model("resnet18", num_classes=4).state_dict()
+    changed = build_model("tiny", num_classes=4).state_dict()
     changed["fc.bias"] += 1.0
     torch.save(changed, weights)
     monkeypatch.setattr(onnx_runtime, "export_onnx", exporter)
@@ -89,7 +96,7 @@ def test_onnxruntime_predicts_what_torch_fp32_does_and_exports_once(weights, ima
 
 def test_onnxruntime_refuses_amp_cuda_without_its_provider_and_an_unwritable_cache(
         weights, images, tmp_path, monkeypatch, capsys):
-    common = ["--arch", "resnet18", "--weights", str(weights), "--image", images[0], "--image-size", "64",
+    common = ["--arch", "tiny", "--weights", str(weights), "--image", images[0], "--image-size", "64",
               "--runtime", "onnxruntime"]
     assert run(classify_main, common + ["--precision", "AMP"]) == 2
     assert capsys.readouterr().err.startswith("error: --runtime onnxruntime runs the exported graph as it is")
@@ -121,7 +128,7 @@ def test_the_cache_key_follows_every_tensor_and_the_crop_size():
 
 
 def test_a_damaged_cache_file_is_exported_again(weights, images, cache, capsys):
-    common = ["--arch", "resnet18", "--weights", str(weights), "--image", images[0], "--image-size", "64",
+    common = ["--arch", "tiny", "--weights", str(weights), "--image", images[0], "--image-size", "64",
               "--runtime", "onnxruntime"]
     first = predictions(capsys, common)
     (cached,) = cache.glob("*.onnx")
@@ -155,6 +162,7 @@ def tiny_cache(tmp_path_factory) -> TinyCache:
     keys = []
     with tiny_registered(), pytest.MonkeyPatch.context() as patch:
         patch.setenv(onnx_runtime.CACHE_ENV, str(root / "cache"))
+        reuse_exports(patch)
         for seed, name in ((0, "tiny.pth"), (1, "other.pth")):
             torch.manual_seed(seed)
             model = build_model("tiny", num_classes=4).eval()
