@@ -319,7 +319,7 @@ def test_an_onnx_model_given_as_weights_is_named_so_with_the_command_that_runs_o
     from image_classification.deploy.onnx_runtime import OPSET, export_onnx
 
     path = tmp_path / name
-    export_onnx(torch.nn.Linear(2, 2), torch.zeros(1, 2), path, dynamic_batch=False, opset=OPSET)
+    export_onnx(torch.nn.Linear(2, 2).eval(), torch.zeros(1, 2), path, dynamic_batch=False, opset=OPSET)
     line = refused(run(classify_main, ["--weights", str(path), "--image", str(photo)]), capsys)
     assert line.startswith(f"error: '{path}' is an ONNX model, not PyTorch weights: pass the weights it was exported "
                            "from and --runtime onnxruntime"), line

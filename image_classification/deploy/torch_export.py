@@ -31,6 +31,7 @@ from torch import nn
 from ..arguments.tools import ONNX_OPSET as OPSET  # the lowest opset torch.export's exporter writes
 from ..errors import UserError
 from ..models.preprocessing import Preprocessing
+
 MIN_TRACED_BATCH = 2
 TORCH_EXPORT = "torch.export"
 TORCHSCRIPT = "TorchScript"
