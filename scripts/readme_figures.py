@@ -159,8 +159,8 @@ def train_step_row(record: dict, command: str) -> str:
 INFERENCE_PATHS = (
     ("torchvision", "torchvision eager FP32 (baseline)"), ("eager", "eager FP32"),
     ("channels_last", "channels-last FP32"), ("bf16", "bf16 autocast, channels-last"),
-    ("fp16", "fp16 autocast, channels-last"), ("compile", "`torch.compile`"), ("onnxruntime", "ONNX Runtime"),
-    ("int8", "ONNX Runtime int8"),
+    ("fp16", "fp16 autocast, channels-last"), ("compile", "`torch.compile`"), ("aoti", "AOTInductor package (`.pt2`)"),
+    ("onnxruntime", "ONNX Runtime"), ("int8", "ONNX Runtime int8"),
 )
 
 
@@ -426,6 +426,33 @@ def int8_speed() -> str:
         "weights on random images.", width=105) + "\n"
 
 
+def deployment_speed() -> str:
+    """ResNet-50's deployment formats against torchvision eager FP32 at batch 1 and 16: eager, torch.compile, the
+    AOTInductor package, ONNX Runtime FP32 and int8, each path on one thread (as :func:`int8_speed`)."""
+    record, command = _benchmark("infer_throughput.py", "-a", "resnet50", "--batch-sizes", "1", "16", "--iters", "5",
+                                 "--repeats", "3", "--warmup", "2", "--paths", "eager", "compile", "aoti",
+                                 "onnxruntime", "int8", env={"OMP_NUM_THREADS": "1"})
+    return deployment_speed_block(record, f"OMP_NUM_THREADS=1 {command}")
+
+
+def deployment_speed_block(record: dict, command: str) -> str:
+    """:func:`inference_block` of the deployment formats, and what the threads and the warm-up were."""
+    record = {key: value for key, value in record.items() if key != "fp32_ceiling"}  # the inference block's
+    threads = record["environment"]["torch_threads"]
+    return inference_block(record, command) + "\n" + textwrap.fill(
+        f"Each path on {threads} thread (torch's, Inductor's and ONNX Runtime's), as the machine is shared; every "
+        "batch is timed on its own after the untimed warm-up (compilation and export excluded). int8: "
+        f"{_int8_note()}.", width=105) + "\n"
+
+
+def export_time() -> str:
+    """ResNet-50 exported to ONNX by either exporter, and compiled into a .pt2 package, in one process."""
+    from benchmarks.export_time import markdown_block  # deferred: torch
+
+    record, command = _benchmark("export_time.py", "-a", "resnet50", "--repeats", "2", "--pt2")
+    return markdown_block(record, command, machine.describe(record["environment"]) + _cpu_note(record["environment"]))
+
+
 def _dali_version() -> str:
     try:
         from nvidia import dali
@@ -436,7 +463,8 @@ def _dali_version() -> str:
 
 GENERATORS: dict[str, Callable[[], str]] = {"demo": demo, "loader": loader, "train-step": train_step, "inference": inference,
                                              "reliability": reliability, "int8-accuracy": int8_accuracy,
-                                             "int8-speed": int8_speed}
+                                             "int8-speed": int8_speed, "deployment-speed": deployment_speed,
+                                             "export-time": export_time}
 
 
 # Where the pages repeat each figure of FIGURES: (page, pattern), the pattern's group being the figure, matched

@@ -12,6 +12,7 @@ import types
 import pytest
 import torch
 
+from helpers import aoti_available
 from image_classification.system import machine
 
 benchmark = importlib.import_module("benchmarks.infer_throughput")
@@ -623,3 +624,26 @@ def test_the_dali_validation_benchmark_times_the_window_against_the_whole_image_
     assert re.fullmatch(rf"median: window {number}, whole {number} per image; whole / window wall [\d.]+x "
                         r"\(rounds [\d.]+-[\d.]+\), cpu [\d.]+x \(rounds [\d.]+-[\d.]+\); load average [\d.]+ / "
                         r"[\d.]+ / [\d.]+", lines[5]) and len(lines) == 6
+
+
+def test_the_package_path_is_measured_when_named_and_skipped_where_it_cannot_compile(state, tmp_path, monkeypatch):
+    import torch._inductor
+
+    if not hasattr(torch._inductor, "aoti_compile_and_package"):
+        pytest.skip("torch before 2.6 has no AOTInductor packages")
+    assert "aoti" in infer_paths.PATHS and "aoti" not in infer_paths.default_paths(torch.device("cpu"))
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.delenv("CXX", raising=False)
+    path = infer_paths.build_path("aoti", state, "resnet18", 10, torch.device("cpu"), 32, tmp_path)
+    assert path.skipped.startswith("AOTInductor builds the package with a C++ compiler, and none was found")
+
+
+@pytest.mark.slow
+def test_the_package_path_predicts_what_the_baseline_does(state, tmp_path):
+    if not aoti_available():
+        pytest.skip("needs torch 2.6 or later and a C++ compiler")
+    paths = [infer_paths.build_baseline("resnet18", state, torch.device("cpu")),
+             infer_paths.build_path("aoti", state, "resnet18", 10, torch.device("cpu"), 32, tmp_path)]
+    infer_timing.measure_paths(paths, [1, 3], 32, torch.device("cpu"), iters=1, warmup=1, repeats=1)
+    assert paths[1].skipped is None and paths[1].compared == 4
+    assert paths[1].max_abs_diff < 1e-3 and paths[1].agreeing == 4

@@ -17,7 +17,7 @@ from helpers import refused, write_colour_checkpoint
 from image_classification.arguments import parse_args
 from image_classification.arguments.tools import classify_parser
 from image_classification.deploy import inference
-from image_classification.deploy.inference import imagenet_class_names
+from image_classification.deploy.inference import image_transform, imagenet_class_names
 from image_classification.deploy.inference import main as classify_main
 from image_classification.models import build_model
 from image_classification.system import machine
@@ -193,7 +193,7 @@ def test_an_efficientnet_trained_by_main_py_is_exported_and_classified_as_pytorc
     with torch.no_grad():
         logits = model(images)
     session = onnxruntime.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
-    for start in range(0, len(paths), 2):  # exported at a fixed batch of 2
+    for start in range(0, len(paths), 2):  # batches of 2 (the export takes any)
         (got,) = session.run(None, {"input": images[start:start + 2].numpy()})
         assert abs(got - logits[start:start + 2].numpy()).max() < 1e-3
     predictions = json_predictions(capsys, ["--weights", str(checkpoint), "--image", *map(str, paths), "--topk", "3",
@@ -334,7 +334,7 @@ def test_an_onnx_model_given_as_weights_is_named_so_with_the_command_that_runs_o
     from image_classification.deploy.onnx_runtime import OPSET, export_onnx
 
     path = tmp_path / name
-    export_onnx(torch.nn.Linear(2, 2), torch.zeros(1, 2), path, dynamic_batch=False, opset=OPSET)
+    export_onnx(torch.nn.Linear(2, 2).eval(), torch.zeros(1, 2), path, dynamic_batch=False, opset=OPSET)
     line = refused(run(classify_main, ["--weights", str(path), "--image", str(photo)]), capsys)
     assert line.startswith(f"error: '{path}' is an ONNX model, not PyTorch weights: pass the weights it was exported "
                            "from and --runtime onnxruntime"), line

@@ -804,3 +804,14 @@ def test_the_training_loop_reads_the_device_once_per_print_window(image_folder, 
     windows = "".join("s" if event == "step" else "r" for event in events)
     fp16 = "float16" in precision
     assert windows == expected_reads(6, 2, 2 if options else 1, fp16), events
+
+
+def test_jit_script_says_in_its_help_that_it_keeps_torchscript_which_torch_deprecates():
+    """--jit script keeps the reference's meaning (TorchScript, for training and validation): the help says so,
+    and names what serves the purposes torch.export and torch.compile took over."""
+    from image_classification.arguments import build_parser
+
+    (action,) = [a for a in build_parser()._actions if "--jit" in a.option_strings]
+    words = " ".join(action.help.split())
+    assert "scripted with TorchScript (torch.jit.script)" in words and "torch deprecates TorchScript" in words
+    assert "--compile" in words and "torch.export" in words and action.choices == ("no", "script")

@@ -1,5 +1,5 @@
-"""The ``evaluation of the deployed model`` group: --evaluate through ONNX Runtime, in FP32 or int8, as
-classify.py and model2onnx.py deploy the model."""
+"""The ``evaluation of the deployed model`` group: --evaluate through ONNX Runtime, in FP32 or int8, or through
+an AOTInductor package, as classify.py and model2onnx.py deploy the model."""
 
 from __future__ import annotations
 
@@ -13,23 +13,26 @@ def add_deployed_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``evaluation of the deployed model`` group: --runtime, and the int8 flags shared with
     classify.py and model2onnx.py."""
     deployed = parser.add_argument_group("evaluation of the deployed model (with --evaluate)")
-    deployed.add_argument("--runtime", choices=("torch", "onnxruntime"), default="torch",
+    deployed.add_argument("--runtime", choices=("torch", "onnxruntime", "aoti"), default="torch",
                           help="onnxruntime: validate the model exported to ONNX (cached as classify.py caches "
                           "it) and run by ONNX Runtime, through the same validation loop and raport as PyTorch's; "
-                          "on the CPU, or on CUDA with onnxruntime-gpu (default: torch)")
+                          "on the CPU, or on CUDA with onnxruntime-gpu; aoti: validate it compiled into an "
+                          "AOTInductor package for the run's device, as model2onnx.py --output M.pt2 writes it "
+                          "(tens of seconds to minutes of compiling) (default: torch)")
     add_int8_arguments(deployed, "with --runtime onnxruntime, validate")
 
 
 def check_deployed_combinations(args: argparse.Namespace) -> None:
-    """--runtime onnxruntime validates the exported graph as it is: only with --evaluate, and with nothing that
-    changes how PyTorch would run the model. Raises :class:`UserError`."""
+    """--runtime onnxruntime and aoti validate the exported model as it is: only with --evaluate, and with nothing
+    that changes how PyTorch would run the model. Raises :class:`UserError`."""
     check_int8_flags(args, needs_runtime=True)
-    if args.runtime != "onnxruntime":
+    if args.runtime == "torch":
         return
     if not args.evaluate:
-        raise UserError("--runtime onnxruntime validates an exported model: it needs --evaluate")
+        raise UserError(f"--runtime {args.runtime} validates an exported model: it needs --evaluate")
     changes = [flag for flag, given in (("--amp", args.amp), ("--jit script", args.jit != "no"),
                                         ("--compile", args.compile)) if given]
     if changes:
-        raise UserError(f"--runtime onnxruntime runs the exported graph as it is (FP32, or int8 with --quantize "
-                        f"int8); leave out {changes[0]}")
+        how = "the exported graph as it is (FP32, or int8 with --quantize int8)" if args.runtime == "onnxruntime" \
+            else "the compiled package as it is (FP32)"
+        raise UserError(f"--runtime {args.runtime} runs {how}; leave out {changes[0]}")

@@ -52,7 +52,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                        help="load model weights from here (NGC, torchvision or our files); "
                        "a head of another size is replaced to fit --num-classes (default: none)")
     model.add_argument("--jit", choices=("no", "script"), default="no",
-                       help="script the model with TorchScript (default: no)")
+                       help="script: train and validate the model scripted with TorchScript (torch.jit.script), as "
+                       "the reference does; torch deprecates TorchScript, which the run says in one => line: "
+                       "--compile makes a faster model, model2onnx.py (ONNX through torch.export, or a .pt2 "
+                       "package) deploys one (default: no)")
     model.add_argument("--compile", action="store_true",
                        help="compile the model with torch.compile (default: false)")
 
