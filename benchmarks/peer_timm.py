@@ -56,12 +56,12 @@ if str(REPO) not in sys.path:
 from benchmarks.common import last_epoch_top1, ratio_spread, ratio_text, summarise, write_json  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
 from image_classification.system.cli import UserErrorParser, positive_int, run  # noqa: E402
+from image_classification.train.metrics import TRAIN_WINDOW  # noqa: E402  main.py's, epochs from 1
 
 TIMM_CROP_PCT = 0.95  # timm's ResNet-50 (resnet50.a1_in1k): validation resizes to floor(image size / crop_pct)
 PHOTO_SIZE, TRAIN_PER_CLASS, VAL_PER_CLASS = (400, 300), 200, 50
 SIDES = ("ours", "timm")
-OURS_ITERATION = re.compile(r"Epoch: (\d+) Iteration: (\d+) train\.")  # main.py's training log lines
-TIMM_ITERATION = re.compile(r"Train: (\d+) \[\s*(\d+)/")  # train.py's
+TIMM_ITERATION = re.compile(r"Train: (\d+) \[\s*(\d+)/")  # train.py's training log lines, epochs from 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -170,8 +170,9 @@ def run_side(side: str, opts: argparse.Namespace, seed: int, num_classes: int) -
         output = "\n".join(line for _, line in stamped)
         if code != 0:
             raise UserError(f"{side}'s run (seed {seed}) ended with exit {code}: {output[-2000:]}")
-        pattern = OURS_ITERATION if side == "ours" else TIMM_ITERATION
-        rate = last_epoch_rate(stamped, pattern, opts.epochs - 1, opts.batch_size)
+        # the last epoch of each: main.py counts epochs from 1, timm's train.py from 0
+        pattern, last = (TRAIN_WINDOW, opts.epochs) if side == "ours" else (TIMM_ITERATION, opts.epochs - 1)
+        rate = last_epoch_rate(stamped, pattern, last, opts.batch_size)
         top1 = last_epoch_top1(folder / "experiment_raport.json") if side == "ours" else timm_top1(output)
     return Run(side, seed, top1, rate, wall, (load_before, os.getloadavg()[0]))
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import os
+import re
 import shutil
 import types
 
@@ -428,9 +430,10 @@ def _fake_sides(calls: list, top1: dict):
             records = [{"type": "LOG", "step": [epoch], "data": {"val.top1": top1[side][seed] - 10 * (1 - epoch)}}
                        for epoch in (0, 1)]
             (cwd / "experiment_raport.json").write_text("".join(f"DLLL {json.dumps(r)}\n" for r in records))
-            lines = [(0.5, "DLL - Epoch: 0 Iteration: 3 train.loss : 1.0"), (1.0, "DLL - Epoch: 1 Iteration: 1 train.loss : 1"),
-                     (1.5, "DLL - Epoch: 1 Iteration: 3 Validation Iteration: 1 val.top1 : 1"),
-                     (2.0, "DLL - Epoch: 1 Iteration: 3 train.loss : 0.5")]
+            lines = [(0.5, "Epoch 1/2 [3/3] loss 1.0000, 9.0 img/s, lr 0.1"),
+                     (1.0, "Epoch 2/2 [1/3] loss 1.0000, 9.0 img/s, lr 0.1"),
+                     (1.5, "Epoch 2/2 val [1/1] loss 1.0000, top1 1.00%, 9.0 img/s"),
+                     (2.0, "Epoch 2/2 [3/3] loss 0.5000, 9.0 img/s, lr 0.1"), (3.0, "Epoch 2/2: train loss 0.7500")]
         else:
             result = [{"epoch": e, "validation": {"top1": top1[side][seed] - 10 * (1 - e)}} for e in (0, 1)]
             lines = [(1.0, "Train: 1 [   0/3 ( 33%)]  Loss: 1.0"), (3.0, "Train: 1 [   2/3 (100%)]  Loss: 0.5"),

@@ -49,7 +49,7 @@ from ..system.runtime import Runtime
 from ..system.signals import StopSignal
 from .engine import Engine
 from .losses import classification_loss, correct_counts
-from .metrics import Warmup, record_iteration
+from .metrics import Console, Warmup, record_iteration
 from .progress import pass_length, progress_bar
 
 
@@ -152,6 +152,10 @@ class Loop:
         self.train_warmup = Warmup(self.config.benchmark_warmup)  # once per process: cuDNN tunes its first steps
         self.val_iterations: dict[str, tuple[int, int]] = {}  # per prefix, over every pass: (iterations, measured)
         self.last_validation: tuple[int, ValResult] | None = None  # (epochs trained, ``val``'s result), the latest
+        self.console = Console(self.config.epochs, self.config.topk, loss_scaling=self.runtime.needs_loss_scaling,
+                               crop_schedule=self.config.preprocessing.train_schedule is not None,
+                               evaluation=self.config.evaluate)
+        raport.console = self.console  # standard output shows the loop's lines of its records
 
     def warmup_notes(self) -> list[str]:
         """A line for each phase that ran iterations but measured none after the warm-up: its throughput
@@ -295,6 +299,7 @@ class Loop:
         engine.base_model.train()
         engine.model.train()
         length, accumulation = self.epoch_plan(loader)
+        self.console.lengths["train"] = length
         lr = engine.set_lr(epoch, progress.batch / length if length else 0.0)
         new_size = self._note_train_size(epoch)
         batches = iter_from(loader, epoch, progress.batch)
@@ -390,6 +395,7 @@ class Loop:
         # loss, top1, topk, count, bad; with TTA then loss, top1, topk and bad of the averaged logits
         totals = torch.zeros(9 if tta else 5, dtype=torch.float64, device=runtime.device)
         length = len(loader) if config.prof <= 0 else min(config.prof, len(loader))
+        self.console.lengths[prefix] = length
         batches = iter_from(loader, epoch, 0)
         warmup = Warmup(config.benchmark_warmup)  # each pass: its first batches of a shape tune cuDNN again
         # a window's figures (the pass so far); with TTA those of the averaged logits after them

@@ -14,6 +14,7 @@ the end of the session.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -123,7 +124,7 @@ def train_here(data: Path, workspace: Path, *args, capsys=None):
 
 
 def never_trained(result) -> bool:
-    return "RUNNING EPOCHS" not in result.stdout and "Iteration:" not in result.stdout
+    return "RUNNING EPOCHS" not in result.stdout and not re.search(r"^Epoch \d+/\d+ \[", result.stdout, re.M)
 
 
 def load(path: Path) -> dict:

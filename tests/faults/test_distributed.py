@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import time
@@ -85,7 +86,7 @@ def test_a_stop_signal_to_multiproc_reaches_the_workers_which_save_and_exit_75(d
                str(tmp_path / "ws"), "--epochs", "100", "-j", "0", str(data)]
     job = start_process(command, tmp_path / "out.txt", cwd=REPO, env=environment())
     try:
-        while "Epoch: 1 Iteration: 2 " not in (tmp_path / "out.txt").read_text():
+        while not re.search(r"^Epoch 1/100 \[ *2/", (tmp_path / "out.txt").read_text(), re.M):  # a window's line
             assert job.poll() is None, (tmp_path / "out.txt").read_text()
             time.sleep(0.1)
         job.send_signal(getattr(signal, name))
