@@ -54,6 +54,45 @@ def test_train_throughput_times_every_path_against_the_plain_loop(tmp_path):
     assert profile["bound"] == pytest.approx(1 / convolutions)
 
 
+def test_the_training_profile_starts_kineto_silent_unless_the_user_set_its_level(monkeypatch):
+    """Kineto's lines (USDT profiler_start/stop, and "ERROR: gpuGetDeviceCount failed with code 35" without a
+    GPU) are none of ours: its level is set before the profiler first starts, and a level the user set stays."""
+    benchmark = importlib.import_module("benchmarks.train_throughput")
+    levels = []
+    real = torch.profiler.profile
+
+    def profile(*args, **kwargs):
+        levels.append(os.environ.get("KINETO_LOG_LEVEL"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.profiler, "profile", profile)
+    step = lambda: torch.nn.functional.conv2d(torch.ones(1, 1, 4, 4), torch.ones(1, 1, 3, 3)).sum()  # noqa: E731
+    for preset in (None, "2"):
+        monkeypatch.setenv("KINETO_LOG_LEVEL", "placeholder")  # restored (unset) after the test
+        monkeypatch.delenv("KINETO_LOG_LEVEL")
+        if preset is not None:
+            monkeypatch.setenv("KINETO_LOG_LEVEL", preset)
+        assert benchmark.convolution_shares(step, lambda: None)["conv_forward"] > 0
+    assert levels == ["6", "2"]
+
+
+@pytest.mark.slow
+def test_the_training_profile_writes_nothing_to_stderr_in_a_fresh_process():
+    """What a user sees: a new process profiling its first steps prints no line of Kineto's."""
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    code = ("import torch; from benchmarks.train_throughput import convolution_shares; "
+            "step = lambda: torch.nn.functional.conv2d(torch.ones(1, 1, 8, 8), torch.ones(1, 1, 3, 3)).sum(); "
+            "print(convolution_shares(step, lambda: None)['conv_forward'] > 0)")
+    env = {key: value for key, value in os.environ.items() if key != "KINETO_LOG_LEVEL"}
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**env, "PYTHONPATH": str(REPO),
+                            "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout == "True\n" and result.stderr == "", result.stderr
+
+
 def test_train_throughput_refuses_compile_without_a_compiler(monkeypatch, capsys):
     benchmark = importlib.import_module("benchmarks.train_throughput")
     monkeypatch.setattr("shutil.which", lambda name: None)
