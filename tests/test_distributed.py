@@ -9,6 +9,7 @@ process, on one thread like each of multiproc's workers.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import time
@@ -53,6 +54,7 @@ def two_processes(image_folder, tmp_path_factory) -> Path:
                                                     "--workspace", root / "two"), log_dir=root),
                          cwd=root, timeout=300)
     _check(result)
+    (root / "stdout.txt").write_text(result.stdout)  # rank 0's
     return root
 
 
@@ -79,6 +81,22 @@ def test_two_processes_train_validate_and_resume_on_one(two_processes, image_fol
     assert "RUNNING EPOCHS FROM 2 TO 2" in resumed.stdout
     assert torch.load(tmp_path / "ws_resumed" / "checkpoint.pth.tar", map_location="cpu",
                       weights_only=False)["epoch"] == 2
+
+
+def test_two_processes_print_and_record_the_validation_over_both_ranks(two_processes):
+    """The validation's last window, line and record, gives the figures over both ranks' images, as the epoch's
+    line and record do (it gave rank 0's share: another loss, and another top1 where the shares differ)."""
+    from image_classification.records.raport import epoch_records
+
+    raport = two_processes / "two" / "experiment_raport.json"
+    epoch = epoch_records(raport)[0]
+    window = [r["data"] for r in read_raport(raport) if len(r.get("step", [])) == 3 and "val.loss" in r["data"]][-1]
+    assert {name: window[name] for name in ("val.top1", "val.top3", "val.loss")} == \
+        {name: epoch[name] for name in ("val.top1", "val.top3", "val.loss")}
+    out = (two_processes / "stdout.txt").read_text()
+    figures = f"loss {epoch['val.loss']:.4f}, top1 {epoch['val.top1']:.2f}%, top3 {epoch['val.top3']:.2f}%"
+    assert re.search(rf"^Epoch 1/1 val \[3/3\] {re.escape(figures)}, ", out, re.M), out
+    assert re.search(rf"^Epoch 1/1: train .*; val {re.escape(figures)}$", out, re.M), out
 
 
 def test_two_processes_equal_one_process_accumulating_their_batches(two_processes, image_folder, capsys):

@@ -424,7 +424,7 @@ class Loop:
             if finite_so_far and (local[4] or (tta and local[8])):
                 finite_so_far = False
                 raport.drop_window(figures)
-            if finite_so_far:
+            if finite_so_far and not runtime.distributed:  # one rank's share so far is no figure of the pass
                 raport.record(figures[0], 100.0 * local[1] / batch, batch, epoch=False)
                 raport.record(figures[1], 100.0 * local[2] / batch, batch, epoch=False)
                 raport.record(figures[2], local[0] / batch, batch, epoch=False)
@@ -432,7 +432,7 @@ class Loop:
                     raport.record(figures[3], 100.0 * local[6] / batch, batch, epoch=False)
                     raport.record(figures[4], 100.0 * local[7] / batch, batch, epoch=False)
                     raport.record(figures[5], local[5] / batch, batch, epoch=False)
-            if (index + 1) % config.print_freq == 0:
+            if (index + 1) % config.print_freq == 0 and index + 1 < length:  # the pass's last window: below
                 raport.log_window(prefix, [epoch, train_iteration, index + 1])
             progress_bar.update(1)
         with runtime.waiting_for_peers(f"summing {prefix} over the processes"):
@@ -443,6 +443,12 @@ class Loop:
         self.val_iterations[prefix] = (seen + warmup.seen, measured + warmup.measured)
         if count == 0:
             return ValResult(0.0, math.nan, 0, 0)
+        raport.drop_window(figures)  # the last window gives the pass's figures over every rank, as the epoch's
+        over_ranks = (100.0 * top1, 100.0 * topk, loss_sum) if not bad else ()
+        if averaged_totals and over_ranks and not averaged_totals[3]:
+            over_ranks += (100.0 * averaged_totals[1], 100.0 * averaged_totals[2], averaged_totals[0])
+        for name, value in zip(figures, over_ranks):
+            raport.record(name, value / count, count, epoch=False)
         raport.log_window(prefix, [epoch, train_iteration, length])
         result = ValResult(100.0 * top1 / count, loss_sum / count, int(count), int(bad))
         if not result.finite:  # no accuracy from NaN or inf outputs, even counted as wrong
