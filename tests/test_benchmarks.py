@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.metadata
 import json
 import os
 import re
@@ -496,6 +497,21 @@ def _fake_sides(calls: list, top1: dict):
     return run_once
 
 
+def test_the_peer_benchmark_names_the_timm_that_train_py_s_folder_imports_without_importing_it(tmp_path):
+    """A clone's own timm package shadows the installed one for its train.py; its version is read from its
+    version.py (importing timm imports torch: seconds), from the package where it has none."""
+    peer = importlib.import_module("benchmarks.peer_timm")
+    package = tmp_path / "timm"
+    package.mkdir()
+    (tmp_path / "train.py").write_text("")
+    (package / "__init__.py").write_text("raise SystemExit('imported')\n")
+    (package / "version.py").write_text("__version__ = '9.9.9'\n")
+    assert peer.check_timm(str(tmp_path / "train.py")) == "9.9.9"
+    (package / "version.py").unlink()
+    (package / "__init__.py").write_text("__version__ = '8.8.8'\n")
+    assert peer.check_timm(str(tmp_path / "train.py")) == "8.8.8"
+
+
 def test_the_peer_benchmark_alternates_the_sides_and_compares_what_both_measure_alike(tmp_path, monkeypatch, capsys):
     """Each seed trains both sides, the order alternating; top-1 is the last epoch's, images/s the last epoch's
     from the arrival of its first and last iteration lines (validation lines aside), the same for both."""
@@ -515,6 +531,8 @@ def test_the_peer_benchmark_alternates_the_sides_and_compares_what_both_measure_
     assert result["images_per_s_ratio"] == {"ratio": 2.0, "spread": 0.0}
     assert result["top1_difference"] == {"points": -0.75, "seeds_spread": 2.0, "within_noise": True}
     assert result["machine"]["cpu_model"] and result["recipe"]["lr"] == 0.1
+    assert result["timm_version"] == importlib.metadata.version("timm")  # train.py's folder holds no timm
+    assert result["timm"]["top1"]["median"] == 98.75  # timm's side's figures
     out = capsys.readouterr().out
     assert "images/s, ours over timm's: 2.00x" in out
     assert "top-1, ours - timm's: -0.75 points, within the seeds' spread of 2.00" in out
