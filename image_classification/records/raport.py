@@ -41,7 +41,7 @@ from ..errors import StorageError, UserError, write_failure
 from .datafile import folder_problem, open_own, parse_json, refused_own_file
 
 DEFAULT, VERBOSE = 0, 1
-Console = Callable[[list, dict], str | None]  # a record's step and figures -> the line standard output shows
+ConsoleFormat = Callable[[list, dict], str | None]  # a record's step and figures -> the line standard output shows
 MAX_RECORD_BYTES = 16 << 20  # far more than a record's line takes (the PARAMETER record: a few KB)
 
 PERF_META = {"unit": "images/s", "format": ":.2f"}
@@ -268,7 +268,7 @@ class Raport:
     def __init__(self, path: str | os.PathLike | None, enabled: bool = True, stdout: TextIO | None = None,
                  echo: Callable[[str], None] | None = None, resume_offset: int | None = None,
                  tensorboard: str | os.PathLike | None = None, tensorboard_purge_step: int | None = None,
-                 run_id: str | None = None, epoch_offset: int = 1, console: Console | None = None):
+                 run_id: str | None = None, epoch_offset: int = 1, console: ConsoleFormat | None = None):
         self.enabled = enabled
         self.console = console
         self.epoch_offset = epoch_offset
