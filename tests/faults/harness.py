@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from helpers import (REPO, Forked, Result, explain, forkable, run_script, tiny_registered,  # noqa: F401
-                     wait_or_kill)
+from helpers import (REPO, Forked, Result, explain, forkable, patient, run_script,  # noqa: F401
+                     tiny_registered, wait_or_kill)
 from image_classification.records import checkpoint as ckpt
 from image_classification.records.raport import read_raport
 
@@ -102,7 +102,7 @@ def wait_unlocked(workspace: Path, timeout: float = 60) -> None:
     lock = workspace / ".workspace.lock"
     if not lock.exists():
         return
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + patient(timeout)
     with lock.open("a") as handle:
         while True:
             try:

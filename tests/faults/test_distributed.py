@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers import free_port, run_process, start_process
+from helpers import free_port, patient, run_process, start_process
 from image_classification.errors import EXIT_PREEMPTED
 from image_classification.multiproc import _interrupted, _stopped_early
 from image_classification.system.distributed import lost_peer_reason as _lost_peer_reason
@@ -90,7 +90,7 @@ def test_a_stop_signal_to_multiproc_reaches_the_workers_which_save_and_exit_75(d
             assert job.poll() is None, (tmp_path / "out.txt").read_text()
             time.sleep(0.1)
         job.send_signal(getattr(signal, name))
-        code = job.wait(timeout=120)
+        code = job.wait(timeout=patient(120))
     finally:
         if job.poll() is None:
             job.kill()
