@@ -31,7 +31,7 @@ if sys.argv[1:2] == ["fail"]:
     if os.environ["RANK"] == "1":
         time.sleep(0.5)
         sys.exit(3)
-    time.sleep(600)  # past the test's limit: a rank 0 left to sleep shows either way
+    time.sleep(600)  # a rank 0 left to sleep shows: the job outlives the limit, or says it slept
     print("rank 0 slept its 600 s", flush=True)
 """
 
