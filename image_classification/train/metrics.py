@@ -101,9 +101,9 @@ class Console:
     ``--progressive-resize`` schedule alone, ``val_ema`` with an EMA alone).
 
     ``epochs``: the run's schedule; ``evaluation``: an ``--evaluate`` run, whose one validation is named so,
-    with the epoch its weights ended (its records' epoch: the count they trained), and gives no summary line (its
-    epoch line says it all); ``lengths``: each phase's
-    (``train``, ``val``, ``val_ema``) pass length, as the loop began it last.
+    with the epoch its weights ended (its records' epoch: the count they trained), and which gives no summary
+    line (its epoch line says it all); ``lengths``: each phase's (``train``, ``val``, ``val_ema``) pass length,
+    as the loop began it last.
     """
 
     def __init__(self, epochs: int, topk: int, *, loss_scaling: bool = False, crop_schedule: bool = False,
