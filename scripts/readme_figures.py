@@ -38,7 +38,6 @@ from image_classification.system.cli import UserErrorParser, run  # noqa: E402
 
 DOCS = REPO / "docs"  # the charts lie here, beside the page that shows them (docs/performance.md)
 FIGURES = DOCS / "figures.json"  # the one value of each figure that the pages repeat
-SUMMARY_FIELDS = ("train.loss", "train.total_ips", "val.top1", "val.top5")
 
 
 def _python(*argv: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[str, float]:
@@ -54,21 +53,19 @@ def _python(*argv: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[s
 
 
 def demo_block(output: str, seconds: float, where: str, cpu_seconds: float | None = None) -> str:
-    """The end of the demo's output, shortened, and one sentence with its time (and the CPU time its processes
-    took, which a machine shared with other work changes far less than the wall time) and accuracy."""
+    """The end of the demo's output as it prints it, from its last epoch's line, and one sentence with its time
+    (and the CPU time its processes took, which a machine shared with other work changes far less than the wall
+    time) and accuracy."""
     lines = output.splitlines()
-    summary = next(line for line in lines if " - Summary: " in line and "val.top1" in line)
-    head, fields = summary.split(" - Summary: ", 1)
-    kept = [match.group(0) for name in SUMMARY_FIELDS
-            for match in [re.search(rf"{re.escape(name)} : \S+(?: (?:%|images/s))?", fields)] if match]
-    tail = lines[next(i for i, line in enumerate(lines) if line.startswith("val top1:")):]
-    top1 = re.search(r", best ([\d.]+)% \(epoch \d+", tail[0]).group(1)  # model_best's: what the docs then use
-    sample = "\n".join([f"{head} - Summary: {' ... '.join(kept)} ...", *tail])
+    last_epoch = max(i for i, line in enumerate(lines) if re.match(r"Epoch \d+/\d+: train ", line))
+    tail = lines[last_epoch:]
+    best = next(line for line in tail if line.startswith("val top1:"))
+    top1 = re.search(r", best ([\d.]+)% \(epoch \d+", best).group(1)  # model_best's: what the docs then use
     cpu = "" if cpu_seconds is None else f" ({cpu_seconds:.0f} s of CPU time)"
     sentence = (f"Measured on {where}: `make demo` took {seconds:.0f} s{cpu} with the environment already installed "
                 f"(writing the digits included; the first `make` also installs the requirements, a few "
                 f"minutes), {top1}% val top1 (model_best.pth.tar).")
-    return f"```\n{sample}\n```\n\n{textwrap.fill(sentence, width=105)}\n"
+    return "```\n" + "\n".join(tail) + f"\n```\n\n{textwrap.fill(sentence, width=105)}\n"
 
 
 def demo() -> str:

@@ -211,6 +211,17 @@ class FakeCuda:
         monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
 
 
+def patient(seconds: float) -> float:
+    """How long a wait that is there to catch a hang may last here and now: ``seconds`` on an idle machine,
+    times the load per core above one (on a machine shared with other work everything runs that much slower:
+    a fixed limit failed runs that were merely slow)."""
+    try:
+        load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:  # no load average on this system
+        load = 1.0
+    return seconds * max(1.0, load)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -13,7 +11,7 @@ import pytest
 import torch
 
 from conftest import REPO, write_image_folder
-from helpers import refused, score_validations
+from helpers import refused, run_script, score_validations
 from image_classification.errors import TrainingDiverged
 from image_classification.records import checkpoint as ckpt
 from image_classification.records.raport import read_raport
@@ -74,11 +72,11 @@ def test_loss_falls_and_raport_holds_the_metrics(image_folder, tmp_path):
 
 
 @pytest.mark.parametrize("workers", ["0", "2"])
-def test_resume_at_an_epoch_boundary_is_bitwise_exact(image_folder, tmp_path, workers):
+def test_resume_at_an_epoch_boundary_is_bitwise_exact(image_folder, tmp_path, workers, tiny_arch):
     """The loader workers (persistent with -j 2) of the straight run meet the progressive resize's second size
     in epoch 1, where the resumed run starts."""
-    common = ["--data-backend", "pytorch", "-j", workers, "--epochs", "2", "--seed", "7", "--mixup", "0.2",
-              "--label-smoothing", "0.1", "--lr-schedule", "cosine", "--use-ema", "0.9",
+    common = ["-a", tiny_arch, "--data-backend", "pytorch", "-j", workers, "--epochs", "2", "--seed", "7",
+              "--mixup", "0.2", "--label-smoothing", "0.1", "--lr-schedule", "cosine", "--use-ema", "0.9",
               "--progressive-resize", "32", "64", "0", "1"]
     assert train(image_folder, tmp_path / "straight", *common) == 0
     assert train(image_folder, tmp_path / "staged", *common, "--run-epochs", "1") == 0
@@ -529,8 +527,8 @@ def test_bad_inputs_give_one_line_and_exit_2_and_leave_no_workspace(tmp_path, im
 
 
 def test_main_py_prints_no_traceback_for_a_user_error(tmp_path):
-    result = subprocess.run([sys.executable, "main.py", "--data-backend", "pytorch", str(tmp_path / "nowhere")],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    """main.py as a script (in this process, helpers.run_script: a fresh interpreter adds only imports)."""
+    result = run_script([REPO / "main.py", "--data-backend", "pytorch", str(tmp_path / "nowhere")], cwd=REPO)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().startswith("error: ") and "does not exist" in result.stderr
