@@ -2,9 +2,10 @@
 
 ``torchvision`` (the baseline: torchvision's model under ``torch.no_grad``, as a user calls it) and ours:
 ``eager``, ``channels_last``, ``bf16`` and ``fp16`` (autocast in the dtype each is named after),
-``compile`` (a static graph per batch size), ``onnxruntime`` and ``int8`` (the export classify.py's
-``--runtime onnxruntime`` runs, FP32 or quantized).  A path that cannot run here is built as skipped, with
-the reason.  Every forward takes a batch already on the device and leaves its output there.
+``compile`` (a static graph per batch size), ``aoti`` (the AOTInductor package model2onnx.py --output M.pt2
+writes, compiled once for any batch, as classify.py --weights M.pt2 runs it), ``onnxruntime`` and ``int8`` (the
+export classify.py's ``--runtime onnxruntime`` runs, FP32 or quantized).  A path that cannot run here is built
+as skipped, with the reason.  Every forward takes a batch already on the device and leaves its output there.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from benchmarks.common import compiler_missing
 from image_classification.models import build_model
 
 BASELINE = "torchvision"
-PATHS = ("eager", "channels_last", "bf16", "fp16", "compile", "onnxruntime", "int8")
+PATHS = ("eager", "channels_last", "bf16", "fp16", "compile", "aoti", "onnxruntime", "int8")
 CPU_ONLY = ("onnxruntime", "int8")
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}  # a mixed path runs the dtype it is named after
 Forward = Callable[[torch.Tensor], object]  # a batch on the device -> the output, left where it was computed
@@ -49,9 +50,13 @@ class Path_:
     compared: int = 0
 
 
+ON_REQUEST = ("aoti",)  # measured when named: its compilation takes minutes for a ResNet-50 on two cores
+
+
 def default_paths(device: torch.device) -> list[str]:
-    """Every path that can run on ``device``: fp16 autocast on CUDA only, ONNX Runtime on the CPU only."""
-    excluded = ("fp16",) if device.type == "cpu" else CPU_ONLY
+    """Every path that can run on ``device`` but those measured on request: fp16 autocast on CUDA only, ONNX
+    Runtime on the CPU only."""
+    excluded = (("fp16",) if device.type == "cpu" else CPU_ONLY) + ON_REQUEST
     return [name for name in PATHS if name not in excluded]
 
 
@@ -67,6 +72,10 @@ def _check_runs(name: str, device: torch.device) -> None:
     reason = None
     if name == "compile":
         reason = compiler_missing(device)
+    elif name == "aoti":
+        from image_classification.deploy.aoti import compile_problem
+
+        reason = compile_problem(device)
     elif name == "fp16" and device.type == "cpu":
         reason = "fp16 autocast is measured on CUDA only; the CPU's mixed precision is bf16"
     elif name == "bf16" and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
@@ -106,17 +115,26 @@ def _compiled(model: nn.Module) -> Callable[[int], Forward]:
     return for_batch_size
 
 
+def _aoti(model: nn.Module, image_size: int, device: torch.device, workdir: Path) -> Forward:
+    """The model compiled into a package for ``device``, its batch free, loaded as classify.py loads one."""
+    from image_classification.deploy.aoti import AotiModel, write_package
+
+    path = workdir / "model.pt2"
+    write_package(model, image_size, path, device, {})
+    return AotiModel(path)
+
+
 def _onnxruntime(model: nn.Module, image_size: int, workdir: Path, int8: bool = False) -> Forward:
     try:
         import onnxruntime  # noqa: F401
     except ImportError:
         raise Skipped("onnxruntime is not installed") from None
-    from image_classification.deploy.export import export_onnx
-    from image_classification.deploy.onnx_runtime import OPSET, session as onnx_session
+    from image_classification.deploy.onnx_runtime import session as onnx_session
+    from image_classification.deploy.torch_export import MIN_TRACED_BATCH, OPSET, export_onnx
 
     path = workdir / "model.onnx"
-    export_onnx(model.float().eval(), torch.randn(1, 3, image_size, image_size), path, dynamic_batch=True,
-                opset=OPSET)
+    export_onnx(model.float().eval(), torch.randn(MIN_TRACED_BATCH, 3, image_size, image_size), path,
+                dynamic_batch=True, opset=OPSET, log=print)
     if int8:
         path = _quantized(path, image_size)
     session = onnx_session(path, threads=torch.get_num_threads())  # classify.py --runtime onnxruntime's session
@@ -168,6 +186,8 @@ def build_path(name: str, state: dict, arch: str, num_classes: int, device: torc
         elif name == "channels_last" or name in AUTOCAST:
             model = model.to(memory_format=torch.channels_last)
             forward = _eager(model, device, torch.channels_last, AUTOCAST.get(name))
+        elif name == "aoti":
+            forward = _aoti(model, image_size, device, workdir)
         else:
             forward = _onnxruntime(model, image_size, workdir, int8=name == "int8")
         return Path_(name, forward, dtype=dtype)

@@ -5,8 +5,9 @@ baseline: ``torchvision.models.<arch>()`` in eval mode under ``torch.no_grad``, 
 ours: ``eager`` (FP32, NCHW, ``torch.inference_mode``), ``channels_last`` (FP32), ``bf16`` and ``fp16``
 (bfloat16 and float16 autocast, channels-last; each runs the dtype it is named after, fp16 on CUDA only),
 ``compile`` (``torch.compile`` of the channels-last FP32 model, compiled for each batch size's static shape),
-``onnxruntime`` (the model exported by ``image_classification.deploy.export.export_onnx`` run with ONNX
-Runtime; CPU only) and ``int8`` (that export quantized as ``--quantize int8`` does, calibrated on random
+``aoti`` (the model compiled ahead of time into an AOTInductor package, its batch free, as ``model2onnx.py
+--output M.pt2`` writes it), ``onnxruntime`` (the model exported by
+``image_classification.deploy.torch_export.export_onnx`` run with ONNX Runtime; CPU only) and ``int8`` (that export quantized as ``--quantize int8`` does, calibrated on random
 images like the measured ones; CPU only). A path that cannot run here (no compiler for ``torch.compile``,
 onnxruntime not installed, no bf16 on the GPU) is recorded as skipped with the reason. On CUDA, cuDNN
 autotuning is on.
@@ -60,8 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-sizes", nargs="+", type=positive_int, default=[1, 16], metavar="N",
                         help="batch sizes (default: 1 16)")
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=None,
-                        help="our paths to measure (default: all that run on the device: fp16 on CUDA only, "
-                        "onnxruntime and int8 on the CPU only)")
+                        help="our paths to measure (default: all that run on the device, fp16 on CUDA only, "
+                        "onnxruntime and int8 on the CPU only, but aoti, whose compilation takes minutes)")
     parser.add_argument("--iters", type=positive_int, default=10, metavar="N",
                         help="timed batches per path, batch size and round (default: 10)")
     parser.add_argument("--warmup", type=int, default=3, metavar="N",

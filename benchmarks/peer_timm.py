@@ -56,12 +56,18 @@ if str(REPO) not in sys.path:
 from benchmarks.common import last_epoch_top1, ratio_spread, ratio_text, summarise, write_json  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
 from image_classification.system.cli import UserErrorParser, positive_int, run  # noqa: E402
+from image_classification.train.metrics import TRAIN_WINDOW  # noqa: E402  main.py's, epochs from 1
 
 TIMM_CROP_PCT = 0.95  # timm's ResNet-50 (resnet50.a1_in1k): validation resizes to floor(image size / crop_pct)
 PHOTO_SIZE, TRAIN_PER_CLASS, VAL_PER_CLASS = (400, 300), 200, 50
 SIDES = ("ours", "timm")
-OURS_ITERATION = re.compile(r"Epoch: (\d+) Iteration: (\d+) train\.")  # main.py's training log lines
-TIMM_ITERATION = re.compile(r"Train: (\d+) \[\s*(\d+)/")  # train.py's
+# The version of the timm a Python started in train.py's folder imports (a clone's own package first), read
+# from its version.py: importing timm imports torch, seconds on a small machine (a minute on a loaded one)
+TIMM_VERSION = ("import importlib.util, pathlib, runpy; "
+                "version = pathlib.Path(importlib.util.find_spec('timm').origin).with_name('version.py'); "
+                "print(runpy.run_path(str(version))['__version__'] if version.is_file() "
+                "else __import__('timm').__version__)")
+TIMM_ITERATION = re.compile(r"Train: (\d+) \[\s*(\d+)/")  # train.py's training log lines, epochs from 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -170,8 +176,9 @@ def run_side(side: str, opts: argparse.Namespace, seed: int, num_classes: int) -
         output = "\n".join(line for _, line in stamped)
         if code != 0:
             raise UserError(f"{side}'s run (seed {seed}) ended with exit {code}: {output[-2000:]}")
-        pattern = OURS_ITERATION if side == "ours" else TIMM_ITERATION
-        rate = last_epoch_rate(stamped, pattern, opts.epochs - 1, opts.batch_size)
+        # the last epoch of each: main.py counts epochs from 1, timm's train.py from 0
+        pattern, last = (TRAIN_WINDOW, opts.epochs) if side == "ours" else (TIMM_ITERATION, opts.epochs - 1)
+        rate = last_epoch_rate(stamped, pattern, last, opts.batch_size)
         top1 = last_epoch_top1(folder / "experiment_raport.json") if side == "ours" else timm_top1(output)
     return Run(side, seed, top1, rate, wall, (load_before, os.getloadavg()[0]))
 
@@ -206,8 +213,8 @@ def check_timm(path: str) -> str:
             tag = "the tag of the timm you install (pip install timm)"
         raise UserError(f"--timm-train {path}: no such file; clone https://github.com/huggingface/"
                         f"pytorch-image-models at {tag} and give its train.py")
-    found = subprocess.run([sys.executable, "-c", "import timm; print(timm.__version__)"], cwd=Path(path).parent,
-                           capture_output=True, text=True)
+    found = subprocess.run([sys.executable, "-c", TIMM_VERSION], cwd=Path(path).parent, capture_output=True,
+                           text=True)
     if found.returncode != 0:
         raise UserError("timm is not installed in this Python: pip install timm (its train.py runs the other side)")
     return found.stdout.strip()
@@ -271,8 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = summary(runs)
     for line in report(result):
         print(line)
-    write_json({"machine": machine, "timm": version, "recipe": vars(opts), "runs": [asdict(r) for r in runs],
-                **result}, opts.output)
+    # the version has a key of its own: "timm" is that side's figures (it held the version, lost to them)
+    write_json({"machine": machine, "timm_version": version, "recipe": vars(opts),
+                "runs": [asdict(r) for r in runs], **result}, opts.output)
     return 0
 
 

@@ -2,16 +2,20 @@
 box allows), resize of the box, flip and hand-over (the HWC tensor), and the batch's normalise, per image.
 
     python benchmarks/profile_decode.py DIR [--images 32] [--image-size 224] [--decode-scale auto]
+        [--decoder NAME]
 
 Each stage is timed on its own, in this process (one core), on DIR's training images with epoch 0's draws; the
-figures are milliseconds per image, the median over three passes.
+figures are milliseconds per image, the median over three passes after one untimed pass (the warm-up: libraries
+load, the files reach the page cache).  A whole decode is the process's CPU decoder's (data/decoders.py), or ``--decoder``'s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,11 +26,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from image_classification.data import reduced  # noqa: E402
+from image_classification.data import decoders, reduced  # noqa: E402
 from image_classification.data.common import DataConfig, MEAN_255, STD_255, sample_seed  # noqa: E402
 from image_classification.data.files import decode_rgb_tensor  # noqa: E402
 from image_classification.data.layout import class_folders, open_split  # noqa: E402
 from image_classification.data.transforms import INTERPOLATION, TrainTransform, resized_crop, seeded  # noqa: E402
+from image_classification.errors import UserError  # noqa: E402
 from image_classification.system import machine  # noqa: E402
 from image_classification.system.cli import UserErrorParser, positive_int, run  # noqa: E402
 
@@ -71,16 +76,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", type=positive_int, default=32)
     parser.add_argument("--image-size", type=positive_int, default=224)
     parser.add_argument("--decode-scale", choices=("auto", "full"), default="auto")
+    parser.add_argument("--decoder", choices=("auto", *decoders.LIBRARIES), default="auto",
+                        help="the library of the whole decodes (default: the one the probes choose)")
     opts = parser.parse_args(argv)
+    if opts.decoder != "auto" and not decoders.installed(opts.decoder):
+        raise UserError(f"--decoder {opts.decoder}: {opts.decoder} is not installed")
     torch.set_num_threads(1)
     root = Path(opts.data)
     split = open_split(root, "train", class_folders(root / "train"))
     count = min(opts.images, len(split))
     transform = TrainTransform(DataConfig(str(root), "pytorch", opts.image_size, 1))
-    passes = [one_pass(split, transform, count, opts.image_size, opts.decode_scale == "auto") for _ in range(3)]
+    chosen = decoders.use_decoder(opts.decoder) if opts.decoder != "auto" else contextlib.nullcontext()
+    with chosen, warnings.catch_warnings():  # torchvision's deprecation of its decoders, where it is asked for
+        warnings.filterwarnings("ignore", decoders.TORCHVISION_DEPRECATION, DeprecationWarning)
+        passes = [one_pass(split, transform, count, opts.image_size, opts.decode_scale == "auto") for _ in range(4)][1:]
+        name = decoders.cpu_decoder().name
     print(f"machine: {machine.description()}")
     medians = {stage: statistics.median(p[stage] for p in passes) for stage in STAGES}
-    print(f"{count} images of {opts.data}, {opts.image_size} px crops, --decode-scale {opts.decode_scale}: "
+    print(f"{count} images of {opts.data}, {opts.image_size} px crops, --decode-scale {opts.decode_scale}, "
+          f"whole decodes by {name}: "
           + ", ".join(f"{stage} {ms:.2f}" for stage, ms in medians.items())
           + f" ms per image; {sum(medians.values()):.2f} in all")
     return 0

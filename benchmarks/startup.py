@@ -32,6 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from image_classification.train.metrics import TRAIN_WINDOW  # noqa: E402
+
 COMMAND = ["-a", "resnet18", "--image-size", "32", "-b", "32", "-j", "2", "--prof", "3", "--training-only",
            "--data-backend", "pytorch", "--epochs", "1", "-p", "1"]
 
@@ -65,7 +67,7 @@ def time_to_third_step(data: Path, workspace: Path) -> float:
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     reached = None
     for line in process.stdout:
-        if reached is None and "Iteration: 3 " in line:
+        if reached is None and (match := TRAIN_WINDOW.match(line)) and match[2] == "3":
             reached = time.perf_counter() - started
     if process.wait() != 0 or reached is None:
         raise SystemExit(f"{' '.join(command)} failed (exit {process.returncode})")

@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import os
 import statistics
 import sys
 import time
@@ -55,6 +56,7 @@ from image_classification.train.engine import Engine  # noqa: E402
 from image_classification.train.plan import RunConfig  # noqa: E402
 
 LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 1e-4
+KINETO_SILENT = 6  # above Kineto's highest log level (VERBOSE 0 ... ERROR 4, USDT 5)
 Step = Callable[[], None]
 PATHS = ("eager", "channels_last", "compile")
 
@@ -158,6 +160,10 @@ def convolution_shares(step: Step, finish: Step, iterations: int = 2) -> dict[st
     fusion removes, and ``bound``, the largest speed-up a path could reach by removing everything else."""
     from torch.profiler import ProfilerActivity, profile
 
+    # Kineto, the profiler's library, logs to stderr when it starts and stops ("USDT: ... profiler_start") and,
+    # on a machine without a GPU, "ERROR: gpuGetDeviceCount failed with code 35" (CUDA's "no driver"): none
+    # of it ours, none of it a problem.  It reads the level when it first starts; a level the user set stays.
+    os.environ.setdefault("KINETO_LOG_LEVEL", str(KINETO_SILENT))
     with profile(activities=[ProfilerActivity.CPU]) as profiler:
         for _ in range(iterations):
             step()

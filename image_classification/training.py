@@ -27,6 +27,7 @@ from .arguments.values import from_args
 from .data import get_loaders
 from .data.layout import data_change_notice
 from .deploy.inference import calibrate
+from .deploy.aoti import compiled_for_this_run
 from .deploy.onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
 from .errors import EXIT_PREEMPTED, PeerLost, UserError
 from .models.archs import cpu_trains_faster_channels_last
@@ -145,14 +146,15 @@ def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signa
         changed = data_change_notice(plan.resumed.get("dataset"), dataset, engine.progress.batch)
         if changed:
             log(changed)
-    evaluated = onnx_models(config, runtime, engine, log) if config.deploy.runtime == "onnxruntime" else None
+    evaluated = deployed_models(config, runtime, engine, log) if config.deploy.runtime != "torch" else None
     if runtime.is_main:
         _take_workspace(workspace, config.run.saves, config.run.evaluate, log)
     raport = open_raport(config, runtime, plan.resumed, workspace)
     raport.parameters({**plan.parameters, "raport_file": workspace.raport_file})
     raport.parameters({f"model.{k}": v for k, v in config.model.options().items()})
     if evaluated is not None:
-        raport.parameters({f"onnx.{prefix}": model.description for prefix, model in evaluated.items()})
+        family = "onnx" if config.deploy.runtime == "onnxruntime" else config.deploy.runtime
+        raport.parameters({f"{family}.{prefix}": model.description for prefix, model in evaluated.items()})
     prefixes = [] if config.run.training_only else ["val"] + (["val_ema"] if engine.ema else [])
     counted = tuple((train_loader or val_loader).pass_counts())
     register_metrics(raport, prefixes, config.run.topk, training=not config.run.evaluate, warmup=config.run.benchmark_warmup,
@@ -204,16 +206,20 @@ def top1_summary(last: tuple[int, ValResult] | None, best: float, best_epoch: in
     return text + tta  # --val-tta's figure of the same validation, apart from the plain one
 
 
-def onnx_models(config: RunConfig, runtime: Runtime, engine: Engine, log) -> dict[str, OnnxModel]:
-    """What ``--evaluate --runtime onnxruntime`` validates: the engine's model (and EMA) exported through the
-    ONNX cache, int8 where asked, run by ONNX Runtime on the run's device.  Before the workspace is taken:
-    an unreadable calibration set is refused with nothing written."""
+def deployed_models(config: RunConfig, runtime: Runtime, engine: Engine, log) -> dict:
+    """What ``--evaluate --runtime onnxruntime|aoti`` validates: the engine's model (and EMA) exported through the
+    ONNX cache, int8 where asked, run by ONNX Runtime on the run's device; or compiled into an AOTInductor
+    package for the run's device.  Before the workspace is taken: an unreadable calibration set is refused with
+    nothing written."""
+    modules = {"val": engine.base_model, "val_ema": engine.ema.module if engine.ema else None}
+    modules = {prefix: module for prefix, module in modules.items() if module is not None}
+    size = config.data.preprocessing.image_size
+    if config.deploy.runtime == "aoti":
+        return {prefix: compiled_for_this_run(module, size, runtime.device, log) for prefix, module in modules.items()}
     require_onnxruntime("--runtime onnxruntime")
     device = onnx_device(runtime.device.type)
     quantization = calibrate(config.int8, config.data.preprocessing, log) if config.int8 is not None else None
-    modules = {"val": engine.base_model, "val_ema": engine.ema.module if engine.ema else None}
-    return {prefix: OnnxModel(module, config.data.preprocessing.image_size, log, quantization, device)
-            for prefix, module in modules.items() if module is not None}
+    return {prefix: OnnxModel(module, size, log, quantization, device) for prefix, module in modules.items()}
 
 
 def _finish_last_save(epochs: int, gather_checkpoints: int, workspace: Workspace, log) -> None:

@@ -38,7 +38,6 @@ from image_classification.system.cli import UserErrorParser, run  # noqa: E402
 
 DOCS = REPO / "docs"  # the charts lie here, beside the page that shows them (docs/performance.md)
 FIGURES = DOCS / "figures.json"  # the one value of each figure that the pages repeat
-SUMMARY_FIELDS = ("train.loss", "train.total_ips", "val.top1", "val.top5")
 
 
 def _python(*argv: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[str, float]:
@@ -54,21 +53,19 @@ def _python(*argv: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[s
 
 
 def demo_block(output: str, seconds: float, where: str, cpu_seconds: float | None = None) -> str:
-    """The end of the demo's output, shortened, and one sentence with its time (and the CPU time its processes
-    took, which a machine shared with other work changes far less than the wall time) and accuracy."""
+    """The end of the demo's output as it prints it, from its last epoch's line, and one sentence with its time
+    (and the CPU time its processes took, which a machine shared with other work changes far less than the wall
+    time) and accuracy."""
     lines = output.splitlines()
-    summary = next(line for line in lines if " - Summary: " in line and "val.top1" in line)
-    head, fields = summary.split(" - Summary: ", 1)
-    kept = [match.group(0) for name in SUMMARY_FIELDS
-            for match in [re.search(rf"{re.escape(name)} : \S+(?: (?:%|images/s))?", fields)] if match]
-    tail = lines[next(i for i, line in enumerate(lines) if line.startswith("val top1:")):]
-    top1 = re.search(r", best ([\d.]+)% \(epoch \d+", tail[0]).group(1)  # model_best's: what the docs then use
-    sample = "\n".join([f"{head} - Summary: {' ... '.join(kept)} ...", *tail])
+    last_epoch = max(i for i, line in enumerate(lines) if re.match(r"Epoch \d+/\d+: train ", line))
+    tail = lines[last_epoch:]
+    best = next(line for line in tail if line.startswith("val top1:"))
+    top1 = re.search(r", best ([\d.]+)% \(epoch \d+", best).group(1)  # model_best's: what the docs then use
     cpu = "" if cpu_seconds is None else f" ({cpu_seconds:.0f} s of CPU time)"
     sentence = (f"Measured on {where}: `make demo` took {seconds:.0f} s{cpu} with the environment already installed "
                 f"(writing the digits included; the first `make` also installs the requirements, a few "
                 f"minutes), {top1}% val top1 (model_best.pth.tar).")
-    return f"```\n{sample}\n```\n\n{textwrap.fill(sentence, width=105)}\n"
+    return "```\n" + "\n".join(tail) + f"\n```\n\n{textwrap.fill(sentence, width=105)}\n"
 
 
 def demo() -> str:
@@ -159,8 +156,8 @@ def train_step_row(record: dict, command: str) -> str:
 INFERENCE_PATHS = (
     ("torchvision", "torchvision eager FP32 (baseline)"), ("eager", "eager FP32"),
     ("channels_last", "channels-last FP32"), ("bf16", "bf16 autocast, channels-last"),
-    ("fp16", "fp16 autocast, channels-last"), ("compile", "`torch.compile`"), ("onnxruntime", "ONNX Runtime"),
-    ("int8", "ONNX Runtime int8"),
+    ("fp16", "fp16 autocast, channels-last"), ("compile", "`torch.compile`"), ("aoti", "AOTInductor package (`.pt2`)"),
+    ("onnxruntime", "ONNX Runtime"), ("int8", "ONNX Runtime int8"),
 )
 
 
@@ -426,6 +423,33 @@ def int8_speed() -> str:
         "weights on random images.", width=105) + "\n"
 
 
+def deployment_speed() -> str:
+    """ResNet-50's deployment formats against torchvision eager FP32 at batch 1 and 16: eager, torch.compile, the
+    AOTInductor package, ONNX Runtime FP32 and int8, each path on one thread (as :func:`int8_speed`)."""
+    record, command = _benchmark("infer_throughput.py", "-a", "resnet50", "--batch-sizes", "1", "16", "--iters", "5",
+                                 "--repeats", "3", "--warmup", "2", "--paths", "eager", "compile", "aoti",
+                                 "onnxruntime", "int8", env={"OMP_NUM_THREADS": "1"})
+    return deployment_speed_block(record, f"OMP_NUM_THREADS=1 {command}")
+
+
+def deployment_speed_block(record: dict, command: str) -> str:
+    """:func:`inference_block` of the deployment formats, and what the threads and the warm-up were."""
+    record = {key: value for key, value in record.items() if key != "fp32_ceiling"}  # the inference block's
+    threads = record["environment"]["torch_threads"]
+    return inference_block(record, command) + "\n" + textwrap.fill(
+        f"Each path on {threads} thread (torch's, Inductor's and ONNX Runtime's), as the machine is shared; every "
+        "batch is timed on its own after the untimed warm-up (compilation and export excluded). int8: "
+        f"{_int8_note()}.", width=105) + "\n"
+
+
+def export_time() -> str:
+    """ResNet-50 exported to ONNX by either exporter, and compiled into a .pt2 package, in one process."""
+    from benchmarks.export_time import markdown_block  # deferred: torch
+
+    record, command = _benchmark("export_time.py", "-a", "resnet50", "--repeats", "2", "--pt2")
+    return markdown_block(record, command, machine.describe(record["environment"]) + _cpu_note(record["environment"]))
+
+
 def _dali_version() -> str:
     try:
         from nvidia import dali
@@ -436,7 +460,8 @@ def _dali_version() -> str:
 
 GENERATORS: dict[str, Callable[[], str]] = {"demo": demo, "loader": loader, "train-step": train_step, "inference": inference,
                                              "reliability": reliability, "int8-accuracy": int8_accuracy,
-                                             "int8-speed": int8_speed}
+                                             "int8-speed": int8_speed, "deployment-speed": deployment_speed,
+                                             "export-time": export_time}
 
 
 # Where the pages repeat each figure of FIGURES: (page, pattern), the pattern's group being the figure, matched

@@ -17,18 +17,32 @@ from helpers import REPO, load_script, tiny_arch_row, write_image_folder  # noqa
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+# One intra-op thread in the processes the tests start too (fresh interpreters, multiproc.py's workers,
+# forks): on a small machine shared with other work, two OpenMP threads wait for each other's core at every
+# operator.  A value set before the suite starts stays.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def one_torch_thread():
     """One intra-op thread for what runs in the test process: on a small machine shared with other
-    processes, two OpenMP threads run the tests' small convolutions several times slower than one.
-    (Processes the tests start keep their own defaults.)"""
+    processes, two OpenMP threads run the tests' small convolutions several times slower than one."""
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def torchvision_deprecation_left_out_once_its_decoder_loaded():
+    """pytest puts its warning filters back before each test: where torchvision's decoder was loaded, the filter
+    our code sets once per process (data/decoders.py: torchvision's deprecation of it, by its message alone) is
+    put back with them, as a run keeps it."""
+    decoders = sys.modules.get("image_classification.data.decoders")
+    if decoders is not None and decoders._torchvision.cache_info().currsize:
+        decoders.quiet_torchvision_deprecation()
 
 
 @pytest.fixture(scope="session")

@@ -83,6 +83,60 @@ def published_on_ngc(monkeypatch, hub_dir: Path, weights: dict) -> list[str]:
     return downloads
 
 
+def torch_export_writes_onnx() -> bool:
+    """Whether ONNX goes through torch.export's exporter here (torch 2.6 and later, onnxscript installed); on the
+    oldest torch the package supports, the TorchScript-based exporter writes every file."""
+    from image_classification.deploy.torch_export import OPSET, torch_export_unavailable
+
+    return torch_export_unavailable(OPSET) is None
+
+
+def aoti_available() -> bool:
+    """Whether this torch compiles and runs AOTInductor packages (2.6 and later) and a C++ compiler is there;
+    told without importing Inductor, which takes seconds."""
+    import shutil
+
+    import torch
+
+    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    compilers = (os.environ.get("CXX"), "c++", "g++", "clang++")
+    return version >= (2, 6) and any(name and shutil.which(name) for name in compilers)
+
+
+_EXPORTS: dict[str, tuple[bytes, str]] = {}  # reuse_exports' files: what the real exporter wrote, by its input
+
+
+def reuse_exports(monkeypatch) -> None:
+    """The ONNX cache's and model2onnx.py's exporter, run for real once per input and then copied: a model of the same class and
+    tensors, example shape, batch and opset gets the bytes (and the exporter's name) the first export wrote.
+    For the tests of what the cache does with an export (prove it, refuse it, write it again), whose exports of
+    the same tiny models would otherwise take most of their time; where a test replaces torch.export's or the
+    TorchScript exporter's entry (to make one fail), the export runs for real."""
+    import hashlib
+
+    from image_classification.deploy import export, onnx_runtime, torch_export
+
+    real = torch_export.export_onnx
+
+    def export_onnx(model, example, path, *, dynamic_batch, opset=torch_export.OPSET, log=None):
+        digest = hashlib.sha256(f"{type(model).__qualname__}|{tuple(example.shape)}|{dynamic_batch}|{opset}|"
+                                f"{id(torch_export._export_through_torch_export)}|"
+                                f"{id(torch_export._export_through_torchscript)}".encode())
+        for name, tensor in model.state_dict().items():
+            digest.update(name.encode() + tensor.detach().cpu().contiguous().numpy().tobytes())
+        key = digest.hexdigest()
+        if key not in _EXPORTS:
+            written_by = real(model, example, path, dynamic_batch=dynamic_batch, opset=opset, log=log)
+            _EXPORTS[key] = (Path(path).read_bytes(), written_by)
+            return written_by
+        content, written_by = _EXPORTS[key]
+        Path(path).write_bytes(content)
+        return written_by
+
+    monkeypatch.setattr(onnx_runtime, "export_onnx", export_onnx)
+    monkeypatch.setattr(export, "export_onnx", export_onnx)
+
+
 def score_validations(monkeypatch, *top1: float) -> None:
     """Each validation of the training loop reports the next of ``top1`` as its score (its other figures
     stay real): the way to make an epoch the best, or not, at will.  Monkeypatched until the test ends,
@@ -159,6 +213,17 @@ class FakeCuda:
         monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
 
 
+def patient(seconds: float) -> float:
+    """How long a wait that is there to catch a hang may last here and now: ``seconds`` on an idle machine,
+    times the load per core above one (on a machine shared with other work everything runs that much slower:
+    a fixed limit failed runs that were merely slow)."""
+    try:
+        load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:  # no load average on this system
+        load = 1.0
+    return seconds * max(1.0, load)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -181,6 +246,20 @@ def load_script(name: str, folder: str = "scripts") -> ModuleType:
     sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def libjpeg_decode(raw: bytes, mode: str = "UNCHANGED"):
+    """libjpeg's own decode of a JPEG's bytes, reading its markers as libjpeg reads them (torchvision's decoder:
+    Pillow reads them in Python first), to a CHW uint8 tensor; torchvision's deprecation of its decoders, not
+    the subject here, left out."""
+    import torch
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    from image_classification.data.decoders import TORCHVISION_DEPRECATION
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", TORCHVISION_DEPRECATION, DeprecationWarning)
+        return decode_jpeg(torch.frombuffer(bytearray(raw), dtype=torch.uint8), mode=ImageReadMode[mode])
 
 
 def write_image_folder(
@@ -326,20 +405,24 @@ def sigterm_noted():
 
 def sigterm_during_the_export(monkeypatch) -> None:
     """``export_onnx`` (model2onnx.py's and the ONNX cache's) writes part of its file, then gets a SIGTERM while
-    it traces the model (sent by this process to itself: signal handlers run in the main thread, so the test
-    runs here)."""
+    it traces the model, by torch.export or TorchScript (sent by this process to itself: signal handlers run in
+    the main thread, so the test runs here)."""
     import torch
 
-    from image_classification.deploy import export, onnx_runtime
+    from image_classification.deploy import export, onnx_runtime, torch_export
 
-    exporter = onnx_runtime.export_onnx
+    exporter = torch_export.export_onnx  # the real one, whatever a test put in the modules' place
+
+    def stop_while_traced(*_) -> None:  # returns None: a forward pre-hook's value would replace the input
+        exporting = getattr(torch.compiler, "is_exporting", lambda: False)
+        if torch.jit.is_tracing() or exporting():
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def export_onnx(model, example, path, **kwargs):
         Path(path).write_bytes(b"partial")
-        hook = model.register_forward_pre_hook(
-            lambda *_: torch.jit.is_tracing() and os.kill(os.getpid(), signal.SIGTERM))
+        hook = model.register_forward_pre_hook(stop_while_traced)
         try:
-            exporter(model, example, path, **kwargs)
+            return exporter(model, example, path, **kwargs)
         finally:
             hook.remove()
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import REPO, FakeCuda, one_error_line, run_script, write_image_folder
+from helpers import REPO, FakeCuda, libjpeg_decode, one_error_line, run_script, write_image_folder
 from image_classification.data import common
 from image_classification.data.common import DataConfig, DeviceLoader
 from image_classification.data.files import open_rgb, walk_class
@@ -68,7 +68,8 @@ def test_sixteen_bit_greyscale_is_scaled_not_clipped(tmp_path):
     ramp = np.linspace(0, 65535, 256 * 4, dtype=np.uint16).reshape(4, 256)
     path = tmp_path / "ramp16.png"
     Image.fromarray(ramp).save(path)  # a 16-bit greyscale PNG
-    assert Image.open(path).mode.startswith("I")
+    with Image.open(path) as image:
+        assert image.mode.startswith("I")
     expected = np.rint(ramp / 257.0)
     for image in (open_rgb(path), load_image(path)):  # training and classify.py
         pixels = np.asarray(image)
@@ -500,10 +501,8 @@ def tem_folder(tmp_path_factory):
 def test_a_large_jpeg_behind_a_marker_without_length_breaks_the_size_rule_in_training(tem_folder, capsys):
     """libjpeg decodes the 9500x9500 frame (the header reader once found the fake 8x8 one, and the pytorch
     backend trained on the image); both splits now leave it out under the size rule."""
-    from torchvision.io import decode_jpeg
-
     path = tem_folder / "train" / "class_00" / "tem_9500.jpg"
-    assert decode_jpeg(torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8)).shape == (1, 9500, 9500)
+    assert libjpeg_decode(path.read_bytes()).shape == (1, 9500, 9500)
     runtime = make_runtime("cpu", False, None, "nchw", False)
     config = DataConfig(data=str(tem_folder), data_backend="pytorch", image_size=32, batch_size=11, workers=0)
     classes = check_dataset(str(tem_folder), None, want_train=True, want_val=True)
@@ -557,30 +556,29 @@ def _small_jpeg() -> bytes:
 
 @pytest.mark.parametrize("inserted", DECODED.values(), ids=DECODED.keys())
 def test_the_header_reader_finds_the_frame_libjpeg_decodes(inserted):
-    from torchvision.io import decode_jpeg
-
-    from image_classification.data.files import jpeg_size
+    """... and the pytorch backend decodes it where it starts as a JPEG does, to libjpeg's pixels (Pillow gives up
+    on a TEM marker or stray bytes before the frame: torchvision's decoder, the last resort, decodes those)."""
+    from image_classification.data.files import decode_rgb_tensor, is_jpeg, jpeg_size
 
     raw = _small_jpeg()
     data = raw[:2] + inserted + raw[2:]
-    decoded = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    decoded = libjpeg_decode(data, "RGB")
     assert decoded.shape == (3, 24, 40)
     assert jpeg_size(io.BytesIO(data[2:])) == (40, 24)
+    assert not is_jpeg(data) or torch.equal(decode_rgb_tensor(data), decoded)
 
 
 @pytest.mark.parametrize("inserted", [*REFUSED.values(), None], ids=[*REFUSED.keys(), "the file ends first"])
 def test_a_jpeg_libjpeg_finds_no_frame_in_is_unreadable_naming_the_size_rule(inserted, tmp_path, data_check):
     """Where libjpeg stops before a frame header, no size can be known: unreadable on every path, saying
     why, where PIL had opened some of these files (then failed to decode them) or called them unidentifiable."""
-    from torchvision.io import decode_jpeg
-
     from image_classification.data.files import read_rgb_tensor
     from image_classification.errors import UserError
 
     raw = _small_jpeg()
     data = raw[:2] + inserted + raw[2:] if inserted is not None else raw[:raw.index(b"\xff\xc0") + 6]
     with pytest.raises(RuntimeError):
-        decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        libjpeg_decode(data)
     root = write_image_folder(tmp_path / "data", num_classes=1, train_per_class=1, val_per_class=1)
     path = root / "val" / "class_00" / "odd.jpg"
     path.write_bytes(data)

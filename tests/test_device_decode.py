@@ -17,13 +17,13 @@ import pytest
 import torch
 from PIL import Image
 from torchvision import transforms
-from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
 from helpers import REPO, FakeCuda, count_step_syncs, load_script, refused, run_script, train_until_crash, write_image_folder
 from image_classification.data import DataConfig, default_backend_notice, get_loaders, resolve_backend
 from image_classification.data import decoders, device_decode
 from image_classification.data.common import STD_255, ShardSampler
 from image_classification.data.encoded import EncodedImages
+from image_classification.data.files import decode_rgb_tensor
 from image_classification.data.layout import open_split
 from image_classification.data.transforms import INTERPOLATION, TrainTransform, crop_box, resized_crop
 from image_classification.errors import UserError
@@ -109,7 +109,7 @@ def test_the_crops_are_the_boxes_the_pytorch_backend_draws(image_folder):
     for index, seed in sampler:
         sample, problem = dataset[(index, seed)]
         assert problem is None and sample.encoded is not None and sample.pixels is None
-        image = decode_jpeg(torch.frombuffer(bytearray(samples.read(index)), dtype=torch.uint8))
+        image = decoders.cpu_decoder().decode(torch.frombuffer(bytearray(samples.read(index)), dtype=torch.uint8))
         torch.manual_seed(seed)
         box = transforms.RandomResizedCrop.get_params(image, [0.25, 0.9], [3 / 4, 4 / 3])
         assert sample.draw.box == tuple(box) and (sample.height, sample.width) == tuple(image.shape[-2:])
@@ -134,7 +134,7 @@ def test_the_gpu_s_resize_arithmetic_differs_by_rounding_alone(photos, interpola
     nvJPEG's decoding on top)."""
     differences = []
     for name in PHOTOS:
-        image = decode_jpeg(read_file(str(photos / "train" / name / "photo.jpg")), mode=ImageReadMode.RGB)
+        image = decode_rgb_tensor((photos / "train" / name / "photo.jpg").read_bytes(), turn=False)
         for seed in range(4):
             torch.manual_seed(seed)
             box = crop_box(*image.shape[-2:], (0.08, 1.0))
@@ -284,6 +284,26 @@ def test_a_jpeg_the_device_s_decoder_refuses_is_decoded_on_the_cpu_counted_and_s
                                                "decoder refused a run of ") and "unsupported" in err[0], err
 
 
+def test_an_image_the_device_s_decoder_gives_at_another_size_is_decoded_on_the_cpu_and_counted(image_folder,
+                                                                                              monkeypatch):
+    """A decoder that turns a JPEG by its own reading of a tag (TorchCodec's, where a file hid the tag from the
+    hiding) gives it at another size than its header's: it is taken for a refusal, the CPU decodes the image, the
+    batches are the pytorch backend's and the pass counts it."""
+    turned = (image_folder / "train" / "class_02" / "img_001.jpg").read_bytes()
+    expected = passes(image_folder, "pytorch-gpu")
+    real = decoders.cpu_decoder()
+
+    def decode_batch(data, device):
+        return [image.transpose(1, 2) if one.numpy().tobytes() == turned else image
+                for one, image in zip(data, real.decode_batch(data, device))]
+
+    monkeypatch.setattr(device_decode, "device_decoder",
+                        lambda device: decoders.JpegDecoder("turning", "0", real.decode, decode_batch))
+    ours = passes(image_folder, "pytorch-gpu")
+    assert same(ours[0], expected[0]) and same(ours[1], expected[1])
+    assert ours[3] == ({"cpu_decoded": 1}, {"cpu_decoded": 0})
+
+
 def test_the_decoder_running_out_of_memory_empties_the_cache_once_then_ends_the_run(image_folder, monkeypatch,
                                                                                   capsys):
     """Out of memory is not a JPEG the decoder refuses: no image goes to the CPU for it.  The first time, torch's
@@ -319,7 +339,8 @@ def test_every_call_of_the_device_s_decoder_waits_first_for_the_stream_it_alloca
     settle = device_decode.settle
     monkeypatch.setattr(device_decode, "settle", lambda device: events.append(("settle", device.type)) or
                         settle(device))
-    jpegs = [read_file(str(path)) for path in sorted((image_folder / "train" / "class_01").glob("*.jpg"))[:4]]
+    jpegs = [torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8)
+             for path in sorted((image_folder / "train" / "class_01").glob("*.jpg"))[:4]]
     assert any(len(one) == refused_size for one in jpegs)
     assert all(image is not None for image in device_decode.decode_jpegs(jpegs, torch.device("cpu")))
     assert events == [("settle", "cpu"), ("decode", 4)] + [("settle", "cpu"), ("decode", 1)] * 4
@@ -706,10 +727,14 @@ def test_on_cuda_a_decode_never_writes_memory_its_stream_is_still_reading():
     """Tensors freed on the stream while kernels queued behind a long one still read them: the decode that
     follows, on that stream, may be handed their blocks, and torchvision's decoder would overwrite them before
     those kernels run; :func:`settle` makes it wait.  Each trial's sums are exact only if it did."""
-    from torchvision.io import encode_jpeg
+    def encoded(pixels: np.ndarray) -> torch.Tensor:
+        out = io.BytesIO()
+        Image.fromarray(pixels).save(out, "JPEG", quality=75)
+        return torch.frombuffer(bytearray(out.getvalue()), dtype=torch.uint8)
 
     device, shape = torch.device("cuda", torch.cuda.current_device()), (3, 256, 256)
-    jpegs = [encode_jpeg(torch.randint(0, 256, shape, dtype=torch.uint8)) for _ in range(8)]
+    rng = np.random.default_rng(0)
+    jpegs = [encoded(rng.integers(0, 256, (256, 256, 3), dtype=np.uint8)) for _ in range(8)]
     stream = torch.cuda.Stream(device)
     with torch.cuda.stream(stream):
         for _ in range(10):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import sys
 from pathlib import Path
@@ -11,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import REPO, one_error_line, refused, run_script, sigterm_during_the_export, sigterm_noted
+from helpers import (REPO, one_error_line, refused, run_script, sigterm_during_the_export, sigterm_noted,
+                     torch_export_writes_onnx)
 from image_classification.deploy import export
 from image_classification.models import build_model, load_weights
 from image_classification.system.cli import run
@@ -91,26 +93,88 @@ def test_checkpoint2model_failures_leave_the_target_alone(tmp_path, case, script
     assert sorted(p.name for p in tmp_path.iterdir()) == ["source.pth", "weights.pth"]
 
 
-@pytest.mark.parametrize("arch", ["resnet18", "efficientnet-b0"])
-def test_onnx_round_trip(tmp_path, script, arch):
-    onnx, onnxruntime = pytest.importorskip("onnx"), pytest.importorskip("onnxruntime")
-    weights = tmp_path / f"{arch}.pth"
+def onnx_logits(path: Path, images: torch.Tensor) -> np.ndarray:
+    onnxruntime = pytest.importorskip("onnxruntime")
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {"input": images.numpy()})[0]
+
+
+@pytest.mark.skipif(not torch_export_writes_onnx(), reason="torch.export's ONNX exporter needs torch 2.6 and onnxscript")
+@pytest.mark.parametrize("arch, layout", [("resnet18", "nchw"), ("tiny", "channels-last"), ("efficientnet-b0", "nchw")])
+def test_onnx_through_torch_export_runs_any_batch_and_carries_the_model_record(tmp_path, script, tiny_arch, arch,
+                                                                               layout):
+    """The default export: torch.export's exporter, opset 18, the batch free (-b sizes only the example: batch 1
+    and 5 run), PyTorch's logits; a checkpoint saved from a channels-last model exports the same."""
+    onnx = pytest.importorskip("onnx")
+    weights = tmp_path / "model.pth"
     model = randomised(build_model(arch, num_classes=10), seed=3).eval()
-    torch.save(model.state_dict(), weights)
-    output = tmp_path / "out" / f"{arch}.onnx"
-    result = script("model2onnx.py", "--arch", arch, "--weights", weights, "--output", output,
-                    "-b", "2", "--image-size", "64", "--dynamic-batch")
+    state = model.to(memory_format=torch.channels_last).state_dict() if layout == "channels-last" else model.state_dict()
+    first = next(name for name, tensor in state.items() if tensor.dim() == 4)  # the stem's convolution
+    assert state[first].is_contiguous() == (layout == "nchw")
+    torch.save(state, weights)
+    output = tmp_path / "out" / "model.onnx"
+    result = script("model2onnx.py", "--arch", arch, "--weights", weights, "--output", output, "--image-size",
+                    "64", "-b", "3")
     assert result.returncode == 0, result.stderr
-    assert "max abs difference" in result.stdout
+    assert f"Exporting {arch} (10 classes) at 64x64, batch dynamic, opset 18" in result.stdout
+    assert "at batch 3 and 1:" in result.stdout and "exported through torch.export)" in result.stdout
+    assert "TorchScript" not in result.stdout + result.stderr and "Warning" not in result.stderr
     graph = onnx.load(str(output))
+    assert graph.opset_import[0].version == 18
     assert graph.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
-    session = onnxruntime.InferenceSession(str(output), providers=["CPUExecutionProvider"])
-    images = torch.randn(3, 3, 64, 64)
-    (got,) = session.run(None, {"input": images.numpy()})
-    with torch.no_grad():
-        expected = model(images).numpy()
-    assert got.shape == (3, 10)
-    assert np.abs(got - expected).max() < 1e-3
+    record = json.loads({entry.key: entry.value for entry in graph.metadata_props}["image_classification"])
+    assert (record["arch"], record["num_classes"], record["classes"]) == (arch, 10, [str(i) for i in range(10)])
+    assert record["preprocessing"]["image_size"] == 64
+    model = model.to(memory_format=torch.contiguous_format)
+    for batch in (1, 5):
+        images = torch.randn(batch, 3, 64, 64)
+        with torch.no_grad():
+            expected = model(images).numpy()
+        got = onnx_logits(output, images)
+        assert got.shape == (batch, 10) and np.abs(got - expected).max() < 1e-4
+
+
+def test_no_dynamic_batch_fixes_the_batch_to_b(tiny_weights, tmp_path, script):
+    onnx = pytest.importorskip("onnx")
+    output = tmp_path / "fixed.onnx"
+    result = script("model2onnx.py", *tiny_weights[:-2], "-b", "4", "--no-dynamic-batch", "--output", output)
+    assert result.returncode == 0, result.stderr
+    assert "batch 4, opset 18" in result.stdout and "at batch 4:" in result.stdout
+    assert onnx.load(str(output)).graph.input[0].type.tensor_type.shape.dim[0].dim_value == 4
+
+
+@pytest.mark.skipif(not torch_export_writes_onnx(), reason="torch.export's ONNX exporter needs torch 2.6 and onnxscript")
+def test_where_torch_export_fails_for_a_model_the_torchscript_exporter_writes_it_said_in_one_line(
+        tiny_weights, tmp_path, monkeypatch, script):
+    pytest.importorskip("onnx")
+    from image_classification.deploy import torch_export
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("Could not guard on data-dependent expression u0 > 0\n(a long explanation)")
+
+    monkeypatch.setattr(torch_export, "_export_through_torch_export", fails)
+    output = tmp_path / "fallback.onnx"
+    result = script("model2onnx.py", *tiny_weights, "--output", output)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        "note: ONNX through the TorchScript-based exporter: torch.export's exporter failed for this model "
+        "(RuntimeError: Could not guard on data-dependent expression u0 > 0)"]
+    assert "exported through TorchScript)" in result.stdout and "at batch 2 and 1:" in result.stdout
+    assert onnx_logits(output, torch.zeros(3, 3, 32, 32)).shape == (3, 3)  # its batch is free too
+
+
+@pytest.mark.skipif(not torch_export_writes_onnx(), reason="torch.export's ONNX exporter needs torch 2.6 and onnxscript")
+@pytest.mark.parametrize("argv, message", [
+    (["--opset", "17"], "note: ONNX through the TorchScript-based exporter: opset 17 was asked for, and "
+                        "torch.export's exporter writes opset 18 and later"),
+])
+def test_an_opset_below_18_is_written_by_the_torchscript_exporter_said_in_one_line(tiny_weights, tmp_path, script,
+                                                                                    argv, message):
+    onnx = pytest.importorskip("onnx")
+    output = tmp_path / "old.onnx"
+    result = script("model2onnx.py", *tiny_weights, *argv, "--output", output)
+    assert result.returncode == 0 and result.stderr.splitlines() == [message], result.stderr
+    assert onnx.load(str(output)).opset_import[0].version == 17
 
 
 def test_onnx_mismatch_fails_and_writes_nothing(tmp_path, monkeypatch, capsys):
@@ -137,6 +201,7 @@ def test_sigterm_during_model2onnx_stops_with_exit_75_and_writes_nothing(tmp_pat
     assert code == 75 and unhandled == [] and "Traceback" not in err
     assert err.endswith(f"\nStopped by SIGTERM while exporting the model to ONNX; {output} was not written "
                         "(exit code 75)\n")
+    assert "TorchScript" not in err  # stopped inside torch.export, not taken for its failure
     assert list(output.parent.iterdir()) == []  # neither the file nor its temporary
 
 
@@ -145,6 +210,7 @@ def test_default_onnx_path():
     assert export.default_onnx_path(ngc, "resnet50") == Path("w/nvidia_resnet50_200821.onnx")
     assert export.default_onnx_path("pth_models/model.pt", "resnet50") == Path("pth_models/model.onnx")
     assert export.default_onnx_path(None, "resnet18") == Path("resnet18.onnx")
+    assert export.default_onnx_path(ngc, "resnet50", extension=".pt2") == Path("w/nvidia_resnet50_200821.pt2")
 
 
 @pytest.mark.parametrize("missing", ["onnx", "onnxruntime"])

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
 from helpers import run_config, score_validations
-from image_classification.records.raport import read_raport
+from image_classification.records.raport import epoch_records, read_raport
 from image_classification.training import main
 
 
@@ -336,7 +337,8 @@ def test_a_run_with_no_iteration_after_its_warmup_prints_no_throughput(tmp_path,
                for k, v in r["data"].items()}
     assert "train.total_ips" not in summary and "val.compute_latency" not in summary
     assert summary["train.wall_ips"] == pytest.approx(4.0) and "train.loss" in summary
-    assert "Summary:" in out and "train.total_ips" not in out.split("Summary:")[-1]
+    summary = next(line for line in out.splitlines() if line.startswith("Summary"))
+    assert "train loss " in summary and "img/s" not in summary, summary
 
 
 def test_a_log_file_gets_a_line_with_a_time_left_while_a_pass_lasts(tmp_path, monkeypatch, capsys):
@@ -349,7 +351,7 @@ def test_a_log_file_gets_a_line_with_a_time_left_while_a_pass_lasts(tmp_path, mo
     assert main(SYNTHETIC + ["--prof", "5", "-p", "10", "--epochs", "1", "--workspace", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     beats = [index for index, line in enumerate(lines) if line.startswith("epoch 1: ")]
-    window = next(index for index, line in enumerate(lines) if "Epoch: 1 Iteration: 5 " in line)
+    window = next(index for index, line in enumerate(lines) if line.startswith("Epoch 1/1 [5/5] loss "))
     assert [lines[index].split(",")[0] for index in beats] == [f"epoch 1: {n}/5 iterations" for n in range(1, 5)]
     assert beats[-1] < window and " so far, about " in lines[beats[-1]] and lines[beats[-1]].endswith(" left")
     assert any(line.startswith("val 1: 1/5 iterations") for line in lines)
@@ -370,8 +372,8 @@ def test_a_validation_window_line_shows_the_accuracy_so_far(image_folder, tmp_pa
     assert main(["-a", "resnet18", "--image-size", "32", "-b", "8", "--device", "cpu", "--data-backend", "pytorch",
                  "-j", "0", "-p", "1", "--epochs", "1", "--no-checkpoints", "--workspace",
                  str(tmp_path), str(image_folder)]) == 0
-    top1 = [line.split("val.top1 : ")[1].split(" %")[0] for line in capsys.readouterr().out.splitlines()
-            if line.startswith("DLL") and "val.top1" in line and "Summary" not in line]
+    top1 = re.findall(r"^Epoch 1/1(?: val \[\d/2\]|: .*; val) loss [\d.]+, top1 ([\d.]+)%",
+                      capsys.readouterr().out, re.M)
     assert top1 == ["100.00", "66.67", "66.67"]  # the windows so far, then the epoch
 
 
@@ -391,7 +393,7 @@ def test_the_summary_gives_the_last_epoch_s_top1_and_the_best_with_its_epoch(tmp
 
 
 def test_what_a_run_says_counts_epochs_from_1_and_its_records_keep_the_reference_s_index(tmp_path, capsys):
-    """A run of 2 epochs says epochs 1 and 2 everywhere a person reads (the start, each DLL line, each save, the
+    """A run of 2 epochs says epochs 1 and 2 everywhere a person reads (the start, each log line, each save, the
     resume, checkpoint2model.py) while the raport's steps stay [0], [1] as the reference's DLLogger wrote them."""
     import sys
     from unittest import mock
@@ -402,9 +404,9 @@ def test_what_a_run_says_counts_epochs_from_1_and_its_records_keep_the_reference
     assert main(run + ["--epochs", "2"]) == 0
     out = capsys.readouterr().out
     assert "RUNNING EPOCHS FROM 1 TO 2" in out
-    assert [line.split(" - ")[1].split(" train.")[0] for line in out.splitlines()
-            if line.startswith("DLL ") and " Iteration: 1 train." in line] == ["Epoch: 1 Iteration: 1",
-                                                                               "Epoch: 2 Iteration: 1"]
+    assert re.findall(r"^(Epoch \d+/\d+ \[1/1\]) loss ", out, re.M) == ["Epoch 1/2 [1/1]", "Epoch 2/2 [1/1]"]
+    assert [line.split(":")[0] for line in out.splitlines() if line.startswith("Epoch") and ": train " in line] \
+        == ["Epoch 1/2", "Epoch 2/2"]
     assert [line.split("(")[-1] for line in out.splitlines() if line.startswith("SAVING")] == \
         ["end of epoch 1)", "end of epoch 2)"]
     steps = [r["step"] for r in read_raport(tmp_path / "experiment_raport.json") if isinstance(r.get("step"), list)]
@@ -419,8 +421,8 @@ def test_what_a_run_says_counts_epochs_from_1_and_its_records_keep_the_reference
         assert commands.checkpoint2model() == 0
     assert ", end of epoch 3, best top1 " in capsys.readouterr().out
     assert main(SYNTHETIC + ["--prof", "1", "--evaluate", "--resume", str(tmp_path / "checkpoint.pth.tar")]) == 0
-    evaluated = [line for line in capsys.readouterr().out.splitlines() if line.startswith("DLL ")]
-    assert evaluated and all(" - Epoch: 3 " in line for line in evaluated if "Summary" not in line)  # its weights'
+    evaluated = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("Evaluation", "Epoch"))]
+    assert evaluated and all(line.startswith("Evaluation (weights of epoch 3)") for line in evaluated)  # its weights'
 
 
 def test_the_summary_line_of_a_last_validation_without_a_figure_says_so():
@@ -433,3 +435,31 @@ def test_the_summary_line_of_a_last_validation_without_a_figure_says_so():
     assert top1_summary((1, ValResult(nan, nan, 4, 4)), 0.0, -1, evaluation=False, best_file=None) == \
         "val top1: last none (epoch 1: its outputs were not finite)"  # no finite validation yet: no best
     assert top1_summary(None, 0.0, -1, evaluation=False, best_file=None) is None  # --training-only
+
+
+def test_a_run_prints_one_short_line_per_window_and_per_epoch_and_its_raport_keeps_every_record(tmp_path, capsys):
+    """What a person reads: no DLL line, no FP32 loss scale, no ema figures without an EMA; one line a print window
+    and one an epoch, short; the raport still records the loss scale and the epoch's VERBOSE figures."""
+    assert main(SYNTHETIC + ["--prof", "2", "-p", "1", "--epochs", "2", "--no-checkpoints",
+                             "--workspace", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert not [line for line in lines if line.startswith("DLL") or "scale" in line or "val_ema" in line]
+    progress = [re.sub(r"\d[\d,]*\.\d+|\b\d{1,3}(?:,\d{3})+\b|\b\d+(?= img/s)", "#", line) for line in lines
+                if line.startswith(("Epoch ", "Summary"))]
+    assert progress[:5] == [
+        "Epoch 1/2 [1/2] loss #, # img/s, lr #", "Epoch 1/2 [2/2] loss #, # img/s, lr #",
+        "Epoch 1/2 val [1/2] loss #, top1 #%, top4 #%, # img/s", "Epoch 1/2 val [2/2] loss #, top1 #%, top4 #%, # img/s",
+        "Epoch 1/2: train loss #, # img/s, lr #; val loss #, top1 #%, top4 #%"]
+    assert progress[-1] == "Summary (each figure's best epoch; throughput over the run): train loss #, # img/s; " \
+        "val loss #, top1 #%, top4 #%"
+    assert len(progress) == 11 and max(map(len, progress)) < 120
+    for figures in epoch_records(tmp_path / "experiment_raport.json").values():
+        assert {"train.grad_scale", "train.image_size", "train.data_time", "val.compute_latency_at99"} <= set(figures)
+
+
+def test_an_fp16_run_shows_its_loss_scale_in_each_window(tmp_path, tiny_arch, capsys):
+    assert main(["--data-backend", "synthetic", "-a", tiny_arch, "--image-size", "32", "-b", "2", "--num-classes",
+                 "4", "--prof", "2", "-p", "1", "--epochs", "1", "--training-only", "--no-checkpoints", "--amp",
+                 "--amp-dtype", "float16", "--static-loss-scale", "128", "--workspace", str(tmp_path)]) == 0
+    windows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Epoch 1/1 [")]
+    assert len(windows) == 2 and all(line.endswith(", loss scale 128") for line in windows), windows

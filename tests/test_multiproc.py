@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import multiproc_cmd, run_process
+from helpers import multiproc_cmd, patient, run_process
 from image_classification import multiproc
 from image_classification.system import slurm, worker_shim
 from image_classification.system.cli import run
@@ -31,8 +31,8 @@ if sys.argv[1:2] == ["fail"]:
     if os.environ["RANK"] == "1":
         time.sleep(0.5)
         sys.exit(3)
-    time.sleep(120)
-    print("rank 0 slept its 120 s", flush=True)
+    time.sleep(600)  # a rank 0 left to sleep shows: the job outlives the limit, or says it slept
+    print("rank 0 slept its 600 s", flush=True)
 """
 
 
@@ -45,8 +45,8 @@ def worker_script(tmp_path) -> Path:
 
 def test_multiproc_sets_the_environment_and_logs_ranks_above_0(worker_script, tmp_path):
     logs = tmp_path / "logs"
-    result = run_process(multiproc_cmd(4, worker_script, "a", "--b", log_dir=logs), cwd=tmp_path, timeout=120,
-                         env={**os.environ, "QUIET_RANK": "3"})
+    result = run_process(multiproc_cmd(4, worker_script, "a", "--b", log_dir=logs), cwd=tmp_path,
+                         timeout=patient(120), env={**os.environ, "QUIET_RANK": "3"})
     assert result.returncode == 0, result.stderr
     port = result.stdout.split("(master 127.0.0.1:")[1].split(")")[0]
     assert f"0 0 4 127.0.0.1 {port} a --b" in result.stdout
@@ -59,7 +59,7 @@ def test_multiproc_sets_the_environment_and_logs_ranks_above_0(worker_script, tm
 
 
 def test_a_failing_worker_stops_the_others(worker_script, tmp_path):
-    result = run_process(multiproc_cmd(2, worker_script, "fail"), cwd=tmp_path, timeout=120)
+    result = run_process(multiproc_cmd(2, worker_script, "fail"), cwd=tmp_path, timeout=patient(300))
     assert result.returncode == 1
     assert "slept" not in result.stdout  # rank 0 was stopped in its sleep, not left to finish it
     # rank 0's own line, then ours; torch elastic's "failed (exitcode: 3) ..." and SIGTERM lines held back

@@ -11,7 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import refused, sigterm_during_the_export, sigterm_noted, tiny_registered
+from helpers import (refused, reuse_exports, sigterm_during_the_export, sigterm_noted, tiny_registered,
+                     torch_export_writes_onnx)
 from image_classification.deploy import onnx_runtime
 from image_classification.deploy.inference import main as classify_main
 from image_classification.models import build_model
@@ -22,11 +23,17 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
 
+@pytest.fixture(autouse=True)
+def exports_reused(monkeypatch) -> None:
+    """Each model is exported for real once in the module, then its file copied (helpers.reuse_exports)."""
+    reuse_exports(monkeypatch)
+
+
 @pytest.fixture
-def weights(tmp_path) -> Path:
+def weights(tmp_path, tiny_arch) -> Path:
     torch.manual_seed(0)
     path = tmp_path / "tiny.pth"
-    torch.save(build_model("resnet18", num_classes=4).state_dict(), path)
+    torch.save(build_model("tiny", num_classes=4).state_dict(), path)
     return path
 
 
@@ -68,7 +75,7 @@ def no_export(*args, **kwargs):
 
 
 def test_onnxruntime_predicts_what_torch_fp32_does_and_exports_once(weights, images, cache, capsys, monkeypatch):
-    common = ["--arch", "resnet18", "--weights", str(weights), "--image", *images, "--image-size", "64",
+    common = ["--arch", "tiny", "--weights", str(weights), "--image", *images, "--image-size", "64",
               "--topk", "4", "--cpu"]
     plain = predictions(capsys, common + ["--precision", "FP32", "--memory-format", "nchw"])
     onnx = predictions(capsys, common + ["--runtime", "onnxruntime"])
@@ -79,7 +86,7 @@ def test_onnxruntime_predicts_what_torch_fp32_does_and_exports_once(weights, ima
     monkeypatch.setattr(onnx_runtime, "export_onnx", no_export)
     assert predictions(capsys, common + ["--runtime", "onnxruntime"]) == onnx  # the cached file, as is
 
-    changed = build_model("resnet18", num_classes=4).state_dict()
+    changed = build_model("tiny", num_classes=4).state_dict()
     changed["fc.bias"] += 1.0
     torch.save(changed, weights)
     monkeypatch.setattr(onnx_runtime, "export_onnx", exporter)
@@ -89,7 +96,7 @@ def test_onnxruntime_predicts_what_torch_fp32_does_and_exports_once(weights, ima
 
 def test_onnxruntime_refuses_amp_cuda_without_its_provider_and_an_unwritable_cache(
         weights, images, tmp_path, monkeypatch, capsys):
-    common = ["--arch", "resnet18", "--weights", str(weights), "--image", images[0], "--image-size", "64",
+    common = ["--arch", "tiny", "--weights", str(weights), "--image", images[0], "--image-size", "64",
               "--runtime", "onnxruntime"]
     assert run(classify_main, common + ["--precision", "AMP"]) == 2
     assert capsys.readouterr().err.startswith("error: --runtime onnxruntime runs the exported graph as it is")
@@ -121,7 +128,7 @@ def test_the_cache_key_follows_every_tensor_and_the_crop_size():
 
 
 def test_a_damaged_cache_file_is_exported_again(weights, images, cache, capsys):
-    common = ["--arch", "resnet18", "--weights", str(weights), "--image", images[0], "--image-size", "64",
+    common = ["--arch", "tiny", "--weights", str(weights), "--image", images[0], "--image-size", "64",
               "--runtime", "onnxruntime"]
     first = predictions(capsys, common)
     (cached,) = cache.glob("*.onnx")
@@ -155,6 +162,7 @@ def tiny_cache(tmp_path_factory) -> TinyCache:
     keys = []
     with tiny_registered(), pytest.MonkeyPatch.context() as patch:
         patch.setenv(onnx_runtime.CACHE_ENV, str(root / "cache"))
+        reuse_exports(patch)
         for seed, name in ((0, "tiny.pth"), (1, "other.pth")):
             torch.manual_seed(seed)
             model = build_model("tiny", num_classes=4).eval()
@@ -316,3 +324,64 @@ def test_weights_whose_logits_overflow_are_refused_before_any_export(tiny, image
     monkeypatch.setattr(onnx_runtime, "export_onnx", no_export)
     line = refused(run(classify_main, argv + ["--runtime", "onnxruntime"]), capsys)
     assert line == "error: the model's outputs are NaN or inf on a probe image; its predictions would mean nothing"
+
+
+# -- the exporter -----------------------------------------------------------------------------------------
+@pytest.mark.skipif(not torch_export_writes_onnx(), reason="torch.export's ONNX exporter needs torch 2.6 and onnxscript")
+def test_the_cache_holds_exports_of_torch_export_and_never_reads_those_of_the_old_exporter(tiny, monkeypatch):
+    """The record says which exporter wrote the file; the key covers the opset and the exporter tried first, so a
+    file the TorchScript-based exporter wrote at opset 17 (before torch.export's was the default) is never read."""
+    record = json.loads(tiny.file(tiny.key, ".json").read_text())
+    assert record["format"] == 2 and record["written_by"] == "torch.export"
+    assert (record["exported"]["exporter"], record["exported"]["opset"]) == ("torch.export", 18)
+    model = build_model("tiny", num_classes=4)
+    model.load_state_dict(torch.load(tiny.weights))
+    assert onnx_runtime.weights_key(model, TINY_SIZE) == tiny.key
+    monkeypatch.setattr(onnx_runtime, "OPSET", 17)
+    assert onnx_runtime.weights_key(model, TINY_SIZE) != tiny.key
+    monkeypatch.setattr(onnx_runtime, "OPSET", 18)
+    monkeypatch.setattr(onnx_runtime, "torch_export_unavailable", lambda opset: "onnxscript is not installed")
+    assert onnx_runtime.weights_key(model, TINY_SIZE) != tiny.key
+
+
+@pytest.mark.skipif(not torch_export_writes_onnx(), reason="torch.export's ONNX exporter needs torch 2.6 and onnxscript")
+def test_a_model_torch_export_fails_for_is_cached_from_the_torchscript_exporter_and_then_read_back(
+        tiny, images, capsys, monkeypatch):
+    from image_classification.deploy import torch_export
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("Dynamic control flow is not supported")
+
+    argv = tiny_argv(tiny, images)
+    plain = torch_predictions(capsys, argv)
+    shutil.rmtree(tiny.folder)
+    monkeypatch.setattr(torch_export, "_export_through_torch_export", fails)
+    assert run(classify_main, argv + ["--runtime", "onnxruntime", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [f"note: exporting the model to ONNX once, cached as {tiny.file(tiny.key)}",
+                                "note: ONNX through the TorchScript-based exporter: torch.export's exporter failed "
+                                "for this model (RuntimeError: Dynamic control flow is not supported)"]
+    assert_same_predictions([json.loads(line) for line in out.splitlines()], plain)
+    record = json.loads(tiny.file(tiny.key, ".json").read_text())
+    assert (record["written_by"], record["exported"]["exporter"]) == ("TorchScript", "torch.export")
+    monkeypatch.setattr(onnx_runtime, "export_onnx", no_export)
+    assert run(classify_main, argv + ["--runtime", "onnxruntime", "--json"]) == 0
+    assert capsys.readouterr().err == ""  # proven and used: no export through torch.export tried again
+
+
+def test_a_channels_last_model_exports_what_its_nchw_twin_computes(tiny, capsys):
+    torch.manual_seed(5)
+    model = build_model("tiny", num_classes=4).eval()
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if tensor.is_floating_point():  # every weight and statistic other than a fresh model's
+                tensor.copy_(torch.rand_like(tensor) + 0.5 if "running_var" in name else torch.randn_like(tensor) * 0.2)
+    twin = build_model("tiny", num_classes=4).eval()
+    twin.load_state_dict(model.state_dict())
+    model = model.to(memory_format=torch.channels_last)
+    assert not model.conv1.weight.is_contiguous()
+    assert onnx_runtime.weights_key(model, TINY_SIZE) == onnx_runtime.weights_key(twin, TINY_SIZE)
+    exported = onnx_runtime.OnnxModel(model, TINY_SIZE, log=lambda line: None)
+    images = torch.randn(5, 3, TINY_SIZE, TINY_SIZE).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        torch.testing.assert_close(exported(images), twin(images.contiguous()), rtol=0, atol=1e-4)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, free_port, one_error_line
+from helpers import REPO, free_port, one_error_line, patient
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 COMMANDS = {"ic-train", "ic-launch", "ic-classify", "ic-multiproc", "ic-checkpoint2model", "ic-model2onnx",
@@ -77,11 +77,13 @@ def installed(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("packaging")
     source = _copy_of_the_repository(root / "source")
     venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=patient(120))
     # pip and setuptools come from this environment, so the venv needs neither nor a download
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-deps", "--no-build-isolation",
            "--no-index", "--disable-pip-version-check", "-q"]
-    result = subprocess.run([*pip, str(source)], capture_output=True, text=True, timeout=300, env=_env())
+    result = subprocess.run([*pip, str(source)], capture_output=True, text=True, timeout=patient(300),
+                            env=_env())
     assert result.returncode == 0, result.stderr[-3000:]
     shutil.rmtree(source)  # the installed package must stand on its own
     return venv
@@ -93,8 +95,8 @@ def _env() -> dict[str, str]:
 
 
 def _run(venv: Path, command: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(venv / "bin" / command), *args], capture_output=True, text=True, timeout=300,
-                          cwd=cwd, env=_env())
+    return subprocess.run([str(venv / "bin" / command), *args], capture_output=True, text=True,
+                          timeout=patient(300), cwd=cwd, env=_env())
 
 
 def test_pip_install_gives_the_package_and_its_commands(installed, tmp_path):
@@ -105,7 +107,7 @@ def test_pip_install_gives_the_package_and_its_commands(installed, tmp_path):
              "print(json.dumps([p.__file__, sorted(e.name for e in eps if callable(e.load()))]))")
     runs = {
         "probe": lambda: subprocess.run([str(installed / "bin" / "python"), "-c", probe], capture_output=True,
-                                        text=True, cwd=tmp_path, env=_env(), timeout=120),
+                                        text=True, cwd=tmp_path, env=_env(), timeout=patient(120)),
         "train": lambda: _run(installed, "ic-train", "-h", cwd=tmp_path),
         "presets": lambda: _run(installed, "ic-launch", "--list", cwd=tmp_path),
         # an installed command as the training script, found beside the venv's Python (PATH lacks it)
@@ -158,12 +160,13 @@ def test_the_make_set_up_installs_the_commands_into_its_environment(tmp_path):
     pyproject = repo / "pyproject.toml"
     pyproject.write_text(pyproject.read_text().replace('name = "image-classification"', 'name = "ic-copy"', 1))
     venv = repo / ".venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=patient(120))
     (venv / ".installed").touch()  # requirements.txt installed (they are this environment's, on PYTHONPATH)
 
     def make(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["make", "--no-print-directory", *args], cwd=repo, capture_output=True, text=True,
-                              timeout=300, env=_env())
+                              timeout=patient(300), env=_env())
 
     for target in ("demo", "test"):
         assert "--editable ." in make("-n", target).stdout, target
@@ -173,7 +176,7 @@ def test_the_make_set_up_installs_the_commands_into_its_environment(tmp_path):
     assert "--editable ." not in make("-n", "demo").stdout  # done once
     assert {path.name for path in (venv / "bin").iterdir()} >= COMMANDS
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import image_classification as p; print(p.__file__)"],
-                           capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=120)
+                           capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=patient(120))
     assert Path(where.stdout.strip()).is_relative_to(repo / "image_classification"), where.stderr
     assert one_error_line(_run(venv, "ic-pack", "src", "dst", cwd=tmp_path)) == "error: SRC src does not exist"
     assert not [p for pattern in BUILD_LEFTOVERS for p in repo.glob(pattern)]

@@ -103,8 +103,8 @@ def test_extracted_weights_keep_the_description_and_export_uses_it(trained, tmp_
     onnx = pytest.importorskip("onnx")  # the export needs it, and reads the graph with it
     onnx_path = tmp_path / "w.onnx"
     assert run(model2onnx_main, ["--weights", str(weights), "--output", str(onnx_path), "-b", "1"]) == 0
-    dims = [d.dim_value for d in onnx.load(str(onnx_path)).graph.input[0].type.tensor_type.shape.dim]
-    assert dims == [1, 3, 32, 32]
+    batch, *dims = onnx.load(str(onnx_path)).graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_value for d in dims] == [3, 32, 32] and batch.dim_param  # the image size recorded; a free batch
 
 
 def test_a_head_mismatch_names_the_class_count_and_the_flag(trained, tmp_path, capsys, image_folder):

@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import REPO, refused, tiny_registered
+from helpers import REPO, refused, reuse_exports, tiny_registered
 from image_classification.deploy import onnx_runtime, quantization
 from image_classification.deploy.export import model2onnx_main
 from image_classification.deploy.inference import main as classify_main
@@ -116,6 +116,13 @@ def trained(image_folder, tmp_path_factory) -> Trained:
     return Trained(root / "run" / "checkpoint.pth.tar", image_folder, root / "cache")
 
 
+@pytest.fixture(autouse=True)
+def exports_reused(monkeypatch) -> None:
+    """Each FP32 graph is exported for real once in the module, then its file copied (helpers.reuse_exports);
+    the int8 quantization runs every time."""
+    reuse_exports(monkeypatch)
+
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch) -> Path:
     folder = tmp_path / "cache"
@@ -177,6 +184,7 @@ def int8_cache(trained, tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("int8-cache")
     with tiny_registered(), pytest.MonkeyPatch.context() as patch:
         patch.setenv(onnx_runtime.CACHE_ENV, str(folder))
+        reuse_exports(patch)
         loaded = load_model(None, str(trained.checkpoint))
         preprocessing = loaded.resolve_preprocessing(None, log=lambda line: None)
         calibration = calibrate(Int8Request(str(trained.data / "train"), 9), preprocessing, log=lambda line: None)
@@ -427,8 +435,9 @@ def test_a_triton_model_is_never_written_over_another(trained, tiny_arch, tmp_pa
 
 # -- the modules' order -----------------------------------------------------------------------------------
 def test_the_deployment_modules_import_only_downward():
-    """export -> inference -> onnx_runtime -> quantization: none imports one above it, even inside a function."""
-    order = ["export", "inference", "onnx_runtime", "quantization"]
+    """export -> inference -> aoti -> onnx_runtime -> quantization -> torch_export: none imports one above it, even
+    inside a function."""
+    order = ["export", "inference", "aoti", "onnx_runtime", "quantization", "torch_export"]
     for position, name in enumerate(order):
         tree = ast.parse((REPO / "image_classification" / "deploy" / f"{name}.py").read_text())
         imported = {node.module.lstrip(".").split(".")[0] for node in ast.walk(tree)

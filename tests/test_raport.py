@@ -1,4 +1,5 @@
-"""The raport's DLLogger format: JSON lines with the reference's records, and the ``DLL`` stdout lines."""
+"""The raport's DLLogger format: JSON lines with the reference's records, and what standard output shows of them
+(DLLogger's ``DLL`` lines, or a console's)."""
 
 import io
 import json
@@ -33,6 +34,47 @@ def test_records_and_stdout_follow_dllogger(tmp_path):
     assert "train.total_ips : 100.00 images/s" in lines[0]
     assert " - Summary: " in lines[-1]
     json.loads(open(tmp_path / "r.json").readline()[5:])
+
+
+def _stampless(path) -> list[dict]:
+    return [{k: v for k, v in record.items() if k not in ("timestamp", "datetime", "elapsedtime")}
+            for record in read_raport(path)]
+
+
+def test_a_console_chooses_what_standard_output_shows_and_the_file_keeps_every_record(tmp_path):
+    """With a console, each record (window, epoch, summary) is one line of its choosing, given the record's
+    figures of both levels (the non-finite left out), and nothing else is printed; the file is the one a raport
+    without a console writes, record for record."""
+    from image_classification.records.raport import TIME_META, VERBOSE
+
+    shown = []
+
+    def console(step, values):
+        shown.append((step, values))
+        return None if step == [0, 1] else f"line {step}"
+
+    outputs = {}
+    for name, chosen in (("plain", None), ("console", console)):
+        outputs[name] = out = io.StringIO()
+        raport = Raport(tmp_path / f"{name}.json", stdout=out, console=chosen)
+        raport.parameters({"lr": 0.1})
+        raport.register("train.loss", "loss", LOSS_META)
+        raport.register("train.data_time", "perf", TIME_META, VERBOSE)
+        raport.register("train.compute_time", "perf", TIME_META, VERBOSE)
+        for i, (loss, data_time) in enumerate(((2.0, 0.5), (1.0, float("nan")))):
+            raport.record("train.loss", loss, 4)
+            raport.record("train.data_time", data_time)
+            raport.record("train.compute_time", 0.25)
+            raport.log_window("train", [0, i + 1])
+        raport.end_epoch(0)
+        raport.end()
+        raport.close()
+    assert _stampless(tmp_path / "plain.json") == _stampless(tmp_path / "console.json")
+    assert [step for step, _ in shown] == [[0, 1], [0, 2], [0], []]
+    assert shown[1][1] == {"train.loss": 1.0, "train.compute_time": 0.25}  # the NaN left out, as in the record
+    assert shown[2][1] == {"train.loss": 1.5, "train.compute_time": 0.25}  # the epoch's figures of both levels
+    assert outputs["console"].getvalue().splitlines() == ["line [0, 2]", "line [0]", "line []"]
+    assert all(line.startswith("DLL ") for line in outputs["plain"].getvalue().splitlines())
 
 
 def test_quantile_is_numpy_nearest():

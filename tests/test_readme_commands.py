@@ -72,6 +72,8 @@ NOT_RUN = {
                                  "times: tests/test_benchmarks.py runs it against stand-ins",
     r"benchmarks/resize_timing\.py": "six full trainings, an hour on 2 cores: tests/test_resize_timing.py runs it on tiny "
                                   "ones (slow)",
+    r"\.pt2\b|--runtime aoti|--paths .*\baoti\b": "compiles a package, a minute or more on 2 cores even at 32 px: "
+                                                "tests/test_aoti.py compiles, runs and validates one (slow)",
 }
 
 SMOKE = r"^python main\.py --evaluate --resume workspace/digits/"
@@ -105,6 +107,7 @@ SUBSTITUTIONS = [
     (r"--photos \d+(?! \d)", "--photos 3"),
     (r"--batch-sizes( \d+)+", "--batch-sizes 1"),
     (r"--iterations \d+", "--iterations 2"),
+    (r"(export_time\.py .*) --pt2\b", r"\1"),  # the package's compilation: tests/test_aoti.py (slow)
     # FFCV's recipes ramp the crops and peak the learning rate past the one epoch the commands run: a step to the
     # largest crop at epoch 0 (END 0, the first epoch at MAX, within the one epoch) and the peak there
     (r"(--recipe fast-\d+)", r"\1 --progressive-resize 32 64 0 0 --lr-peak-epoch 0"),
@@ -112,6 +115,7 @@ SUBSTITUTIONS = [
 # extra flags per script (beyond TINY_TRAINING for the training scripts)
 SCRIPT_FLAGS = {
     "infer_throughput.py": ["-a", "resnet18", "--image-size", "32", "--iters", "1", "--repeats", "1", "--warmup", "0"],
+    "export_time.py": ["-a", "resnet18", "--image-size", "32", "--repeats", "1"],
     "benchmark_loader.py": ["-b", "4", "--epochs", "2", "--image-size", "32"],
     "benchmark_decoders.py": ["--images", "2", "--rounds", "1"],
     "dali_validation.py": ["--image-size", "32", "-b", "4", "--rounds", "1"],

@@ -9,8 +9,13 @@ figures = load_script("readme_figures")
 
 DEMO_OUTPUT = """\
 => python main.py --data-backend pytorch ...
-DLL 2026-11-22T23:23:18.438596 - Epoch: 5 train.loss : 0.64 val.top1 : 99.44 %
-DLL 2026-11-22T23:23:18.438596 - Summary: train.loss : 0.64281 train.total_ips : 482.29 images/s train.lr : 0 val.top1 : 99.44 % val.top5 : 100.00 % val.loss : 0.6
+Epoch 5/6: train loss 0.6512, 480.1 img/s, lr 0.003; val loss 0.6101, top1 99.44%, top5 100.00%
+SAVING workspace/digits/checkpoint.pth.tar (end of epoch 5)
+Epoch 6/6 [1/23] loss 0.6423, 490.2 img/s, lr 0
+Epoch 6/6: train loss 0.6428, 482.3 img/s, lr 0; val loss 0.6111, top1 99.17%, top5 100.00%
+SAVING workspace/digits/checkpoint.pth.tar (end of epoch 6)
+Summary (each figure's best epoch; throughput over the run): train loss 0.6428, 482.29 img/s; val loss 0.6101, \
+top1 99.44%, top5 100.00%
 val top1: last 99.17% (epoch 6), best 99.44% (epoch 5, model_best.pth.tar)
 checkpoint: workspace/digits/checkpoint.pth.tar
 raport: workspace/digits/experiment_raport.json
@@ -50,11 +55,11 @@ def test_a_block_is_found_and_rewritten_in_the_docs_page_that_holds_it(tmp_path,
     assert (tmp_path / "README.md").read_text() == "# Title\n"
 
 
-def test_demo_block_keeps_the_summary_fields_and_the_result_lines():
+def test_demo_block_shows_the_run_s_last_epoch_its_summary_and_the_result_lines_as_printed():
     block = figures.demo_block(DEMO_OUTPUT, 26.4, "Some CPU (2 cores)", 41.2)
-    assert "Summary: train.loss : 0.64281 ... train.total_ips : 482.29 images/s ... val.top1 : 99.44 % ... " \
-           "val.top5 : 100.00 % ..." in block
-    assert "val.loss" not in block and "Epoch: 5" not in block and "=> python" not in block
+    assert block.startswith("```\nEpoch 6/6: train loss 0.6428, 482.3 img/s, lr 0; val loss 0.6111, top1 99.17%, ")
+    assert "\nSummary (each figure's best epoch; throughput over the run): train loss 0.6428, 482.29 img/s; " in block
+    assert "Epoch 5/6" not in block and "Epoch 6/6 [" not in block and "=> python" not in block
     assert "val top1: last 99.17% (epoch 6), best 99.44% (epoch 5, model_best.pth.tar)\ncheckpoint:" in block
     assert "Experiment ended\n```" in block
     assert "Measured on Some CPU (2 cores): `make demo` took 26 s (41 s of CPU time)" in block

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import REPO, Result, one_error_line
+from helpers import REPO, Result, one_error_line, patient
 from image_classification import launch
 from image_classification.arguments import parse_args
 
@@ -144,7 +144,8 @@ def test_a_recipe_on_a_missing_dataset_is_one_line_and_writes_nothing(tmp_path):
     """Refused before multiproc.py starts its 8 processes: no GPU_k.log files, no workspace folder."""
     recipe = REPO / "resnet50v1.5/training/AMP/DGXA100_resnet50_AMP_90E.sh"
     result = subprocess.run(["bash", str(recipe), "rn50", str(tmp_path / "imagenet")], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHON": sys.executable})
+                            capture_output=True, text=True, timeout=patient(120),
+                            env={**os.environ, "PYTHON": sys.executable})
     assert one_error_line(result) == f"error: dataset directory {tmp_path / 'imagenet'} does not exist"
     assert list(tmp_path.iterdir()) == []
 

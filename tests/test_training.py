@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -13,7 +11,7 @@ import pytest
 import torch
 
 from conftest import REPO, write_image_folder
-from helpers import refused, run_config, score_validations
+from helpers import refused, run_config, run_script, score_validations
 from image_classification.errors import TrainingDiverged
 from image_classification.records import checkpoint as ckpt
 from image_classification.records.raport import read_raport
@@ -74,11 +72,11 @@ def test_loss_falls_and_raport_holds_the_metrics(image_folder, tmp_path):
 
 
 @pytest.mark.parametrize("workers", ["0", "2"])
-def test_resume_at_an_epoch_boundary_is_bitwise_exact(image_folder, tmp_path, workers):
+def test_resume_at_an_epoch_boundary_is_bitwise_exact(image_folder, tmp_path, workers, tiny_arch):
     """The loader workers (persistent with -j 2) of the straight run meet the progressive resize's second size
     in epoch 1, where the resumed run starts."""
-    common = ["--data-backend", "pytorch", "-j", workers, "--epochs", "2", "--seed", "7", "--mixup", "0.2",
-              "--label-smoothing", "0.1", "--lr-schedule", "cosine", "--use-ema", "0.9",
+    common = ["-a", tiny_arch, "--data-backend", "pytorch", "-j", workers, "--epochs", "2", "--seed", "7",
+              "--mixup", "0.2", "--label-smoothing", "0.1", "--lr-schedule", "cosine", "--use-ema", "0.9",
               "--progressive-resize", "32", "64", "0", "1"]
     assert train(image_folder, tmp_path / "straight", *common) == 0
     assert train(image_folder, tmp_path / "staged", *common, "--run-epochs", "1") == 0
@@ -528,8 +526,8 @@ def test_bad_inputs_give_one_line_and_exit_2_and_leave_no_workspace(tmp_path, im
 
 
 def test_main_py_prints_no_traceback_for_a_user_error(tmp_path):
-    result = subprocess.run([sys.executable, "main.py", "--data-backend", "pytorch", str(tmp_path / "nowhere")],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    """main.py as a script (in this process, helpers.run_script: a fresh interpreter adds only imports)."""
+    result = run_script([REPO / "main.py", "--data-backend", "pytorch", str(tmp_path / "nowhere")], cwd=REPO)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().startswith("error: ") and "does not exist" in result.stderr
@@ -803,3 +801,14 @@ def test_the_training_loop_reads_the_device_once_per_print_window(image_folder, 
     windows = "".join("s" if event == "step" else "r" for event in events)
     fp16 = "float16" in precision
     assert windows == expected_reads(6, 2, 2 if options else 1, fp16), events
+
+
+def test_jit_script_says_in_its_help_that_it_keeps_torchscript_which_torch_deprecates():
+    """--jit script keeps the reference's meaning (TorchScript, for training and validation): the help says so,
+    and names what serves the purposes torch.export and torch.compile took over."""
+    from image_classification.arguments import build_parser
+
+    (action,) = [a for a in build_parser()._actions if "--jit" in a.option_strings]
+    words = " ".join(action.help.split())
+    assert "scripted with TorchScript (torch.jit.script)" in words and "torch deprecates TorchScript" in words
+    assert "--compile" in words and "torch.export" in words and action.choices == ("no", "script")

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from conftest import REPO
+from helpers import patient
 from image_classification.errors import UserError
 from image_classification.records import checkpoint as ckpt
 from image_classification.records import workspace as workspace_module
@@ -133,7 +134,7 @@ def test_a_lock_kept_by_a_child_of_a_killed_run_is_taken_over(workspace):
         print(child.pid, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    killed = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, timeout=120)
+    killed = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, timeout=patient(120))
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     child = int(killed.stdout)
     try:

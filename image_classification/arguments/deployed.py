@@ -1,5 +1,5 @@
-"""The ``evaluation of the deployed model`` group: --evaluate through ONNX Runtime, in FP32 or int8, as
-classify.py and model2onnx.py deploy the model."""
+"""The ``evaluation of the deployed model`` group: --evaluate through ONNX Runtime, in FP32 or int8, or through
+an AOTInductor package, as classify.py and model2onnx.py deploy the model."""
 
 from __future__ import annotations
 
@@ -16,13 +16,15 @@ _INT8 = int8_fields("with --runtime onnxruntime, validate")
 
 @dataclass(frozen=True)
 class DeployConfig:
-    """The ``evaluation of the deployed model`` group: what ``--evaluate`` validates, PyTorch's model or its export
-    run by ONNX Runtime, in FP32 or int8 as classify.py and model2onnx.py deploy it."""
+    """The ``evaluation of the deployed model`` group: what ``--evaluate`` validates, PyTorch's model, its export
+    run by ONNX Runtime (in FP32 or int8) or its AOTInductor package, as classify.py and model2onnx.py deploy it."""
 
-    runtime: str = flag("--runtime", default="torch", choices=("torch", "onnxruntime"),
+    runtime: str = flag("--runtime", default="torch", choices=("torch", "onnxruntime", "aoti"),
                         help="onnxruntime: validate the model exported to ONNX (cached as classify.py caches it) and "
                         "run by ONNX Runtime, through the same validation loop and raport as PyTorch's; on the "
-                        "CPU, or on CUDA with onnxruntime-gpu (default: torch)")
+                        "CPU, or on CUDA with onnxruntime-gpu; aoti: validate it compiled into an AOTInductor "
+                        "package for the run's device, as model2onnx.py --output M.pt2 writes it (tens of seconds "
+                        "to minutes of compiling) (default: torch)")
     quantize: str | None = _INT8["quantize"]
     calibration_data: str | None = _INT8["calibration_data"]
     calibration_images: int | None = _INT8["calibration_images"]
@@ -36,15 +38,16 @@ def add_deployed_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_deployed_combinations(args: argparse.Namespace) -> None:
-    """--runtime onnxruntime validates the exported graph as it is: only with --evaluate, and with nothing that
-    changes how PyTorch would run the model. Raises :class:`UserError`."""
+    """--runtime onnxruntime and aoti validate the exported model as it is: only with --evaluate, and with nothing
+    that changes how PyTorch would run the model. Raises :class:`UserError`."""
     check_int8_flags(args, needs_runtime=True)
-    if args.runtime != "onnxruntime":
+    if args.runtime == "torch":
         return
     if not args.evaluate:
-        raise UserError("--runtime onnxruntime validates an exported model: it needs --evaluate")
+        raise UserError(f"--runtime {args.runtime} validates an exported model: it needs --evaluate")
     changes = [flag for flag, given in (("--amp", args.amp), ("--jit script", args.jit != "no"),
                                         ("--compile", args.compile)) if given]
     if changes:
-        raise UserError(f"--runtime onnxruntime runs the exported graph as it is (FP32, or int8 with --quantize "
-                        f"int8); leave out {changes[0]}")
+        how = "the exported graph as it is (FP32, or int8 with --quantize int8)" if args.runtime == "onnxruntime" \
+            else "the compiled package as it is (FP32)"
+        raise UserError(f"--runtime {args.runtime} runs {how}; leave out {changes[0]}")

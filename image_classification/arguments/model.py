@@ -56,7 +56,10 @@ class ModelConfig:
                                           help="load model weights from here (NGC, torchvision or our files); "
                                           "a head of another size is replaced to fit --num-classes (default: none)")
     jit: str = flag("--jit", default="no", choices=("no", "script"),
-                    help="script the model with TorchScript (default: no)")
+                    help="script: train and validate the model scripted with TorchScript (torch.jit.script), as "
+                    "the reference does; torch deprecates TorchScript, which the run says in one => line: "
+                    "--compile makes a faster model, model2onnx.py (ONNX through torch.export, or a .pt2 "
+                    "package) deploys one (default: no)")
     compile: bool = flag("--compile", action="store_true",
                          help="compile the model with torch.compile (default: false)")
 

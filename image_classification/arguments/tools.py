@@ -16,6 +16,8 @@ from ..system.cli import UserErrorParser, positive_int, whole
 from .values import flag
 
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
+ONNX_OPSET = 18  # the lowest opset torch.export's ONNX exporter writes (deploy.torch_export)
+EXPORT_FORMATS = ("onnx", "pt2")  # model2onnx.py: an ONNX file, or an AOTInductor package
 DEFAULT_CALIBRATION_IMAGES = 100
 DEFAULT_MAX_BATCH_SIZE = 64  # of a Triton model: what dynamic batching may gather
 LARGEST_MAX_BATCH_SIZE = 2**31 - 1  # config.pbtxt's max_batch_size is an int32: Triton refuses a larger one
@@ -129,12 +131,14 @@ def classify_parser() -> argparse.ArgumentParser:
                      help="where to run; auto takes CUDA when present (default: auto)")
     run.add_argument("--memory-format", choices=("nhwc", "nchw"), default="nhwc",
                      help="nhwc: channels-last model and images, the faster layout for oneDNN and cuDNN; "
-                     "nchw: the plain layout (default: nhwc)")
+                     "nchw: the plain layout; PyTorch's model only (default: nhwc)")
     run.add_argument("--cpu", dest="device", action="store_const", const="cpu", help="same as --device cpu")
-    run.add_argument("--runtime", choices=("torch", "onnxruntime"), default="torch",
+    run.add_argument("--runtime", choices=("torch", "onnxruntime", "aoti"), default=None,
                      help="onnxruntime: export the model to ONNX once (cached by a hash of its weights) and run "
-                     "it with ONNX Runtime, on the CPU, or on CUDA with onnxruntime-gpu; needs the onnx extra "
-                     "(default: torch)")
+                     "it with ONNX Runtime, on the CPU, or on CUDA with onnxruntime-gpu; needs the onnx extra; "
+                     "aoti: run an AOTInductor package, --weights M.pt2 as written by model2onnx.py --output "
+                     "M.pt2 (its classes and preprocessing its own), or other weights compiled into one for this "
+                     "run, which takes tens of seconds to minutes (default: torch; aoti for a .pt2 package)")
     add_int8_arguments(run, "with --runtime onnxruntime, classify with")
     run.add_argument("--decode-scale", choices=DECODE_SCALES, default="auto",
                      help="auto: decode each JPEG at the smallest of libjpeg's scales (1/2, 1/4, 1/8) whose short side "
@@ -168,20 +172,30 @@ def checkpoint2model_parser() -> argparse.ArgumentParser:
 
 def model2onnx_parser() -> argparse.ArgumentParser:
     parser = UserErrorParser(prog="model2onnx.py",
-                             description="Export a model to ONNX and check the file against PyTorch with "
-                             "onnxruntime.")
+                             description="Export a model to ONNX through torch.export (checked against PyTorch "
+                             "with onnxruntime), or compile it into an AOTInductor package (.pt2, checked "
+                             "against PyTorch).")
     add_model_arguments(parser, default_arch=None)
     group = parser.add_argument_group("export")
     group.add_argument("--output", metavar="FILE", default=None,
-                       help="ONNX file to write (default: the weights' path with .onnx, or <arch>.onnx)")
-    group.add_argument("-b", "--batch-size", metavar="N", type=positive_int, default=256,
-                       help="batch size of the exported graph; with --dynamic-batch only the example's "
-                       "(default: 256)")
-    group.add_argument("--dynamic-batch", action="store_true",
-                       help="leave the batch dimension free (named 'batch') instead of fixing it to -b (always "
-                       "with --quantize int8 and --triton-repository)")
-    group.add_argument("--opset", metavar="N", type=positive_int, default=17,
-                       help="ONNX opset version (default: 17)")
+                       help="file to write: M.onnx, or M.pt2 for an AOTInductor package (default: the weights' "
+                       "path, or <arch>, with the --format's suffix)")
+    group.add_argument("--format", choices=EXPORT_FORMATS, default=None,
+                       help="onnx: an ONNX file; pt2: an AOTInductor package, the model compiled ahead of time "
+                       "for --device, run by classify.py --weights M.pt2 (default: --output's suffix, else onnx)")
+    group.add_argument("-b", "--batch-size", metavar="N", type=positive_int, default=None,
+                       help="the images the export is traced and checked on; its batch stays free, so this "
+                       "sizes only the example (at least 2: torch.export fixes a batch of 1); with "
+                       "--no-dynamic-batch the graph's fixed batch (default: 2, or 1 with --no-dynamic-batch)")
+    group.add_argument("--dynamic-batch", action=argparse.BooleanOptionalAction, default=True,
+                       help="leave the batch dimension free (named 'batch'), checked at batch 1 and at -b; "
+                       "--no-dynamic-batch fixes it to -b (ONNX only; not with --quantize int8 or "
+                       "--triton-repository) (default: free)")
+    group.add_argument("--opset", metavar="N", type=positive_int, default=None,
+                       help=f"ONNX opset version; below {ONNX_OPSET} the TorchScript-based exporter, which torch "
+                       f"deprecates, writes the file (default: {ONNX_OPSET})")
+    group.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                       help="--format pt2: what the package is compiled for, and runs on (default: cpu)")
     add_int8_arguments(group, "write the model after")
     triton = parser.add_argument_group("Triton Inference Server")
     triton.add_argument("--triton-repository", metavar="DIR", default=None,

@@ -8,11 +8,12 @@ the position), so the crops are its boxes and the pixels differ by the decoder a
 (torchvision resizes uint8 images in float32 on a GPU).  Every function here takes the device as a parameter:
 on the CPU the same code runs with the CPU's decoder, which is the ``pytorch`` backend's, and gives its
 batches bit for bit; main.py itself refuses the backend off CUDA, where the ``pytorch`` backend's workers
-decode faster.  A JPEG the device's decoder refuses is decoded on the CPU, as the ``pytorch`` backend decodes
-it, and counted (:class:`DecodeFallbacks`: the first refusal said once on stderr, the count per pass recorded in
-the raport as ``{phase}.cpu_decoded``); one neither decodes is left out and reported as that backend reports
-it.  The device running out of memory is not a refusal: torch's CUDA cache, which the decoder's own allocations
-cannot use, is emptied and the decode retried once, said once; a second time the error ends the run.
+decode faster.  A JPEG the device's decoder refuses, or gives at another size than its header's, is decoded on
+the CPU, as the ``pytorch`` backend decodes it, and counted (:class:`DecodeFallbacks`: the first refusal said
+once on stderr, the count per pass recorded in the raport as ``{phase}.cpu_decoded``); one neither decodes is
+left out and reported as that backend reports it.  The device running out of memory is not a refusal: torch's
+CUDA cache, which the decoder's own allocations cannot use, is emptied and the decode retried once, said once;
+a second time the error ends the run.
 
 A batch is prepared (decoded, cropped, augmented, stacked and normalised) in one background thread while the
 training loop runs the step before: the decode returns once the batch is decoded, and the thread is what keeps
@@ -52,7 +53,7 @@ from .decoders import device_decoder, device_problem
 from .encoded import EncodedBatch, EncodedImages, collate_encoded
 from .files import decode_rgb_tensor
 from .layout import Split, open_split
-from .orientation import turn_tensor
+from .orientation import turn_tensor, turned_size
 from .transforms import Draw, PolicyDraws, TrainTransform, val_crop
 from .workers import HostBatches, host_loader, split_sampler
 
@@ -253,6 +254,9 @@ def decoded_images(batch: EncodedBatch, device: torch.device, fallbacks: DecodeF
                 yield position, to_device(pixels.view(3, height, width), device)
                 continue
             image, k = decoded.pop(position), jpeg_of[position]
+            height, width = batch.sizes[position]
+            if image is not None and tuple(image.shape[-2:]) != turned_size(width, height, orientations[k])[::-1]:
+                image = None  # not at its header's size (turned by the decoder's own reading of a tag): refused
             if image is None:
                 if fallbacks is not None:
                     fallbacks.count += 1

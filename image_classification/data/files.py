@@ -412,6 +412,9 @@ def open_rgb(source, short_side: int | None = None, turn: bool = True) -> Image.
             pixels = np.asarray(image, dtype=np.float64)
             eight_bit = np.clip(np.rint(pixels * (255 / 65535)), 0, 255).astype(np.uint8)
             return turn_image(Image.fromarray(eight_bit, "L").convert("RGB"), orientation)
+        if image.mode == "RGB":  # decoded as it is, not copied: it stays readable once its file is closed
+            image.load()
+            return turn_image(image, orientation)
         return turn_image(image.convert("RGB"), orientation)
 
 
@@ -480,20 +483,24 @@ def decode_rgb_tensor(raw: bytes, turn: bool = True) -> torch.Tensor:
     """A CHW uint8 RGB tensor of an image file's bytes (from a folder or a shard alike), turned by its EXIF
     orientation where ``turn``.
 
-    JPEGs are decoded by libjpeg-turbo straight into a tensor (faster than PIL plus a conversion; TorchCodec's
-    decoder or torchvision's, :func:`.decoders.cpu_decoder`), once their header passes the size rule; anything it
-    refuses, and every other format, goes through :func:`open_rgb`, so a broken file raises what PIL raises.
+    JPEGs are decoded by the process's CPU decoder (:func:`.decoders.cpu_decoder`: TorchCodec's, torchvision's
+    or Pillow's, libjpeg-turbo's pixels all), once their header passes the size rule; anything that decoder
+    refuses, or gives at another size than the header's (turned by its own reading of a tag), and every other
+    format go through :func:`open_rgb`, so a broken file raises what PIL raises.
     """
     import torch
 
-    if is_jpeg(raw):
-        check_jpeg_header(io.BytesIO(raw))
-        from .decoders import cpu_decoder  # deferred: torch (decoders imports it), as above
+    from .decoders import cpu_decoder, rgb_tensor  # deferred: torch (decoders imports it), as above
 
+    if is_jpeg(raw):
+        handle = io.BytesIO(raw)
+        handle.seek(2)
+        width, height = jpeg_size(handle)
+        check_size(width, height)
         try:
             image = cpu_decoder().decode(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
         except RuntimeError:
-            pass  # PIL decides, and names the problem
-        else:
+            image = None  # PIL decides, and names the problem
+        if image is not None and image.shape[-2:] == (height, width):
             return turn_tensor(image, jpeg_orientation(raw)) if turn else image
-    return torch.from_numpy(np.array(open_rgb(io.BytesIO(raw), turn=turn))).permute(2, 0, 1)
+    return rgb_tensor(open_rgb(io.BytesIO(raw), turn=turn))

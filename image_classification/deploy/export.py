@@ -1,12 +1,14 @@
 """Getting a trained model out: ``checkpoint2model.py`` (training checkpoint -> plain weights) and
-``model2onnx.py`` (weights -> ONNX, FP32 or int8, checked against PyTorch with onnxruntime; a file, or a model
-of Triton's model repository).
+``model2onnx.py`` (weights -> ONNX through torch.export, FP32 or int8, checked against PyTorch with onnxruntime,
+a file or a model of Triton's model repository; or an AOTInductor package, checked against PyTorch).  Both
+carry the model's architecture, class names and preprocessing (:func:`.torch_export.deployed_record`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..arguments.tools import DEFAULT_MAX_BATCH_SIZE, check_int8_flags, checkpoint2model_parser, model2onnx_parser
+from ..arguments.tools import (DEFAULT_MAX_BATCH_SIZE, ONNX_OPSET, check_int8_flags, checkpoint2model_parser,
+                               model2onnx_parser)
 from ..errors import UserError, write_failure
 from ..models.weights import checked_arch, extract_state_dict, recorded_num_classes
 from ..records.checkpoint import load_checkpoint, position_text, save_weights
@@ -24,9 +27,11 @@ from ..records.datafile import folder_problem
 from ..records.integrity import recorded_description
 from ..records.scratch import scratch_folder
 from ..system.signals import stop_raises
+from .aoti import PACKAGE_SUFFIX, PACKAGE_TOLERANCE, AotiModel, compile_problem, write_package
 from .inference import LoadedModel, calibrate, class_names_for, load_model, warn
-from .onnx_runtime import INT8, ONNX_TOLERANCE, export_onnx, logit_limit, require_finite, require_onnxruntime
+from .onnx_runtime import INT8, ONNX_TOLERANCE, logit_limit, require_finite, require_onnxruntime
 from .quantization import Quantization, int8_request, quantize
+from .torch_export import RECORD_KEY, deployed_record, export_onnx, traced_batch
 from .triton_repository import check_free, check_model_name, write_model
 
 
@@ -81,7 +86,7 @@ def checkpoint2model(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------------
 @dataclass
 class Agreement:
-    """How an ONNX graph's logits compare with PyTorch's FP32 ones over some batches."""
+    """How an exported model's logits compare with PyTorch's FP32 ones over some batches."""
 
     max_difference: float = 0.0  # the largest absolute logit difference
     scale: float = 0.0  # the largest absolute PyTorch logit
@@ -97,18 +102,21 @@ def onnx_agreement(path: str | os.PathLike, model: nn.Module, *inputs: Sequence[
 
     onnx.checker.check_model(str(path))
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return [_agreement(session, model, batches) for batches in inputs]
+    run = lambda batch: session.run(["output"], {"input": batch.numpy()})[0]  # noqa: E731
+    return [agreement(run, model, batches) for batches in inputs]
 
 
-def _agreement(session, model: nn.Module, inputs: Sequence[torch.Tensor]) -> Agreement:
+def agreement(run, model: nn.Module, inputs: Sequence[torch.Tensor]) -> Agreement:
+    """How ``run`` (a batch -> its logits as an array) follows ``model`` on the batches ``inputs``."""
     found = Agreement()
     with torch.no_grad():
         for batch in inputs:
             expected = model(batch).numpy()
             require_finite(expected, f"{len(batch)} check images")
-            (got,) = session.run(["output"], {"input": batch.numpy()})
+            got = np.asarray(run(batch))
             if got.shape != expected.shape:
-                raise RuntimeError(f"ONNX output shape {got.shape} differs from PyTorch's {expected.shape}")
+                raise RuntimeError(f"the exported model's output shape {got.shape} differs from PyTorch's "
+                                   f"{expected.shape}")
             # a NaN or inf from the graph is the largest difference there is (max() would pass over a NaN)
             difference = float(np.abs(got - expected).max()) if np.isfinite(got).all() else float("inf")
             found.max_difference = max(found.max_difference, difference)
@@ -118,23 +126,45 @@ def _agreement(session, model: nn.Module, inputs: Sequence[torch.Tensor]) -> Agr
     return found
 
 
-def default_onnx_path(weights: str | None, arch: str, suffix: str = "") -> Path:
+def default_onnx_path(weights: str | None, arch: str, suffix: str = "", extension: str = ".onnx") -> Path:
     """``w.pth.tar`` / ``w.pth`` / ``w.pt`` -> ``w.onnx`` beside it; ``<arch>.onnx`` without weights;
-    ``suffix`` (``_int8``) before ``.onnx``."""
+    ``suffix`` (``_int8``) before ``extension`` (``.onnx``, ``.pt2``)."""
     if not weights:
-        return Path(f"{arch}{suffix}.onnx")
+        return Path(f"{arch}{suffix}{extension}")
     path = Path(weights)
     name = path.name
     for ending in (".pth.tar", ".pth", ".pt", ".tar"):
         if name.endswith(ending):
             name = name[: -len(ending)]
             break
-    return path.with_name(name + suffix + ".onnx")
+    return path.with_name(name + suffix + extension)
 
 
 def model2onnx_main(argv: Sequence[str] | None = None) -> int:
     """model2onnx.py's job from its command line; returns the exit code."""
     return model2onnx(model2onnx_parser().parse_args(argv))
+
+
+def export_format(args: argparse.Namespace) -> str:
+    """``onnx`` or ``pt2``: --format where given, else --output's suffix, else onnx; a contradiction, or a flag that
+    only the other format takes, is one line."""
+    suffix = Path(args.output).suffix.lower() if args.output else ""
+    chosen = args.format or ("pt2" if suffix == PACKAGE_SUFFIX else "onnx")
+    if args.output and suffix != f".{chosen}" and (args.format or suffix == ".onnx"):
+        what = "an ONNX file" if chosen == "onnx" else "a .pt2 package"
+        raise UserError(f"--output {args.output} is not named as {what} (--format {chosen}): name it M.{chosen}")
+    if chosen == "onnx":
+        if args.device is not None:
+            raise UserError("--device picks what a .pt2 package is compiled for; an ONNX file runs anywhere: leave "
+                            "it out, or write M.pt2")
+        return chosen
+    given = [flag for flag, value in (("--quantize", args.quantize), ("--triton-repository", args.triton_repository),
+                                      ("--opset", args.opset), ("--no-dynamic-batch", not args.dynamic_batch))
+             if value]
+    if given:
+        raise UserError(f"{given[0]} is for ONNX files; a .pt2 package is compiled as it is, its batch free: leave "
+                        f"out {given[0]}, or write M.onnx")
+    return chosen
 
 
 def _check_triton_flags(args: argparse.Namespace) -> None:
@@ -152,10 +182,21 @@ def _check_triton_flags(args: argparse.Namespace) -> None:
         check_model_name(args.model_name)
 
 
+def _dynamic_batch(args: argparse.Namespace) -> bool:
+    """Whether the graph's batch stays free: the default; Triton's batching and int8's calibration need it."""
+    if not args.dynamic_batch:
+        needing = "--triton-repository" if args.triton_repository is not None else \
+            "--quantize int8" if args.quantize else None
+        if needing:
+            raise UserError(f"{needing} needs the batch dimension free: leave out --no-dynamic-batch")
+    return args.dynamic_batch
+
+
 @dataclass
 class Destination:
-    """Where model2onnx.py writes: ``output`` (the ONNX file, or the Triton model's graph), ``folder`` (the folder
-    it goes into, where the export's scratch folder lies) and ``what`` (the output, in a user's words)."""
+    """Where model2onnx.py writes: ``output`` (the ONNX file or package, or the Triton model's graph), ``folder``
+    (the folder it goes into, where the export's scratch folder lies) and ``what`` (the output, in a user's
+    words)."""
 
     output: Path
     folder: Path
@@ -164,7 +205,7 @@ class Destination:
     class_names: Sequence[str] = ()  # of a Triton model: labels.txt
 
 
-def destination(args: argparse.Namespace, loaded: LoadedModel) -> Destination:
+def destination(args: argparse.Namespace, loaded: LoadedModel, extension: str = ".onnx") -> Destination:
     """Where the parsed arguments write ``loaded``'s export; one line, before any work, where it cannot be
     written there (a folder in its place or on its path, a read-only folder, a Triton model already there)."""
     int8 = "_int8" if args.quantize else ""
@@ -174,7 +215,7 @@ def destination(args: argparse.Namespace, loaded: LoadedModel) -> Destination:
         found = Destination(folder / "1" / "model.onnx", Path(args.triton_repository), f"the Triton model {folder}",
                             name, class_names_for(loaded.num_classes, None, loaded.class_names))
     else:
-        output = Path(args.output) if args.output else default_onnx_path(args.weights, loaded.arch, int8)
+        output = Path(args.output) if args.output else default_onnx_path(args.weights, loaded.arch, int8, extension)
         if output.is_dir():
             raise UserError(f"--output {output} is a folder; give a file name")
         found = Destination(output, output.parent, str(output))
@@ -199,38 +240,51 @@ def export_scratch(target: Destination) -> Iterator[Path]:
 
 def model2onnx(args: argparse.Namespace) -> int:
     """Export and check the model that model2onnx.py's parsed arguments describe."""
-    require_onnxruntime("model2onnx")
+    package = export_format(args) == "pt2"
+    device = torch.device(args.device or "cpu")
+    if package and (problem := compile_problem(device)):
+        raise UserError(f"cannot compile a .pt2 package: {problem}")
+    if not package:
+        require_onnxruntime("model2onnx")
     check_int8_flags(args, needs_runtime=False)
     _check_triton_flags(args)
+    dynamic = _dynamic_batch(args)
     if not args.weights and not args.pretrained:
         warn(f"warning: no --weights given: exporting {args.arch or 'resnet50'} with random weights")
     loaded = load_model(args.arch, args.weights, args.num_classes, args.model_config, args.pretrained)
     model = loaded.model.float().eval()
     preprocessing = loaded.resolve_preprocessing(args.image_size)
+    target = destination(args, loaded, PACKAGE_SUFFIX if package else ".onnx")
+    record = deployed_record(loaded.arch, class_names_for(loaded.num_classes, None, loaded.class_names),
+                             preprocessing)
+    generator = torch.Generator().manual_seed(0)
     size = preprocessing.image_size
-    target = destination(args, loaded)
+    example = torch.randn(traced_batch(args.batch_size or 1, dynamic), 3, size, size, generator=generator)
+    checks = [example, example[:1]] if dynamic else [example]  # batch N and batch 1: the batch really is free
+    if package:
+        return _write_package(model, loaded, record, size, target, checks, device)
+    return _write_onnx(args, model, loaded, record, target, checks, preprocessing)
+
+
+def _write_onnx(args: argparse.Namespace, model: nn.Module, loaded: LoadedModel, record: dict, target: Destination,
+                checks: list[torch.Tensor], preprocessing) -> int:
+    """The ONNX half of :func:`model2onnx`: export, check against PyTorch, quantize where asked, write."""
     triton = target.model_name is not None
     request = int8_request(args)
     quantization = calibrate(request, preprocessing) if request is not None else None
-    dynamic = args.dynamic_batch or triton or quantization is not None  # Triton batches, calibration too
-
-    generator = torch.Generator().manual_seed(0)
-    example = torch.randn(args.batch_size, 3, size, size, generator=generator)
-    checks = [example]
-    if dynamic:  # prove the batch dimension really is free
-        checks.append(torch.randn(args.batch_size + 1, 3, size, size, generator=generator))
-
-    output = target.output
+    dynamic, opset, output = len(checks) > 1, args.opset or ONNX_OPSET, target.output
+    size = preprocessing.image_size
     with stop_raises("exporting the model to ONNX", f"{output} was not written"), \
             export_scratch(target) as scratch:  # exit 75 on a stop signal, the scratch folder removed
         print(f"Exporting {loaded.arch} ({loaded.num_classes} classes) at {size}x{size}, batch "
-              f"{'dynamic' if dynamic else args.batch_size}, opset {args.opset}", flush=True)
+              f"{'dynamic' if dynamic else len(checks[0])}, opset {opset}", flush=True)
         written = scratch / "model.onnx"
-        export_onnx(model, example, written, dynamic_batch=dynamic, opset=args.opset)
+        exporter = export_onnx(model, checks[0], written, dynamic_batch=dynamic, opset=opset, log=warn)
         (found,) = onnx_agreement(written, model, checks)
         limit = logit_limit(ONNX_TOLERANCE, found.scale)
-        print(f"onnxruntime vs PyTorch, max abs difference of the logits: {found.max_difference:.3g} "
-              f"(limit {limit:.3g}; largest logit {found.scale:.3g})", flush=True)
+        sizes = " and ".join(str(len(batch)) for batch in checks)
+        print(f"onnxruntime vs PyTorch, max abs difference of the logits at batch {sizes}: {found.max_difference:.3g}"
+              f" (limit {limit:.3g}; largest logit {found.scale:.3g}; exported through {exporter})", flush=True)
         if not found.max_difference < limit:
             warn(f"error: the ONNX model's outputs differ from PyTorch's by {found.max_difference:.3g} (limit "
                  f"{limit:.3g}, 1e-3 of the largest logit {found.scale:.3g} or 1e-3 below 1); {output} was not "
@@ -241,12 +295,49 @@ def model2onnx(args: argparse.Namespace) -> int:
             written = scratch / "int8.onnx"
             if not _int8_is_close(written, model, quantization, output):
                 return 1
+        add_metadata(written, record)
         if triton:
             saved = write_model(args.triton_repository, target.model_name, written.read_bytes(),
                                 args.max_batch_size or DEFAULT_MAX_BATCH_SIZE, target.class_names, scratch)
             print(f"Saved the Triton model {target.model_name} in {saved}: config.pbtxt, 1/model.onnx, labels.txt "
                   f"({len(target.class_names)} classes)")
             return 0
+        os.replace(written, output)
+    print(f"Saved {output}")
+    return 0
+
+
+def add_metadata(path: Path, record: dict) -> None:
+    """Put ``record`` (:func:`.torch_export.deployed_record`) into the ONNX file's metadata_props, as JSON under
+    :data:`.torch_export.RECORD_KEY`."""
+    import onnx
+
+    graph = onnx.load(str(path))
+    kept = [(entry.key, entry.value) for entry in graph.metadata_props if entry.key != RECORD_KEY]
+    onnx.helper.set_model_props(graph, {**dict(kept), RECORD_KEY: json.dumps(record)})
+    onnx.save(graph, str(path))
+
+
+def _write_package(model: nn.Module, loaded: LoadedModel, record: dict, size: int, target: Destination,
+                   checks: list[torch.Tensor], device: torch.device) -> int:
+    """The .pt2 half of :func:`model2onnx`: compile, check against PyTorch at batch N and 1, write."""
+    output = target.output
+    with stop_raises("compiling the model into a .pt2 package", f"{output} was not written"), \
+            export_scratch(target) as scratch:
+        print(f"Compiling {loaded.arch} ({loaded.num_classes} classes) at {size}x{size}, batch dynamic, into an "
+              f"AOTInductor package for {device.type} (tens of seconds to minutes)", flush=True)
+        written = scratch / f"model{PACKAGE_SUFFIX}"
+        write_package(model, size, written, device, record, len(checks[0]))
+        package = AotiModel(written)  # proven on the probe image
+        found = agreement(lambda batch: package(batch).numpy(), model, checks)
+        limit = logit_limit(PACKAGE_TOLERANCE[device.type], found.scale)
+        print(f"the package vs PyTorch, max abs difference of the logits at batch "
+              f"{' and '.join(str(len(batch)) for batch in checks)}: {found.max_difference:.3g} (limit {limit:.3g}; "
+              f"largest logit {found.scale:.3g})", flush=True)
+        if not found.max_difference < limit:
+            warn(f"error: the package's outputs differ from PyTorch's by {found.max_difference:.3g} (limit "
+                 f"{limit:.3g}); {output} was not written")
+            return 1
         os.replace(written, output)
     print(f"Saved {output}")
     return 0

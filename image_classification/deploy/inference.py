@@ -36,9 +36,11 @@ from ..records.checkpoint import load_checkpoint_file
 from ..records.integrity import recorded_description
 from ..system import host, machine
 from ..system.runtime import Runtime, make_runtime
+from .aoti import AotiModel, compiled_for_this_run, is_package
 from .onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
 from .quantization import Int8Request, Quantization, int8_request, read_calibration
 from .split_accuracy import LabelledSplit, SplitScoring, is_split, open_labelled_split
+from .torch_export import read_deployed
 from .tta import flip_tta
 
 BATCH_SIZE = 32  # images classified per forward pass
@@ -199,6 +201,9 @@ def load_model(arch: str | None, weights: str | None = None, num_classes: int | 
     """
     if weights and pretrained:
         raise UserError("--weights and --pretrained exclude each other; pass one source of weights")
+    if weights and is_package(weights):
+        raise UserError(f"'{weights}' is an AOTInductor package (.pt2), not PyTorch weights: classify.py --weights "
+                        f"{weights} runs it; main.py and model2onnx.py take the weights it was compiled from")
     checkpoint: dict = {}
     if weights:
         checkpoint = load_checkpoint_file(weights)
@@ -350,35 +355,30 @@ def main(argv: Sequence[str] | None = None) -> int:
 def classify(args: argparse.Namespace) -> int:
     """Classify the images that classify.py's parsed arguments name; returns the exit code."""
     check_int8_flags(args, needs_runtime=True)
-    if args.runtime == "onnxruntime":
-        if args.precision == "AMP":
-            raise UserError("--runtime onnxruntime runs the exported graph as it is (FP32, or int8 with --quantize "
-                            "int8); leave out --precision AMP")
-        require_onnxruntime("--runtime onnxruntime")
+    package = bool(args.weights) and is_package(args.weights)
+    runtime_name = _runtime_name(args, package)
     paths, splits = expand_image_paths(args.image)
     if args.labels and not Path(args.labels).is_file():
         raise UserError(f"labels file {args.labels} {_missing(Path(args.labels))}")
-    if not args.weights and not args.pretrained:
-        warn(f"warning: no --weights given: {args.arch or 'resnet50'} is untrained and its predictions "
-             "mean nothing")
-    loaded = load_model(args.arch, args.weights, args.num_classes, args.model_config, args.pretrained)
-    names = class_names_for(loaded.num_classes, args.labels, loaded.class_names)
-    scoring = SplitScoring(splits, names, warn) if splits else None  # before any image is classified
-    preprocessing = loaded.resolve_preprocessing(args.image_size)
-    paths = readable_images(paths, preprocessing.resize_size)  # the resize's size rule, known from the weights
-    if args.runtime == "onnxruntime":
-        device = onnx_device(args.device)
-        request = int8_request(args)
-        quantization = calibrate(request, preprocessing) if request is not None else None
-        runtime = classify_runtime("cpu", "FP32", "nchw")  # the images stay on the host: ONNX Runtime copies them
-        model = OnnxModel(loaded.model, preprocessing.image_size, warn, quantization, device)
+    if package:
+        model, names, preprocessing = package_to_run(args)
+        scoring = SplitScoring(splits, names, warn) if splits else None  # before any image is classified
+        paths = readable_images(paths, preprocessing.resize_size)
+        runtime = classify_runtime(model.device.type, "FP32", "nchw")  # the package takes NCHW float32
     else:
-        runtime = classify_runtime(args.device, args.precision, args.memory_format)
-        model = loaded.model.to(runtime.device, memory_format=runtime.memory_format)
+        if not args.weights and not args.pretrained:
+            warn(f"warning: no --weights given: {args.arch or 'resnet50'} is untrained and its predictions "
+                 "mean nothing")
+        loaded = load_model(args.arch, args.weights, args.num_classes, args.model_config, args.pretrained)
+        names = class_names_for(loaded.num_classes, args.labels, loaded.class_names)
+        scoring = SplitScoring(splits, names, warn) if splits else None  # before any image is classified
+        preprocessing = loaded.resolve_preprocessing(args.image_size)
+        paths = readable_images(paths, preprocessing.resize_size)  # the resize's size rule, known from the weights
+        model, runtime = _model_to_run(args, runtime_name, loaded, preprocessing)
     predicted = 0
     topk = max(args.topk, scoring.k) if scoring else args.topk  # a split's top-5 needs five
     for path, predictions in classify_paths(model, paths, runtime, preprocessing, names, topk,
-                                                 args.decode_scale, args.tta):
+                                            args.decode_scale, args.tta):
         predicted += 1
         if scoring:
             scoring.add(path, predictions)
@@ -405,3 +405,57 @@ def print_split_reports(scoring: SplitScoring, as_json: bool) -> None:
     for line in scoring.reports(as_json):
         print(line)
     sys.stdout.flush()
+
+
+def _runtime_name(args: argparse.Namespace, package: bool) -> str:
+    """--runtime, by default torch, or aoti for a .pt2 package (which runs only so); what it refuses, refused."""
+    chosen = args.runtime or ("aoti" if package else "torch")
+    if package and chosen != "aoti":
+        raise UserError(f"'{args.weights}' is an AOTInductor package: it runs as compiled (--runtime aoti, the "
+                        f"default for a .pt2 file); leave out --runtime {chosen}")
+    if args.precision == "AMP" and chosen != "torch":
+        how = "the exported graph as it is (FP32, or int8 with --quantize int8)" if chosen == "onnxruntime" else \
+            "the compiled package as it is (FP32)"
+        raise UserError(f"--runtime {chosen} runs {how}; leave out --precision AMP")
+    if chosen == "onnxruntime":
+        require_onnxruntime("--runtime onnxruntime")
+    return chosen
+
+
+def package_to_run(args: argparse.Namespace) -> tuple[AotiModel, list[str], Preprocessing]:
+    """The .pt2 package of --weights, loaded and proven (:class:`.aoti.AotiModel`), with the class names (--labels,
+    else its own) and the preprocessing it records; flags that contradict it are refused in one line."""
+    if args.pretrained:
+        raise UserError("--weights and --pretrained exclude each other; pass one source of weights")
+    source = f"'{args.weights}'"
+    model = AotiModel(args.weights)
+    arch, names, preprocessing = read_deployed(model.record, source)
+    if args.device in ("cpu", "cuda") and args.device != model.device.type:
+        raise UserError(f"{source} is compiled for {model.device.type}: leave out --device {args.device}, or "
+                        f"compile it for {args.device} (model2onnx.py --device {args.device})")
+    contradictions = [(flag, given, own) for flag, given, own in (
+        ("--arch", args.arch, arch), ("--num-classes", args.num_classes, len(names)),
+        ("--image-size", args.image_size, preprocessing.image_size)) if given is not None and given != own]
+    if contradictions:
+        flag, given, own = contradictions[0]
+        raise UserError(f"{source} is a package of {arch} with {len(names)} classes at {preprocessing.image_size} "
+                        f"px, compiled as it is: leave out {flag} {given} (it records {own})")
+    if args.labels:
+        names = read_labels(args.labels, len(names))
+    return model, names, preprocessing
+
+
+def _model_to_run(args: argparse.Namespace, runtime_name: str, loaded: LoadedModel, preprocessing: Preprocessing):
+    """The model classify.py runs for ``runtime_name`` and the runtime its images are prepared in: PyTorch's on
+    the chosen device, precision and layout; ONNX Runtime's export of it; or it compiled into a package."""
+    if runtime_name == "onnxruntime":
+        device = onnx_device(args.device)
+        request = int8_request(args)
+        quantization = calibrate(request, preprocessing) if request is not None else None
+        runtime = classify_runtime("cpu", "FP32", "nchw")  # the images stay on the host: ONNX Runtime copies them
+        return OnnxModel(loaded.model, preprocessing.image_size, warn, quantization, device), runtime
+    if runtime_name == "aoti":
+        runtime = classify_runtime(args.device, "FP32", "nchw")
+        return compiled_for_this_run(loaded.model, preprocessing.image_size, runtime.device, warn), runtime
+    runtime = classify_runtime(args.device, args.precision, args.memory_format)
+    return loaded.model.to(runtime.device, memory_format=runtime.memory_format), runtime

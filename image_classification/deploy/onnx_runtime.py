@@ -3,9 +3,15 @@ by a hash of its weights, and run by ONNX Runtime (on the CPU; on CUDA through i
 
 The cache key covers everything the exported graph depends on: every tensor of the state dict (names,
 dtypes, shapes and bytes) and :func:`export_description` (the model's class, the crop size, the kind of
-model, the exporter's opset, the versions of torch and onnx; for int8 also the calibration set's SHA-256,
-its size and method, ``reduce_range`` and ONNX Runtime's version, see :mod:`.quantization`). A changed
+model, the opset, the exporter tried first, the versions of torch and onnx; for int8 also the calibration set's
+SHA-256, its size and method, ``reduce_range`` and ONNX Runtime's version, see :mod:`.quantization`). A changed
 weights file or calibration set therefore exports again; an unchanged one is read back.
+
+The exporter tried first is torch.export's (:mod:`.torch_export`) wherever it can run; a model it fails for is
+exported by the TorchScript-based one, said in one line, and that file serves later runs as any other (its
+record names the exporter that wrote it), until another torch, whose version the key holds, tries again.  Files
+of the TorchScript-based exporter written before torch.export's was the default (opset 17, a record of format 1)
+are stale: their key differs, so they are never read, and the export through torch.export gets a file of its own.
 
 A cached model proves it is the export of these weights before it is used. Beside ``<key>.onnx`` lies
 ``<key>.json``, its record: the description, the SHA-256 and size of the file, and the logits ONNX Runtime
@@ -34,13 +40,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
-import inspect
 import json
 import os
 import re
 import secrets
 import tempfile
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -56,10 +60,11 @@ from ..records.workspace import writer_stamp
 from ..system import machine
 from ..system.signals import stop_raises
 from .quantization import Quantization, quantize
+from .torch_export import (MIN_TRACED_BATCH, OPSET, TORCH_EXPORT, TORCHSCRIPT, export_onnx, probe_image,
+                           torch_export_unavailable)
 
-OPSET = 17
 CACHE_ENV = "IMAGE_CLASSIFICATION_CACHE"
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2  # 2: the record names the exporter that wrote the file (1: always the TorchScript-based one)
 MAX_RECORD_BYTES = 16 << 20  # a record holds the probe's logits: about 25 KB for 1,000 classes
 
 # Largest FP32 logit difference between onnxruntime and PyTorch we accept, relative to the largest logit
@@ -133,9 +138,10 @@ def export_description(model: nn.Module, image_size: int, quantization: Quantiza
     """What an exported graph depends on besides the weights; the cache key and the record hold it."""
     import onnx
 
+    exporter = TORCH_EXPORT if torch_export_unavailable(OPSET) is None else TORCHSCRIPT
     description = {"model": f"{type(model).__module__}.{type(model).__qualname__}", "image_size": image_size,
-                   "kind": kind_of(quantization).name, "opset": OPSET, "torch": torch.__version__,
-                   "onnx": onnx.__version__}
+                   "kind": kind_of(quantization).name, "opset": OPSET, "exporter": exporter,
+                   "torch": torch.__version__, "onnx": onnx.__version__}
     if quantization is not None:
         description["int8"] = quantization.description()
     return description
@@ -150,27 +156,6 @@ def weights_key(model: nn.Module, image_size: int, quantization: Quantization | 
         digest.update(f"|{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
         digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
     return digest.hexdigest()[:32]
-
-
-def probe_image(image_size: int) -> torch.Tensor:
-    """The fixed input a cached model is checked on: standard normal pixels, as normalised images have."""
-    return torch.randn(1, 3, image_size, image_size, generator=torch.Generator().manual_seed(0))
-
-
-def export_onnx(model: nn.Module, example: torch.Tensor, path: str | os.PathLike, *, dynamic_batch: bool,
-                opset: int) -> None:
-    """Write ``model`` as ONNX with the TorchScript-based exporter: one self-contained file, no network,
-    the same call on torch 2.4 (where it is the default) and on later versions (``dynamo=False``)."""
-    kwargs = {"input_names": ["input"], "output_names": ["output"], "opset_version": opset,
-              "do_constant_folding": True}
-    if dynamic_batch:
-        kwargs["dynamic_axes"] = {"input": {0: "batch"}, "output": {0: "batch"}}
-    if "dynamo" in inspect.signature(torch.onnx.export).parameters:
-        kwargs["dynamo"] = False
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # torch >= 2.9 calls this exporter legacy
-        warnings.simplefilter("ignore", FutureWarning)
-        torch.onnx.export(model, (example,), str(path), **kwargs)
 
 
 def providers(device: str = "cpu") -> list:
@@ -269,8 +254,10 @@ def _read_record(path: Path) -> dict:
     return record
 
 
-def _record_of(content: bytes, key: str, description: dict, logits: np.ndarray) -> dict:
-    return {"format": RECORD_FORMAT, "key": key, "exported": description,
+def _record_of(content: bytes, key: str, description: dict, logits: np.ndarray, written_by: str) -> dict:
+    """The record of a cached model; ``written_by``: the exporter that wrote it (the description names the one
+    tried first, torch.export's where it can run)."""
+    return {"format": RECORD_FORMAT, "key": key, "exported": description, "written_by": written_by,
             "sha256": hashlib.sha256(content).hexdigest(), "bytes": len(content),
             "probe_logits": logits.astype(np.float64).tolist()}
 
@@ -319,27 +306,29 @@ def remove_stale_temporaries(folder: Path) -> list[Path]:
 
 
 def _exported(model: nn.Module, probe: torch.Tensor, target: Path, quantization: Quantization | None,
-              expected: np.ndarray, scratch: Path):
+              expected: np.ndarray, scratch: Path, log: Callable[[str], None]):
     """Export ``model`` to ``target`` (quantized, with ``quantization``, by way of the folder ``scratch``): its
-    bytes, a CPU session of them, and its logits for the probe, checked against PyTorch's."""
-    if quantization is None:
-        export_onnx(model, torch.zeros_like(probe), target, dynamic_batch=True, opset=OPSET)
-    else:
-        fp32 = scratch / "fp32.onnx"
-        export_onnx(model, torch.zeros_like(probe), fp32, dynamic_batch=True, opset=OPSET)
+    bytes, a CPU session of them, its logits for the probe, checked against PyTorch's, and the exporter's name."""
+    example = torch.zeros((MIN_TRACED_BATCH, *probe.shape[1:]))
+    fp32 = target if quantization is None else scratch / "fp32.onnx"
+    written_by = export_onnx(model, example, fp32, dynamic_batch=True, opset=OPSET, log=log)
+    if quantization is not None:
         quantize(fp32, target, quantization, scratch)
     content = target.read_bytes()
     runner = session(content)
     got = _run(runner, probe)
     kind = kind_of(quantization)
     wrong = _disagreement(got, expected, "PyTorch's", kind.tolerance, kind.floor, kind.probe)
+    if not wrong:  # the batch is free: the probe three times over gives its logits three times
+        wrong = _disagreement(_run(runner, probe.repeat(3, 1, 1, 1)), np.repeat(got, 3, axis=0),
+                              "those of the probe alone", ONNX_TOLERANCE, probe=f"{kind.probe}, three times over,")
     if wrong and quantization is not None:
         raise UserError(f"the int8 model loses too much: {wrong}; nothing was cached; try another "
                         "--calibration-method or other calibration images, or leave out --quantize int8")
     if wrong:
         raise UserError(f"the ONNX export of this model does not compute what PyTorch does ({wrong}); nothing "
                         "was cached; use --runtime torch")
-    return content, runner, got
+    return content, runner, got, written_by
 
 
 def _cache_error(folder: Path, error: OSError) -> UserError:
@@ -391,18 +380,20 @@ def cached_model(model: nn.Module, image_size: int, log: Callable[[str], None],
                 raise _cache_error(folder, error) from None
             log(f"note: {notice}, to a temporary folder for this run: the cache cannot be written "
                 f"({error.strerror or error})")
-            return _export_for_this_run(model, probe, quantization, expected)
+            return _export_for_this_run(model, probe, quantization, expected, log)
         log(f"note: {notice}")
         record_temporary = None
         try:
             try:
                 with scratch_folder(folder, key) as scratch:
-                    content, runner, got = _exported(model, probe, temporary, quantization, expected, scratch)
+                    content, runner, got, written_by = _exported(model, probe, temporary, quantization, expected,
+                                                                 scratch, log)
             except OSError as error:  # a full disk
                 raise _cache_error(folder, error) from None
             try:
                 record_temporary = _create(folder, key, ".json.tmp")
-                record_temporary.write_text(json.dumps(_record_of(content, key, description, got)), encoding="utf-8")
+                record = _record_of(content, key, description, got, written_by)
+                record_temporary.write_text(json.dumps(record), encoding="utf-8")
                 os.replace(temporary, path)  # the model first: a model without its record is exported again
                 os.replace(record_temporary, record_path)
             except OSError as error:
@@ -417,11 +408,12 @@ def cached_model(model: nn.Module, image_size: int, log: Callable[[str], None],
 
 
 def _export_for_this_run(model: nn.Module, probe: torch.Tensor, quantization: Quantization | None,
-                         expected: np.ndarray) -> tuple[bytes, object]:
+                         expected: np.ndarray, log: Callable[[str], None]) -> tuple[bytes, object]:
     """``model`` exported to a temporary folder, removed again: for a cache that cannot be written."""
     try:
         with tempfile.TemporaryDirectory(prefix="image_classification-onnx-") as scratch:
-            return _exported(model, probe, Path(scratch) / "model.onnx", quantization, expected, Path(scratch))[:2]
+            return _exported(model, probe, Path(scratch) / "model.onnx", quantization, expected, Path(scratch),
+                             log)[:2]
     except OSError as error:
         raise UserError(f"cannot export the ONNX model to a temporary folder ({error.strerror or error}); set "
                         "TMPDIR to a writable folder") from None

@@ -6,7 +6,9 @@ records come first, then one METADATA record per metric (``{"type": "METADATA", 
 "metadata": {...}}``), then LOG records whose ``step`` is ``[epoch, iteration]`` (train), ``[epoch,
 iteration, val_iteration]`` (validation), ``[epoch]`` (end of epoch) or ``[]`` (run summary).  Every line is
 strict JSON: a metric without a figure (nothing recorded, or a value that is not finite) is left out of its
-record, never written as null or a bare NaN.  Standard output mirrors DEFAULT-level records as
+record, never written as null or a bare NaN.  What standard output shows of a record is a ``console``'s
+choice: a function of the record's step and figures (both levels) that gives a line or nothing, as the training
+loop's one short line per window and per epoch; without one it mirrors DEFAULT-level records as DLLogger does,
 ``DLL {datetime} - {step} {name} : {value} {unit} ...``.  The records number epochs from 0, as the reference's
 DLLogger does (and the tools that read its raports expect); standard output counts them from 1, as people do
 and as every other line of a run does: the record ``[0, 10]`` prints as ``Epoch: 1 Iteration: 10``.  An
@@ -39,6 +41,7 @@ from ..errors import StorageError, UserError, write_failure
 from .datafile import folder_problem, open_own, parse_json, refused_own_file
 
 DEFAULT, VERBOSE = 0, 1
+ConsoleFormat = Callable[[list, dict], str | None]  # a record's step and figures -> the line standard output shows
 MAX_RECORD_BYTES = 16 << 20  # far more than a record's line takes (the PARAMETER record: a few KB)
 
 PERF_META = {"unit": "images/s", "format": ":.2f"}
@@ -272,14 +275,16 @@ class Raport:
 
     A raport for a process other than global rank 0 is disabled: every call is a no-op. ``resume_offset``
     reopens an existing raport for appending, cut back to that byte offset first.  ``epoch_offset``: what
-    standard output adds to a step's epoch (:func:`format_step`).
+    standard output adds to a step's epoch (:func:`format_step`).  ``console``: the line standard output shows
+    for a record's step and figures, or None for none (see the module docstring); without it, DLLogger's lines.
     """
 
     def __init__(self, path: str | os.PathLike | None, enabled: bool = True, stdout: TextIO | None = None,
                  echo: Callable[[str], None] | None = None, resume_offset: int | None = None,
                  tensorboard: str | os.PathLike | None = None, tensorboard_purge_step: int | None = None,
-                 run_id: str | None = None, epoch_offset: int = 1):
+                 run_id: str | None = None, epoch_offset: int = 1, console: ConsoleFormat | None = None):
         self.enabled = enabled
+        self.console = console
         self.epoch_offset = epoch_offset
         self.run_id = run_id  # the run this raport belongs to, recorded in its checkpoints
         self.path = Path(path) if path else None
@@ -335,7 +340,7 @@ class Raport:
         if not self.enabled:
             return
         self._write({**self._stamp(), "type": "LOG", "step": step, "data": data})
-        if verbosity == DEFAULT:
+        if verbosity == DEFAULT and self.console is None:
             parts = [self._format_metric(name, value) for name, value in data.items()]
             stamp = datetime.now().strftime("%Y-%m-%dT%H:%M:%S.%f")
             self._print(f"DLL {stamp} - {format_step(step, self.epoch_offset)} " + " ".join(parts))
@@ -404,6 +409,10 @@ class Raport:
             data = {k: v for k, v in values.items() if _figure(v) and self.metrics[k].verbosity == level}
             if data:
                 self.log(step, data, level if len(step) > 1 else DEFAULT)
+        if self.console is not None and self.enabled:
+            line = self.console(step, {k: v for k, v in values.items() if _figure(v)})
+            if line:
+                self._print(line)
 
     def log_window(self, prefix: str, step: list, global_step: int | None = None) -> None:
         """Log and reset the window averages of metrics under ``prefix`` (``val`` covers ``val_ema``)."""

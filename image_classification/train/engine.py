@@ -126,11 +126,13 @@ class Engine:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", FutureWarning)
                 model = torch.jit.script(model)
-            for warning in caught:  # torch 2.14 deprecates TorchScript: one line, not a warning's two
-                if issubclass(warning.category, FutureWarning):
-                    self.log(f"=> --jit script: {str(warning.message).splitlines()[0]}")
-                else:
+            said = False
+            for warning in caught:  # torch 2.14 deprecates TorchScript: one line, not a warning per scripted module
+                if not issubclass(warning.category, FutureWarning):
                     warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+                elif not said:
+                    self.log(f"=> --jit script: {str(warning.message).splitlines()[0]}")
+                    said = True
         if self.config.model.compile:
             model = torch.compile(model)
         if self.runtime.distributed:

@@ -49,7 +49,7 @@ from ..system.runtime import Runtime
 from ..system.signals import StopSignal
 from .engine import Engine
 from .losses import classification_loss, correct_counts
-from .metrics import Warmup, record_iteration
+from .metrics import Console, Warmup, record_iteration
 from .progress import pass_length, progress_bar
 
 
@@ -152,6 +152,11 @@ class Loop:
         self.train_warmup = Warmup(self.config.run.benchmark_warmup)  # once per process: cuDNN tunes its first steps
         self.val_iterations: dict[str, tuple[int, int]] = {}  # per prefix, over every pass: (iterations, measured)
         self.last_validation: tuple[int, ValResult] | None = None  # (epochs trained, ``val``'s result), the latest
+        self.console = Console(self.config.optim.epochs, self.config.run.topk,
+                               loss_scaling=self.runtime.needs_loss_scaling,
+                               crop_schedule=self.config.data.preprocessing.train_schedule is not None,
+                               evaluation=self.config.run.evaluate)
+        raport.console = self.console  # standard output shows the loop's lines of its records
 
     def warmup_notes(self) -> list[str]:
         """A line for each phase that ran iterations but measured none after the warm-up: its throughput
@@ -298,6 +303,7 @@ class Loop:
         engine.base_model.train()
         engine.model.train()
         length, accumulation = self.epoch_plan(loader)
+        self.console.lengths["train"] = length
         lr = engine.set_lr(epoch, progress.batch / length if length else 0.0)
         new_size = self._note_train_size(epoch)
         batches = iter_from(loader, epoch, progress.batch)
@@ -393,6 +399,7 @@ class Loop:
         # loss, top1, topk, count, bad; with TTA then loss, top1, topk and bad of the averaged logits
         totals = torch.zeros(9 if tta else 5, dtype=torch.float64, device=runtime.device)
         length = len(loader) if config.run.prof <= 0 else min(config.run.prof, len(loader))
+        self.console.lengths[prefix] = length
         batches = iter_from(loader, epoch, 0)
         warmup = Warmup(config.run.benchmark_warmup)  # each pass: its first batches of a shape tune cuDNN again
         # a window's figures (the pass so far); with TTA those of the averaged logits after them
@@ -421,7 +428,7 @@ class Loop:
             if finite_so_far and (local[4] or (tta and local[8])):
                 finite_so_far = False
                 raport.drop_window(figures)
-            if finite_so_far:
+            if finite_so_far and not runtime.distributed:  # one rank's share so far is no figure of the pass
                 raport.record(figures[0], 100.0 * local[1] / batch, batch, epoch=False)
                 raport.record(figures[1], 100.0 * local[2] / batch, batch, epoch=False)
                 raport.record(figures[2], local[0] / batch, batch, epoch=False)
@@ -429,7 +436,7 @@ class Loop:
                     raport.record(figures[3], 100.0 * local[6] / batch, batch, epoch=False)
                     raport.record(figures[4], 100.0 * local[7] / batch, batch, epoch=False)
                     raport.record(figures[5], local[5] / batch, batch, epoch=False)
-            if (index + 1) % config.run.print_freq == 0:
+            if (index + 1) % config.run.print_freq == 0 and index + 1 < length:  # the pass's last window: below
                 raport.log_window(prefix, [epoch, train_iteration, index + 1])
             progress_bar.update(1)
         with runtime.waiting_for_peers(f"summing {prefix} over the processes"):
@@ -440,6 +447,12 @@ class Loop:
         self.val_iterations[prefix] = (seen + warmup.seen, measured + warmup.measured)
         if count == 0:
             return ValResult(0.0, math.nan, 0, 0)
+        raport.drop_window(figures)  # the last window gives the pass's figures over every rank, as the epoch's
+        over_ranks = (100.0 * top1, 100.0 * topk, loss_sum) if not bad else ()
+        if averaged_totals and over_ranks and not averaged_totals[3]:
+            over_ranks += (100.0 * averaged_totals[1], 100.0 * averaged_totals[2], averaged_totals[0])
+        for name, value in zip(figures, over_ranks):
+            raport.record(name, value / count, count, epoch=False)
         raport.log_window(prefix, [epoch, train_iteration, length])
         result = ValResult(100.0 * top1 / count, loss_sum / count, int(count), int(bad))
         if not result.finite:  # no accuracy from NaN or inf outputs, even counted as wrong

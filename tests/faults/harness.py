@@ -14,6 +14,7 @@ the end of the session.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -23,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from helpers import (REPO, Forked, Result, explain, forkable, run_script, tiny_registered,  # noqa: F401
-                     wait_or_kill)
+from helpers import (REPO, Forked, Result, explain, forkable, patient, run_script,  # noqa: F401
+                     tiny_registered, wait_or_kill)
 from image_classification.records import checkpoint as ckpt
 from image_classification.records.raport import read_raport
 
@@ -101,7 +102,7 @@ def wait_unlocked(workspace: Path, timeout: float = 60) -> None:
     lock = workspace / ".workspace.lock"
     if not lock.exists():
         return
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + patient(timeout)
     with lock.open("a") as handle:
         while True:
             try:
@@ -123,7 +124,7 @@ def train_here(data: Path, workspace: Path, *args, capsys=None):
 
 
 def never_trained(result) -> bool:
-    return "RUNNING EPOCHS" not in result.stdout and "Iteration:" not in result.stdout
+    return "RUNNING EPOCHS" not in result.stdout and not re.search(r"^Epoch \d+/\d+ \[", result.stdout, re.M)
 
 
 def load(path: Path) -> dict:

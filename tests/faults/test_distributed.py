@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import time
@@ -10,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers import free_port, run_process, start_process
+from helpers import free_port, patient, run_process, start_process
 from image_classification.errors import EXIT_PREEMPTED
 from image_classification.multiproc import _interrupted, _stopped_early
 from image_classification.system.distributed import lost_peer_reason as _lost_peer_reason
@@ -85,11 +86,11 @@ def test_a_stop_signal_to_multiproc_reaches_the_workers_which_save_and_exit_75(d
                str(tmp_path / "ws"), "--epochs", "100", "-j", "0", str(data)]
     job = start_process(command, tmp_path / "out.txt", cwd=REPO, env=environment())
     try:
-        while "Epoch: 1 Iteration: 2 " not in (tmp_path / "out.txt").read_text():
+        while not re.search(r"^Epoch 1/100 \[ *2/", (tmp_path / "out.txt").read_text(), re.M):  # a window's line
             assert job.poll() is None, (tmp_path / "out.txt").read_text()
             time.sleep(0.1)
         job.send_signal(getattr(signal, name))
-        code = job.wait(timeout=120)
+        code = job.wait(timeout=patient(120))
     finally:
         if job.poll() is None:
             job.kill()
