@@ -41,7 +41,8 @@ from .system.host_memory import keep_freed_memory
 from .system.runtime import Runtime, make_runtime, out_of_memory_reason
 from .system.signals import StopSignal, Stopped
 from .train.engine import Engine
-from .train.loop import Loop, RunControl, ValResult
+from .train.loop import Loop, RunControl
+from .train.validation import ValResult
 from .train.metrics import register_metrics
 from .train.plan import RunConfig, resolve_run
 from .train.startup import preflight, workspace_notice, workspace_of

@@ -28,10 +28,8 @@ live in the :class:`Engine`, which it drives.
 from __future__ import annotations
 
 import dataclasses
-
 import math
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -48,9 +46,9 @@ from ..records.workspace import Workspace
 from ..system.runtime import Runtime
 from ..system.signals import StopSignal
 from .engine import Engine
-from .losses import classification_loss, correct_counts
 from .metrics import Console, Warmup, record_iteration
 from .progress import pass_length, progress_bar
+from .validation import ValResult, batch_sums, figure_names, finite_sums, named, slots, window_figures
 
 
 
@@ -110,25 +108,6 @@ class RunControl:
     def saved(self, iterations: int) -> None:
         self._saved_at = (time.monotonic(), iterations)
         self.save_pending = False
-
-
-@dataclass
-class ValResult:
-    top1: float
-    loss: float
-    count: int
-    not_finite: int  # images whose outputs held NaN or inf (counted as wrong)
-    tta_top1: float | None = None  # --val-tta's top1 of the averaged logits, where it has one
-
-    @property
-    def finite(self) -> bool:
-        """Whether the validation counts: images seen, every output finite, a finite loss."""
-        return bool(self.count) and not self.not_finite and math.isfinite(self.loss)
-
-    @property
-    def finite_top1(self) -> float | None:
-        """top1 when the validation counts; else None."""
-        return self.top1 if self.finite else None
 
 
 class Loop:
@@ -394,17 +373,13 @@ class Loop:
         train_iteration = self.engine.progress.batch
         if isinstance(model, nn.Module):
             model.eval()
-        ks = (1, config.run.topk)
-        tta = config.data.val_tta is not None
-        # loss, top1, topk, count, bad; with TTA then loss, top1, topk and bad of the averaged logits
-        totals = torch.zeros(9 if tta else 5, dtype=torch.float64, device=runtime.device)
+        ks, tta = (1, config.run.topk), config.data.val_tta is not None
+        totals = torch.zeros(len(slots(tta)), dtype=torch.float64, device=runtime.device)
         length = len(loader) if config.run.prof <= 0 else min(config.run.prof, len(loader))
         self.console.lengths[prefix] = length
         batches = iter_from(loader, epoch, 0)
         warmup = Warmup(config.run.benchmark_warmup)  # each pass: its first batches of a shape tune cuDNN again
-        # a window's figures (the pass so far); with TTA those of the averaged logits after them
-        figures = (f"{prefix}.top1", f"{prefix}.top{config.run.topk}", f"{prefix}.loss",
-                   *((f"{prefix}.tta_top1", f"{prefix}.tta_top{config.run.topk}", f"{prefix}.tta_loss") if tta else ()))
+        figures = figure_names(prefix, config.run.topk, tta)  # a window's: the pass so far
         finite_so_far = True  # once an output is NaN or inf, the pass has no accuracy, nor its windows
         end = time.perf_counter()
         for index in range(length):
@@ -414,72 +389,55 @@ class Loop:
                 break
             data_time = time.perf_counter() - end
             compute_time, logits, averaged = self._timed_forward(model, images)
-            batch = targets.shape[0]
-            loss_sum, hits, hits_k, bad = self._scored(logits, targets, ks)
-            count = torch.tensor(float(batch), dtype=torch.float64, device=logits.device)
-            batch_totals = torch.stack([loss_sum, hits, hits_k, count, bad,
-                                        *(self._scored(averaged, targets, ks) if averaged is not None else ())])
+            batch_totals = batch_sums(logits, averaged, targets, ks)
             totals += batch_totals
-            local = batch_totals.tolist()
+            local = named(batch_totals, tta)
             now = time.perf_counter()
             record_iteration(raport, prefix, data_time=data_time, iteration_time=now - end,
-                             images=batch * runtime.world_size, measured=warmup.next(), latency=compute_time)
+                             images=targets.shape[0] * runtime.world_size, measured=warmup.next(),
+                             latency=compute_time)
             end = now
-            if finite_so_far and (local[4] or (tta and local[8])):
+            if finite_so_far and not finite_sums(local):
                 finite_so_far = False
                 raport.drop_window(figures)
             if finite_so_far and not runtime.distributed:  # one rank's share so far is no figure of the pass
-                raport.record(figures[0], 100.0 * local[1] / batch, batch, epoch=False)
-                raport.record(figures[1], 100.0 * local[2] / batch, batch, epoch=False)
-                raport.record(figures[2], local[0] / batch, batch, epoch=False)
-                if tta:
-                    raport.record(figures[3], 100.0 * local[6] / batch, batch, epoch=False)
-                    raport.record(figures[4], 100.0 * local[7] / batch, batch, epoch=False)
-                    raport.record(figures[5], local[5] / batch, batch, epoch=False)
+                for name, value in window_figures(prefix, config.run.topk, local).items():
+                    raport.record(name, value, int(local["count"]), epoch=False)
             if (index + 1) % config.run.print_freq == 0 and index + 1 < length:  # the pass's last window: below
                 raport.log_window(prefix, [epoch, train_iteration, index + 1])
             progress_bar.update(1)
         with runtime.waiting_for_peers(f"summing {prefix} over the processes"):
             if runtime.distributed:
                 dist.all_reduce(totals)
-            loss_sum, top1, topk, count, bad, *averaged_totals = totals.tolist()
+            sums = named(totals, tta)
         seen, measured = self.val_iterations.get(prefix, (0, 0))
         self.val_iterations[prefix] = (seen + warmup.seen, measured + warmup.measured)
-        if count == 0:
+        if sums["count"] == 0:
             return ValResult(0.0, math.nan, 0, 0)
         raport.drop_window(figures)  # the last window gives the pass's figures over every rank, as the epoch's
-        over_ranks = (100.0 * top1, 100.0 * topk, loss_sum) if not bad else ()
-        if averaged_totals and over_ranks and not averaged_totals[3]:
-            over_ranks += (100.0 * averaged_totals[1], 100.0 * averaged_totals[2], averaged_totals[0])
-        for name, value in zip(figures, over_ranks):
-            raport.record(name, value / count, count, epoch=False)
+        for name, value in window_figures(prefix, config.run.topk, sums).items():
+            raport.record(name, value, int(sums["count"]), epoch=False)
         raport.log_window(prefix, [epoch, train_iteration, length])
-        result = ValResult(100.0 * top1 / count, loss_sum / count, int(count), int(bad))
-        if not result.finite:  # no accuracy from NaN or inf outputs, even counted as wrong
-            raport.record(f"{prefix}.not_finite", bad, window=False)
-            return result
-        for name, value in (("top1", top1), (f"top{config.run.topk}", topk)):
-            raport.record(f"{prefix}.{name}", 100.0 * value / count, count, window=False)
-        raport.record(f"{prefix}.loss", loss_sum / count, count, window=False)
-        if averaged_totals:
-            tta_loss, tta_top1, tta_topk, tta_bad = averaged_totals
-            if tta_bad or not math.isfinite(tta_loss):  # the mirror images' outputs alone are not finite
-                self.log(f"=> {prefix} of epoch {epoch + 1}: the outputs on the mirror images are NaN or inf for "
-                         f"{int(tta_bad)} of {int(count)} images: no --val-tta figure")
-                return result
-            for name, value in (("tta_top1", tta_top1), (f"tta_top{config.run.topk}", tta_topk)):
-                raport.record(f"{prefix}.{name}", 100.0 * value / count, count, window=False)
-            raport.record(f"{prefix}.tta_loss", tta_loss / count, count, window=False)
-            result = dataclasses.replace(result, tta_top1=100.0 * tta_top1 / count)
-        return result
+        return self._pass_result(prefix, epoch, sums)
 
-    @staticmethod
-    def _scored(logits: torch.Tensor, targets: torch.Tensor, ks: tuple[int, int]) -> list[torch.Tensor]:
-        """[loss sum, top-1 hits, top-k hits, outputs not finite] of a batch, as float64 tensors on the device."""
-        loss = classification_loss(logits, targets, 0.0)  # plain cross-entropy, whatever training used
-        counts = correct_counts(logits, targets, ks).double()
-        not_finite = (~torch.isfinite(logits).all(dim=1)).sum().double()
-        return [loss.double() * targets.shape[0], counts[0], counts[1], not_finite]
+    def _pass_result(self, prefix: str, epoch: int, sums: dict[str, float]) -> ValResult:
+        """The pass's result from its sums over every rank, its epoch records written: none of accuracy where an
+        output was not finite, and no --val-tta figure where a mirror image's output was not."""
+        raport, topk, count = self.raport, self.config.run.topk, sums["count"]
+        result = ValResult(100.0 * sums["top1"] / count, sums["loss"] / count, int(count), int(sums["bad"]))
+        if not result.finite:  # no accuracy from NaN or inf outputs, even counted as wrong
+            raport.record(f"{prefix}.not_finite", sums["bad"], window=False)
+            return result
+        tta_ok = "tta_bad" in sums and not sums["tta_bad"] and math.isfinite(sums["tta_loss"])
+        if "tta_bad" in sums and not tta_ok:  # the mirror images' outputs alone are not finite
+            self.log(f"=> {prefix} of epoch {epoch + 1}: the outputs on the mirror images are NaN or inf for "
+                     f"{int(sums['tta_bad'])} of {int(count)} images: no --val-tta figure")
+        for name, value in window_figures(prefix, topk, sums).items():
+            if tta_ok or ".tta_" not in name:
+                raport.record(name, value, int(count), window=False)
+        if tta_ok:
+            result = dataclasses.replace(result, tta_top1=100.0 * sums["tta_top1"] / count)
+        return result
 
     def _timed_forward(self, model, images) -> tuple[float, torch.Tensor, torch.Tensor | None]:
         """(compute time, logits, the logits averaged with the mirror images' under --val-tta flip, else None);
