@@ -131,3 +131,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
     if sum(TALLY.values()):
         terminalreporter.write_line(summary_line())
+
