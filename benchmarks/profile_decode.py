@@ -45,11 +45,12 @@ def one_pass(split, transform: TrainTransform, count: int, size: int, auto: bool
         scale = reduced.crop_scale(draw.box[2], draw.box[3], size) if auto else 1
         now = time.perf_counter(); spent["header and draw"] += now - clock; clock = now
         if scale > 1:
-            image = reduced.drafted(raw, jpeg.width, jpeg.height, scale)
+            image, x, y = jpeg.reduced(scale)  # decoded at 1/scale and turned by its EXIF orientation
             now = time.perf_counter(); spent["decode"] += now - clock; clock = now
             top, left, height, width = draw.box
-            out = image.resize((size, size), Image.BILINEAR, box=(left / scale, top / scale, (left + width) / scale,
-                                                                (top + height) / scale))
+            x, y = x + left / scale, y + top / scale
+            box = (x, y, x + width / scale, y + height / scale)
+            out = image.resize((size, size), Image.BILINEAR, box=box)
             crop = torch.from_numpy(np.array(out)).permute(2, 0, 1)
         else:
             image = decode_rgb_tensor(raw)

@@ -35,6 +35,12 @@ def tiny_arch_row() -> tuple:
     return ("basic", (1, 1, 1, 1), (16, 16, 32, 32), 1, 1, False)
 
 
+def tiny_bottleneck_row() -> tuple:
+    """A bottleneck row like ResNet-50's (1x1, 3x3, 1x1 convs and downsample convs), one block per stage,
+    16-32 output channels: the models that ``--memory-format auto`` trains channels-last on the CPU."""
+    return ("bottleneck", (1, 1, 1, 1), (8, 8, 16, 16), 2, 1, False)
+
+
 @contextlib.contextmanager
 def tiny_registered():
     """``-a tiny`` accepted while the block runs (for fixtures broader than a test; tests use the

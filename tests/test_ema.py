@@ -157,3 +157,18 @@ def test_a_mid_epoch_resume_of_the_ema_is_bitwise_exact(flags, image_folder, tmp
     assert_same_tensors(straight["state_dict_ema"], resumed["state_dict_ema"], "state_dict_ema")
     assert straight["ema_updates"] == resumed["ema_updates"] > 0
     assert not torch.equal(straight["state_dict_ema"]["fc.weight"], straight["state_dict"]["fc.weight"])
+
+
+def test_the_average_takes_the_memory_layout_of_the_model_it_follows():
+    """An average built over an NCHW copy and updated from a channels-last model holds that model's layout
+    (the multi-tensor update pairs tensors of one layout), its values moved index by index."""
+    ema = ModelEma(_model(), 0.5, warmup="none")
+    channels_last = _model().to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        channels_last[0].weight.add_(torch.arange(108.0).view(4, 3, 3, 3))
+    ema.update(channels_last, 1)  # the first update copies the weights
+    ema.update(channels_last, 2)  # the average of equals: the same values
+    averaged, followed = ema.state_dict(), channels_last.state_dict()
+    assert averaged["0.weight"].is_contiguous(memory_format=torch.channels_last)
+    assert all(averaged[name].stride() == tensor.stride() for name, tensor in followed.items())
+    assert all(torch.equal(averaged[name], tensor) for name, tensor in followed.items())

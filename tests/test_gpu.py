@@ -9,6 +9,7 @@ import torch
 from image_classification.records.raport import read_raport
 from image_classification.train import engine as engine_module
 from image_classification.training import main
+from test_optim import assert_resumes_across_layouts
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -75,6 +76,15 @@ def test_cuda_checkpoint_resumes_on_the_cpu(tmp_path):
                               str(tmp_path / "checkpoint.pth.tar")]) == 0
     state = torch.load(tmp_path / "cpu" / "checkpoint.pth.tar", weights_only=True)
     assert state["epoch"] == 2
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+@pytest.mark.parametrize("written_in, resumed_in", [(torch.contiguous_format, torch.channels_last),
+                                                    (torch.channels_last, torch.contiguous_format)])
+def test_cuda_s_fused_kernels_resume_a_state_written_in_another_layout(name, written_in, resumed_in):
+    """CUDA's fused SGD and AdamW stop at a state whose strides are not its parameter's; the resumed state
+    takes them, and steps as a same-layout resume (the CPU twin: test_optim)."""
+    assert_resumes_across_layouts(name, written_in, resumed_in, device="cuda")
 
 
 def a_jpeg(path: Path) -> Path:

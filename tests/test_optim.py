@@ -1,5 +1,6 @@
 """Learning-rate schedules, weight-decay groups, the optimizers' kernels and the EMA, against the formulas."""
 
+import copy
 import math
 
 import pytest
@@ -135,6 +136,80 @@ def test_a_checkpoint_of_another_implementation_loads_without_changing_the_kerne
     load_optimizer_state(ours, old.state_dict())
     assert [g["lr"] for g in ours.param_groups] == [0.3, 0.3]  # the checkpoint's values are restored
     assert all(g[SGD_KERNEL] is True for g in ours.param_groups)  # ours, not the checkpoint's (neither set)
+
+
+def _layout_model(memory_format: torch.memory_format, weights: dict | None = None,
+                  device: str = "cpu") -> torch.nn.Module:
+    """A 3x3 conv (strides that differ between layouts), a 1x1 conv, BatchNorm and a linear head."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.Conv2d(8, 4, 1),
+                                torch.nn.Flatten(), torch.nn.Linear(16, 2))
+    if weights is not None:
+        model.load_state_dict(weights)
+    return model.to(device, memory_format=memory_format)
+
+
+def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed: int) -> None:
+    """One step with the same gradients, index by index, in every layout (each in its parameter's strides,
+    as autograd gives them)."""
+    generator = torch.Generator().manual_seed(seed)
+    for param in model.parameters():
+        param.grad = torch.empty_like(param).copy_(torch.randn(param.shape, generator=generator))
+    optimizer.step()
+
+
+def assert_resumes_across_layouts(name: str, written_in: torch.memory_format, resumed_in: torch.memory_format,
+                                  loss_scaling: bool = False, device: str = "cpu") -> None:
+    """An optimizer state written in ``written_in`` and resumed in ``resumed_in`` is held in each parameter's
+    strides, with the written values, and takes the next step of a resume in ``written_in``."""
+    from image_classification.train.optim import load_optimizer_state
+
+    options = dict(name=name, lr=0.5, momentum=0.9, weight_decay=1e-4, loss_scaling=loss_scaling,
+                   log=lambda *_: None)
+    writer = _layout_model(written_in, device=device)
+    optimizer = build_optimizer(writer, **options)
+    _step(writer, optimizer, seed=1)
+    after = {}
+    for layout in (written_in, resumed_in):
+        model = _layout_model(layout, writer.state_dict(), device)
+        resumed = build_optimizer(model, **options)
+        load_optimizer_state(resumed, copy.deepcopy(optimizer.state_dict()))  # a fresh copy, as a file gives
+        for param, written_param in zip(model.parameters(), writer.parameters()):
+            written = optimizer.state[written_param]
+            for key, value in resumed.state[param].items():
+                layout_of = param if value.shape == param.shape else written[key]  # a scalar keeps its own
+                assert value.stride() == layout_of.stride(), key
+                assert torch.equal(value, written[key]), key
+        _step(model, resumed, seed=2)
+        after[layout] = model.state_dict()
+    for key, value in after[written_in].items():
+        torch.testing.assert_close(after[resumed_in][key], value, rtol=1e-6, atol=1e-6, msg=key)
+
+
+NCHW, CHANNELS_LAST = torch.contiguous_format, torch.channels_last
+
+
+@pytest.mark.parametrize("name, loss_scaling", [("sgd", False), ("sgd", True), ("adamw", False),
+                                                ("rmsprop", False), ("lamb", False), ("lars", False)])
+@pytest.mark.parametrize("written_in, resumed_in", [(NCHW, CHANNELS_LAST), (CHANNELS_LAST, NCHW)])
+def test_a_resumed_optimizer_state_takes_each_parameter_s_memory_layout(name, loss_scaling, written_in,
+                                                                        resumed_in):
+    """Momentum and moments written in one layout load in the strides of the parameter they belong to
+    (torch's fused SGD and AdamW, which the CPU takes without a loss scaler, pair them by memory position;
+    CUDA's stop at a layout other than the parameter's), and the next step is a same-layout resume's."""
+    assert_resumes_across_layouts(name, written_in, resumed_in, loss_scaling)
+
+
+def test_a_state_tensor_takes_the_strides_of_a_tensor_of_its_shape_and_keeps_its_dtype():
+    from image_classification.train.optim import in_layout_of
+
+    param = torch.zeros(4, 3, 2, 2).contiguous(memory_format=CHANNELS_LAST)
+    state = torch.arange(48, dtype=torch.float64).view(4, 3, 2, 2)
+    relaid = in_layout_of(state, param)
+    assert relaid.stride() == param.stride() and relaid.dtype == torch.float64 and torch.equal(relaid, state)
+    step, other = torch.tensor(3.0), torch.zeros(4, 3)
+    assert in_layout_of(step, param) is step and in_layout_of(other, param) is other
+    assert in_layout_of(relaid, param) is relaid  # already in its layout: no copy
 
 
 # ------------------------------------------------------------------------------------------------

@@ -54,6 +54,7 @@ def test_checkpoint_records_how_its_inputs_were_prepared(trained):
     state = torch.load(trained, weights_only=True)
     recorded = Preprocessing.from_dict(state["preprocessing"])
     assert (recorded.image_size, recorded.interpolation, recorded.resize_size) == (32, "bicubic", 37)
+    assert state["preprocessing"]["exif_orientation"] is True and recorded.exif_orientation
     assert state["num_classes"] == 3 and state["classes"] == ["class_00", "class_01", "class_02"]
 
 
@@ -144,3 +145,81 @@ def test_a_checkpoint_whose_resize_cannot_be_held_is_refused_in_one_line(trained
     assert not (tmp_path / "w.onnx").exists()
     assert run(inference.main, ["--weights", str(weights), "--image", image, "--image-size", "64"]) == 0
     assert "--image-size 64 overrides the 8192 recorded" in capsys.readouterr().err
+
+
+# -- the EXIF orientation: weights recorded before every backend turned images by it ---------------------
+def _recorded_before_the_turn(trained: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """The trained checkpoint and its weights as this toolkit wrote them before the turn (no exif_orientation
+    in their preprocessing)."""
+    from image_classification.records.checkpoint import save_checkpoint, save_weights
+
+    state = torch.load(trained, weights_only=True)
+    del state["preprocessing"]["exif_orientation"]
+    checkpoint, weights = tmp_path / "before.pth.tar", tmp_path / "before.pth"
+    save_checkpoint(state, checkpoint)
+    description = {"arch": "resnet18", "num_classes": 3, "preprocessing": state["preprocessing"]}
+    save_weights(state["state_dict"], description, weights)
+    return checkpoint, weights
+
+
+def _turns_seen(monkeypatch) -> list[bool]:
+    """Whether each data configuration the pytorch backend is given turns images by their EXIF orientation."""
+    from image_classification.data import folder
+
+    seen, real = [], folder.folder_loaders
+
+    def recording(config, *args, **kwargs):
+        seen.append(config.exif_orientation)
+        return real(config, *args, **kwargs)
+
+    monkeypatch.setattr(folder, "folder_loaders", recording)
+    return seen
+
+
+BEFORE = "records no EXIF orientation: its weights were trained on images as stored"
+
+
+def test_weights_recorded_before_the_turn_are_evaluated_and_classified_on_images_as_stored(
+        trained, image_folder, tmp_path, monkeypatch, capsys):
+    """--evaluate and classify.py follow the record, and say so in one line."""
+    checkpoint, weights = _recorded_before_the_turn(trained, tmp_path)
+    seen, used = _turns_seen(monkeypatch), _used_preprocessing(monkeypatch)
+    assert train_main(["--evaluate", "--resume", str(checkpoint), "-a", "resnet18", "--device", "cpu", "-b",
+                       "8", "--data-backend", "pytorch", "-j", "0", "--workspace", str(tmp_path / "eval"),
+                       str(image_folder)]) == 0
+    assert seen == [False]
+    assert f"=> the checkpoint {BEFORE}, and this run sees them so" in capsys.readouterr().out
+    image = str(next((image_folder / "val" / "class_01").iterdir()))
+    assert run(inference.main, ["--weights", str(weights), "--image", image]) == 0
+    assert used[-1].exif_orientation is False
+    assert f"note: '{weights}' {BEFORE}, and this run sees them so" in capsys.readouterr().err
+
+
+def test_a_fine_tune_from_weights_recorded_before_the_turn_trains_on_turned_images(
+        trained, image_folder, tmp_path, monkeypatch, capsys):
+    _, weights = _recorded_before_the_turn(trained, tmp_path)
+    seen = _turns_seen(monkeypatch)
+    assert train_main(["-a", "resnet18", "--pretrained-weights", str(weights), "--image-size", "32", "-b",
+                       "8", "--device", "cpu", "--epochs", "1", "--prof", "1", "--data-backend", "pytorch",
+                       "-j", "0", "--workspace", str(tmp_path / "tuned"), str(image_folder)]) == 0
+    assert seen == [True]
+    assert (f"=> {weights} {BEFORE}; this run trains on them turned by their EXIF orientation tag"
+            in capsys.readouterr().out)
+    state = torch.load(tmp_path / "tuned" / "checkpoint.pth.tar", weights_only=True)
+    assert state["preprocessing"]["exif_orientation"] is True
+
+
+def test_a_resumed_run_recorded_before_the_turn_goes_on_as_stored_and_a_bad_record_is_refused():
+    from image_classification.errors import UserError
+    from image_classification.models.preprocessing import choose_preprocessing
+
+    old = Preprocessing.from_dict({"image_size": 32})
+    lines = []
+    chosen = choose_preprocessing(old, 224, "the checkpoint", lines.append, training=True)
+    assert chosen.exif_orientation is False and Preprocessing.from_dict(chosen.to_dict()) == chosen
+    assert lines == [f"the checkpoint {BEFORE}, and this run goes on training so, not turned by their EXIF "
+                     "orientation tag as a new run is"]
+    assert choose_preprocessing(None, 224, "the weights", lines.append).exif_orientation is True
+    assert len(lines) == 1
+    with pytest.raises(UserError, match="exif_orientation true or false"):
+        Preprocessing.from_dict({"image_size": 32, "exif_orientation": "yes"})

@@ -49,6 +49,9 @@ class DataConfig:
     # --decode-scale: "auto" decodes a JPEG at the smallest of libjpeg's scales that keeps its crop's (its resize's)
     # pixels (:mod:`.reduced`), "full" every pixel, as before; the DALI backends decode the crop window either way
     decode_scale: str = "auto"
+    # every image turned by its EXIF orientation tag before it is cropped (:mod:`.orientation`); False: as
+    # stored, for weights whose record predates it (their training saw the images so on the pytorch backends)
+    exif_orientation: bool = True
 
     @property
     def train_size(self) -> int:

@@ -260,7 +260,7 @@ def dali_loaders(
         gpu_decode=backend == "dali-gpu", channels_last=runtime.memory_format == torch.channels_last,
         crop_ratio=config.crop_ratio, mean=tuple(config.mean), std=tuple(config.std),
         augmentation=config.augmentation, randaugment_magnitude=config.randaugment_magnitude,
-        randaugment_num_ops=config.randaugment_num_ops,
+        randaugment_num_ops=config.randaugment_num_ops, exif_orientation=config.exif_orientation,
     )
     root = Path(config.data)
     train = val = None

@@ -7,8 +7,10 @@ image past it is not decoded and comes out as a blank flagged unfit, which the l
 random crop window and resizes it (training, with ``--augmentation`` by DALI's ``auto_aug``) or decodes the window
 that validation's centre crop keeps and resizes it to the pixels torchvision's ``Resize`` and ``CenterCrop`` of
 the whole image give (validation), and flips and normalises.  Every random operator
-takes its state from the feed, never from DALI's own generators.  Only this module and :mod:`.dali` import DALI,
-lazily.
+takes its state from the feed, never from DALI's own generators.  The header's size and both windows are the
+image's once turned by its EXIF orientation (``adjust_orientation``, said explicitly, as every backend turns:
+:mod:`.orientation`), or as stored for weights recorded before (``exif_orientation`` False).  Only this module
+and :mod:`.dali` import DALI, lazily.
 """
 
 from __future__ import annotations
@@ -56,11 +58,13 @@ class PipelineSpec:
     randaugment_num_ops: int = 2
     mean: tuple[float, float, float] = MEAN_255  # on the 0-255 scale
     std: tuple[float, float, float] = STD_255
+    exif_orientation: bool = True  # each image turned by its EXIF orientation tag (False: as stored)
 
     @property
     def decoder(self) -> dict:
         """The decoders' device and options."""
-        return {"device": "mixed", **_GPU_DECODER_PADDING} if self.gpu_decode else {"device": "cpu"}
+        where = {"device": "mixed", **_GPU_DECODER_PADDING} if self.gpu_decode else {"device": "cpu"}
+        return {**where, "adjust_orientation": self.exif_orientation}
 
     @property
     def resize_device(self) -> str:
@@ -128,7 +132,7 @@ def build_pipeline(spec: PipelineSpec, feed: Feed, seed: int):
     )
     def pipeline():
         encoded, labels, draw = _fed(spec, feed)
-        shape = fn.peek_image_shape(encoded)
+        shape = fn.peek_image_shape(encoded, adjust_orientation=spec.exif_orientation)  # the decoded image's
         height, width = fn.cast(shape[0], dtype=types.INT64), fn.cast(shape[1], dtype=types.INT64)
         fits = height * width <= MAX_IMAGE_PIXELS
         if not spec.train:

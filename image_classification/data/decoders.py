@@ -7,12 +7,13 @@ process decides once, at its first decode (:func:`cpu_decoder`, :func:`device_de
 
 * on the CPU, TorchCodec's decoder where it imports and decodes the probe JPEGs (:func:`probe_jpegs`: colour,
   greyscale, progressive, and one whose EXIF orientation says "turn me") to torchvision's pixels exactly, so
-  that the batches stay what they are with either.  TorchCodec 0.17 turns a JPEG by its EXIF orientation, which
-  torchvision's decoder (as this toolkit calls it), PIL and DALI leave as stored, and against whose stored size
-  ``pytorch-gpu``'s workers draw the crop boxes: it fails that probe, and torchvision's decoder is taken;
+  that the batches stay what they are with either.  A decoder here gives the image as stored: the callers
+  turn it by its EXIF orientation afterwards, by the one reading of the tag every path shares
+  (:mod:`.orientation`), or leave it as stored for weights that trained so.  TorchCodec 0.17 turns a JPEG by
+  the tag itself, by its own reading of it: it fails that probe, and torchvision's decoder is taken;
 * on a device, the CPU's choice where its decoder decodes the probes there within :data:`DEVICE_LEVELS` of the
-  CPU's pixels (the bound the GPU tests hold the batches to), else torchvision's, else none
-  (:func:`device_problem` says why).
+  CPU's pixels and sizes (the bound the GPU tests hold the batches to; a decoder that turned the probe by its
+  tag would give it another size), else torchvision's, else none (:func:`device_problem` says why).
 
 torchvision's decoders warn of their deprecation at every call: that warning is filtered out, by its message
 alone (:data:`TORCHVISION_DEPRECATION`), once in each process that decodes, so that no other warning is hidden.
@@ -31,6 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from PIL import Image
+
+from .orientation import ORIENTATION_TAG
 
 LIBRARIES = ("torchcodec", "torchvision")  # in the order of preference
 # The mean absolute difference from the CPU decoder's pixels, in grey levels, within which a device's decoder is
@@ -85,8 +88,6 @@ _LOADERS = {"torchcodec": _torchcodec, "torchvision": _torchvision}
 _forced: str | None = None  # use_decoder's choice, in place of the probes'
 
 
-EXIF_ORIENTATION = 0x0112  # the EXIF tag; 6 says "turn 90 degrees clockwise to view"
-
 
 @functools.cache
 def probe_jpegs() -> tuple[torch.Tensor, ...]:
@@ -98,7 +99,7 @@ def probe_jpegs() -> tuple[torch.Tensor, ...]:
     pixels = np.stack([rows * 4, cols * 3, (rows + cols) * 2], -1) + noise
     image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
     turned = image.getexif()
-    turned[EXIF_ORIENTATION] = 6
+    turned[ORIENTATION_TAG] = 6  # "turn 90 degrees clockwise to view"
     probes = []
     for picture, options in ((image, {}), (image.convert("L"), {}), (image, {"progressive": True}),
                              (image, {"exif": turned.tobytes()})):

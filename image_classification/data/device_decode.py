@@ -1,6 +1,7 @@
 """The ``pytorch-gpu`` backend: loader workers only read the images' bytes (:mod:`.encoded`); the training process
-decodes each batch on the device (:func:`.decoders.device_decoder`: nvJPEG, through TorchCodec or torchvision)
-and crops, flips, augments, resizes and normalises it there.
+decodes each batch on the device (:func:`.decoders.device_decoder`: nvJPEG, through TorchCodec or
+torchvision), turns each image by the EXIF orientation its worker read from its bytes (:mod:`.orientation`;
+never by the decoder's own reading of the tag) and crops, flips, augments, resizes and normalises it there.
 
 The draws are the ``pytorch`` backend's (:class:`.transforms.TrainTransform`, seeded from the seed, the epoch and
 the position), so the crops are its boxes and the pixels differ by the decoder and the resize's rounding alone
@@ -50,6 +51,7 @@ from .decoders import device_decoder, device_problem
 from .encoded import EncodedBatch, EncodedImages, collate_encoded
 from .files import decode_rgb_tensor
 from .layout import Split, open_split
+from .orientation import turn_tensor
 from .transforms import Draw, PolicyDraws, TrainTransform, val_crop
 from .workers import HostBatches, host_loader, split_sampler
 
@@ -202,11 +204,13 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor.pin_memory().to(device, non_blocking=True)
 
 
-def decoded_on_cpu(data: torch.Tensor, device: torch.device) -> torch.Tensor | str:
+def decoded_on_cpu(data: torch.Tensor, device: torch.device, orientation: int = 1) -> torch.Tensor | str:
     """A JPEG the device's decoder refused, decoded as the ``pytorch`` backend decodes it (the CPU's decoder,
-    else PIL) and moved to ``device``; or why it cannot be, in that backend's words."""
+    else PIL), turned by ``orientation`` and moved to ``device``; or why it cannot be, in that backend's
+    words."""
     try:
-        return to_device(decode_rgb_tensor(data.numpy().tobytes()), device)
+        image = decode_rgb_tensor(data.numpy().tobytes(), turn=False)  # turned as the worker read the tag
+        return to_device(turn_tensor(image, orientation), device)
     except (OSError, ValueError, Image.DecompressionBombError) as error:
         return f"{error.__class__.__name__}: {error}"
 
@@ -227,10 +231,12 @@ def chunks(sizes: list[tuple[int, int]], limit: int = CHUNK_PIXELS) -> Iterator[
 
 def decoded_images(batch: EncodedBatch, device: torch.device, fallbacks: DecodeFallbacks | None = None,
                    limit: int = CHUNK_PIXELS) -> Iterator[tuple[int, torch.Tensor | str]]:
-    """(position, image) for every image of ``batch`` in order, as a uint8 CHW tensor on ``device``, or the
-    reason it cannot be decoded; a run of at most ``limit`` pixels is decoded at a time, and an image is held no
-    longer than its run is.  Each JPEG the device's decoder refuses is counted in ``fallbacks``."""
+    """(position, image) for every image of ``batch`` in order, as a uint8 CHW tensor on ``device``, turned by
+    its EXIF orientation where the worker read one, or the reason it cannot be decoded; a run of at most
+    ``limit`` pixels is decoded at a time, and an image is held no longer than its run is.  Each JPEG the
+    device's decoder refuses is counted in ``fallbacks``."""
     jpeg_of = {position: k for k, position in enumerate(batch.encoded)}
+    orientations = batch.orientations or [1] * len(batch.encoded)
     offsets, offset = {}, 0  # where the worker-decoded images start in batch.pixels
     for position, (height, width) in enumerate(batch.sizes):
         if position not in jpeg_of:
@@ -245,12 +251,13 @@ def decoded_images(batch: EncodedBatch, device: torch.device, fallbacks: DecodeF
                 pixels = batch.pixels[offsets[position]:offsets[position] + 3 * height * width]
                 yield position, to_device(pixels.view(3, height, width), device)
                 continue
-            image = decoded.pop(position)
+            image, k = decoded.pop(position), jpeg_of[position]
             if image is None:
                 if fallbacks is not None:
                     fallbacks.count += 1
-                image = decoded_on_cpu(batch.jpeg(jpeg_of[position]), device)
-            yield position, image
+                yield position, decoded_on_cpu(batch.jpeg(k), device, orientations[k])
+                continue
+            yield position, turn_tensor(image, orientations[k])
 
 
 _CONSTANT_BUILDERS = (torch.tensor, torch.as_tensor)
@@ -377,13 +384,14 @@ def device_decode_loaders(
         samples = open_split(root, "train", classes, batch_size=config.batch_size, world_size=runtime.world_size)
         transform = TrainTransform(config)
         policy = PolicyDraws(transform.augmentation) if transform.augmentation is not None else None
-        train = _loader(samples, EncodedImages(samples, transform, policy=policy), config, runtime, True,
-                        transform.crop, policy)
+        dataset = EncodedImages(samples, transform, policy=policy, turn=config.exif_orientation)
+        train = _loader(samples, dataset, config, runtime, True, transform.crop, policy)
     if want_val:
         samples = open_split(root, "val", classes)
         crop = functools.partial(_val_crop, config=config)
         resize = val_resize_size(config.image_size, config.crop_ratio)
-        val = _loader(samples, EncodedImages(samples, None, resize), config, runtime, False, crop)
+        dataset = EncodedImages(samples, None, resize, turn=config.exif_orientation)
+        val = _loader(samples, dataset, config, runtime, False, crop)
     return train, val
 
 

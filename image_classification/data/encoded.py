@@ -1,5 +1,7 @@
 """What the ``pytorch-gpu`` backend's loader workers do: read each image's bytes (from a folder or its shards),
-find its size in its header, apply the size rule and draw its augmentation (:class:`.transforms.TrainTransform`;
+find its size and its EXIF orientation in its header (:mod:`.orientation`: the draws are made in the turned
+image, which the training process turns once decoded), apply the size rule and draw its augmentation
+(:class:`.transforms.TrainTransform`;
 ``--augmentation``'s operations too, :class:`.transforms.PolicyDraws`) under its own seed.  Decoding is the training process's (:mod:`.device_decode`).
 
 A JPEG that nvJPEG decodes (baseline, extended or progressive Huffman coding, 8 bits, greyscale or three
@@ -23,6 +25,7 @@ from torch.utils.data import Dataset
 from ..models.image_size import check_size
 from .files import decode_rgb_tensor, is_jpeg, jpeg_frame, open_rgb
 from .layout import Split
+from .orientation import jpeg_orientation, turned_size
 from .transforms import Draw, PolicyDraws, TrainTransform, seeded
 from .workers import shared_tensor
 
@@ -35,8 +38,9 @@ JPEG_END = b"\xff\xd9"  # the end-of-image marker
 
 @dataclass
 class Sample:
-    """One image as a worker hands it over: its JPEG bytes, or its pixels (CHW uint8) where the GPU would not
-    decode it; its size; and, for training, its draws and ``--augmentation``'s operations, drawn after them."""
+    """One image as a worker hands it over: its JPEG bytes and the orientation to turn it by once decoded, or
+    its pixels (CHW uint8, turned already) where the GPU would not decode it; its size (turned); and, for
+    training, its draws and ``--augmentation``'s operations, drawn after them."""
 
     index: int
     label: int
@@ -46,6 +50,7 @@ class Sample:
     pixels: torch.Tensor | None = None
     draw: Draw | None = None
     augmentation: tuple[tuple[str, float], ...] | None = None
+    orientation: int = 1
 
 
 def gpu_decodable(raw: bytes, short_side: int | None = None) -> tuple[int, int] | None:
@@ -72,11 +77,12 @@ def gpu_decodable(raw: bytes, short_side: int | None = None) -> tuple[int, int] 
 class EncodedImages(Dataset):
     """Reads one image and draws its augmentation under its own seed (``transform``: training, with ``policy``'s
     operations where ``--augmentation`` asks for them; None for validation, whose images are resized whole to a
-    ``resize`` px short side, under the size rule too)."""
+    ``resize`` px short side, under the size rule too); each turned by its EXIF orientation where ``turn``."""
 
     def __init__(self, samples: Split, transform: TrainTransform | None, resize: int | None = None,
-                 policy: PolicyDraws | None = None):
+                 policy: PolicyDraws | None = None, turn: bool = True):
         self.samples, self.transform, self.resize, self.policy = samples, transform, resize, policy
+        self.turn = turn
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -96,11 +102,14 @@ class EncodedImages(Dataset):
         label = self.samples.label(index)
         size = gpu_decodable(raw, self.resize)
         if size is not None:
-            return Sample(index, label, *size, encoded=raw)
+            orientation = jpeg_orientation(raw) if self.turn else 1
+            width, height = turned_size(size[1], size[0], orientation)
+            return Sample(index, label, height, width, encoded=raw, orientation=orientation)
         if self.resize is None:
-            pixels = decode_rgb_tensor(raw)  # the pytorch backend's decode: libjpeg-turbo, else PIL
+            pixels = decode_rgb_tensor(raw, self.turn)  # the pytorch backend's: libjpeg-turbo, else PIL
         else:
-            pixels = torch.from_numpy(np.array(open_rgb(io.BytesIO(raw), self.resize))).permute(2, 0, 1)
+            resized = open_rgb(io.BytesIO(raw), self.resize, self.turn)
+            pixels = torch.from_numpy(np.array(resized)).permute(2, 0, 1)
         return Sample(index, label, *pixels.shape[-2:], pixels=pixels)
 
     def _draw(self, height: int, width: int, size: int | None = None) -> tuple[Draw, tuple | None]:
@@ -114,8 +123,9 @@ class EncodedImages(Dataset):
 @dataclass
 class EncodedBatch:
     """A batch of :class:`Sample`\\ s in a few tensors: ``data`` holds the JPEG bytes of the samples at
-    ``encoded`` (the k-th ends at ``ends[k]``), ``pixels`` the flattened images of the others; ``sizes`` is every
-    sample's (height, width), ``draws`` and ``augmentations`` its training draws."""
+    ``encoded`` (the k-th ends at ``ends[k]``, to be turned by ``orientations[k]`` once decoded), ``pixels``
+    the flattened images of the others; ``sizes`` is every sample's (height, width), turned, ``draws`` and
+    ``augmentations`` its training draws."""
 
     indices: list[int]
     sizes: list[tuple[int, int]]
@@ -125,6 +135,7 @@ class EncodedBatch:
     pixels: torch.Tensor
     draws: list[Draw] | None = None
     augmentations: list[tuple] | None = None
+    orientations: list[int] | None = None  # None: every JPEG as stored
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -157,5 +168,7 @@ def collate_encoded(batch: list[tuple[Sample | None, tuple[str, str] | None]]):
     augmentations = [sample.augmentation for sample in good] if good and good[0].augmentation is not None else None
     labels = torch.tensor([sample.label for sample in good], dtype=torch.int64)
     sizes = [(sample.height, sample.width) for sample in good]
-    return EncodedBatch([sample.index for sample in good], sizes, data, ends, encoded, pixels, draws, augmentations), \
-        labels, broken
+    orientations = [good[position].orientation for position in encoded]
+    batch = EncodedBatch([sample.index for sample in good], sizes, data, ends, encoded, pixels, draws,
+                         augmentations, orientations)
+    return batch, labels, broken

@@ -10,7 +10,8 @@ A JPEG's header is walked as libjpeg walks it, so the size checked is the size d
 find no frame header is unreadable under the same rule.  Where an image is resized whole (validation,
 ``--evaluate``, classify.py: its short side to the resize size, its long side in proportion), the rule also
 holds for the resized image, found from the same header: a 200,000 x 1 strip keeps to the rule itself, but
-would make 13 gigapixels at a 256 px short side.  Training crops before it resizes, so it needs no more.
+would make 13 gigapixels at a 256 px short side.  Training crops before it resizes, so it needs no more.  An
+image is turned by its EXIF orientation as it is decoded (:mod:`.orientation`), unless the caller says not to.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from PIL import Image, UnidentifiedImageError
 from ..errors import UserError
 from ..models.image_size import ImageTooLarge, check_size
 from ..records.datafile import NotARegularFile, open_descriptor
+from .orientation import image_orientation, jpeg_orientation, turn_image, turn_tensor
 
 if TYPE_CHECKING:
     import torch
@@ -388,19 +390,21 @@ def open_image(source, short_side: int | None = None) -> Image.Image:
     return image
 
 
-def open_rgb(source, short_side: int | None = None) -> Image.Image:
-    """Open a path or binary file as an 8-bit RGB image (16-bit greyscale scaled by 255/65535), to be resized
-    whole to a ``short_side`` px short side when given (validation, classify.py).
+def open_rgb(source, short_side: int | None = None, turn: bool = True) -> Image.Image:
+    """Open a path or binary file as an 8-bit RGB image (16-bit greyscale scaled by 255/65535), turned by its
+    EXIF orientation where ``turn``, to be resized whole to a ``short_side`` px short side when given
+    (validation, classify.py).
 
     Raises what PIL raises for a file that is not a readable image (OSError, ValueError, ...), ImageTooLarge
     and UnreadableHeader.
     """
     with open_image(source, short_side) as image:
+        orientation = image_orientation(image) if turn else 1
         if image.mode in _SIXTEEN_BIT_MODES:
             pixels = np.asarray(image, dtype=np.float64)
             eight_bit = np.clip(np.rint(pixels * (255 / 65535)), 0, 255).astype(np.uint8)
-            return Image.fromarray(eight_bit, "L").convert("RGB")
-        return image.convert("RGB")
+            return turn_image(Image.fromarray(eight_bit, "L").convert("RGB"), orientation)
+        return turn_image(image.convert("RGB"), orientation)
 
 
 def decode_problem(source: str | bytes, short_side: int | None = None) -> str | None:
@@ -459,13 +463,14 @@ def read_bytes(path: str) -> bytes:
         return handle.read()
 
 
-def read_rgb_tensor(path: str) -> torch.Tensor:
+def read_rgb_tensor(path: str, turn: bool = True) -> torch.Tensor:
     """A CHW uint8 RGB tensor of the image at ``path``, for augmentation on tensors."""
-    return decode_rgb_tensor(read_bytes(path))
+    return decode_rgb_tensor(read_bytes(path), turn)
 
 
-def decode_rgb_tensor(raw: bytes) -> torch.Tensor:
-    """A CHW uint8 RGB tensor of an image file's bytes (from a folder or a shard alike).
+def decode_rgb_tensor(raw: bytes, turn: bool = True) -> torch.Tensor:
+    """A CHW uint8 RGB tensor of an image file's bytes (from a folder or a shard alike), turned by its EXIF
+    orientation where ``turn``.
 
     JPEGs are decoded by libjpeg-turbo straight into a tensor (faster than PIL plus a conversion; TorchCodec's
     decoder or torchvision's, :func:`.decoders.cpu_decoder`), once their header passes the size rule; anything it
@@ -478,7 +483,9 @@ def decode_rgb_tensor(raw: bytes) -> torch.Tensor:
         from .decoders import cpu_decoder  # deferred: torch (decoders imports it), as above
 
         try:
-            return cpu_decoder().decode(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+            image = cpu_decoder().decode(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
         except RuntimeError:
             pass  # PIL decides, and names the problem
-    return torch.from_numpy(np.array(open_rgb(io.BytesIO(raw)))).permute(2, 0, 1)
+        else:
+            return turn_tensor(image, jpeg_orientation(raw)) if turn else image
+    return torch.from_numpy(np.array(open_rgb(io.BytesIO(raw), turn=turn))).permute(2, 0, 1)

@@ -26,8 +26,8 @@ from .transforms import TrainTransform, open_resized, seeded, val_transform
 from .workers import HostBatches, host_loader, shared_tensor, split_sampler
 
 
-def _open_rgb_bytes(raw: bytes, short_side: int | None = None) -> Image.Image:
-    return open_rgb(io.BytesIO(raw), short_side)
+def _open_rgb_bytes(raw: bytes, short_side: int | None = None, turn: bool = True) -> Image.Image:
+    return open_rgb(io.BytesIO(raw), short_side, turn)
 
 
 class ImageFiles(Dataset):
@@ -39,17 +39,19 @@ class ImageFiles(Dataset):
     ``transform`` resizes whole to a ``resize`` px short side: an image too large for that is broken too.
     With ``decode_scale`` "auto" a JPEG is decoded at reduced size where its crop or its resize keeps its pixels
     (:mod:`.reduced`): in training, once its box is drawn from its header; in validation, resized here already.
+    Every image is turned by its EXIF orientation first where ``turn`` (:mod:`.orientation`).
     """
 
     def __init__(self, samples: Split, transform, tensors: bool = False, resize: int | None = None,
-                 decode_scale: str = "full", interpolation: str = "bilinear"):
+                 decode_scale: str = "full", interpolation: str = "bilinear", turn: bool = True):
         self.samples = samples
         self.transform = transform
         if decode_scale == "auto":
-            self.decode = decode_for_crop if tensors else functools.partial(
-                open_resized, short_side=resize, interpolation=interpolation)
+            self.decode = functools.partial(decode_for_crop, turn=turn) if tensors else functools.partial(
+                open_resized, short_side=resize, interpolation=interpolation, turn=turn)
         else:
-            self.decode = decode_rgb_tensor if tensors else functools.partial(_open_rgb_bytes, short_side=resize)
+            self.decode = functools.partial(decode_rgb_tensor, turn=turn) if tensors else functools.partial(
+                _open_rgb_bytes, short_side=resize, turn=turn)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -108,7 +110,7 @@ def collate_uint8(batch, normalize: tuple[torch.Tensor, torch.Tensor] | None = N
 def _loader(samples: Split, transform, config: DataConfig, runtime: Runtime, train: bool) -> DeviceLoader:
     resize = None if train else val_resize_size(config.image_size, config.crop_ratio)
     dataset = ImageFiles(samples, transform, tensors=train, resize=resize, decode_scale=config.decode_scale,
-                         interpolation=config.interpolation)
+                         interpolation=config.interpolation, turn=config.exif_orientation)
     sampler = split_sampler(len(samples), config, runtime, train)
     normalize_in_workers = not runtime.is_cuda and config.workers > 0
     scale = (torch.tensor(config.mean).view(1, 3, 1, 1), torch.tensor(config.std).view(1, 3, 1, 1)) \

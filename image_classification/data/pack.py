@@ -8,7 +8,8 @@ described in :mod:`.packed`).  The images are listed exactly as training lists t
 followed or not by the same rules; an image that cannot be read, a dangling link, is packed as an
 unreadable sample, so the numbering stays the folder's) and stored byte for byte; with ``--max-size S``, an
 image whose longer side is above S is stored resized to S on that side (antialiased, decoded at libjpeg's reduced
-scale where that still holds S) as a JPEG of ``--quality`` (default 90), which the manifest records, and so
+scale where that still holds S) as a JPEG of ``--quality`` (default 90), which the manifest records (its
+pixels as stored, its EXIF orientation tag kept, alone: a run turns it as it turns the folder's), and so
 decoding it never needs more than S (one that cannot be decoded, or breaks the size rule, is stored as it is, to
 be reported where it is read, as on the folder).
 
@@ -47,6 +48,7 @@ from ..records.datafile import DataFileError, parse_json, read_json, read_regula
 from ..system.cli import run
 from ..system.signals import stop_raises
 from .files import SPLITS, open_image, open_rgb, printable, read_bytes
+from .orientation import ORIENTATION_TAG, image_orientation
 from .layout import _report_links, check_dataset, relative_names, walk_split
 from .pack_destination import PackLock, open_own, prepare_destination, remove_temporaries
 from .packed import (BLOCK, FORMAT, MANIFEST, MAX_MANIFEST_BYTES, NAMES, PROGRESS, SHARD, TABLE, TABLE_DTYPE, VERSION,
@@ -86,7 +88,8 @@ class Resizing:
     def shrink(self, data: bytes) -> bytes | None:
         """``data`` (an image file's bytes) stored smaller: resized to :meth:`target` (Pillow's antialiased
         Lanczos, from libjpeg's reduced scale where that still holds the target) and encoded as a JPEG; None
-        where it keeps its bytes (no larger, or not readable: training then reports it as on the folder)."""
+        where it keeps its bytes (no larger, or not readable: training then reports it as on the folder).  The
+        pixels stay as stored, and the EXIF orientation tag goes with them, alone."""
         from PIL import Image
 
         try:
@@ -94,6 +97,9 @@ class Resizing:
                 target = self.target(*image.size)
                 if target is None:
                     return None
+                exif = Image.Exif()
+                if image_orientation(image) != 1:
+                    exif[ORIENTATION_TAG] = image_orientation(image)
                 extent = (0, 0, *image.size)
                 if image.format == "JPEG":
                     # the largest of libjpeg's reductions that keeps the target; the image's extent in it, which
@@ -101,9 +107,10 @@ class Resizing:
                     extent = image.draft("RGB", target)[1]
                     pixels = image.convert("RGB")
                 else:
-                    pixels = open_rgb(io.BytesIO(data))
+                    pixels = open_rgb(io.BytesIO(data), turn=False)
             out = io.BytesIO()
-            pixels.resize(target, Image.LANCZOS, box=extent).save(out, "JPEG", quality=self.quality)
+            pixels.resize(target, Image.LANCZOS, box=extent).save(out, "JPEG", quality=self.quality,
+                                                                  exif=exif.tobytes() if exif else b"")
         except Exception:  # anything Pillow raises: the bytes are stored as they are, and reported where read
             return None
         return out.getvalue()

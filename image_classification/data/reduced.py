@@ -20,6 +20,10 @@ or its packed copy; classify.py, ``--evaluate``, int8 calibration):
   position in it (Pillow's resize with a box), and a validation image to the very size its full decode would be
   resized to: only the pixels the resize starts from differ, by at most :data:`MEAN_BOUND` grey levels on average
   and :data:`MAX_BOUND` at most over a batch (tests/test_reduced.py holds the bound on photographs).
+* **The turn is the full decode's.**  A JPEG whose EXIF orientation says to turn it (:mod:`.orientation`) is
+  turned at the reduced scale, before its resize: its box and its size are the turned image's, as for a full
+  decode, and where a flip brings libjpeg's last, partial column or row to the image's start, the extent
+  shifts by what that column or row overhangs.
 * ``--decode-scale full`` decodes every pixel, as before this module: the batches of older runs.
 """
 
@@ -33,6 +37,7 @@ from PIL import Image
 
 from ..models.image_size import check_size
 from .files import decode_rgb_tensor, is_jpeg, jpeg_frame, open_image
+from .orientation import STEPS, jpeg_orientation, turn_image, turn_tensor, turned_size
 
 SCALES = (8, 4, 2)  # libjpeg's reduced scales that Pillow's draft asks for, smallest image first
 # The difference from the full-size decode at the same box, measured on photographs (tests/test_reduced.py):
@@ -75,16 +80,34 @@ class DecodeFailed(Exception):
 
 @dataclass(frozen=True)
 class ScalableJpeg:
-    """A JPEG whose size was read from its header, not yet decoded: what training draws its box from."""
+    """A JPEG whose size was read from its header, not yet decoded: what training draws its box from.
+    ``width`` and ``height`` are the image's once turned by its ``orientation`` (1: as stored), as the box is
+    drawn."""
 
     raw: bytes
     width: int
     height: int
+    orientation: int = 1
 
     @property
     def shape(self) -> tuple[int, int, int]:
         """(channels, height, width), as a decoded CHW tensor's shape reads."""
         return 3, self.height, self.width
+
+    @property
+    def stored_size(self) -> tuple[int, int]:
+        """(width, height) as the JPEG stores the image, before its turn."""
+        return turned_size(self.width, self.height, self.orientation)
+
+    def reduced(self, scale: int) -> tuple[Image.Image, float, float]:
+        """The image decoded at 1/``scale`` and turned, with where the turned full image's extent starts in
+        it, (left, top): 0 but along an axis whose flip brings libjpeg's partial last column or row first."""
+        width, height = self.stored_size
+        image = turn_image(drafted(self.raw, width, height, scale), self.orientation)
+        overhang = (-(-width // scale) - width / scale, -(-height // scale) - height / scale)  # stored (x, y)
+        transpose, mirror, flip = STEPS[self.orientation]
+        across, down = overhang[::-1] if transpose else overhang
+        return image, across if mirror else 0.0, down if flip else 0.0
 
     def resized_crop(self, box: tuple[int, int, int, int], size: int, interpolation: str):
         """The ``box`` (top, left, height, width, in full-size pixels) resized to ``size`` x ``size``, as a
@@ -94,34 +117,38 @@ class ScalableJpeg:
         top, left, height, width = box
         scale = crop_scale(height, width, size)
         try:
-            image = drafted(self.raw, self.width, self.height, scale)
+            image, x, y = self.reduced(scale)
         except (OSError, ValueError, Image.DecompressionBombError) as error:
             raise DecodeFailed(error) from error
+        left, top = x + left / scale, y + top / scale
         out = image.resize((size, size), FILTERS[interpolation],
-                           box=(left / scale, top / scale, (left + width) / scale, (top + height) / scale))
+                           box=(left, top, left + width / scale, top + height / scale))
         return torch.from_numpy(np.array(out, dtype=np.uint8)).permute(2, 0, 1)
 
     def decoded(self):
-        """The whole image at full size, as :func:`.files.decode_rgb_tensor` decodes it (a uint8 CHW tensor)."""
+        """The whole image at full size and turned, as :func:`.files.decode_rgb_tensor` decodes it (a uint8
+        CHW tensor)."""
         try:
-            return decode_rgb_tensor(self.raw)
+            return turn_tensor(decode_rgb_tensor(self.raw, turn=False), self.orientation)
         except (OSError, ValueError, Image.DecompressionBombError) as error:
             raise DecodeFailed(error) from error
 
 
-def decode_for_crop(raw: bytes):
-    """What training crops from an image file's bytes: a :class:`ScalableJpeg` (its header read and the size rule
-    applied, nothing decoded) or, for any other image, its uint8 CHW tensor (:func:`.files.decode_rgb_tensor`)."""
-    jpeg = scalable_jpeg(raw)
+def decode_for_crop(raw: bytes, turn: bool = True):
+    """What training crops from an image file's bytes: a :class:`ScalableJpeg` (its header read and the size
+    rule applied, nothing decoded) or, for any other image, its uint8 CHW tensor
+    (:func:`.files.decode_rgb_tensor`); either turned by its EXIF orientation where ``turn``."""
+    jpeg = scalable_jpeg(raw, turn)
     if jpeg is None:
-        return decode_rgb_tensor(raw)
+        return decode_rgb_tensor(raw, turn=turn)
     check_size(jpeg.width, jpeg.height)
     return jpeg
 
 
-def scalable_jpeg(raw: bytes) -> ScalableJpeg | None:
-    """``raw`` as a :class:`ScalableJpeg` where it is an 8-bit greyscale or YCbCr JPEG; None for any other image.
-    Raises what the header walk raises (:class:`.files.UnreadableHeader`)."""
+def scalable_jpeg(raw: bytes, turn: bool = True) -> ScalableJpeg | None:
+    """``raw`` as a :class:`ScalableJpeg` where it is an 8-bit greyscale or YCbCr JPEG, with its EXIF
+    orientation where ``turn`` (else as stored); None for any other image.  Raises what the header walk raises
+    (:class:`.files.UnreadableHeader`)."""
     if not is_jpeg(raw):
         return None
     handle = io.BytesIO(raw)
@@ -129,7 +156,8 @@ def scalable_jpeg(raw: bytes) -> ScalableJpeg | None:
     frame = jpeg_frame(handle)
     if frame.precision != 8 or frame.components not in _COMPONENTS or not frame.width or not frame.height:
         return None
-    return ScalableJpeg(raw, frame.width, frame.height)
+    orientation = jpeg_orientation(raw) if turn else 1
+    return ScalableJpeg(raw, *turned_size(frame.width, frame.height, orientation), orientation)
 
 
 def drafted(raw: bytes, width: int, height: int, scale: int) -> Image.Image:

@@ -9,7 +9,9 @@ own: ``RandomResizedCrop.get_params``, then one ``torch.rand(1)`` for the flip a
 draws it, so a run replays the crops torchvision's ``v2.Compose`` of the same transforms would make.
 
 Validation resizes a whole image (:func:`open_resized`, a JPEG decoded at a reduced scale where the resize allows,
-:mod:`.reduced`) and centre-crops it (:func:`val_transform`).
+:mod:`.reduced`) and centre-crops it (:func:`val_transform`).  Every image is turned by its EXIF orientation
+before its box is drawn or it is resized, where the run's preprocessing says so (:mod:`.orientation`): the box
+is drawn in the turned image.
 """
 
 from __future__ import annotations
@@ -190,24 +192,27 @@ def val_transform(image_size: int, interpolation: str = "bilinear", crop_ratio: 
     ])
 
 
-def open_resized(source, short_side: int, interpolation: str = "bilinear", decode_scale: str = "auto"):
-    """The image at ``source`` (a path or an image file's bytes), 8-bit RGB, resized as torchvision's
-    ``Resize(short_side)`` resizes it: what validation, ``--evaluate`` and classify.py centre-crop.  With
-    ``decode_scale`` "auto" a JPEG is decoded at :func:`.reduced.resize_scale`'s reduction where it is above 1, and
-    resized from there to the size its full decode is resized to; any other image is opened by
-    :func:`.files.open_rgb` and resized as before.  Raises what :func:`.files.open_rgb` raises."""
+def open_resized(source, short_side: int, interpolation: str = "bilinear", decode_scale: str = "auto",
+                 turn: bool = True):
+    """The image at ``source`` (a path or an image file's bytes), 8-bit RGB, turned by its EXIF orientation
+    where ``turn``, resized as torchvision's ``Resize(short_side)`` resizes it: what validation,
+    ``--evaluate`` and classify.py centre-crop.  With ``decode_scale`` "auto" a JPEG is decoded at
+    :func:`.reduced.resize_scale`'s reduction where it is above 1, turned, and resized from there to the size
+    its full decode is resized to; any other image is opened by :func:`.files.open_rgb` and resized as before.
+    Raises what :func:`.files.open_rgb` raises."""
     raw = source if isinstance(source, bytes) else read_bytes(source)
     if decode_scale == "auto":
-        jpeg = reduced.scalable_jpeg(raw)
+        jpeg = reduced.scalable_jpeg(raw, turn)
         scale = reduced.resize_scale(jpeg.width, jpeg.height, short_side) if jpeg is not None else 1
         if scale > 1:
             with open_image(io.BytesIO(raw), short_side):  # the size rule, for the resize too
                 pass
-            image = reduced.drafted(raw, jpeg.width, jpeg.height, scale)
+            image, left, top = jpeg.reduced(scale)
             # from the full image's extent, jpeg.width / scale wide: libjpeg's last column may stand for fewer pixels
             return image.resize(reduced.resized_size(jpeg.width, jpeg.height, short_side),
-                                reduced.FILTERS[interpolation], box=(0, 0, jpeg.width / scale, jpeg.height / scale))
-    return transforms.functional.resize(open_rgb(io.BytesIO(raw), short_side), short_side,
+                                reduced.FILTERS[interpolation],
+                                box=(left, top, left + jpeg.width / scale, top + jpeg.height / scale))
+    return transforms.functional.resize(open_rgb(io.BytesIO(raw), short_side, turn), short_side,
                                         INTERPOLATION[interpolation])
 
 

@@ -1,10 +1,12 @@
 """Classify images with a trained model: preprocessing, prediction, class names and ``classify.py``.
 
-Preprocessing is the validation pipeline's: the short side is resized to ``round(size / 0.875)``
-(256 for 224), the centre ``size`` x ``size`` crop is kept, and pixels are normalised with the ImageNet
-mean and standard deviation, exactly as the ``pytorch`` data backend does for validation.  The size and
-interpolation are the ones the weights were trained with when the file records them (our checkpoints
-and ``checkpoint2model.py``'s output do); ``--image-size`` overrides them, and says so.
+Preprocessing is the validation pipeline's: the image is turned by its EXIF orientation tag, the short side is
+resized to ``round(size / 0.875)`` (256 for 224), the centre ``size`` x ``size`` crop is kept, and pixels are
+normalised with the ImageNet mean and standard deviation, exactly as the ``pytorch`` data backend does for
+validation.  The size, interpolation and turn are the ones the weights were trained with when the file
+records them (our checkpoints and ``checkpoint2model.py``'s output do; weights recorded before the turn saw
+the images as stored, and are shown them so, said in one line); ``--image-size`` overrides the size, and says
+so.
 """
 
 from __future__ import annotations
@@ -82,11 +84,12 @@ def load_image(path: str | os.PathLike, decode: bool = True, short_side: int | N
 
 
 def load_resized(path: str | os.PathLike, preprocessing: Preprocessing, decode_scale: str = "auto") -> Image.Image:
-    """``path`` as validation resizes it, its short side to the preprocessing's resize size, a JPEG decoded at the
-    smallest of libjpeg's scales that keeps that size (``decode_scale`` "auto"; "full" decodes every pixel); a
-    :class:`UserError` as :func:`load_image` raises it."""
+    """``path`` as validation resizes it, turned by its EXIF orientation where the preprocessing says so, its
+    short side to the preprocessing's resize size, a JPEG decoded at the smallest of libjpeg's scales that
+    keeps that size (``decode_scale`` "auto"; "full" decodes every pixel); a :class:`UserError` as
+    :func:`load_image` raises it."""
     return _as_user_error(path, lambda: open_resized(path, preprocessing.resize_size, preprocessing.interpolation,
-                                                     decode_scale))
+                                                     decode_scale, preprocessing.exif_orientation))
 
 
 def _as_user_error(path: str | os.PathLike, read: Callable[[], Image.Image | None]) -> Image.Image | None:

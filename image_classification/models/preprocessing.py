@@ -13,6 +13,12 @@ a record without it (every checkpoint before the flag existed) trained at ``imag
 :class:`ResizeSchedule` (``--progressive-resize``) the training crop changes with the epoch, a pure function
 of it (:meth:`ResizeSchedule.size_at`), and ``train_crop_size`` is the schedule's last size.
 
+Every image is turned by its EXIF orientation tag before it is cropped, as a person sees it
+(``exif_orientation``; ``data.orientation``).  A record without the field was written before every backend
+did so: its weights trained on images as stored (the ``pytorch`` backends' way then), and inference and
+``--evaluate`` follow the record, saying so in one line (:func:`orientation_notice`); a run that trains from
+such weights anew turns them.
+
 Whatever sets the sizes, a flag or a record, the resized image of a square photo may hold no more pixels
 than a decoded image may (:data:`.image_size.MAX_IMAGE_PIXELS`): :func:`choose_preprocessing` refuses the rest.
 """
@@ -119,6 +125,7 @@ class Preprocessing:
     std: tuple[float, float, float] = IMAGENET_STD_255
     train_crop_size: int | None = None  # None: training crops are image_size too
     train_schedule: ResizeSchedule | None = None  # --progressive-resize; train_crop_size is then its max_size
+    exif_orientation: bool = True  # each image turned by its EXIF orientation tag (False: as stored)
 
     def __post_init__(self):
         if self.train_schedule is not None:
@@ -160,6 +167,7 @@ class Preprocessing:
             std = tuple(float(v) for v in record.get("std", IMAGENET_STD_255))
             train_size = record.get("train_crop_size", size)
             schedule = record.get("train_schedule")
+            turned = record.get("exif_orientation", False)  # not recorded: trained on the images as stored
             if schedule is not None:
                 values = [schedule[key] for key in ("min_size", "max_size", "start", "end")]
         except (KeyError, TypeError, ValueError):
@@ -170,14 +178,16 @@ class Preprocessing:
             and len(std) == 3 and all(math.isfinite(v) for v in mean + std) and all(v > 0 for v in std)
             and isinstance(train_size, int) and not isinstance(train_size, bool) and train_size in IMAGE_SIZES
             and (schedule is None or (ResizeSchedule.problem(values) is None and values[1] == train_size))
+            and isinstance(turned, bool)
         )
         if not valid:
             shown = repr(dict(record))
             raise UserError(f"{source} records an invalid preprocessing (image size {IMAGE_SIZES.start}-"
-                            f"{IMAGE_SIZES.stop - 1}, crop ratio {MIN_CROP_RATIO}-1, 3 finite means and "
-                            f"positive stds): {shown[:200]}{'...' if len(shown) > 200 else ''}")
+                            f"{IMAGE_SIZES.stop - 1}, crop ratio {MIN_CROP_RATIO}-1, 3 finite means, "
+                            f"positive stds, exif_orientation true or false): "
+                            f"{shown[:200]}{'...' if len(shown) > 200 else ''}")
         return cls(size, interpolation, ratio, mean, std, train_size,  # type: ignore[arg-type]
-                   ResizeSchedule(*values) if schedule is not None else None)
+                   ResizeSchedule(*values) if schedule is not None else None, turned)
 
     def describe(self) -> str:
         trained = f" (trained on {self.train_crop_size}px crops)" if self.train_crop_size else ""
@@ -220,11 +230,14 @@ def choose_preprocessing(recorded: Preprocessing | None, default_size: int, sour
     else:
         ratio = recorded.crop_ratio if recorded else CROP_RATIO
     mean, std = (recorded.mean, recorded.std) if recorded else (IMAGENET_MEAN_255, IMAGENET_STD_255)
-    chosen = Preprocessing(size, resampling, ratio, mean, std, train_size, schedule)
+    turned = recorded.exif_orientation if recorded else True
+    chosen = Preprocessing(size, resampling, ratio, mean, std, train_size, schedule, turned)
     size_flag = ("--val-crop-size" if val_crop_size else "--image-size") if val_crop_size or image_size else None
     _check_resize_fits(chosen, recorded, source, size_flag, val_resize_size is not None)
     if recorded is None:
         return chosen
+    if not turned:
+        log(orientation_notice(source, training))
     ramp = recorded.train_schedule
     given = (("--image-size", image_size, recorded.image_size),
              ("--val-crop-size", val_crop_size, recorded.image_size),
@@ -244,6 +257,25 @@ def choose_preprocessing(recorded: Preprocessing | None, default_size: int, sour
         log(f"{flag} {train_size} replaces the progressive resize recorded in {source} ({ramp.describe()}): "
             f"every epoch trains on {train_size} px crops")
     return chosen
+
+
+def orientation_notice(source: str, training: bool = False, trains_anew: bool = False) -> str:
+    """The line that says weights recorded before the EXIF orientation was applied were trained on images as
+    stored, and what this run does: follows them (inference, ``--evaluate``, a resumed run), or turns each
+    image by its tag (``trains_anew``: a fine-tune from them)."""
+    then = f"{source} records no EXIF orientation: its weights were trained on images as stored"
+    if trains_anew:
+        return f"{then}; this run trains on them turned by their EXIF orientation tag, as every new run does"
+    doing = "goes on training" if training else "sees them"
+    return f"{then}, and this run {doing} so, not turned by their EXIF orientation tag as a new run is"
+
+
+def trained_as_stored(description: Mapping) -> bool:
+    """Whether weights' description (a checkpoint's or a weights file's) records a preprocessing that did not
+    turn images by their EXIF orientation (recorded before it did, or saying so); False where none is
+    recorded."""
+    record = description.get("preprocessing")
+    return isinstance(record, Mapping) and record.get("exif_orientation", False) is False
 
 
 def _flag_text(schedule: ResizeSchedule | None) -> str:

@@ -16,6 +16,8 @@ import copy
 import torch
 from torch import nn
 
+from .optim import in_layout_of
+
 WARMUPS = ("reference", "timm", "none")
 TIMM_WARMUP_POWER = 2 / 3  # timm ModelEmaV3's default, with inv_gamma 1
 
@@ -79,6 +81,19 @@ class ModelEma:
         self._currents, self._current_counters = _state_tensors(model)
         if len(self._currents) != len(self._averages) or len(self._current_counters) != len(self._counters):
             raise ValueError("the model's state does not have the layout of the averaged copy")
+        pairs = zip(self._averages, self._currents)
+        if any(average.stride() != current.stride() for average, current in pairs):
+            self._take_memory_layout(model)
+
+    def _take_memory_layout(self, model: nn.Module) -> None:
+        """Lay the averaged copy's tensors out as ``model``'s (values kept by index), so that an update pairs
+        tensors of one layout (CUDA's multi-tensor kernels take their fast path only then) and a checkpoint
+        loads into the model's layout, whatever layout wrote it."""
+        layouts = model.state_dict(keep_vars=True)
+        state = {name: in_layout_of(tensor, layouts[name]) if name in layouts else tensor
+                 for name, tensor in self.module.state_dict().items()}
+        self.module.load_state_dict(state, assign=True)  # assign: the new strides, requires_grad kept
+        self._averages, self._counters = _state_tensors(self.module)
 
     def decay_at(self, step: int) -> float:
         """The decay of the update after optimizer step ``step`` (1-based)."""
@@ -109,5 +124,6 @@ class ModelEma:
         return self.module.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        """Copy ``state`` into the averaged copy (in place: the cached tensor lists stay valid)."""
+        """Copy ``state`` into the averaged copy (in place: the cached tensor lists stay valid, and the copy
+        keeps the model's memory layout whatever layout ``state`` was written in)."""
         self.module.load_state_dict(state)

@@ -296,13 +296,33 @@ IMPLEMENTATION_FLAGS = ("fused", "foreach")
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
     """Load ``state`` but keep the kernels :func:`make_optimizer` chose here (a checkpoint's parameter
-    groups carry the flags of the machine and torch version that wrote it)."""
+    groups carry the flags of the machine and torch version that wrote it), each state tensor shaped like
+    its parameter laid out as the parameter (:func:`in_layout_of`).
+
+    torch's ``load_state_dict`` keeps the checkpoint's strides, and its fused SGD and AdamW pair a parameter's
+    elements with its state's by memory position: on the CPU a checkpoint written in NCHW and resumed in
+    channels-last (or the reverse) takes wrong steps without a word; CUDA's fused kernels stop instead.
+    """
     chosen = [{flag: group[flag] for flag in IMPLEMENTATION_FLAGS if flag in group} for group in optimizer.param_groups]
     optimizer.load_state_dict(state)
     for group, flags in zip(optimizer.param_groups, chosen):
         for flag in IMPLEMENTATION_FLAGS:
             group.pop(flag, None)
         group.update(flags)
+    for param, param_state in optimizer.state.items():
+        for key, value in param_state.items():
+            if isinstance(value, torch.Tensor):
+                param_state[key] = in_layout_of(value, param)
+
+
+def in_layout_of(tensor: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s values (by index; its dtype and device kept) in a tensor of ``like``'s strides where the
+    two have the same shape and other strides; else ``tensor`` itself (a scalar ``step``, another shape)."""
+    if tensor.shape != like.shape or tensor.stride() == like.stride():
+        return tensor
+    # exact strides, not just the same order in memory: CUDA's fused kernels compare the stride tuples, which
+    # differ between layouts even for a 1x1 kernel's weight that both layouts store alike
+    return torch.empty_like(like, dtype=tensor.dtype, device=tensor.device).copy_(tensor)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -27,7 +27,7 @@ from ..data.files import printable
 from ..deploy.quantization import Int8Request, int8_request
 from ..errors import UserError
 from ..models import build_model, default_image_size, load_weights
-from ..models.preprocessing import Preprocessing, choose_preprocessing
+from ..models.preprocessing import Preprocessing, choose_preprocessing, orientation_notice, trained_as_stored
 from ..models.weights import checked_arch, recorded_num_classes
 from ..records import checkpoint as ckpt
 from ..records.integrity import recorded_description
@@ -502,6 +502,8 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     check_class_labels(described, classes, resume_path or args.pretrained_weights, args.allow_class_changes, log)
     num_classes = resolve_num_classes(args, described, classes, log)
     preprocessing = resolve_preprocessing(args, recorded, source, log)
+    if pretrained is not None and not args.evaluate and trained_as_stored(recorded_description(pretrained)):
+        log(f"=> {orientation_notice(args.pretrained_weights, trains_anew=True)}")
     schedule = preprocessing.train_schedule
     smallest = schedule.min_size if schedule is not None else preprocessing.train_size  # the smallest training crop
     if not args.evaluate and args.batch_size == 1 and smallest <= 32:
@@ -526,7 +528,8 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
                        train_schedule=preprocessing.train_schedule,
                        backend=backend, seed=seed, num_classes=num_classes,
                        interpolation=preprocessing.interpolation, workers=workers,
-                       crop_ratio=preprocessing.crop_ratio, mean=preprocessing.mean, std=preprocessing.std)
+                       crop_ratio=preprocessing.crop_ratio, mean=preprocessing.mean, std=preprocessing.std,
+                       exif_orientation=preprocessing.exif_orientation)
     parameters = {**vars(args), "data_backend": backend, "seed": seed, "num_classes": num_classes, "lr": lr,
                   "topk": config.topk, "world_size": runtime.world_size, "device": str(runtime.device),
                   "memory_format": MEMORY_FORMAT_NAMES[runtime.memory_format],
