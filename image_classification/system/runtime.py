@@ -114,8 +114,7 @@ def make_runtime(
     The order matters on a GPU node: the process is pinned to its GPU's cores (``gpu_affinity``) before
     CUDA and the process group start their threads, which inherit the affinity. ``cudnn_benchmark``
     autotunes convolutions per input shape: right for training's fixed shapes, wasted on one-off runs.
-    ``memory_format`` ``auto`` is nhwc on the CPU where ``cpu_channels_last`` (the model trains faster so), else
-    nchw; the choice of nhwc is said in a line.
+    ``memory_format`` ``auto`` is :func:`auto_memory_format`'s; the choice of nhwc is said in a line.
     """
     cuda_available = torch.cuda.is_available()
     if device == "cuda" and not cuda_available:
@@ -163,11 +162,24 @@ def make_runtime(
             _join_process_group(use_cuda, torch_device, rank, local_rank, world_size, dist_timeout)
         watchdog = PeerWatchdog(rank, dist_timeout)
     if memory_format == "auto":
-        memory_format = "nhwc" if gpu is None and cpu_channels_last else "nchw"
+        memory_format, why = auto_memory_format(gpu is not None, dtype, cpu_channels_last)
         if memory_format == "nhwc" and rank == 0:
-            log("=> memory format nhwc: channels-last, in which this model trains faster on the CPU "
-                "(--memory-format nchw for the plain layout)")
+            log(f"=> memory format nhwc: channels-last, {why} (--memory-format nchw for the plain layout)")
     return Runtime(torch_device, dtype, _MEMORY_FORMATS[memory_format], rank, local_rank, world_size, watchdog)
+
+
+def auto_memory_format(cuda: bool, amp_dtype: torch.dtype | None, cpu_channels_last: bool) -> tuple[str, str]:
+    """``--memory-format auto``'s layout, and why in words: on CUDA channels-last under autocast (fp16 and bf16
+    convolutions run on tensor cores in NHWC, which cuDNN otherwise transposes to; NVIDIA's AMP presets choose
+    it), NCHW in TF32 and FP32, the reference's default; on the CPU channels-last where ``cpu_channels_last``
+    (the architecture trains faster so on this CPU: docs/performance.md, "The memory format on the CPU")."""
+    if cuda:
+        if amp_dtype is not None:
+            return "nhwc", "in which autocast's convolutions run on the GPU's tensor cores"
+        return "nchw", ""
+    if cpu_channels_last:
+        return "nhwc", "in which this model trains faster on this CPU"
+    return "nchw", ""
 
 
 # The backend's own timeout comes a minute after the watchdog's, so the one line is said first.
