@@ -4,7 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # the suite runs on one pytest-xdist worker per CPU core, at most 4 (each worker imports torch), a test
 # module on one worker in its own order (tests/conftest.py hands out the longest modules first)
-PYTEST_ARGS := -q -n auto --maxprocesses 4 --dist loadscope
+# a test that runs 20 minutes has hung (the longest take about a minute, several under load): it fails alone
+PYTEST_ARGS := -q -n auto --maxprocesses 4 --dist loadscope --timeout 1200
 PYTEST := $(PY) -m pytest $(PYTEST_ARGS)
 # test-pins and test-oldest: a venv per torch/torchvision pair under .venv-pins/, made with $(PYTHON)
 PINNED_SUITE = $(PYTHON) scripts/pinned_suite.py$(if $(filter 1,$(DALI)), --dali)

@@ -17,6 +17,7 @@ import torch
 
 from helpers import aoti_available
 from image_classification.system import machine
+from image_classification.system.cli import run
 
 benchmark = importlib.import_module("benchmarks.infer_throughput")
 infer_paths = importlib.import_module("benchmarks.infer_paths")
@@ -684,6 +685,16 @@ def test_the_decode_scale_benchmark_alternates_the_scales_seed_by_seed(tmp_path,
     assert re.search(r"^--decode-scale auto: mean [\d.]+%, sd [\d.]+, min [\d.]+, max [\d.]+$", output, re.M)
     assert re.search(r"^auto - full, seed by seed: [+-][\d.]+, [+-][\d.]+; mean [+-][\d.]+ points, (within|beyond) "
                      r"the runs' noise", output, re.M)
+
+
+def test_the_dali_validation_benchmark_says_in_one_line_where_dali_is_missing(image_folder, capsys, monkeypatch):
+    """A machine without DALI (the GPU machine's image has none): one line and exit code 2, not an import
+    traceback."""
+    benchmark = importlib.import_module("benchmarks.dali_validation")
+    monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # `import nvidia.dali` raises ImportError
+    assert run(benchmark.main, ["--image-size", "32", "-b", "4", "--rounds", "1", str(image_folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "NVIDIA DALI cannot be imported here" in err
 
 
 def test_the_dali_validation_benchmark_times_the_window_against_the_whole_image_on_the_same_pixels(

@@ -400,7 +400,7 @@ def test_the_device_holds_at_most_what_the_memory_bound_s_docstring_states(monke
     mib, figures = 1 << 20, {}
     crop = TrainTransform(DataConfig(data=None, data_backend="pytorch-gpu", image_size=224, batch_size=1)).crop
     square = torch.zeros(3, side, side, dtype=torch.uint8)
-    cases = {"training crop of the largest square": (square, lambda image: crop(image, Draw((0, 0, side, side), False)),
+    cases = {"training crop of the largest square": (square, lambda image: crop(image, Draw((0, 0, side, side), False, 224)),
                                                      4 * square.numel(), 3 * side * 224 * 4),
              "validation of the largest square": (square, lambda image: device_decode.val_crop(image, 224),
                                                   4 * square.numel(), 3 * side * 256 * 4),
@@ -822,7 +822,7 @@ def test_on_cuda_resizing_holds_the_float32_copies_the_memory_bound_states_and_n
     image = torch.randint(0, 256, (3, side, side), dtype=torch.uint8, device=device)
     crop = TrainTransform(DataConfig(data=None, data_backend="pytorch-gpu", image_size=224, batch_size=1)).crop
     strip = torch.randint(0, 256, (3, 255, 60_000), dtype=torch.uint8, device=device)  # resized up to 256 x 60,235
-    for picture, work, expected in ((image, lambda: crop(image, Draw((0, 0, side, side), False)), 4 * image.numel()),
+    for picture, work, expected in ((image, lambda: crop(image, Draw((0, 0, side, side), False, 224)), 4 * image.numel()),
                                     (image, lambda: device_decode.val_crop(image, 224), 4 * image.numel()),
                                     (strip, lambda: device_decode.val_crop(strip, 224),
                                      4 * strip.numel() + 4 * 3 * 256 * (256 * 60_000 // 255))):

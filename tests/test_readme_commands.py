@@ -14,8 +14,8 @@ first appears; each per-model README in a folder of its own.  README.md's and do
 default suite; the per-model READMEs' (ResNeXt-101 and SE-ResNeXt-101 take seconds per step on a CPU) are
 marked slow, and the default suite checks that every flag they use is one their scripts accept.  A
 ``/tmp/`` path of a command is a folder of the scratch folder, so nothing is written outside it.  A
-command that reads with DALI (``--data-backend dali-*``, ``--dali-stages``) is skipped, with that reason,
-where ``nvidia.dali`` does not import; the data set it would have made is still written, for the commands
+command that reads with DALI (``--data-backend dali-*``, ``--dali-stages``, ``benchmarks/dali_validation.py``)
+is skipped, with that reason, where ``nvidia.dali`` does not import; the data set it would have made is still written, for the commands
 after it.
 
 A command runs in the test's process (the script or module executed as ``__main__``, as ``python``
@@ -139,7 +139,7 @@ def not_run_reason(command: str) -> str | None:
     return next((why for pattern, why in NOT_RUN.items() if re.search(pattern, command)), None)
 
 
-DALI_COMMAND = r"--data-backend dali-|--dali-stages"
+DALI_COMMAND = r"--data-backend dali-|--dali-stages|benchmarks/dali_validation\.py"
 
 
 def missing_dali(command: str) -> str | None:

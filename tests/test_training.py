@@ -320,11 +320,25 @@ def test_the_default_layout_on_the_cpu_is_channels_last_for_the_bottleneck_model
                  "--training-only", "--no-checkpoints", "-a", arch, "--image-size", "32", *flags)
     assert code == 0
     assert seen and all(record == (torch.float32, channels_last, channels_last) for record in seen), seen
-    said = "=> memory format nhwc: channels-last, in which this model trains faster on the CPU" in capsys.readouterr().out
+    said = "=> memory format nhwc: channels-last, in which this model trains faster on this CPU" in \
+        capsys.readouterr().out
     assert said == (channels_last and not flags)
     parameters = next(r["data"] for r in read_raport(tmp_path / "experiment_raport.json") if r["step"] == "PARAMETER")
     assert parameters["memory_format"] == ("nhwc" if channels_last else "nchw")
     assert kept == [True]
+
+
+def test_auto_memory_format_is_channels_last_under_autocast_on_cuda_and_the_reference_s_nchw_otherwise():
+    """On CUDA, fp16 and bf16 autocast train in channels-last (their convolutions' tensor-core layout, as NVIDIA's
+    AMP presets choose), TF32 and FP32 in NCHW, the reference's; on the CPU the architecture's rule decides."""
+    from image_classification.system.host import auto_memory_format
+
+    for dtype in ("float16", "bfloat16"):
+        assert auto_memory_format(True, dtype, cpu_channels_last=False)[0] == "nhwc"
+        assert "tensor cores" in auto_memory_format(True, dtype, cpu_channels_last=False)[1]
+    assert auto_memory_format(True, None, cpu_channels_last=True)[0] == "nchw"
+    assert auto_memory_format(False, "bfloat16", cpu_channels_last=False)[0] == "nchw"
+    assert auto_memory_format(False, None, cpu_channels_last=True)[0] == "nhwc"
 
 
 def test_cpu_runs_repeat_bitwise(image_folder, tmp_path):
