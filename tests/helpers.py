@@ -723,10 +723,11 @@ def run_config(**values):
         values["loss_scale_adapts"] = values.pop("dynamic_loss_scale", True)
     values.setdefault("preprocessing", Preprocessing(32))
     values.setdefault("lr", 0.1)  # a rate as resolve_lr settles it (the flag has none)
-    groups = {}
+    groups, held = {}, set()
     for group in (ModelConfig, OptimConfig, DataConfig, PrecisionConfig, RunSettings, DeployConfig):
-        names = {item.name for item in dataclasses.fields(group)}
-        groups[group] = group(**{name: values.pop(name) for name in list(values) if name in names})
-    assert not values, f"no group holds {sorted(values)}"
+        names = {item.name for item in dataclasses.fields(group)}  # a settled value (seed, classes) in each group
+        groups[group] = group(**{name: value for name, value in values.items() if name in names})
+        held |= names
+    assert held >= set(values), f"no group holds {sorted(set(values) - held)}"
     return RunConfig(groups[ModelConfig], groups[OptimConfig], groups[DataConfig], groups[PrecisionConfig],
                      groups[RunSettings], groups[DeployConfig])

@@ -336,7 +336,7 @@ def test_a_fine_tune_at_another_size_than_its_weights_were_trained_at_says_so():
     from image_classification.models.preprocessing import Preprocessing
     from image_classification.train.plan import fine_tune_notice
 
-    weights = {"state_dict": {}, "preprocessing": Preprocessing(32).to_dict()}
+    weights = {"state_dict": {}, "arch": "resnet18", "preprocessing": Preprocessing(32).to_dict()}
     line = fine_tune_notice(weights, Preprocessing(224), "w.pth")
     assert line == ("=> w.pth were trained on 32 px crops; this fine-tune trains on 224 px crops (--image-size or "
                     "--train-crop-size sets another)")

@@ -225,7 +225,7 @@ class Loop:
         line.  An evaluation has nothing to go on to: it ends."""
         engine = self.engine
         images = f"{result.not_finite or result.count} of {result.count} {prefix} images"
-        fp16 = self.runtime.amp_dtype == torch.float16 and self.evaluated is None
+        fp16 = self.runtime.needs_loss_scaling and self.evaluated is None  # autocast in fp16
         if self.config.run.evaluate:
             advice = "; --amp-dtype bfloat16, or leaving out --amp, evaluates without fp16's range" if fp16 else ""
             raise TrainingDiverged(f"{where}: the model's outputs are NaN or inf for {images} (loss {result.loss}); "
