@@ -68,7 +68,7 @@ def differences(root: Path, image_size: int, backend: str, runtime: Runtime, dec
     ``decode_scale``), in levels."""
     config = DataConfig(data=str(root), data_backend=backend, image_size=image_size, batch_size=4, workers=1, seed=1)
     theirs = val_batches(config, runtime)
-    ours = val_batches(dataclasses.replace(config, backend="pytorch", decode_scale=decode_scale), runtime)
+    ours = val_batches(dataclasses.replace(config, data_backend="pytorch", decode_scale=decode_scale), runtime)
     std = torch.tensor(STD_255).view(1, 3, 1, 1)
     return torch.cat([((a.cpu() - b.cpu()).abs() * std).mean(dim=(1, 2, 3))
                       for (a, _), (b, _) in zip(theirs, ours, strict=True)])

@@ -4,16 +4,15 @@
     python3 scripts/slow_tests.py --since HEAD~3  # against another revision
     python3 scripts/slow_tests.py --run -- -n 2   # and run their slow tests (pytest -m slow, then the arguments)
 
-``make test`` (what CI runs) leaves the tests marked ``slow`` out; ``make test-all`` runs them all, which takes
-longer than CI allows on a 2-core machine.  A change touches modules; a test module covers a module when it
-imports it, or a module that imports it however indirectly (``from image_classification.data import files``,
-``load_script("gpu_report")``, a script's file name); so the slow tests that can catch the change are those of
-the test modules that cover a changed file, or that changed themselves.  Standard library only (the AST of each test module, no import of torch).
+``make test`` (what CI runs) leaves the tests marked ``slow`` out; ``make test-all`` runs them all.  A test
+module covers a module when it imports it, or a module that imports it however indirectly (``from
+image_classification.data import files``, ``load_script("gpu_report")``, a script's file name); so the slow
+tests that can catch a change are those of the test modules that cover a changed file, or that changed
+themselves.  It reads each module's AST and imports no torch.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
 import functools
 import subprocess
@@ -21,7 +20,11 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 PACKAGE = "image_classification"
+
+from image_classification.errors import UserError  # noqa: E402
+from image_classification.system.cli import UserErrorParser, run  # noqa: E402  (imports no torch)
 
 
 def changed_files(since: str) -> list[str]:
@@ -114,7 +117,7 @@ def covering_tests(changed: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = UserErrorParser(prog="slow_tests.py", description=__doc__.splitlines()[0])
     parser.add_argument("--since", default="main", help="the revision the change is against (default: main)")
     parser.add_argument("--run", action="store_true", help="run their slow tests with pytest -m slow")
     parser.add_argument("pytest_args", nargs="*", help="after --: more arguments for pytest")
@@ -122,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tests = covering_tests(changed_files(args.since))
     except subprocess.CalledProcessError as error:
-        print(f"slow_tests.py: git diff {args.since} failed: {error.stderr.strip()}", file=sys.stderr)
-        return 2
+        raise UserError(f"git diff {args.since} failed: {error.stderr.strip()}") from None
     print("\n".join(tests) if tests else "no slow test covers the change")
     if not args.run or not tests:
         return 0
@@ -132,4 +134,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

@@ -42,11 +42,18 @@ def outcome_record(report) -> dict | None:
 
 
 _failed: list[str] = []  # why the file could not be written, once: the tests run on without it
+_worker: list[bool] = []  # whether this process is an xdist worker, whose controller writes its tests' lines
+
+
+def pytest_configure(config):
+    # asked of pytest, not of PYTEST_XDIST_WORKER: a pytest started by a test that an xdist worker runs inherits
+    # that variable, and is a controller of its own
+    _worker.append(hasattr(config, "workerinput"))
 
 
 def _write(report) -> None:
     path = os.environ.get(OUTCOMES_ENV)
-    if not path or os.environ.get("PYTEST_XDIST_WORKER") or _failed:  # an xdist worker: its controller writes
+    if not path or any(_worker) or _failed:
         return
     record = outcome_record(report)
     if record is None:

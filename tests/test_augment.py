@@ -351,7 +351,7 @@ def test_a_crash_after_an_interval_checkpoint_resumes_bitwise_with_every_recipe_
            "--image-size", "32", "-b", "4", "-p", "1", "--lr", "0.05", "--seed", "3", "--epochs", "2",
            "--mixup", "0.4", "--cutmix", "1.0", "--mixup-switch-prob", "0.5", "--label-smoothing", "0.1",
            "--random-erase", "0.5", "--ra-reps", "2", "--augmentation", "randaugment", "--checkpoint-interval",
-           "2", "--progressive-resize", "32", "64", "0", "2", "--lr-schedule", "triangular", "--lr-peak-epoch", "1",
+           "2", "--progressive-resize", "32", "64", "0", "1", "--lr-schedule", "triangular", "--lr-peak-epoch", "1",
            "--val-tta", "flip", "--resume", "auto", str(image_folder)]  # epoch 1, where it resumes: 64 px
     assert main(run + ["--workspace", str(tmp_path / "straight")]) == 0
     train_until_crash(run + ["--workspace", str(tmp_path / "crashed")], 9)  # a step after the checkpoint at 8

@@ -368,7 +368,7 @@ def test_a_validation_window_line_shows_the_accuracy_so_far(image_folder, tmp_pa
         right = float(len(targets)) if len(targets) == 8 else 0.0
         return torch.tensor([right] * len(ks))
 
-    monkeypatch.setattr(loop, "correct_counts", first_batch_right)
+    monkeypatch.setattr(validation, "correct_counts", first_batch_right)
     assert main(["-a", "resnet18", "--image-size", "32", "-b", "8", "--device", "cpu", "--data-backend", "pytorch",
                  "-j", "0", "-p", "1", "--epochs", "1", "--no-checkpoints", "--workspace",
                  str(tmp_path), str(image_folder)]) == 0

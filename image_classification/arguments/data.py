@@ -133,6 +133,9 @@ def data_config(args: argparse.Namespace, image_size: int | None = None, **resol
     its preprocessing the size flags' (``image_size``: crops of that side instead), ``resolved`` the fields given."""
     if image_size is not None and "preprocessing" not in resolved:
         resolved["preprocessing"] = Preprocessing(image_size, args.interpolation or "bilinear")
+    for name in ("seed", "num_classes"):  # what a run settles, where the flags give it
+        if getattr(args, name, None) is not None:
+            resolved.setdefault(name, getattr(args, name))
     return from_args(DataConfig, args, **resolved)
 
 

@@ -86,7 +86,10 @@ class RunConfig:
         values = {}
         for group in (self.data, self.model, self.optim, self.precision, self.deploy, self.run):
             values.update(dataclasses.asdict(group))
-        values["preprocessing"] = self.preprocessing.to_dict()
+        settled = self.preprocessing.to_dict()
+        # the sizes and interpolation settled (a checkpoint's where no flag said), under their flags' names
+        values.update({name: settled[name] for name in ("image_size", "interpolation", "train_crop_size")})
+        values["preprocessing"] = settled
         return values
 
 
