@@ -108,18 +108,6 @@ def test_timm_resnet18_weights_compute_what_timm_computes(timm_resnet18):
         torch.testing.assert_close(loaded.model(images), model(images), rtol=0, atol=0)
 
 
-def test_timm_weights_fine_tune_with_a_new_head(timm_resnet18, image_folder, tmp_path, capsys):
-    model, path = timm_resnet18
-    assert train_main(["-a", "resnet18", "--pretrained-weights", str(path), "--image-size", str(SIZE), "-b", "8",
-                       "--device", "cpu", "--epochs", "1", "--prof", "1", "--data-backend", "pytorch", "-j", "0",
-                       "--lr", "0", "--momentum", "0", "--weight-decay", "0", "--workspace", str(tmp_path / "ws"),
-                       str(image_folder)]) == 0
-    assert "Replaced the classifier head: the weights have 5 classes, the model 3" in capsys.readouterr().out
-    tuned = torch.load(tmp_path / "ws" / "checkpoint.pth.tar", weights_only=True)["state_dict"]
-    assert tuned["fc.weight"].shape == (3, 512)
-    assert torch.equal(tuned["layer4.1.conv2.weight"], model.state_dict()["layer4.1.conv2.weight"])
-
-
 def test_a_timm_hub_folder_gives_its_architecture_classes_and_preprocessing(tmp_path, image_folder, capsys):
     timm = pytest.importorskip("timm")
     from timm.models._hub import save_for_hf
@@ -158,18 +146,24 @@ def transformers_names(state: dict) -> dict:
     return renamed
 
 
-def test_a_transformers_resnet_folder_computes_what_our_resnet_does(tmp_path):
-    model = randomised(build_model("resnet18", num_classes=3), seed=6)
-    state = transformers_names(model.state_dict())
-    assert "resnet.encoder.stages.1.layers.0.shortcut.convolution.weight" in state and "classifier.1.bias" in state
-    folder = tmp_path / "microsoft-resnet-18"
+def transformers_folder(folder: Path, model: torch.nn.Module, names: list[str]) -> Path:
+    """``folder`` holding ``model`` (our resnet18) as transformers' save_pretrained writes a ResNet-18."""
     folder.mkdir()
-    safetensors_torch.save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    safetensors_torch.save_file(transformers_names(model.state_dict()), folder / "model.safetensors",
+                                metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps({
         "architectures": ["ResNetForImageClassification"], "model_type": "resnet", "layer_type": "basic",
         "depths": [2, 2, 2, 2], "hidden_sizes": [64, 128, 256, 512], "embedding_size": 64, "hidden_act": "relu",
         "downsample_in_first_stage": False, "downsample_in_bottleneck": False,
-        "id2label": {"0": "red", "1": "green", "2": "blue"}}))
+        "id2label": {str(index): name for index, name in enumerate(names)}}))
+    return folder
+
+
+def test_a_transformers_resnet_folder_computes_what_our_resnet_does(tmp_path):
+    model = randomised(build_model("resnet18", num_classes=3), seed=6)
+    state = transformers_names(model.state_dict())
+    assert "resnet.encoder.stages.1.layers.0.shortcut.convolution.weight" in state and "classifier.1.bias" in state
+    folder = transformers_folder(tmp_path / "microsoft-resnet-18", model, NAMES)
     loaded = load_model(None, str(folder))
     assert (loaded.arch, loaded.class_names) == ("resnet18", NAMES)
     images = torch.randn(2, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(2))
@@ -181,8 +175,17 @@ def test_a_transformers_resnet_folder_computes_what_our_resnet_does(tmp_path):
         load_model(None, str(folder))
 
 
-def _header(tensors: dict, metadata: dict | None = None) -> bytes:
-    return safetensors_torch.save(tensors, metadata=metadata)
+def test_hugging_face_weights_fine_tune_with_a_new_head(image_folder, tmp_path, capsys):
+    model = randomised(build_model("resnet18", num_classes=5), seed=7)
+    folder = transformers_folder(tmp_path / "hf", model, ["a", "b", "c", "d", "e"])
+    assert train_main(["-a", "resnet18", "--pretrained-weights", str(folder), "--image-size", str(SIZE), "-b", "8",
+                       "--device", "cpu", "--epochs", "1", "--prof", "1", "--data-backend", "pytorch", "-j", "0",
+                       "--lr", "0", "--momentum", "0", "--weight-decay", "0", "--workspace", str(tmp_path / "ws"),
+                       str(image_folder)]) == 0
+    assert "Replaced the classifier head: the weights have 5 classes, the model 3" in capsys.readouterr().out
+    tuned = torch.load(tmp_path / "ws" / "checkpoint.pth.tar", weights_only=True)["state_dict"]
+    assert tuned["fc.weight"].shape == (3, 512)
+    assert torch.equal(tuned["layer4.1.conv2.weight"], model.state_dict()["layer4.1.conv2.weight"])
 
 
 def damaged(case: str, good: bytes, tmp_path: Path) -> Path:
