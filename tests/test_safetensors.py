@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import refused, torch_export_writes_onnx, write_colour_checkpoint
+from helpers import randomised, refused, torch_export_writes_onnx, write_colour_checkpoint
 from image_classification.deploy.export import checkpoint2model_main, model2onnx_main
 from image_classification.deploy.inference import load_model
 from image_classification.deploy.inference import main as classify_main
@@ -25,17 +25,6 @@ from image_classification.training import main as train_main
 safetensors_torch = pytest.importorskip("safetensors.torch")
 SIZE = 32
 NAMES = ["red", "green", "blue"]
-
-
-def randomised(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Every float tensor, BN statistics included, away from a fresh model's values (so a swap shows)."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, tensor in model.state_dict().items():
-            if tensor.is_floating_point():
-                noise = torch.rand(tensor.shape, generator=generator)
-                tensor.copy_(noise + 0.5 if "running_var" in name else (noise - 0.5) * 0.2)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")
