@@ -226,6 +226,7 @@ def photo_like(image_folder) -> Path:
     ("another timm architecture", "names timm's vit_base_patch16_224, which this toolkit does not build"),
     ("another transformers model", "describes a transformers bert model (['BertForMaskedLM']), not a ResNet"),
     ("our file, another --arch", "holds a resnet18 checkpoint, not resnet34; pass --arch resnet18"),
+    ("a config naming another architecture", "names timm's resnet34, but its tensors have the layout of resnet18"),
     ("a folder of a sharded checkpoint", "a sharded checkpoint, which this toolkit does not read"),
 ])
 def test_a_foreign_or_contradicted_file_is_one_line_and_exit_2(ours, tmp_path, photo_like, capsys, case, words):
@@ -239,6 +240,9 @@ def test_a_foreign_or_contradicted_file_is_one_line_and_exit_2(ours, tmp_path, p
         config = {"architecture": "vit_base_patch16_224", "num_classes": 10} if "timm" in case else \
             {"model_type": "bert", "architectures": ["BertForMaskedLM"]}
         (folder / "config.json").write_text(json.dumps(config))
+    elif case == "a config naming another architecture":
+        safetensors_torch.save_file(build_model("resnet18", num_classes=3).state_dict(), folder / "model.safetensors")
+        (folder / "config.json").write_text(json.dumps({"architecture": "resnet34.a1_in1k", "num_classes": 3}))
     elif case == "our file, another --arch":
         folder, arch = ours[1], ["-a", "resnet34"]
     else:

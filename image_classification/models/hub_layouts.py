@@ -96,13 +96,16 @@ def _timm_weights(state: OrderedDict, config: dict, where: str) -> OrderedDict:
     """Tensors in our (timm's, torchvision's) names: the architecture from ``config``'s ``architecture``, else from
     their layout."""
     named = config.get("architecture")
-    arch = resnet_of(state)
+    arch = layout = resnet_of(state)
     if named is not None:
         timm_name = str(named).split(".")[0]  # "resnet50.a1_in1k": the architecture and its pretrained tag
         if timm_name not in TIMM_ARCHS:
             raise UserError(f"{where} names timm's {str(named)[:60]}, which this toolkit does not build (it builds "
                             f"timm's {', '.join(TIMM_ARCHS)})")
         arch = TIMM_ARCHS[timm_name]
+        if layout is not None and layout != arch:
+            raise UserError(f"{where} names timm's {timm_name}, but its tensors have the layout of {layout}: the "
+                            f"config is another model's")
     elif arch is None and not any(re.match(STEM_NAMES, key) for key in state):  # else load_weights says what fits
         raise UserError(f"{where} holds {len(state)} tensors whose names match no architecture of this toolkit "
                         f"({_shown(state)}): it is not the weights of a ResNet or EfficientNet")
