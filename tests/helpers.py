@@ -281,6 +281,20 @@ def write_image_folder(
     return root
 
 
+def randomised(model, seed: int):
+    """``model`` in eval mode, every parameter and BN statistic given values that differ from a fresh model's (so
+    that weights loaded into the wrong place, or not at all, show)."""
+    import torch  # deferred: torch, for the tests that build models
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if tensor.is_floating_point():
+                noise = torch.rand(tensor.shape, generator=generator)
+                tensor.copy_(noise + 0.5 if "running_var" in name else (noise - 0.5) * 0.2)
+    return model.eval()
+
+
 def write_colour_checkpoint(image_folder: Path, path: Path, size: int = 32) -> Path:
     """A resnet18 trained for a few SGD steps on :func:`write_image_folder`'s colours (train/, ``size`` px),
     saved at ``path`` as a training checkpoint that records no class names; every training image right."""

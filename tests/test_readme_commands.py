@@ -72,6 +72,8 @@ NOT_RUN = {
                                  "times: tests/test_benchmarks.py runs it against stand-ins",
     r"benchmarks/resize_timing\.py": "six full trainings, an hour on 2 cores: tests/test_resize_timing.py runs it on tiny "
                                   "ones (slow)",
+    r"hf-timm-resnet50|hf-microsoft-resnet-50": "a Hugging Face download: tests/test_safetensors.py builds both "
+                                               "layouts offline and classifies, fine-tunes and reads them",
     r"\.pt2\b|--runtime aoti|--paths .*\baoti\b": "compiles a package, a minute or more on 2 cores even at 32 px: "
                                                 "tests/test_aoti.py compiles, runs and validates one (slow)",
 }

@@ -53,8 +53,10 @@ class ModelConfig:
                                        "residual block is kept in training, from 1 at the first (default: the "
                                        "architecture's, 0.8 for b4, else 1)")
     pretrained_weights: str | None = flag("--pretrained-weights", "--pretrained-from-file", metavar="PATH",
-                                          help="load model weights from here (NGC, torchvision or our files); "
-                                          "a head of another size is replaced to fit --num-classes (default: none)")
+                                          help="load model weights from here (NGC, torchvision or our files, "
+                                          ".pth or .safetensors; timm's safetensors; a Hugging Face folder holding "
+                                          "model.safetensors); a head of another size is replaced to fit "
+                                          "--num-classes (default: none)")
     jit: str = flag("--jit", default="no", choices=("no", "script"),
                     help="script: train and validate the model scripted with TorchScript (torch.jit.script), as "
                     "the reference does; torch deprecates TorchScript, which the run says in one => line: "

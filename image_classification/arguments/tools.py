@@ -43,8 +43,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_arch: str | Non
                        + " (initialisation only; default: classic)")
     group.add_argument("--weights", "--pretrained-weights", "--pretrained-from-file", metavar="PATH",
                        dest="weights", default=None,
-                       help="model weights: an NGC or torchvision file, checkpoint2model.py's output or a "
-                       "training checkpoint")
+                       help="model weights: an NGC or torchvision file, checkpoint2model.py's output (.pth or "
+                       ".safetensors), a training checkpoint, timm's safetensors, or a Hugging Face folder holding "
+                       "model.safetensors (and config.json) of a timm or transformers ResNet")
     group.add_argument("--pretrained", action="store_true",
                        help="download NVIDIA's published NGC weights for --arch (needs network access once)")
     group.add_argument("--num-classes", "--num_classes", metavar="N", dest="num_classes", type=positive_int,
@@ -164,7 +165,9 @@ def checkpoint2model_parser() -> argparse.ArgumentParser:
                              "dict, loadable with --weights / --pretrained-weights.")
     parser.add_argument("--checkpoint-path", metavar="PATH", required=True,
                         help="training checkpoint to read")
-    parser.add_argument("--weight-path", metavar="PATH", required=True, help="where to write the weights")
+    parser.add_argument("--weight-path", metavar="PATH", required=True,
+                        help="where to write the weights: a PyTorch file, or W.safetensors (the safetensors package "
+                        "needed) with the architecture, classes and preprocessing as its string metadata")
     parser.add_argument("--ema", action="store_true",
                         help="extract the exponential moving average of the weights (runs with --use-ema)")
     return parser

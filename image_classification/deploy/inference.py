@@ -31,8 +31,8 @@ from ..data.transforms import open_resized, val_transform
 from ..errors import UserError
 from ..models import build_model, default_image_size, load_weights
 from ..models.preprocessing import Preprocessing, choose_preprocessing
-from ..models.weights import checked_arch, checked_num_classes, fetch_pretrained, recorded_class_names
-from ..records.checkpoint import load_checkpoint_file
+from ..models.weights import (checked_arch, checked_num_classes, fetch_pretrained, read_weights,
+                              recorded_class_names)
 from ..records.integrity import recorded_description
 from ..system import host, machine
 from ..system.runtime import Runtime, make_runtime
@@ -206,7 +206,7 @@ def load_model(arch: str | None, weights: str | None = None, num_classes: int | 
                         f"{weights} runs it; main.py and model2onnx.py take the weights it was compiled from")
     checkpoint: dict = {}
     if weights:
-        checkpoint = load_checkpoint_file(weights)
+        checkpoint = read_weights(weights)
         arch = checked_arch(checkpoint, arch, weights)
         num_classes = checked_num_classes(checkpoint, num_classes, weights)
     arch = arch or "resnet50"

@@ -34,7 +34,7 @@ from ..deploy.quantization import Int8Request, int8_request
 from ..errors import UserError
 from ..models import build_model, default_image_size, load_weights
 from ..models.preprocessing import Preprocessing, choose_preprocessing, orientation_notice, trained_as_stored
-from ..models.weights import checked_arch, recorded_num_classes
+from ..models.weights import checked_arch, read_weights, recorded_num_classes
 from ..records import checkpoint as ckpt
 from ..records.integrity import recorded_description
 from ..records.workspace import Workspace
@@ -280,7 +280,7 @@ def starting_point(args: argparse.Namespace, workspace: Workspace, runtime: Runt
                         "to train further, or add --evaluate to validate it")
     pretrained = None
     if resumed is None and args.pretrained_weights:
-        pretrained = ckpt.load_checkpoint_file(args.pretrained_weights)
+        pretrained = read_weights(args.pretrained_weights)
         checked_arch(pretrained, args.arch, args.pretrained_weights)  # before their keys are compared one by one
     return resume_path, resumed, pretrained
 
