@@ -682,6 +682,7 @@ def test_the_torchvision_recipe_applies_to_every_preset(model, platform, precisi
     args = parse_args(["/imagenet"], defaults=preset)
     assert {key: getattr(args, key) for key in TORCHVISION_V2} == TORCHVISION_V2
     assert args.arch == model and preset["optimizer_batch_size"] % (8 * preset["batch_size"]) == 0
+    assert args.lr_batch is None  # 0.5 is for its own 1024 images: not scaled from an EfficientNet's 4096
     assert parse_args(launch.main_py_argv(args, preset)) == args
 
 
@@ -752,7 +753,7 @@ def test_the_fast_recipes_are_ffcv_s_configs_scaled_to_each_preset_s_batch(model
     assert (args.epochs, args.progressive_resize, args.lr_schedule, args.lr_peak_epoch, args.warmup) == \
         (epochs, [160, 192, start, end], "triangular", 2, 0)
     assert (args.optimizer, args.momentum, args.weight_decay, args.norm_weight_decay, args.label_smoothing,
-            args.mixup, args.nesterov) == ("sgd", 0.9, 1e-4, 0.0, 0.1, 0.0, False)
+            args.mixup, args.nesterov, args.augmentation) == ("sgd", 0.9, 1e-4, 0.0, 0.1, 0.0, False, None)
     assert (args.val_crop_size, args.val_resize_size, args.image_size, args.train_crop_size, args.val_tta) == \
         (256, None, None, None, "flip")  # 256 px validation crops of a 0.875 centre crop: FFCV's
     nvidia = launch.resolve(model, precision, "convergence", platform, REPO / "configs.yml")
