@@ -139,12 +139,12 @@ class Preset:
 
 
 def preset_for(launch: argparse.Namespace, typed: set[str]) -> Preset:
-    """The preset launch.py's flags pick, as main.py's defaults.  Three values give way to the command line: the
-    presets' ImageNet class count (main.py then takes the checkpoint's or the dataset's, as for a run without a
-    preset) unless a count is typed; ``lr_batch``, which states the global batch of the preset's own ``lr``
-    and so goes with it where ``--lr`` is typed (without ``--lr-batch``); and ``val_resize_size``, the resize of
-    the preset's own crop, where another crop is typed (``--image-size`` or ``--val-crop-size``, without
-    ``--val-resize-size``): main.py then resizes to that crop / 0.875."""
+    """The preset launch.py's flags pick, as main.py's defaults.  Three values give way to the command line:
+    the presets' ImageNet class count (main.py then takes the checkpoint's or the dataset's, as for a run
+    without a preset) unless a count is typed; ``lr_batch``, which states the global batch of the preset's
+    own ``lr`` and so goes with it where ``--lr`` is typed (without ``--lr-batch``); and ``val_resize_size``,
+    the resize of the preset's own crop, where another crop is typed (``--image-size`` or ``--val-crop-size``,
+    without ``--val-resize-size``): main.py then resizes to that crop / 0.875."""
     layers = resolve_layers(launch.model, launch.precision, launch.mode, launch.platform, launch.cfg_file,
                             recipe=launch.recipe)
     values, changed, fitted = fit_recipe_to_mode(merged(layers), layers)

@@ -16,7 +16,8 @@ import yaml
 
 from helpers import REPO, launch_on, refused, run_script
 from image_classification import launch
-from image_classification.arguments import build_parser as build_main_parser, parse_args, preset_tokens, resolve_lr
+from image_classification.arguments import (build_parser as build_main_parser, parse_args, preset_tokens,
+                                            resolve_lr)
 from image_classification.arguments.described import VALUES_HEADER
 from image_classification.errors import UserError
 from image_classification.system import machine
@@ -199,11 +200,12 @@ def test_reference_values():
 EFFICIENTNET_BATCHES = {
     "b0": {("T4", "AMP"): 128, ("T4", "FP32"): 64, ("DGX1V-16G", "AMP"): 128, ("DGX1V-16G", "FP32"): 64,
            ("DGX1V-32G", "AMP"): 256, ("DGX1V-32G", "FP32"): 128, ("DGXA100", "AMP"): 256,
-           ("DGXA100", "TF32"): 256, ("DGXA100", "FP32"): 256, ("DGXH100", "AMP"): 256, ("DGXH100", "BF16"): 256,
-           ("DGXH100", "TF32"): 256},
+           ("DGXA100", "TF32"): 256, ("DGXA100", "FP32"): 256, ("DGXH100", "AMP"): 256,
+           ("DGXH100", "BF16"): 256, ("DGXH100", "TF32"): 256},
     "b4": {("T4", "AMP"): 32, ("T4", "FP32"): 16, ("DGX1V-16G", "AMP"): 32, ("DGX1V-16G", "FP32"): 16,
-           ("DGX1V-32G", "AMP"): 64, ("DGX1V-32G", "FP32"): 32, ("DGXA100", "AMP"): 128, ("DGXA100", "TF32"): 64,
-           ("DGXA100", "FP32"): 64, ("DGXH100", "AMP"): 128, ("DGXH100", "BF16"): 128, ("DGXH100", "TF32"): 64},
+           ("DGX1V-32G", "AMP"): 64, ("DGX1V-32G", "FP32"): 32, ("DGXA100", "AMP"): 128,
+           ("DGXA100", "TF32"): 64, ("DGXA100", "FP32"): 64, ("DGXH100", "AMP"): 128,
+           ("DGXH100", "BF16"): 128, ("DGXH100", "TF32"): 64},
 }
 
 
@@ -211,22 +213,25 @@ EFFICIENTNET_BATCHES = {
                                    "efficientnet-widese-b4"])
 def test_efficientnet_presets_are_the_references(model):
     """RMSprop (alpha 0.9, eps 0.01, momentum 0.9), lr 0.08 / 0.16 for 4096 images, weight decay 1e-5 / 5e-6,
-    cosine after 16 warm-up epochs, 400 epochs, AutoAugment, bicubic, 224 / 380 px validated at the crop + 32."""
+    cosine after 16 warm-up epochs, 400 epochs, AutoAugment, bicubic, 224 / 380 px validated at the crop
+    + 32."""
     size = model[-2:]
     lr, weight_decay, image_size = {"b0": (0.08, 1e-05, 224), "b4": (0.16, 5e-06, 380)}[size]
     for (platform, precision), batch in EFFICIENTNET_BATCHES[size].items():
         args = parse_args(["/imagenet"], defaults=launch.resolve(model, precision, "convergence", platform,
                                                                   REPO / "configs.yml"))
         assert (args.arch, args.batch_size, args.optimizer_batch_size) == (model, batch, 4096), platform
-        assert (args.optimizer, args.rmsprop_alpha, args.rmsprop_eps, args.momentum) == ("rmsprop", 0.9, 0.01, 0.9)
+        assert (args.optimizer, args.rmsprop_alpha, args.rmsprop_eps, args.momentum) == \
+            ("rmsprop", 0.9, 0.01, 0.9)
         assert (args.lr, args.lr_batch, args.weight_decay) == (lr, 4096, weight_decay)
         assert (args.lr_schedule, args.warmup, args.epochs, args.label_smoothing, args.mixup) == \
             ("cosine", 16, 400, 0.1, 0.2)
         assert (args.augmentation, args.interpolation, args.image_size, args.val_resize_size) == \
             ("autoaugment", "bicubic", image_size, image_size + 32)
         assert args.memory_format == ("nhwc" if precision in ("AMP", "BF16") else "nchw")
-        assert args.data_backend is None and not args.bn_weight_decay  # no weight decay on BatchNorm, as theirs
-    cpu = parse_args(["/imagenet"], defaults=launch.resolve(model, "FP32", "convergence", "CPU", REPO / "configs.yml"))
+        assert args.data_backend is None and not args.bn_weight_decay  # no weight decay on BatchNorm: theirs
+    cpu_preset = launch.resolve(model, "FP32", "convergence", "CPU", REPO / "configs.yml")
+    cpu = parse_args(["/imagenet"], defaults=cpu_preset)
     assert (cpu.device, cpu.optimizer_batch_size, cpu.batch_size) == ("cpu", -1, {"b0": 32, "b4": 16}[size])
     assert resolve_lr(cpu.lr, cpu.lr_batch, cpu.batch_size, optimizer="rmsprop", warmup=16)[0] == \
         pytest.approx(lr * cpu.batch_size / 4096)
@@ -488,17 +493,20 @@ def test_list_shows_the_presets(capsys):
 # ------------------------------------------------------------------------------------------------
 # What this machine makes of a preset: the runtime's decisions, which --dry-run states
 # ------------------------------------------------------------------------------------------------
-EFFNET_A100 = ["--model", "efficientnet-b0", "--precision", "AMP", "--mode", "convergence", "--platform", "DGXA100"]
+EFFNET_A100 = ["--model", "efficientnet-b0", "--precision", "AMP", "--mode", "convergence",
+               "--platform", "DGXA100"]
 
 
 def test_the_reference_s_efficientnet_command_dry_runs_to_its_run(capsys):
-    """``launch.py --model efficientnet-b0 --precision AMP --mode convergence --platform DGXA100 /imagenet``, as a
-    reference user types it: on a machine without CUDA --dry-run shows the run it stands for."""
+    """``launch.py --model efficientnet-b0 --precision AMP --mode convergence --platform DGXA100 /imagenet``,
+    as a reference user types it: on a machine without CUDA --dry-run shows the run it stands for."""
     dry = _dry_run([*EFFNET_A100, "/imagenet"], capsys, cuda_available=False)
     written = dry.written
     assert (written.arch, written.batch_size, written.optimizer_batch_size, written.optimizer, written.lr,
-            written.lr_batch, written.data) == ("efficientnet-b0", 256, 4096, "rmsprop", 0.08, 4096, "/imagenet")
-    assert (written.augmentation, written.interpolation, written.val_resize_size) == ("autoaugment", "bicubic", 256)
+            written.lr_batch, written.data) == \
+        ("efficientnet-b0", 256, 4096, "rmsprop", 0.08, 4096, "/imagenet")
+    assert (written.augmentation, written.interpolation, written.val_resize_size) == \
+        ("autoaugment", "bicubic", 256)
     assert dry.host == "the CPU, bfloat16 autocast, memory format nhwc"
     assert any(note.startswith("--augmentation autoaugment: ") for note in dry.notes)
 
@@ -515,7 +523,8 @@ def test_the_dry_run_says_whose_autoaugment_runs_where(backend, place, capsys):
 
 def test_the_presets_validation_resize_gives_way_to_a_typed_crop():
     """412 is B4's 380 px crop + 32: with another crop typed main.py resizes to that crop / 0.875 instead."""
-    b4 = ["--model", "efficientnet-b4", "--precision", "TF32", "--mode", "convergence", "--platform", "DGXA100"]
+    b4 = ["--model", "efficientnet-b4", "--precision", "TF32", "--mode", "convergence",
+          "--platform", "DGXA100"]
     assert launch.preset_run([*b4, "/imagenet"], "launch.py")[1].val_resize_size == 412
     for typed in (["--image-size", "300"], ["--val-crop-size", "300"]):
         assert launch.preset_run([*b4, "/imagenet", *typed], "launch.py")[1].val_resize_size is None

@@ -66,7 +66,7 @@ def test_dgx2v_recipes_exist_only_where_there_are_presets():
 
 
 def _efficientnet_names() -> set[str]:
-    """The reference's efficientnet/ scripts (their names carry no epoch count: all train 400), plus DGX H100's."""
+    """The reference's efficientnet/ scripts (no epoch count in the names: all train 400), plus DGX H100's."""
     names = {f"training/{precision}/DGX1V-16G_{model}_{precision}.sh" for precision in ("AMP", "FP32")
              for model in ("efficientnet-b0", "efficientnet-widese-b0")}
     names |= {f"training/{precision}/{platform}_{model}_{precision}.sh" for model in EFFICIENTNETS
@@ -236,7 +236,7 @@ def test_efficientnet_recipe_resolves_to_the_references_run(recipe, tmp_path, ca
 
 @pytest.mark.parametrize("script", EFFICIENTNET_INFERENCE, ids=lambda p: p.name)
 def test_efficientnet_inference_script_benchmarks_each_batch_as_the_references(script, tmp_path):
-    """The reference's sweep: batch 1 to 256 (to 128 in FP32), one raport per batch, benchmark_inference mode."""
+    """The reference's sweep: batch 1 to 256 (to 128 in FP32), a raport per batch, benchmark_inference."""
     platform, model, precision = script.stem.split("_")
     runs = _invocations(script, tmp_path, "ws", "/data")
     expected = [1, 2, 4, 8, 16, 32, 64, 128] + ([] if precision == "FP32" else [256])
@@ -248,19 +248,20 @@ def test_efficientnet_inference_script_benchmarks_each_batch_as_the_references(s
         assert (opts.model, opts.precision, opts.mode, opts.platform) == \
             (model, precision, "benchmark_inference", platform)
         args = _main_args(run[7:])
-        assert (args.arch, args.batch_size, args.raport_file, args.data) == (model, batch, f"raport_{batch}.json",
-                                                                               "/data")
+        assert (args.arch, args.batch_size, args.raport_file, args.data) == \
+            (model, batch, f"raport_{batch}.json", "/data")
         assert args.evaluate and not args.save_checkpoints and args.epochs == 1
 
 
 # The reference's efficientnet/quantization/*.sh, flag for flag, after `multiproc.py --nproc_per_node 8`
 REFERENCE_QAT = {
-    "b0": ["--arch", "efficientnet-quant-b0", "--epochs", "10", "-j5", "-p", "500", "--data-backend", "pytorch",
-           "--optimizer", "sgd", "-b", "128", "--lr", "0.0125", "--momentum", "0.89", "--weight-decay", "4.50e-05",
-           "--lr-schedule", "cosine"],
-    "b4": ["--arch", "efficientnet-quant-b4", "--epochs", "2", "-j5", "-p", "500", "--data-backend", "pytorch",
-           "--optimizer", "rmsprop", "-b", "32", "--lr", "4.09e-06", "--momentum", "0.9", "--weight-decay",
-           "9.714e-04", "--lr-schedule", "linear", "--rmsprop-alpha", "0.853", "--rmsprop-eps", "0.00422"],
+    "b0": ["--arch", "efficientnet-quant-b0", "--epochs", "10", "-j5", "-p", "500", "--data-backend",
+           "pytorch", "--optimizer", "sgd", "-b", "128", "--lr", "0.0125", "--momentum", "0.89",
+           "--weight-decay", "4.50e-05", "--lr-schedule", "cosine"],
+    "b4": ["--arch", "efficientnet-quant-b4", "--epochs", "2", "-j5", "-p", "500", "--data-backend",
+           "pytorch", "--optimizer", "rmsprop", "-b", "32", "--lr", "4.09e-06", "--momentum", "0.9",
+           "--weight-decay", "9.714e-04", "--lr-schedule", "linear", "--rmsprop-alpha", "0.853",
+           "--rmsprop-eps", "0.00422"],
 }
 
 
@@ -273,5 +274,5 @@ def test_quantization_scripts_call_quant_main_py_as_the_references(script, tmp_p
                         "/imagenet", *REFERENCE_QAT[size], "--pretrained-from-file", "b0.pth"]
     env = {**os.environ, "PYTHON": str(_stand_in(tmp_path / "bin" / "print_args"))}
     result = _run(script, tmp_path, env=env)
-    assert result.returncode != 0 and result.stdout == b"" and b"usage:" in result.stderr  # no weights: refused
+    assert result.returncode != 0 and result.stdout == b"" and b"usage:" in result.stderr  # no weights given
 
