@@ -37,7 +37,7 @@ from .system.cli import UserErrorParser
 DEFAULT_CFG_FILE = (Path(__file__).parent / "configs.yml").resolve()
 DIR_PLACEHOLDER = "DIR"  # stands for the dataset folder in a --dry-run command given none
 SECTIONS = ("precision", "platform", "mode", "models")
-MAX_CFG_BYTES = 1 << 20  # far above a presets file (configs.yml: about 10 KB); /dev/zero is no presets file
+MAX_CFG_BYTES = 1 << 20  # far above a presets file (configs.yml: about 20 KB); /dev/zero is no presets file
 IMAGENET_CLASSES = 1000
 
 
@@ -139,10 +139,12 @@ class Preset:
 
 
 def preset_for(launch: argparse.Namespace, typed: set[str]) -> Preset:
-    """The preset launch.py's flags pick, as main.py's defaults.  Two values give way to the command line: the
-    presets' ImageNet class count (main.py then takes the checkpoint's or the dataset's, as for a run without a
-    preset) unless a count is typed, and ``lr_batch``, which states the global batch of the preset's own ``lr``
-    and so goes with it where ``--lr`` is typed (without ``--lr-batch``)."""
+    """The preset launch.py's flags pick, as main.py's defaults.  Three values give way to the command line:
+    the presets' ImageNet class count (main.py then takes the checkpoint's or the dataset's, as for a run
+    without a preset) unless a count is typed; ``lr_batch``, which states the global batch of the preset's
+    own ``lr`` and so goes with it where ``--lr`` is typed (without ``--lr-batch``); and ``val_resize_size``,
+    the resize of the preset's own crop, where another crop is typed (``--image-size`` or ``--val-crop-size``,
+    without ``--val-resize-size``): main.py then resizes to that crop / 0.875."""
     layers = resolve_layers(launch.model, launch.precision, launch.mode, launch.platform, launch.cfg_file,
                             recipe=launch.recipe)
     values, changed, fitted = fit_recipe_to_mode(merged(layers), layers)
@@ -153,6 +155,8 @@ def preset_for(launch: argparse.Namespace, typed: set[str]) -> Preset:
         del values["num_classes"]
     if "lr" in typed and "lr_batch" not in typed:
         values.pop("lr_batch", None)
+    if typed & {"image_size", "val_crop_size"} and "val_resize_size" not in typed:
+        values.pop("val_resize_size", None)
     return Preset(values, layers, fitted)
 
 
@@ -194,6 +198,11 @@ def host_lines(args: argparse.Namespace) -> list[str]:
                      "ignored")
     batch = global_batch(args.batch_size, machine.distributed_env()[2], args.optimizer_batch_size)
     note = resolve_lr(args.lr, args.lr_batch, batch, optimizer=args.optimizer, warmup=args.warmup)[1]
+    if args.augmentation is not None and not args.evaluate:
+        from .data import augmentation_notice, resolve_backend  # deferred: DALI's presence, for a dry run
+
+        augmentation = augmentation_notice(resolve_backend(args.data_backend, choice.cuda), args.augmentation)
+        lines.append(f"#   {augmentation.removeprefix('=> ')}")
     return lines + ([f"#   {note.removeprefix('=> ')}"] if note else [])
 
 

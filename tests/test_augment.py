@@ -371,3 +371,62 @@ def test_the_readme_s_draw_timing_script_runs(capsys):
     results = load_script("augment_draws").main(["--batch", "4", "--size", "32"])
     assert set(results) == {0.1, 0.25, 1.0} and all(ms > 0 for ms in results.values())
     assert "--random-erase 0.25:" in capsys.readouterr().out
+
+
+# -- AutoAugment: whose policy runs where, said at start-up -----------------------------------------------
+# The reference's AutoaugmentImageNetPolicy (image_classification/autoaugment.py): (probability, operation,
+# magnitude) pairs, its operations named as DALI's auto_aug names them (None: an operation without one).
+REFERENCE_AUTOAUGMENT = [
+    ((0.8, "equalize", None), (0.8, "shear_y", 4)), ((0.4, "color", 9), (0.6, "equalize", None)),
+    ((0.4, "color", 1), (0.6, "rotate", 8)), ((0.8, "solarize", 3), (0.4, "equalize", None)),
+    ((0.4, "solarize", 2), (0.6, "solarize", 2)), ((0.2, "color", 0), (0.8, "equalize", None)),
+    ((0.4, "equalize", None), (0.8, "solarize_add", 3)), ((0.2, "shear_x", 9), (0.6, "rotate", 8)),
+    ((0.6, "color", 1), (1.0, "equalize", None)), ((0.4, "invert", None), (0.6, "rotate", 0)),
+    ((1.0, "equalize", None), (0.6, "shear_y", 3)), ((0.4, "color", 7), (0.6, "equalize", None)),
+    ((0.4, "posterize", 6), (0.4, "auto_contrast", None)), ((0.6, "solarize", 8), (0.6, "color", 9)),
+    ((0.2, "solarize", 4), (0.8, "rotate", 9)), ((1.0, "rotate", 7), (0.8, "translate_y", 9)),
+    ((0.0, "shear_x", 0), (0.8, "solarize", 4)), ((0.8, "shear_y", 0), (0.6, "color", 4)),
+    ((1.0, "color", 0), (0.6, "rotate", 2)), ((0.8, "equalize", None), (0.0, "equalize", None)),
+    ((1.0, "equalize", None), (0.6, "auto_contrast", None)), ((0.4, "shear_y", 7), (0.6, "solarize_add", 7)),
+    ((0.8, "posterize", 2), (0.6, "solarize", 10)), ((0.6, "solarize", 8), (0.6, "equalize", None)),
+    ((0.8, "color", 6), (0.4, "rotate", 5)),
+]
+
+
+def test_dali_s_autoaugment_policy_is_the_reference_s_and_torchvision_s_is_not():
+    """What the start-up line claims: DALI's ImageNet policy, sub-policy for sub-policy, is the reference's
+    (an operation of probability 0 left out); torchvision's is another table."""
+    auto_augment = pytest.importorskip("nvidia.dali.auto_aug.auto_augment")
+
+    ours = [[(p, op.name, m) for op, p, m in sub] for sub in auto_augment.get_image_net_policy().sub_policies]
+    assert ours == [[(p, op, m) for p, op, m in sub if p > 0] for sub in REFERENCE_AUTOAUGMENT]
+    theirs = v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET)._policies
+    assert len(theirs) == 25 and theirs[0] == (("Posterize", 0.4, 8), ("Rotate", 0.6, 9))  # the paper's first
+
+
+@pytest.mark.parametrize("backend, says", [
+    ("dali-cpu", "DALI's auto_aug, on the CPU in DALI's threads, with the reference's ImageNet policy"),
+    ("dali-gpu", "DALI's auto_aug, on the GPU, with the reference's ImageNet policy"),
+    ("pytorch", "torchvision's, on the CPU in the loader workers, with the AutoAugment paper's ImageNet "
+                "policy; the reference's policy is DALI's (--data-backend dali-cpu or dali-gpu)"),
+    ("pytorch-gpu", "torchvision's, on the GPU, each image's operations drawn in the loader workers, with "
+                    "the AutoAugment paper's ImageNet policy; the reference's policy is DALI's"),
+    ("synthetic", "not applied, the synthetic batches are not augmented"),
+])
+def test_the_start_up_line_says_whose_autoaugment_runs_where(backend, says):
+    from image_classification.data import augmentation_notice
+
+    assert augmentation_notice(backend, "autoaugment").startswith(f"=> --augmentation autoaugment: {says}")
+    assert augmentation_notice(backend, None) is None
+    if backend != "synthetic":
+        assert "policy" not in augmentation_notice(backend, "trivialaugment")  # one policy: nothing to tell
+
+
+def test_a_training_run_with_autoaugment_says_where_it_runs(image_folder, tmp_path, tiny_arch, capsys):
+    argv = ["-a", tiny_arch, "--image-size", "32", "-b", "4", "--device", "cpu", "--data-backend", "pytorch",
+            "-j", "0", "--epochs", "1", "--prof", "1", "--augmentation", "autoaugment", str(image_folder)]
+    assert main([*argv, "--training-only", "--workspace", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "=> --augmentation autoaugment: torchvision's, on the CPU in the loader workers" in out
+    assert main([*argv, "--evaluate", "--workspace", str(tmp_path / "eval")]) == 0
+    assert "=> --augmentation" not in capsys.readouterr().out  # validation is not augmented: no line

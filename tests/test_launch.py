@@ -16,7 +16,8 @@ import yaml
 
 from helpers import REPO, launch_on, refused, run_script
 from image_classification import launch
-from image_classification.arguments import build_parser as build_main_parser, parse_args, preset_tokens
+from image_classification.arguments import (build_parser as build_main_parser, parse_args, preset_tokens,
+                                            resolve_lr)
 from image_classification.arguments.described import VALUES_HEADER
 from image_classification.errors import UserError
 from image_classification.system import machine
@@ -73,7 +74,8 @@ def _dry_run(argv: list[str], capsys, cuda_available: bool = True, notes: Sequen
 # The presets
 # ------------------------------------------------------------------------------------------------
 def test_the_file_holds_the_reference_presets_and_ours():
-    assert set(CONFIG["models"]) == {"resnet50", "resnext101-32x4d", "se-resnext101-32x4d"}
+    assert set(CONFIG["models"]) == {"resnet50", "resnext101-32x4d", "se-resnext101-32x4d", "efficientnet-b0",
+                                     "efficientnet-b4", "efficientnet-widese-b0", "efficientnet-widese-b4"}
     assert set(CONFIG["precision"]) == {"AMP", "BF16", "TF32", "FP32"}
     assert set(CONFIG["platform"]) == {"DGX1V", "DGX1V-16G", "DGX1V-32G", "DGX2V", "DGXA100", "DGXH100", "T4",
                                        "CPU"}
@@ -81,7 +83,11 @@ def test_the_file_holds_the_reference_presets_and_ours():
                           "convergence", "evaluate"}
     assert set(CONFIG["models"]["resnet50"]["DGXH100"]) == {"AMP", "BF16", "TF32"}
     assert set(CONFIG["models"]["se-resnext101-32x4d"]["CPU"]) == {"AMP", "FP32"}
-    assert len(COMBINATIONS) == 17 + 15 + 15
+    for model in ("efficientnet-b0", "efficientnet-b4", "efficientnet-widese-b0", "efficientnet-widese-b4"):
+        assert {platform: set(precisions) for platform, precisions in CONFIG["models"][model].items()} == {
+            "T4": {"AMP", "FP32"}, "DGX1V-16G": {"AMP", "FP32"}, "DGX1V-32G": {"AMP", "FP32"},
+            "DGXA100": {"AMP", "TF32", "FP32"}, "DGXH100": {"AMP", "BF16", "TF32"}, "CPU": {"AMP", "FP32"}}
+    assert len(COMBINATIONS) == 17 + 15 + 15 + 4 * 14
 
 
 @pytest.mark.parametrize("model,platform,precision", COMBINATIONS)
@@ -188,6 +194,47 @@ def test_reference_values():
     assert (cpu["device"], cpu["amp_dtype"], cpu["gpu_affinity"], cpu["workers"], cpu["memory_format"]) == \
         ("cpu", "bfloat16", "none", 2, "auto")
     assert "optimizer_batch_size" not in cpu and "print_freq" not in CONFIG["platform"]["CPU"]
+
+
+# The reference's configs.yml, per model: (platform, precision) -> batch_size; DGXA100 FP32 and DGXH100 ours
+EFFICIENTNET_BATCHES = {
+    "b0": {("T4", "AMP"): 128, ("T4", "FP32"): 64, ("DGX1V-16G", "AMP"): 128, ("DGX1V-16G", "FP32"): 64,
+           ("DGX1V-32G", "AMP"): 256, ("DGX1V-32G", "FP32"): 128, ("DGXA100", "AMP"): 256,
+           ("DGXA100", "TF32"): 256, ("DGXA100", "FP32"): 256, ("DGXH100", "AMP"): 256,
+           ("DGXH100", "BF16"): 256, ("DGXH100", "TF32"): 256},
+    "b4": {("T4", "AMP"): 32, ("T4", "FP32"): 16, ("DGX1V-16G", "AMP"): 32, ("DGX1V-16G", "FP32"): 16,
+           ("DGX1V-32G", "AMP"): 64, ("DGX1V-32G", "FP32"): 32, ("DGXA100", "AMP"): 128,
+           ("DGXA100", "TF32"): 64, ("DGXA100", "FP32"): 64, ("DGXH100", "AMP"): 128,
+           ("DGXH100", "BF16"): 128, ("DGXH100", "TF32"): 64},
+}
+
+
+@pytest.mark.parametrize("model", ["efficientnet-b0", "efficientnet-b4", "efficientnet-widese-b0",
+                                   "efficientnet-widese-b4"])
+def test_efficientnet_presets_are_the_references(model):
+    """RMSprop (alpha 0.9, eps 0.01, momentum 0.9), lr 0.08 / 0.16 for 4096 images, weight decay 1e-5 / 5e-6,
+    cosine after 16 warm-up epochs, 400 epochs, AutoAugment, bicubic, 224 / 380 px validated at the crop
+    + 32."""
+    size = model[-2:]
+    lr, weight_decay, image_size = {"b0": (0.08, 1e-05, 224), "b4": (0.16, 5e-06, 380)}[size]
+    for (platform, precision), batch in EFFICIENTNET_BATCHES[size].items():
+        args = parse_args(["/imagenet"], defaults=launch.resolve(model, precision, "convergence", platform,
+                                                                  REPO / "configs.yml"))
+        assert (args.arch, args.batch_size, args.optimizer_batch_size) == (model, batch, 4096), platform
+        assert (args.optimizer, args.rmsprop_alpha, args.rmsprop_eps, args.momentum) == \
+            ("rmsprop", 0.9, 0.01, 0.9)
+        assert (args.lr, args.lr_batch, args.weight_decay) == (lr, 4096, weight_decay)
+        assert (args.lr_schedule, args.warmup, args.epochs, args.label_smoothing, args.mixup) == \
+            ("cosine", 16, 400, 0.1, 0.2)
+        assert (args.augmentation, args.interpolation, args.image_size, args.val_resize_size) == \
+            ("autoaugment", "bicubic", image_size, image_size + 32)
+        assert args.memory_format == ("nhwc" if precision in ("AMP", "BF16") else "nchw")
+        assert args.data_backend is None and not args.bn_weight_decay  # no weight decay on BatchNorm: theirs
+    cpu_preset = launch.resolve(model, "FP32", "convergence", "CPU", REPO / "configs.yml")
+    cpu = parse_args(["/imagenet"], defaults=cpu_preset)
+    assert (cpu.device, cpu.optimizer_batch_size, cpu.batch_size) == ("cpu", -1, {"b0": 32, "b4": 16}[size])
+    assert resolve_lr(cpu.lr, cpu.lr_batch, cpu.batch_size, optimizer="rmsprop", warmup=16)[0] == \
+        pytest.approx(lr * cpu.batch_size / 4096)
 
 
 def test_modes():
@@ -446,6 +493,45 @@ def test_list_shows_the_presets(capsys):
 # ------------------------------------------------------------------------------------------------
 # What this machine makes of a preset: the runtime's decisions, which --dry-run states
 # ------------------------------------------------------------------------------------------------
+EFFNET_A100 = ["--model", "efficientnet-b0", "--precision", "AMP", "--mode", "convergence",
+               "--platform", "DGXA100"]
+
+
+def test_the_reference_s_efficientnet_command_dry_runs_to_its_run(capsys):
+    """``launch.py --model efficientnet-b0 --precision AMP --mode convergence --platform DGXA100 /imagenet``,
+    as a reference user types it: on a machine without CUDA --dry-run shows the run it stands for."""
+    dry = _dry_run([*EFFNET_A100, "/imagenet"], capsys, cuda_available=False)
+    written = dry.written
+    assert (written.arch, written.batch_size, written.optimizer_batch_size, written.optimizer, written.lr,
+            written.lr_batch, written.data) == \
+        ("efficientnet-b0", 256, 4096, "rmsprop", 0.08, 4096, "/imagenet")
+    assert (written.augmentation, written.interpolation, written.val_resize_size) == \
+        ("autoaugment", "bicubic", 256)
+    assert dry.host == "the CPU, bfloat16 autocast, memory format nhwc"
+    assert any(note.startswith("--augmentation autoaugment: ") for note in dry.notes)
+
+
+@pytest.mark.parametrize("backend, place", [("pytorch", "torchvision's, on the CPU in the loader workers"),
+                                            ("dali-cpu", "DALI's auto_aug, on the CPU in DALI's threads")])
+def test_the_dry_run_says_whose_autoaugment_runs_where(backend, place, capsys):
+    dry = _dry_run([*EFFNET_A100, "/imagenet", "--data-backend", backend], capsys, cuda_available=False)
+    assert any(note.startswith(f"--augmentation autoaugment: {place}") for note in dry.notes), dry.notes
+    evaluate = _dry_run([*EFFNET_A100, "/imagenet", "--data-backend", backend, "--evaluate"], capsys,
+                        cuda_available=False)
+    assert not any("--augmentation" in note for note in evaluate.notes)  # nothing is augmented
+
+
+def test_the_presets_validation_resize_gives_way_to_a_typed_crop():
+    """412 is B4's 380 px crop + 32: with another crop typed main.py resizes to that crop / 0.875 instead."""
+    b4 = ["--model", "efficientnet-b4", "--precision", "TF32", "--mode", "convergence",
+          "--platform", "DGXA100"]
+    assert launch.preset_run([*b4, "/imagenet"], "launch.py")[1].val_resize_size == 412
+    for typed in (["--image-size", "300"], ["--val-crop-size", "300"]):
+        assert launch.preset_run([*b4, "/imagenet", *typed], "launch.py")[1].val_resize_size is None
+    typed = ["--image-size", "300", "--val-resize-size", "332"]
+    assert launch.preset_run([*b4, "/imagenet", *typed], "launch.py")[1].val_resize_size == 332
+
+
 def test_a_gpu_preset_without_cuda_is_said_to_run_on_the_cpu_in_bf16(capsys):
     """The preset is written as it is (the machine changes no flag); the dry run says what the runtime will make of
     it: the CPU, --amp's bf16 there, the layout --memory-format asks, GPU affinity ignored."""
@@ -605,6 +691,7 @@ def test_the_torchvision_recipe_applies_to_every_preset(model, platform, precisi
     args = parse_args(["/imagenet"], defaults=preset)
     assert {key: getattr(args, key) for key in TORCHVISION_V2} == TORCHVISION_V2
     assert args.arch == model and preset["optimizer_batch_size"] % (8 * preset["batch_size"]) == 0
+    assert args.lr_batch is None  # 0.5 is for its own 1024 images: not scaled from an EfficientNet's 4096
     assert parse_args(launch.main_py_argv(args, preset)) == args
 
 
@@ -675,7 +762,7 @@ def test_the_fast_recipes_are_ffcv_s_configs_scaled_to_each_preset_s_batch(model
     assert (args.epochs, args.progressive_resize, args.lr_schedule, args.lr_peak_epoch, args.warmup) == \
         (epochs, [160, 192, start, end], "triangular", 2, 0)
     assert (args.optimizer, args.momentum, args.weight_decay, args.norm_weight_decay, args.label_smoothing,
-            args.mixup, args.nesterov) == ("sgd", 0.9, 1e-4, 0.0, 0.1, 0.0, False)
+            args.mixup, args.nesterov, args.augmentation) == ("sgd", 0.9, 1e-4, 0.0, 0.1, 0.0, False, None)
     assert (args.val_crop_size, args.val_resize_size, args.image_size, args.train_crop_size, args.val_tta) == \
         (256, None, None, None, "flip")  # 256 px validation crops of a 0.875 centre crop: FFCV's
     nvidia = launch.resolve(model, precision, "convergence", platform, REPO / "configs.yml")

@@ -117,6 +117,8 @@ SUBSTITUTIONS = [
 # extra flags per script (beyond TINY_TRAINING for the training scripts)
 SCRIPT_FLAGS = {
     "infer_throughput.py": ["-a", "resnet18", "--image-size", "32", "--iters", "1", "--repeats", "1", "--warmup", "0"],
+    "train_throughput.py": ["--image-size", "32", "-b", "2", "--iters", "1", "--repeats", "1",
+                            "--warmup", "0"],
     "export_time.py": ["-a", "resnet18", "--image-size", "32", "--repeats", "1"],
     "benchmark_loader.py": ["-b", "4", "--epochs", "2", "--image-size", "32"],
     "benchmark_decoders.py": ["--images", "2", "--rounds", "1"],

@@ -29,7 +29,7 @@ from ..arguments.optimisation import OptimConfig
 from ..arguments.precision import PrecisionConfig
 from ..arguments.run import RunSettings
 from ..arguments.values import from_args
-from ..data import decoder_notice, default_backend_notice, resolve_backend
+from ..data import augmentation_notice, decoder_notice, default_backend_notice, resolve_backend
 from ..deploy.quantization import Int8Request, int8_request
 from ..errors import UserError
 from ..models import build_model, default_image_size, load_weights
@@ -253,6 +253,9 @@ def resolve_backend_of(data: DataConfig, runtime: Runtime, training: bool, log) 
     if data.data_backend is None:  # otherwise only the raport would say which
         log(default_backend_notice(backend, runtime.is_cuda))
     check_backend(backend, runtime.is_cuda, data.augmentation, training=training)
+    augmentation = augmentation_notice(backend, data.augmentation) if training else None
+    if augmentation is not None:
+        log(augmentation)
     decoder = decoder_notice(backend, runtime.device, data.decode_scale)
     if decoder is not None:
         log(decoder)
