@@ -301,26 +301,30 @@ def test_amp_on_cpu_runs_in_bfloat16_and_nhwc(image_folder, tmp_path, monkeypatc
     assert all(v.dtype != torch.bfloat16 for v in state["state_dict"].values())  # the weights stay fp32
 
 
-@pytest.mark.parametrize("arch, flags, channels_last", [
-    ("resnet50", [], True), ("resnet18", [], False), ("resnet50", ["--memory-format", "nchw"], False),
-    ("resnet18", ["--memory-format", "nhwc"], True), ("efficientnet-b0", [], True),
+@pytest.mark.parametrize("arch, flags, avx512, channels_last", [
+    ("resnet50", [], True, True), ("resnet18", [], True, False), ("resnet50", ["--memory-format", "nchw"], True, False),
+    ("resnet18", ["--memory-format", "nhwc"], True, True), ("efficientnet-b0", [], True, True),
+    ("resnet50", [], False, False), ("efficientnet-b0", [], False, False), ("resnet50", ["--memory-format", "nhwc"],
+                                                                            False, True),
 ])
 def test_the_default_layout_on_the_cpu_is_channels_last_for_the_bottleneck_models(
-        image_folder, tmp_path, monkeypatch, capsys, arch, flags, channels_last):
-    """Without --memory-format, a CPU run trains ResNet-50 (bottleneck blocks) and EfficientNet-B0 (depthwise
-    convolutions), faster so on the CPU, in channels-last and ResNet-18 (basic blocks, slower so at small sizes) in
-    NCHW, says the first choice, and
-    records the layout it took, not ``auto``; a typed layout wins.  A CPU run keeps its freed activations in
-    the heap (tests/test_host_memory.py)."""
+        image_folder, tmp_path, monkeypatch, capsys, arch, flags, avx512, channels_last):
+    """Without --memory-format, a CPU run with AVX512 kernels trains ResNet-50 (bottleneck blocks) and
+    EfficientNet-B0 (depthwise convolutions), faster so there, in channels-last and ResNet-18 (basic blocks, slower
+    so at small sizes) in NCHW; an AVX2 CPU trains them all in NCHW (the layouts measured alike there); the run says
+    the channels-last choice, and records the layout it took, not ``auto``; a typed layout wins.  A CPU run keeps
+    its freed activations in the heap (tests/test_host_memory.py)."""
     import image_classification.training as training
+    from image_classification.system import machine
 
+    monkeypatch.setattr(machine, "cpu_kernels_avx512", lambda: avx512)
     seen, kept = record_first_convolution(monkeypatch), []
     monkeypatch.setattr(training, "keep_freed_memory", lambda: kept.append(True))
     code = train(image_folder, tmp_path, "--data-backend", "pytorch", "-j", "0", "--epochs", "1", "--prof", "1",
                  "--training-only", "--no-checkpoints", "-a", arch, "--image-size", "32", *flags)
     assert code == 0
     assert seen and all(record == (torch.float32, channels_last, channels_last) for record in seen), seen
-    said = "=> memory format nhwc: channels-last, in which this model trains faster on this CPU" in \
+    said = "=> memory format nhwc: channels-last, in which this model trains faster on this CPU (AVX512)" in \
         capsys.readouterr().out
     assert said == (channels_last and not flags)
     parameters = next(r["data"] for r in read_raport(tmp_path / "experiment_raport.json") if r["step"] == "PARAMETER")

@@ -41,8 +41,9 @@ class PrecisionConfig:
                       "(default: on)")
     memory_format: str = flag("--memory-format", default="auto", choices=("auto", "nchw", "nhwc"),
                               help="memory layout, nchw or nhwc; auto: nhwc (channels-last) under --amp on CUDA and, "
-                              "on a CPU where they train faster so, for the bottleneck models (ResNet-50 and deeper, "
-                              "ResNeXt, SE-ResNeXt) and the EfficientNets; else nchw, the reference's (default: auto)")
+                              "on a CPU with AVX512 kernels, where they train faster so, for the bottleneck models "
+                              "(ResNet-50 and deeper, ResNeXt, SE-ResNeXt) and the EfficientNets; else nchw, the "
+                              "reference's (default: auto)")
     gpu_affinity: str = flag("--gpu-affinity", default="none", choices=GPU_AFFINITY_MODES,
                              help="pin each process to the CPU cores near its GPU (default: none)")
     dist_timeout: float = flag("--dist-timeout", default=300.0, metavar="SECONDS", type=positive_float,

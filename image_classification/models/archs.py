@@ -117,11 +117,9 @@ def designed_image_size(arch: str) -> int:
 
 
 def cpu_trains_faster_channels_last(arch: str) -> bool:
-    """Whether ``arch`` trains faster on the CPU in the channels-last layout (``--memory-format auto``'s choice
-    there): the bottleneck models, whose training step ran 1.13x (32 px, within noise) to 1.43x (224 px) faster
-    in it, and the EfficientNets (depthwise convolutions; B0: 1.42x at 96 px, 1.81x at 32 px); not the
-    basic-block ResNet-18 and -34 (ResNet-18: 0.87x at 32 px, 0.99x at 96 px) (docs/performance.md, "The memory
-    format on the CPU")."""
+    """Whether ``arch`` trains faster in the channels-last layout on an AVX512 CPU (``--memory-format auto``'s choice
+    there; :func:`..system.host.choose` keeps NCHW on an AVX2 one): the bottleneck ResNets and the EfficientNets,
+    not the basic-block ResNet-18 and -34 (docs/performance.md, "The memory format on the CPU")."""
     return arch in EFFICIENTNETS or ARCHS[arch][0] == "bottleneck"
 
 

@@ -46,13 +46,14 @@ def auto_memory_format(cuda: bool, dtype: str | None, cpu_channels_last: bool) -
     """``--memory-format auto``'s layout, and why in words: on CUDA channels-last under autocast (fp16 and bf16
     convolutions run on tensor cores in NHWC, which cuDNN otherwise transposes to; NVIDIA's AMP presets choose
     it), NCHW in TF32 and FP32, the reference's default; on the CPU channels-last where ``cpu_channels_last``
-    (the architecture trains faster so on this CPU: docs/performance.md, "The memory format on the CPU")."""
+    (the architecture trains faster so on this CPU, :func:`choose`: docs/performance.md, "The memory format on the
+    CPU")."""
     if cuda:
         if dtype is not None:
             return "nhwc", "in which autocast's convolutions run on the GPU's tensor cores"
         return "nchw", ""
     if cpu_channels_last:
-        return "nhwc", "in which this model trains faster on this CPU"
+        return "nhwc", "in which this model trains faster on this CPU (AVX512)"
     return "nchw", ""
 
 
@@ -68,11 +69,17 @@ class HostChoice:
 
 
 def choose(device: str, amp: bool, requested_dtype: str | None, memory_format: str, *,
-           cpu_channels_last: bool = False, cuda: bool | None = None, bf16_native=None) -> HostChoice:
+           cpu_channels_last: bool = False, cuda: bool | None = None, bf16_native=None,
+           avx512: bool | None = None) -> HostChoice:
     """The device, precision and layout of a run on this machine (``cuda``: whether to use CUDA, decided by
     :func:`use_cuda` unless given), with the lines that say what the flags alone do not; ``bf16_native``: asks
-    whether the CPU computes bf16 in hardware (oneDNN's word, which imports torch; by default its flags')."""
+    whether the CPU computes bf16 in hardware (oneDNN's word, which imports torch; by default its flags').
+    ``cpu_channels_last``: the architecture trains faster in channels-last on an AVX512 CPU, which ``auto`` then
+    takes where the CPU's kernels are AVX512 (``avx512``, by default :func:`.machine.cpu_kernels_avx512`); on an
+    AVX2 CPU the layouts measured alike, and NCHW, the reference's, is kept."""
     cuda = use_cuda(device) if cuda is None else cuda
+    if cpu_channels_last and not cuda:
+        cpu_channels_last = machine.cpu_kernels_avx512() if avx512 is None else avx512
     bf16_native = bf16_native or (lambda: machine.cpu_has_bf16() is not False)
     dtype, notes = amp_dtype(amp, requested_dtype, cuda), []
     if amp and not cuda:

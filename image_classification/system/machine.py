@@ -105,6 +105,21 @@ def cpu_bf16_features() -> list[str] | None:
     return [name for flag, name in names.items() if flag in flags]
 
 
+# what torch's CPU dispatch needs for its AVX512 kernels (cpuinfo's avx512 check), and the settings that lower them
+_AVX512_KERNELS = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
+
+
+def cpu_kernels_avx512() -> bool:
+    """Whether torch's and oneDNN's CPU kernels run AVX512 here, asked without torch: the CPU lists what torch's
+    AVX512 dispatch needs, and neither ``ATEN_CPU_CAPABILITY`` nor ``ONEDNN_MAX_CPU_ISA`` caps them below it."""
+    capability = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    if (capability and not capability.startswith("avx512")) or (isa and not isa.startswith(("AVX512", "AMX", "ALL"))):
+        return False
+    flags = _cpu_flags()
+    return flags is not None and _AVX512_KERNELS <= flags
+
+
 def cpu_has_bf16() -> bool | None:
     """Whether the CPU lists bf16 instructions (:func:`cpu_bf16_features`); None where /proc/cpuinfo cannot tell."""
     features = cpu_bf16_features()
