@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import one_error_line, run_script
+from helpers import refused, run_script
 from image_classification.arguments import parse_args
 from image_classification.commands import QUANT_DEFAULTS
 from image_classification.models import build_model
@@ -37,6 +37,12 @@ def test_the_reference_command_line_parses_as_the_plain_arch_trained_quantized()
     plain = parse_args(["/imagenet", "--arch", "resnet50"], defaults=QUANT_DEFAULTS, require_data=False)
     assert (plain.arch, plain.quantize_aware) == ("resnet50", True)
     assert not parse_args(["/imagenet", "--arch", "resnet50"], require_data=False).quantize_aware
+
+
+def test_quant_main_s_help_offers_the_quantization_flag_and_the_reference_s_arch_name():
+    result = run_script([str(ROOT / "quant_main.py"), "-h"])
+    assert result.returncode == 0 and "usage: quant_main.py" in result.stdout
+    assert "--quantize-aware" in result.stdout and "efficientnet-quant-bN" in result.stdout
 
 
 def test_a_quantized_model_keeps_the_float_names_and_holds_its_ranges_in_the_state_dict(tiny_arch):
@@ -94,6 +100,7 @@ def test_folding_the_batchnorms_computes_what_the_trained_model_computes(tiny_ar
     assert (expected - got).abs().max() < 0.02 * expected.abs().max()
 
 
+@pytest.mark.slow
 def test_the_export_is_a_qdq_graph_that_onnx_runtime_runs_as_pytorch_predicts(tiny_arch, tmp_path):
     import onnx
     import onnxruntime
@@ -162,25 +169,20 @@ def test_a_checkpoint_trained_without_qat_is_refused_where_qat_is_required(image
     code = run(lambda: main([*common, "--quantize-aware", "--evaluate", "--resume",
                              str(tmp_path / "fp32" / "checkpoint.pth.tar"), "--workspace", str(tmp_path / "eval"),
                              str(image_folder)]))
-    line = one_error_line(_captured(code, capsys))
+    line = refused(code, capsys)
     assert "was not trained quantization-aware" in line and "--pretrained-from-file" in line
 
 
 def test_a_damaged_activation_range_is_one_line(tiny_arch, tmp_path, capsys):
-    from image_classification.deploy.inference import load_model
-    from image_classification.errors import UserError
+    from image_classification.deploy.export import model2onnx_main
+    from image_classification.system.cli import run
 
-    model = _calibrated(tiny_arch)
-    state = model.state_dict()
+    state = _calibrated(tiny_arch).state_dict()
     state["conv1.input_quantizer.scale"] = torch.tensor(-1.0)
     path = tmp_path / "damaged.pth"
     torch.save(state, path)
-    with pytest.raises(UserError, match="is damaged: the activation range of conv1.input_quantizer"):
-        load_model(tiny_arch, str(path), num_classes=3)
-
-
-def _captured(code: int, capsys):
-    from helpers import Result
-
-    out, err = capsys.readouterr()
-    return Result([], code, out, err)
+    code = run(lambda: model2onnx_main(["--arch", tiny_arch, "--num-classes", "3", "--weights", str(path),
+                                        "--output", str(tmp_path / "m.onnx")]))
+    line = refused(code, capsys)
+    assert "is damaged: the activation range of conv1.input_quantizer (scale -1" in line
+    assert not (tmp_path / "m.onnx").exists()

@@ -87,7 +87,7 @@ REAL_PROCESS = {
 # rate meant for batches of 256 makes two steps on batches of 4 diverge, which stops a run (exit 3).
 TINY_TRAINING = ["--epochs", "1", "--prof", "2", "-b", "4", "--image-size", "32", "-j", "0", "--print-freq", "1",
                  "--lr", "0.001", "--seed", "1"]
-TRAINING_SCRIPTS = {"main.py", "launch.py"}
+TRAINING_SCRIPTS = {"main.py", "quant_main.py", "launch.py"}
 
 # (pattern, replacement) applied to the command text, in order
 SUBSTITUTIONS = [
