@@ -72,6 +72,9 @@ NOT_RUN = {
                                  "times: tests/test_benchmarks.py runs it against stand-ins",
     r"benchmarks/resize_timing\.py": "six full trainings, an hour on 2 cores: tests/test_resize_timing.py runs it on tiny "
                                   "ones (slow)",
+    r"workspace/digits-qat/": "the int8 graph of a model fine-tuned quantization-aware from the suite's 2-step demo "
+                              "checkpoint: ONNX Runtime's optimizations move its logits beyond the export's check; "
+                              "tests/test_qat.py exports and validates one of a tiny model trained an epoch (slow)",
     r"\.pt2\b|--runtime aoti|--paths .*\baoti\b": "compiles a package, a minute or more on 2 cores even at 32 px: "
                                                 "tests/test_aoti.py compiles, runs and validates one (slow)",
 }
