@@ -12,7 +12,6 @@ is refused: the steps that need ``pytorch-gpu`` then have nothing to run.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 

@@ -31,6 +31,7 @@ from .deploy.aoti import compiled_for_this_run
 from .deploy.onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
 from .errors import EXIT_PREEMPTED, PeerLost, UserError
 from .models.archs import cpu_trains_faster_channels_last
+from .models.quantized import CALIBRATION_BATCHES, calibrate as calibrate_ranges, is_calibrated, is_quantized
 from .records.checkpoint import load_checkpoint
 from .records.datafile import open_own
 from .records.raport import Raport, shown_epoch_offset
@@ -41,7 +42,7 @@ from .system.host_memory import keep_freed_memory
 from .system.runtime import Runtime, make_runtime, out_of_memory_reason
 from .system.signals import StopSignal, Stopped
 from .train.engine import Engine
-from .train.loop import Loop, RunControl
+from .train.loop import Loop, RunControl, iter_from
 from .train.validation import ValResult
 from .train.metrics import register_metrics
 from .train.plan import RunConfig, resolve_run
@@ -140,6 +141,8 @@ def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signa
     dataset = train_loader.fingerprint() if train_loader is not None else {}
     if dataset:  # how its JPEGs were decoded: a resume at another scale sees other pixels
         dataset["decode_scale"] = plan.data.decode_scale
+    if is_quantized(plan.model) and not is_calibrated(plan.model) and not config.run.evaluate:
+        calibrate_quantizers(plan.model, train_loader, runtime, log)  # before the EMA copies the model
     engine = Engine(config, runtime, plan.model, classes=plan.classes, raport_position=lambda: raport.position(),
                     dataset=dataset, log=log)
     if plan.resumed is not None:
@@ -205,6 +208,20 @@ def top1_summary(last: tuple[int, ValResult] | None, best: float, best_epoch: in
     if best_epoch >= 0:
         text += f", best {best:.2f}% (epoch {best_epoch + 1}{f', {best_file}' if best_file else ''})"
     return text + tta  # --val-tta's figure of the same validation, apart from the plain one
+
+
+def calibrate_quantizers(model, loader, runtime: Runtime, log) -> None:
+    """A fresh quantization-aware model's activation ranges, from its inputs over the first
+    :data:`CALIBRATION_BATCHES` training batches (as the reference calibrates), said in one line."""
+    def batches():
+        for index, (images, _targets) in enumerate(iter_from(loader, 0, 0)):
+            if index == CALIBRATION_BATCHES:
+                return
+            yield images
+
+    with runtime.autocast():
+        used = calibrate_ranges(model, batches())
+    log(f"=> quantization-aware training: activation ranges calibrated on {used} training batches")
 
 
 def deployed_models(config: RunConfig, runtime: Runtime, engine: Engine, log) -> dict:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import run_config
 from image_classification.records.raport import read_raport
 from image_classification.train import engine as engine_module
 from image_classification.training import main
@@ -291,7 +292,7 @@ def test_no_host_sync_between_print_windows_on_cuda(tmp_path, monkeypatch, preci
     outside them): none in FP32 and bf16; in fp16 (--amp) one per optimizer step, the read of the loss
     scaler's inf flag that decides whether the step is taken.  MixUp with CutMix, random erasing, label
     smoothing, the EMA, channels-last and accumulation (an optimizer step every second micro-batch) included."""
-    from helpers import count_step_syncs, run_config
+    from helpers import count_step_syncs
 
     syncs = count_step_syncs(monkeypatch)
     args = TINY + ["--data-backend", "synthetic", "--device", "cuda", "--prof", "8", "-p", "4", "--epochs", "1",

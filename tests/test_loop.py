@@ -362,7 +362,7 @@ def test_a_log_file_gets_a_line_with_a_time_left_while_a_pass_lasts(tmp_path, mo
 def test_a_validation_window_line_shows_the_accuracy_so_far(image_folder, tmp_path, monkeypatch, capsys):
     """12 val images in batches of 8 and 4, the first all right, the second all wrong: the last window line
     says 66.67%, as the epoch's does, not the last window's 0.00%."""
-    from image_classification.train import loop, validation
+    from image_classification.train import validation
 
     def first_batch_right(logits, targets, ks):
         right = float(len(targets)) if len(targets) == 8 else 0.0

@@ -74,6 +74,9 @@ NOT_RUN = {
                                   "ones (slow)",
     r"hf-timm-resnet50|hf-microsoft-resnet-50": "a Hugging Face download: tests/test_safetensors.py builds both "
                                                "layouts offline and classifies, fine-tunes and reads them",
+    r"workspace/digits-qat/": "the int8 graph of a model fine-tuned quantization-aware from the suite's 2-step demo "
+                              "checkpoint: ONNX Runtime's optimizations move its logits beyond the export's check; "
+                              "tests/test_qat.py exports and validates one of a tiny model trained an epoch (slow)",
     r"\.pt2\b|--runtime aoti|--paths .*\baoti\b": "compiles a package, a minute or more on 2 cores even at 32 px: "
                                                 "tests/test_aoti.py compiles, runs and validates one (slow)",
 }
@@ -89,7 +92,7 @@ REAL_PROCESS = {
 # rate meant for batches of 256 makes two steps on batches of 4 diverge, which stops a run (exit 3).
 TINY_TRAINING = ["--epochs", "1", "--prof", "2", "-b", "4", "--image-size", "32", "-j", "0", "--print-freq", "1",
                  "--lr", "0.001", "--seed", "1"]
-TRAINING_SCRIPTS = {"main.py", "launch.py"}
+TRAINING_SCRIPTS = {"main.py", "quant_main.py", "launch.py"}
 
 # (pattern, replacement) applied to the command text, in order
 SUBSTITUTIONS = [

@@ -267,11 +267,17 @@ REFERENCE_QAT = {
 
 @pytest.mark.parametrize("script", EFFICIENTNET_QUANTIZATION, ids=lambda p: p.name)
 def test_quantization_scripts_call_quant_main_py_as_the_references(script, tmp_path):
-    """Their command line alone: quant_main.py, the quantization-aware trainer, is not exercised here."""
+    """Their command line, which quant_main.py's parser reads as a quantization-aware training of the plain
+    architecture (the training itself: tests/test_qat.py)."""
+    from image_classification.arguments import parse_args
+    from image_classification.commands import QUANT_DEFAULTS
+
     size = script.stem.split("_")[1].removeprefix("efficientnet-quant-")
     argv = _argv(script, tmp_path, "b0.pth")
     assert argv[1:] == [str(REPO / "multiproc.py"), "--nproc_per_node", "8", str(REPO / "quant_main.py"),
                         "/imagenet", *REFERENCE_QAT[size], "--pretrained-from-file", "b0.pth"]
+    args = parse_args(argv[5:], QUANT_DEFAULTS, prog="quant_main.py")
+    assert (args.arch, args.quantize_aware, args.pretrained_weights) == (f"efficientnet-{size}", True, "b0.pth")
     env = {**os.environ, "PYTHON": str(_stand_in(tmp_path / "bin" / "print_args"))}
     result = _run(script, tmp_path, env=env)
     assert result.returncode != 0 and result.stdout == b"" and b"usage:" in result.stderr  # no weights given

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ..errors import UserError
 from ..models import MODEL_CONFIGS, OPTIONS, arch_options, check_options, list_models
+from ..models.archs import plain_arch, quant_spellings
 from ..system.cli import positive_float, positive_int
 from ..system.machine import compile_unsupported
 from .values import add_group, flag, probability, str2bool
@@ -24,8 +25,10 @@ class ModelConfig:
     """The ``model`` group: the architecture, its initialisation, the weights it starts from and how it is run;
     ``num_classes`` as the run settles it (the flag's, else the checkpoint's or the dataset's)."""
 
-    arch: str = flag("--arch", "-a", default="resnet50", metavar="ARCH", choices=list_models,
-                     help=lambda: "model architecture: " + " | ".join(list_models()) + " (default: resnet50)")
+    arch: str = flag("--arch", "-a", default="resnet50", metavar="ARCH",
+                     choices=lambda: list_models() + quant_spellings(),
+                     help=lambda: "model architecture: " + " | ".join(list_models()) + " (default: resnet50); "
+                     "efficientnet-quant-bN, the reference's name, is efficientnet-bN with --quantize-aware")
     model_config: str | None = flag("--model-config", "-c", metavar="CONF", choices=list(MODEL_CONFIGS),
                                     help="model configs of the ResNets: " + " | ".join(MODEL_CONFIGS)
                                     + " (default: classic)")
@@ -64,6 +67,10 @@ class ModelConfig:
                     "package) deploys one (default: no)")
     compile: bool = flag("--compile", action="store_true",
                          help="compile the model with torch.compile (default: false)")
+    quantize_aware: bool = flag("--quantize-aware", action="store_true",
+                                help="quantization-aware training: fake int8 weights and uint8 activations in every "
+                                "convolution and linear layer, the activation ranges calibrated on the first batches "
+                                "(quant_main.py sets it; a resumed quantized checkpoint continues so; default: false)")
 
     def options(self) -> dict:
         """``build_model``'s options: those given (a preset's included), and a plain run's zeroed last BatchNorm
@@ -85,10 +92,20 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     add_group(parser, "model", ModelConfig)
 
 
+def settle_quant_spelling(args: argparse.Namespace) -> None:
+    """``--arch efficientnet-quant-bN`` (the reference's name) as ``--arch efficientnet-bN --quantize-aware``: the
+    one place the parsed arguments are rewritten, before they are checked."""
+    args.arch, asked = plain_arch(args.arch)
+    args.quantize_aware = args.quantize_aware or asked
+
+
 def check_model_combinations(args: argparse.Namespace) -> None:
     """The model options given fit ``--arch``: none of the other family (False asks nothing and passes), each in
-    its range; before torch is imported."""
+    its range; before torch is imported.  Quantization-aware training is not scripted: TorchScript would not
+    keep its calibration."""
     check_options(args.arch, model_options(args))
+    if args.quantize_aware and args.jit == "script":
+        raise UserError("--jit script does not take a quantization-aware model; leave out --jit script")
 
 
 def check_compile_supported(args: argparse.Namespace) -> None:

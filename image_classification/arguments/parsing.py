@@ -10,7 +10,7 @@ from ..errors import UserError
 from ..system.cli import UserErrorParser
 from .data import add_data_arguments, check_data_combinations, check_data_values
 from .deployed import add_deployed_arguments, check_deployed_combinations
-from .model import add_model_arguments, check_compile_supported, check_model_combinations
+from .model import add_model_arguments, check_compile_supported, check_model_combinations, settle_quant_spelling
 from .optimisation import add_optimisation_arguments, check_optimisation_combinations, check_optimisation_values
 from .precision import add_precision_arguments, check_precision_values
 from .run import add_run_arguments, bare_gather_flag, check_run_combinations, check_run_values
@@ -55,6 +55,7 @@ def parse_args(argv: Sequence[str] | None = None, defaults: dict | None = None, 
             raise UserError(f"preset value {key}: {shown(value)} is not valid: {reason[:200]}") from None
         preset_argv += tokens
     args = parser.parse_args(bare_gather_flag(preset_argv + argv))
+    settle_quant_spelling(args)
     validate_args(args, require_data=require_data)
     return args
 

@@ -31,7 +31,8 @@ from ..data.transforms import open_resized, val_transform
 from ..errors import UserError
 from ..models import build_model, default_image_size, load_weights
 from ..models.preprocessing import Preprocessing, choose_preprocessing
-from ..models.weights import (checked_arch, checked_num_classes, fetch_pretrained, read_weights,
+from ..models.quantized import check_quantizers, holds_quantizers, quantize_model
+from ..models.weights import (checked_arch, checked_num_classes, extract_state_dict, fetch_pretrained, read_weights,
                               recorded_class_names)
 from ..records.integrity import recorded_description
 from ..system import host, machine
@@ -212,6 +213,9 @@ def load_model(arch: str | None, weights: str | None = None, num_classes: int | 
     arch = arch or "resnet50"
     num_classes = num_classes or 1000
     model = build_model(arch, num_classes=num_classes, model_config=model_config)
+    quantized = bool(checkpoint) and holds_quantizers(extract_state_dict(checkpoint))
+    if quantized:
+        quantize_model(model)  # trained quantization-aware: its activation ranges load with the weights
     if pretrained:
         weights = str(fetch_pretrained(arch, log=log))
     if weights:
@@ -220,6 +224,8 @@ def load_model(arch: str | None, weights: str | None = None, num_classes: int | 
         except UserError as error:
             message = str(error).replace("the given state dict", f"'{weights}'").rstrip(".")
             raise UserError(f"{message}; are they weights of --arch {arch}?") from None
+    if quantized:
+        check_quantizers(model, f"'{weights}'")
     names = recorded_class_names(checkpoint, num_classes)
     description = recorded_description(checkpoint)
     preprocessing = None

@@ -111,6 +111,23 @@ def all_archs() -> list[str]:
     return [*ARCHS, *EFFICIENTNETS]
 
 
+QUANT_INFIX = "-quant-"  # the reference's spelling of a quantization-aware EfficientNet: efficientnet-quant-b0
+
+
+def quant_spellings() -> list[str]:
+    """The reference's names of the quantization-aware EfficientNets (``efficientnet-quant-b0``...), accepted by
+    ``--arch`` as the plain architecture trained quantized."""
+    return [name.replace("-", QUANT_INFIX, 1) for name in EFFICIENTNETS]
+
+
+def plain_arch(arch: str) -> tuple[str, bool]:
+    """(the architecture, whether its name asked for quantization-aware training): ``efficientnet-quant-b0`` is
+    ``(efficientnet-b0, True)``, any other name itself with False."""
+    if arch in quant_spellings():
+        return arch.replace(QUANT_INFIX, "-", 1), True
+    return arch, False
+
+
 def designed_image_size(arch: str) -> int:
     """The training and validation crop ``arch`` was designed for (the name is assumed valid)."""
     return EFFICIENTNETS[arch][2] if arch in EFFICIENTNETS else 224

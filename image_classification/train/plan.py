@@ -34,7 +34,9 @@ from ..deploy.quantization import Int8Request, int8_request
 from ..errors import UserError
 from ..models import build_model, default_image_size, load_weights
 from ..models.preprocessing import Preprocessing, choose_preprocessing, orientation_notice, trained_as_stored
-from ..models.weights import checked_arch, read_weights, recorded_num_classes
+from ..models.quantized import SCHEME as QUANTIZATION_SCHEME
+from ..models.quantized import check_quantizers, holds_quantizers, is_quantized, quantize_model, quantizers
+from ..models.weights import checked_arch, extract_state_dict, read_weights, recorded_num_classes
 from ..records import checkpoint as ckpt
 from ..records.integrity import recorded_description
 from ..records.workspace import Workspace
@@ -77,8 +79,11 @@ class RunConfig:
 
     def describe_model(self) -> dict:
         """What a checkpoint records about the model, so inference can rebuild and feed it."""
-        return {"arch": self.model.arch, "num_classes": self.model.num_classes, "model_options": self.model.options(),
-                "preprocessing": self.preprocessing.to_dict()}
+        described = {"arch": self.model.arch, "num_classes": self.model.num_classes,
+                     "model_options": self.model.options(), "preprocessing": self.preprocessing.to_dict()}
+        if self.model.quantize_aware:
+            described["quantization"] = QUANTIZATION_SCHEME  # trained quantization-aware: export makes it int8
+        return described
 
     def recorded(self) -> dict:
         """The configuration as the raport's PARAMETER record holds it: every group's fields under their flags'
@@ -223,10 +228,29 @@ def resolve_topk(topk: int | None, num_classes: int) -> int:
     return topk
 
 
+def settle_quantization(asked: bool, start: dict | None, where: str | None, resuming: bool, log) -> bool:
+    """Whether the run's model is quantization-aware: ``asked`` (--quantize-aware, quant_main.py), or weights
+    ``start`` (the resumed checkpoint, or the pretrained weights) that were trained so.  A resume or an evaluation
+    that asks for it of weights trained without it is refused: their model has no activation ranges."""
+    held = start is not None and holds_quantizers(extract_state_dict(start))
+    if asked and start is not None and not held and resuming:
+        raise UserError(f"{where} was not trained quantization-aware (it holds no activation ranges); to fine-tune "
+                        f"it with quantization-aware training, start a new run from it with --pretrained-from-file "
+                        f"{where}")
+    if held and not asked:
+        log(f"=> {where} was trained quantization-aware: the model stays fake-quantized")
+    return asked or held
+
+
 def build_model_for(config: RunConfig, runtime: Runtime, resumed: dict | None, resume_path: str | None, pretrained,
                     log) -> nn.Module:
-    """The model on the device, with the resumed or pretrained weights when asked."""
+    """The model on the device, with the resumed or pretrained weights when asked; quantization-aware where
+    the run is (quantized before weights that hold activation ranges are loaded, after FP32 ones)."""
     model = build_model(config.model.arch, num_classes=config.model.num_classes, **config.model.options())
+    start = resumed if resumed is not None else pretrained
+    quantize = config.model.quantize_aware
+    if quantize and start is not None and holds_quantizers(extract_state_dict(start)):
+        quantize_model(model)  # the activation ranges load with the weights
     if resumed is not None:
         load_weights(model, resumed["state_dict"], log=log, label=resume_path, resuming=not config.run.evaluate)
         log(f"=> loaded checkpoint ({ckpt.position_text(resumed['epoch'], resumed.get('batch', 0))})")
@@ -235,6 +259,13 @@ def build_model_for(config: RunConfig, runtime: Runtime, resumed: dict | None, r
         weights = config.model.pretrained_weights
         load_weights(model, pretrained, allow_head_mismatch=not config.run.evaluate, log=log, label=weights)
         log(f"=> loaded pretrained weights '{weights}'")
+    if quantize:
+        if is_quantized(model):
+            check_quantizers(model, resume_path or config.model.pretrained_weights)
+        else:
+            quantize_model(model)
+            log(f"=> quantization-aware training: {len(quantizers(model))} convolution and linear layers with "
+                "int8 weights and uint8 inputs")
     return model.to(runtime.device, memory_format=runtime.memory_format)
 
 
@@ -356,7 +387,9 @@ def resolve_run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace
     run = replace(run, seed=seed, topk=resolve_topk(run.topk, num_classes), resumed_from=resume_path,
                   run_id=recorded_run or uuid.uuid4().hex[:16])
     deploy = from_args(DeployConfig, args)
-    config = RunConfig(from_args(ModelConfig, args, num_classes=num_classes), optim, data,
+    quantize = settle_quantization(args.quantize_aware, resumed if resumed is not None else pretrained,
+                                   resume_path or args.pretrained_weights, resumed is not None or run.evaluate, log)
+    config = RunConfig(from_args(ModelConfig, args, num_classes=num_classes, quantize_aware=quantize), optim, data,
                        replace(precision, loss_scale=scale, loss_scale_adapts=adapts), run, deploy, int8_request(deploy))
     for notice in schedule_notices(config, resumed) if not run.evaluate else ():
         log(notice)
