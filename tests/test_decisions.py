@@ -30,7 +30,9 @@ def calls_of(name: str) -> dict[str, int]:
 
 @pytest.mark.parametrize("question, function, where", [
     ("whether torch sees a CUDA device", "is_available", {"image_classification/system/machine.py"}),
-    ("which data backend a run uses", "resolve_backend", {"image_classification/train/plan.py"}),
+    # launch.py's dry run asks the same function what the run would take (as it asks host.choose)
+    ("which data backend a run uses", "resolve_backend",
+     {"image_classification/train/plan.py", "image_classification/launch.py"}),
     ("a learning rate scaled to the global batch", "resolve_lr",
      {"image_classification/train/plan.py", "image_classification/launch.py"}),
     ("the precision, device and layout on this machine", "choose",

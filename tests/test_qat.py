@@ -102,8 +102,8 @@ def test_folding_the_batchnorms_computes_what_the_trained_model_computes(tiny_ar
 
 @pytest.mark.slow
 def test_the_export_is_a_qdq_graph_that_onnx_runtime_runs_as_pytorch_predicts(tiny_arch, tmp_path):
-    import onnx
-    import onnxruntime
+    onnx = pytest.importorskip("onnx")
+    onnxruntime = pytest.importorskip("onnxruntime")
 
     from image_classification.deploy.torch_export import export_onnx
 
@@ -136,6 +136,8 @@ def test_a_mid_epoch_resume_of_qat_is_bitwise_exact(image_folder, tmp_path, tiny
 def test_quant_main_trains_exports_and_evaluates_in_int8(image_folder, tmp_path, tiny_arch):
     """quant_main.py from FP32 weights, model2onnx.py of its checkpoint, and main.py --evaluate --runtime
     onnxruntime of it: the int8 graph's top-1 within a few images of PyTorch's fake-quantized one."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
     common = ["-a", "tiny", "--image-size", "32", "-b", "4", "-p", "1", "--data-backend", "pytorch", "-j", "0",
               "--seed", "1"]
     fp32 = tmp_path / "fp32"

@@ -125,10 +125,14 @@ class Engine:
         if self.config.model.jit == "script":
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", FutureWarning)
+                warnings.simplefilter("always", DeprecationWarning)
                 model = torch.jit.script(model)
             said = False
-            for warning in caught:  # torch 2.14 deprecates TorchScript: one line, not a warning per scripted module
-                if not issubclass(warning.category, FutureWarning):
+            for warning in caught:  # torch deprecates TorchScript (a FutureWarning in 2.14, a DeprecationWarning in
+                # 2.11): one line, not a warning per scripted module
+                deprecation = issubclass(warning.category, (FutureWarning, DeprecationWarning)) and \
+                    "torch.jit" in str(warning.message)
+                if not deprecation:
                     warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
                 elif not said:
                     self.log(f"=> --jit script: {str(warning.message).splitlines()[0]}")
