@@ -4,7 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # the suite runs on one pytest-xdist worker per CPU core, at most 4 (each worker imports torch), a test
 # module on one worker in its own order (tests/conftest.py hands out the longest modules first)
-PYTEST_ARGS := -q -n auto --maxprocesses 4 --dist loadscope
+# a test that runs 20 minutes has hung (the longest take about a minute, several under load): it fails alone
+PYTEST_ARGS := -q -n auto --maxprocesses 4 --dist loadscope --timeout 1200
 PYTEST := $(PY) -m pytest $(PYTEST_ARGS)
 # test-pins and test-oldest: a venv per torch/torchvision pair under .venv-pins/, made with $(PYTHON)
 PINNED_SUITE = $(PYTHON) scripts/pinned_suite.py$(if $(filter 1,$(DALI)), --dali)
@@ -13,7 +14,7 @@ PINNED_SUITE = $(PYTHON) scripts/pinned_suite.py$(if $(filter 1,$(DALI)), --dali
 CORE_TESTS := tests/test_training.py tests/test_engine.py tests/test_models.py tests/test_inference.py \
 	tests/test_checkpoint.py tests/test_optim.py tests/test_fp16.py tests/test_ema.py tests/test_losses.py
 
-.PHONY: demo test test-all test-pins test-oldest coverage clean
+.PHONY: demo test test-all test-slow test-pins test-oldest coverage clean
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +43,9 @@ test: $(VENV)/.installed-dev  ## the fast suite (slow and GPU tests excluded)
 
 test-all: $(VENV)/.installed-dev  ## everything that can run here, slow tests included
 	$(PYTEST) -m "not gpu"
+
+test-slow: $(VENV)/.installed-dev  ## the slow tests of the test modules that cover what changed since main (SINCE=)
+	$(PY) scripts/slow_tests.py --run --since $(or $(SINCE),main) -- $(PYTEST_ARGS)
 
 # e.g. make test-pins TORCH=2.11.0 TORCHVISION=0.26.0 [PYTHON=python3.12] [DALI=1]
 test-pins:  ## the fast suite on other torch and torchvision versions (TORCH=, TORCHVISION=)

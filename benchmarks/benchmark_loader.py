@@ -57,7 +57,7 @@ from image_classification.models.preprocessing import DECODE_SCALES  # noqa: E40
 from image_classification.system import machine  # noqa: E402
 from image_classification.system.cli import UserErrorParser, run  # noqa: E402
 from image_classification.system.runtime import Runtime, make_runtime  # noqa: E402
-from image_classification.train.plan import data_config  # noqa: E402
+from image_classification.arguments.data import data_config  # noqa: E402
 from image_classification.train.progress import Heartbeat  # noqa: E402
 
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry")
@@ -272,6 +272,7 @@ class Timing:
     rates: list[float] = field(default_factory=list)  # images/s per epoch
     cpu_ms: list[float] = field(default_factory=list)  # CPU milliseconds per image per epoch
     decoder: str | None = None  # the JPEG decoder its epochs use (its workers, forked in the first, keep it)
+    cpu_decoded: int = 0  # pytorch-gpu: the JPEGs its device's decoder refused, decoded on the CPU, over every epoch
 
     def epoch(self, loader, number: int, runtime: Runtime) -> None:
         loader.set_epoch(number)
@@ -284,8 +285,11 @@ class Timing:
         elapsed, cpu = time.perf_counter() - start, cpu_seconds() - cpu_start
         self.rates.append(images / elapsed)
         self.cpu_ms.append(1000 * cpu / max(images, 1))
+        on_cpu = getattr(loader, "pass_counts", dict)().get("cpu_decoded")
+        self.cpu_decoded += on_cpu or 0
         print(f"{self.name} epoch {number}: {images} images in {elapsed:.2f} s, {self.rates[-1]:.1f} images/s, "
-              f"{self.cpu_ms[-1]:.2f} CPU ms/image", flush=True)
+              f"{self.cpu_ms[-1]:.2f} CPU ms/image" + ("" if on_cpu is None else f", {on_cpu} decoded on the CPU"),
+              flush=True)
 
     def median(self, values: list[float]) -> float:
         """The median over the epochs after the first, which pays for start-up."""
@@ -415,6 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     timing = runs[-1][0]
     for base, _ in runs[:-1]:
         report_against(timing, base)
+    if "cpu_decoded" in getattr(runs[-1][1], "pass_counts", dict)():
+        print(f"decoded on the CPU: {timing.cpu_decoded} JPEGs of {opts.epochs} epochs (the device's decoder "
+              "refused them)", flush=True)
     print(f"images/s: {timing.median(timing.rates):.1f}", flush=True)
     return 0
 

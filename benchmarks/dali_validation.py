@@ -25,6 +25,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
+from image_classification.errors import UserError  # noqa: E402
 from image_classification.system.cli import UserErrorParser, positive_int, run  # noqa: E402
 
 
@@ -84,6 +85,11 @@ def one_pass(loader) -> tuple[float, float, list[torch.Tensor]]:
 
 def main(argv: list[str] | None = None) -> int:
     opts = build_parser().parse_args(argv)
+    from image_classification.data import dali_available
+
+    if not dali_available():  # a machine without DALI (a GPU image may have none): one line, not a traceback
+        raise UserError("dali_validation.py times DALI's validation decode, and NVIDIA DALI cannot be imported "
+                        "here (pip install nvidia-dali-cuda130)")
     from image_classification.data.common import MEAN_255, STD_255
     from image_classification.data.dali import DaliLoader
     from image_classification.data.dali_pipeline import PipelineSpec

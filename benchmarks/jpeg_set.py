@@ -11,18 +11,22 @@ costs in proportion to the entropy-coded bytes and the pixels, so the set stands
 none can be had: no download, no scikit-image (a GPU machine may have neither), and the same pixels on every
 machine, image ``i`` drawn from its own seed whatever ``-j``.
 
-Its last line, and ``-o``'s JSON: the count, the size, the mean bytes per file and the seconds it took.
+Its last line, and ``-o``'s JSON: the count, the size, the mean bytes per file, the seconds it took and what one
+image cost one process (its wall milliseconds), and the BLAS threads each encoding process had (one: see
+:data:`ONE_THREAD`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import io
 import json
+import multiprocessing
+import os
 import sys
 import time
-from multiprocessing import Pool
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,16 +80,52 @@ def image_path(root: Path, index: int, classes: int) -> Path:
     return root / "train" / f"class_{index % classes}" / f"img_{index:06d}.jpg"
 
 
-def write_set(root: Path, images: int, classes: int, workers: int) -> int:
-    """Write the set into root/train; the bytes written."""
+# The variables that size the BLAS and OpenMP thread pools numpy may start, read once when numpy loads.  Each
+# encoding process runs on one core of its own, so each gets one thread: with the machine's count in every
+# process (numpy's default), the colour mixing's matrix product oversubscribes the cores and the set takes about
+# twice as long (2 cores, 2 processes: 11-19 s against 25-26 s for 150 images, under load).
+ONE_THREAD = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+@contextlib.contextmanager
+def one_thread_each(workers: int):
+    """A pool of ``workers`` fresh processes (spawned, so each loads numpy anew) with one BLAS thread each; this
+    process's own environment is as it was once they have started."""
+    before = {name: os.environ.get(name) for name in ONE_THREAD}
+    os.environ.update({name: "1" for name in ONE_THREAD})
+    try:
+        pool = multiprocessing.get_context("spawn").Pool(workers)  # every process starts here, with the variables
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    with pool:
+        yield pool
+
+
+def blas_threads() -> int | None:
+    """The threads of this process's BLAS pools (their largest), where threadpoolctl can tell; else None."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return None
+    return max((pool["num_threads"] for pool in threadpool_info()), default=None)
+
+
+def write_set(root: Path, images: int, classes: int, workers: int) -> tuple[int, int | None]:
+    """Write the set into root/train; the bytes written, and the BLAS threads of an encoding process (None where
+    that cannot be told)."""
     for label in range(classes):
         (root / "train" / f"class_{label}").mkdir(parents=True, exist_ok=True)
     total = 0
-    with Pool(workers) as pool:  # numpy and Pillow only: nothing here holds threads a fork would copy
+    with one_thread_each(workers) as pool:
+        threads = pool.apply(blas_threads)
         for index, data in enumerate(pool.imap(encode, range(images), chunksize=16)):
             image_path(root, index, classes).write_bytes(data)
             total += len(data)
-    return total
+    return total, threads
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,10 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise UserError(f"{root} is not an empty folder: the set is written into a new one")
     start = time.monotonic()
-    total = write_set(root, opts.images, opts.classes, opts.workers)
+    total, threads = write_set(root, opts.images, opts.classes, opts.workers)
+    seconds = time.monotonic() - start
     summary = {"images": opts.images, "classes": opts.classes, "width": SIZE[0], "height": SIZE[1],
                "quality": QUALITY, "alpha": ALPHA, "mean_bytes": round(total / opts.images),
-               "seconds": round(time.monotonic() - start, 1)}
+               "seconds": round(seconds, 1), "workers": opts.workers, "blas_threads_per_worker": threads,
+               "ms_per_image_per_worker": round(1000 * seconds * opts.workers / opts.images, 1)}
     if opts.output:
         from benchmarks.common import write_json  # imports torch: only where a JSON is asked for
 

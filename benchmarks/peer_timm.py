@@ -185,7 +185,7 @@ def run_side(side: str, opts: argparse.Namespace, seed: int, num_classes: int) -
 
 def write_photo_set(root: Path) -> None:
     """The photo set into ``root`` (train/ and val/, cut with different seeds) where it has no train/."""
-    from scripts.benchmark_loader import make_photo_set
+    from benchmarks.benchmark_loader import make_photo_set  # deferred: scikit-image's photos, only where written
 
     if (root / "train").is_dir():
         return

@@ -48,7 +48,7 @@ def _speedup(step: dict | None, base: dict | None) -> str:
 
 def _launch_table(report: dict) -> list[str]:
     launched = {(s["arch"], s["precision"]): s for s in report["steps"]
-                if s.get("kind") == "launch" and s["section"] != "decode"}
+                if s.get("kind") == "launch" and s["section"] != "decode" and not s.get("memory_format")}
     if not launched:
         return []
     base = _precision_title("TF32", report["device"])
@@ -67,6 +67,26 @@ def _launch_table(report: dict) -> list[str]:
         lines.append(f"| {arch} | 1 | {_cell(full)} | {_cell(amp)} | {_speedup(amp, full)} | {_cell(bf16)} | "
                      f"{_speedup(bf16, full)} |")
     return lines + [""]
+
+
+def _layout_table(report: dict) -> list[str]:
+    """An architecture's launch.py run at its preset's memory format beside the same command with another
+    (``--memory-format auto`` picks one per device and precision: docs/performance.md says which, and why)."""
+    others = [s for s in report["steps"] if s.get("kind") == "launch" and s.get("memory_format")]
+    lines = []
+    for other in others:
+        preset = next((s for s in report["steps"] if s.get("kind") == "launch" and s["section"] == other["section"]
+                       and (s["arch"], s["precision"]) == (other["arch"], other["precision"])
+                       and not s.get("memory_format")), None)
+        layout = (preset["result"].get("memory_format") if _figure(preset) else None) or "the preset's"
+        if not lines:
+            lines = ["The same launch.py command in another memory format (`--memory-format`):", "",
+                     "| Arch | precision | memory format | Throughput | over the preset's |", "|---|---|---|---:|---:|"]
+        title = _precision_title(other["precision"], report["device"])
+        lines.append(f"| {other['arch']} | {title} | {layout} (preset) | {_cell(preset)} | |")
+        lines.append(f"| {other['arch']} | {title} | {other['memory_format']} | {_cell(other)} | "
+                     f"{_speedup(other, preset)} |")
+    return lines + [""] if lines else []
 
 
 def _against_plain_table(report: dict) -> list[str]:
@@ -107,7 +127,7 @@ def training_markdown(report: dict) -> list[str]:
     trained = [s for s in report["steps"] if s["section"] in ("amp", "train")]
     if not trained:
         return []
-    lines = ["## Training throughput", ""] + _launch_table(report) + _against_plain_table(report)
+    lines = ["## Training throughput", ""] + _launch_table(report) + _layout_table(report) + _against_plain_table(report)
     if report.get("compile_missing"):
         lines += [f"`--compile` was not measured: {report['compile_missing']}.", ""]
     lines += ["Commands (in the repository):", ""]
@@ -179,6 +199,41 @@ def _loader_lines(step: dict) -> list[str]:
     for name, base in result["beside"].items():
         verdict = base["verdict"] or f"{base['speedup']:.2f}x ({base['spread']})"
         lines.append(f"| {name} | {_rate(base['images_per_s'])} | {base['cpu_ms']:.2f} | {_md(verdict)} |")
+    if result.get("cpu_decoded") is not None:
+        lines += ["", f"{result.get('backend', 'The backend')} decoded {result['cpu_decoded']:,} JPEGs on the CPU, "
+                  "over all epochs (those the device's decoder refused)."]
+    return lines
+
+
+def _probe_lines(result: dict) -> list[str]:
+    """The decoder probe's table: each library's grey levels on each probe JPEG, and the verdict."""
+    lines = [f"Each probe JPEG decoded on {result['device']} against {result['cpu_decoder']} on the CPU; a decoder "
+             f"is taken within {result['bound_levels']:g} grey levels on average.", "",
+             "| library | probe | mean grey levels | largest |", "|---|---|---:|---:|"]
+    for library, found in result["libraries"].items():
+        if "error" in found:
+            lines.append(f"| {library} | - | {_md(found['error'])} | |")
+            continue
+        for entry in found["probes"]:
+            if entry["mean_levels"] is None:
+                lines.append(f"| {library} {found['version']} | {entry['probe']} | shape {entry['shape']} "
+                             f"(expected {entry['expected']}) | |")
+            else:
+                lines.append(f"| {library} {found['version']} | {entry['probe']} | {entry['mean_levels']:.3f} | "
+                             f"{entry['max_levels']} |")
+    verdict = f"taken: {result['taken']}" if result["taken"] else f"refused: {_md(result['problem'] or '')}"
+    return lines + ["", f"**{verdict}**"]
+
+
+def probe_markdown(report: dict) -> list[str]:
+    """The decoder probe first: what the device's JPEG decoder makes of pytorch-gpu's probe JPEGs, and whether the
+    backend takes it (a refusal costs the decode section's steps that need it, each saying why)."""
+    lines = []
+    for step in (s for s in report["steps"] if s["kind"] == "probe"):
+        lines += ["## The device's JPEG decoder", "", f"`{step['command']}`: **{step['status']}**"
+                  + (f" ({_md(step['error'])})" if step.get("error") else ""), ""]
+        if step.get("result"):
+            lines += [*_probe_lines(step["result"]), ""]
     return lines
 
 
@@ -192,7 +247,7 @@ def decode_ratio(report: dict) -> float | None:
 def decode_markdown(report: dict) -> list[str]:
     """The JPEG set, the loader alone (pytorch-gpu beside pytorch) and training from JPEGs against synthetic
     data, with JPEG over synthetic; what stood in for pytorch-gpu where the device has none."""
-    steps = [s for s in report["steps"] if s["section"] == "decode"]
+    steps = [s for s in report["steps"] if s["section"] == "decode" and s["kind"] != "probe"]
     if not steps:
         return []
     lines = ["## GPU decoding", ""]
@@ -218,10 +273,11 @@ def decode_markdown(report: dict) -> list[str]:
         precision = AMP_TITLES.get(dtypes.pop(), "AMP") if len(dtypes) == 1 else "AMP"
         lines += [f"{runs[0]['arch']} training at {precision}, the same launch.py command on the JPEGs and on "
                   "synthetic data: `train.total_ips`, warm-up left out.", "",
-                  "| data | backend | Throughput |", "|---|---|---:|"]
+                  "| data | backend | Throughput | JPEGs decoded on the CPU |", "|---|---|---:|---:|"]
         for step in runs:
             backend = (step["result"].get("data_backend") or "-") if step["status"] == "ok" else "-"
-            lines.append(f"| {step['data']} | {backend} | {_cell(step)} |")
+            decoded = step["result"].get("cpu_decoded") if step["status"] == "ok" else None
+            lines.append(f"| {step['data']} | {backend} | {_cell(step)} | {'-' if decoded is None else f'{decoded:,}'} |")
         ratio = decode_ratio(report)
         lines += ["", f"**JPEG / synthetic: {ratio:.2f}** (the goal: 0.90 or more)." if ratio is not None else
                   "JPEG / synthetic: not measured (one of the two runs has no figure).", ""]
@@ -245,7 +301,8 @@ def markdown(report: dict) -> str:
     if not report.get("finished", True):
         lines.append("* **The run had not finished** when this was written: the steps marked pending had not run.")
     lines.append("")
-    lines += training_markdown(report) + tests_markdown(report) + inference_markdown(report) + decode_markdown(report)
+    lines += probe_markdown(report) + training_markdown(report) + tests_markdown(report) + inference_markdown(report)
+    lines += decode_markdown(report)
     lines += ["## Steps", "", "| section | step | status | seconds | estimate | error |",
               "|---|---|---|---:|---:|---|"]
     for step in report["steps"]:

@@ -42,6 +42,10 @@ from torch import nn  # noqa: E402
 
 from benchmarks.common import (command_line, compiler_missing, environment, largest_fitting,  # noqa: E402
                                ratio_spread, ratio_text, summarise, verdict, write_json)
+from image_classification.arguments.data import DataConfig  # noqa: E402
+from image_classification.arguments.model import ModelConfig  # noqa: E402
+from image_classification.arguments.optimisation import OptimConfig  # noqa: E402
+from image_classification.arguments.run import RunSettings  # noqa: E402
 from image_classification.errors import UserError  # noqa: E402
 from image_classification.models import build_model, list_models  # noqa: E402
 from image_classification.models.preprocessing import Preprocessing  # noqa: E402
@@ -88,10 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def make_engine(args: argparse.Namespace, runtime: Runtime, model: nn.Module, compile: bool = False) -> Engine:
-    config = RunConfig(arch=args.arch, num_classes=args.num_classes, model_options=(),
-                       preprocessing=Preprocessing(args.image_size), lr=LR, momentum=MOMENTUM,
-                       weight_decay=WEIGHT_DECAY, batch_size=args.batch_size, label_smoothing=args.label_smoothing,
-                       print_freq=10**9, compile=compile)
+    config = RunConfig(ModelConfig(arch=args.arch, num_classes=args.num_classes, compile=compile),
+                       OptimConfig(lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY,
+                                   label_smoothing=args.label_smoothing),
+                       DataConfig(batch_size=args.batch_size, preprocessing=Preprocessing(args.image_size)),
+                       run=RunSettings(print_freq=10**9))
     engine = Engine(config, runtime, model, log=lambda *_: None)
     engine.set_lr(0)
     return engine

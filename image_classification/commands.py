@@ -1,7 +1,7 @@
 """The entry points of the repository's scripts and of the installed package's console commands
 (``[project.scripts]`` in pyproject.toml): ``ic-train`` = main.py, ``ic-launch`` = launch.py,
-``ic-classify`` = classify.py, ``ic-multiproc`` = multiproc.py, ``ic-checkpoint2model`` =
-checkpoint2model.py, ``ic-model2onnx`` = model2onnx.py, ``ic-pack`` = ``python -m
+``ic-quant-train`` = quant_main.py, ``ic-classify`` = classify.py, ``ic-multiproc`` = multiproc.py,
+``ic-checkpoint2model`` = checkpoint2model.py, ``ic-model2onnx`` = model2onnx.py, ``ic-pack`` = ``python -m
 image_classification.data.pack``.
 
 Each parses its command line before it imports the module that does the work: the parsers import no
@@ -31,19 +31,32 @@ def _parse_then_run(parse: Callable[[], argparse.Namespace], module: str, functi
     return run(job)
 
 
-def train(prog: str = "ic-train") -> int:
-    """main.py: train, evaluate or benchmark (``prog``: the name in usage lines and messages); what it refuses
-    without torch (the dataset, the workspace) it refuses before it imports the training code."""
+def train(prog: str = "ic-train", defaults: dict | None = None) -> int:
+    """main.py: train, evaluate or benchmark (``prog``: the name in usage lines and messages; ``defaults``: values
+    under the typed flags, quant_main.py's); what it refuses without torch (the dataset, the workspace) it refuses
+    before it imports the training code."""
     catch_early()  # as main.py: a SIGTERM during the imports stops the run cleanly (exit 75)
 
-    def parse() -> argparse.Namespace:
-        args = parse_args(prog=prog)
-        from .train.startup import check_before_torch  # deferred: numpy and PIL (the dataset check), past -h
+    def job() -> int | None:
+        args = parse_args(prog=prog, defaults=defaults)
+        from .train.startup import launched, preflight  # deferred: numpy and PIL (the dataset check), past -h
 
-        check_before_torch(args)
-        return args
+        classes = None if launched() else preflight(args)  # a launched process checks once its rank is known
+        from .training import train as run_training  # deferred: torch
 
-    return _parse_then_run(parse, "training", "train")
+        return run_training(args, classes=classes)
+
+    return run(job)
+
+
+# quant_main.py's values under the typed flags: the reference's default, efficientnet-quant-b0
+QUANT_DEFAULTS = {"quantize_aware": True, "arch": "efficientnet-b0"}
+
+
+def quant_train(prog: str = "ic-quant-train") -> int:
+    """quant_main.py: main.py with quantization-aware training (``--quantize-aware`` set; by default
+    ``--arch efficientnet-b0``, the reference's ``efficientnet-quant-b0``)."""
+    return train(prog=prog, defaults=QUANT_DEFAULTS)
 
 
 def launch(prog: str = "ic-launch") -> int:

@@ -143,9 +143,10 @@ def check_before_starting(ns: argparse.Namespace) -> None:
     args = training_arguments(ns.training_script, ns.training_script_args)
     if args is None:
         return
-    from .train.startup import check_before_start  # deferred: torch, once the command line is checked
+    from .train.startup import preflight  # deferred: numpy and PIL, once the command line is checked
 
-    check_before_start(args, workspace=ns.nnodes == 1 or (ns.rdzv_backend == "static" and ns.node_rank == 0))
+    on_rank_0s_node = ns.nnodes == 1 or (ns.rdzv_backend == "static" and ns.node_rank == 0)
+    preflight(args, workspace=on_rank_0s_node, earlier_run=on_rank_0s_node)
 
 
 def torchrun_argv(ns: argparse.Namespace) -> list[str]:

@@ -18,6 +18,12 @@ from typing import NoReturn
 import torch.distributed as dist
 
 from .arguments import parse_args
+from .arguments.data import DataConfig
+from .arguments.model import ModelConfig
+from .arguments.optimisation import OptimConfig
+from .arguments.precision import PrecisionConfig
+from .arguments.run import RunSettings
+from .arguments.values import from_args
 from .data import get_loaders
 from .data.layout import data_change_notice
 from .deploy.inference import calibrate
@@ -25,6 +31,7 @@ from .deploy.aoti import compiled_for_this_run
 from .deploy.onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
 from .errors import EXIT_PREEMPTED, PeerLost, UserError
 from .models.archs import cpu_trains_faster_channels_last
+from .models.quantized import CALIBRATION_BATCHES, calibrate as calibrate_ranges, is_calibrated, is_quantized
 from .records.checkpoint import load_checkpoint
 from .records.datafile import open_own
 from .records.raport import Raport, shown_epoch_offset
@@ -35,10 +42,11 @@ from .system.host_memory import keep_freed_memory
 from .system.runtime import Runtime, make_runtime, out_of_memory_reason
 from .system.signals import StopSignal, Stopped
 from .train.engine import Engine
-from .train.loop import Loop, RunControl, ValResult
+from .train.loop import Loop, RunControl, iter_from
+from .train.validation import ValResult
 from .train.metrics import register_metrics
 from .train.plan import RunConfig, resolve_run
-from .train.startup import check_workspace, workspace_notice, workspace_of
+from .train.startup import preflight, workspace_notice, workspace_of
 
 
 # ------------------------------------------------------------------------------------------------
@@ -49,23 +57,26 @@ def main(argv: list[str] | None = None, defaults: dict | None = None, *, prog: s
     return train(parse_args(argv, defaults, prog=prog))
 
 
-def train(args: argparse.Namespace) -> int:
-    """Run the job that parsed (and checked) arguments describe; returns the exit code."""
+def train(args: argparse.Namespace, classes: list[str] | None = None) -> int:
+    """Run the job that parsed (and checked) arguments describe; returns the exit code.  ``classes``: the dataset's
+    class folders where :func:`~image_classification.train.startup.preflight` has checked it and the workspace
+    (None: the run checks them itself)."""
     with StopSignal() as signals:
-        return _train(args, signals)
+        return _train(args, signals, classes)
 
 
-def _train(args: argparse.Namespace, signals: StopSignal) -> int:
-    runtime = make_runtime(args.device, args.amp, args.amp_dtype, args.memory_format, args.tf32,
-                           gpu_affinity=args.gpu_affinity, dist_timeout=args.dist_timeout,
-                           cpu_channels_last=cpu_trains_faster_channels_last(args.arch))
+def _train(args: argparse.Namespace, signals: StopSignal, classes: list[str] | None) -> int:
+    precision = from_args(PrecisionConfig, args)  # the runtime's, before the plan (which needs the runtime) reads the rest
+    runtime = make_runtime(precision.device, precision.amp, precision.amp_dtype, precision.memory_format,
+                           precision.tf32, gpu_affinity=precision.gpu_affinity, dist_timeout=precision.dist_timeout,
+                           cpu_channels_last=cpu_trains_faster_channels_last(from_args(ModelConfig, args).arch))
     if not runtime.is_cuda:
         keep_freed_memory()  # each step's activations stay in the heap, not faulted in afresh
     log = runtime.print
     log(workspace_notice(args))
     workspace = workspace_of(args)
     try:
-        code = _run(args, runtime, workspace, signals, log)
+        code = _run(args, runtime, workspace, signals, log, classes)
         if runtime.distributed and dist.is_initialized():
             with runtime.waiting_for_peers("finishing the run"):
                 dist.barrier()  # every rank is done with every collective once past it
@@ -75,7 +86,7 @@ def _train(args: argparse.Namespace, signals: StopSignal) -> int:
         memory = out_of_memory_reason(error)
         if memory is not None:
             full = UserError(f"out of memory on {runtime.device} ({memory}); lower -b/--batch-size (now "
-                             f"{args.batch_size}), the image size or --num-classes")
+                             f"{from_args(DataConfig, args).batch_size}), the image size or --num-classes")
             if runtime.distributed:
                 _leave_distributed(workspace, report(full))
             raise full from None
@@ -111,24 +122,27 @@ def _leave_distributed(workspace: Workspace, code: int) -> NoReturn:
     os._exit(code)
 
 
-def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signals: StopSignal, log) -> int:
-    saving = args.save_checkpoints and not args.evaluate
-    if runtime.is_main:
-        check_workspace(args, workspace)
+def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signals: StopSignal, log,
+         classes: list[str] | None) -> int:
+    settings = from_args(RunSettings, args)
     # Every check of the set-up (flags, dataset, weights, the checkpoint against the flags) comes before the
     # workspace is created and locked: a run refused for any of them leaves nothing behind.
-    plan = resolve_run(args, runtime, workspace, log)
+    if classes is None:
+        classes = preflight(args, workspace=runtime.is_main)
+    plan = resolve_run(args, runtime, workspace, classes, log)
     if plan is None:
-        if saving and runtime.is_main:
-            _finish_last_save(args, workspace, log)
+        if settings.saves and runtime.is_main:
+            _finish_last_save(from_args(OptimConfig, args).epochs, settings.gather_checkpoints, workspace, log)
         return 0
     config = plan.config
-    train_loader, val_loader = get_loaders(plan.data, runtime, plan.classes, want_train=not config.evaluate,
-                                           want_val=not args.training_only)
+    train_loader, val_loader = get_loaders(plan.data, runtime, plan.classes, want_train=not config.run.evaluate,
+                                           want_val=not config.run.training_only)
     raport: Raport | None = None  # opened below; the engine asks it where it stands only when it saves
     dataset = train_loader.fingerprint() if train_loader is not None else {}
     if dataset:  # how its JPEGs were decoded: a resume at another scale sees other pixels
         dataset["decode_scale"] = plan.data.decode_scale
+    if is_quantized(plan.model) and not is_calibrated(plan.model) and not config.run.evaluate:
+        calibrate_quantizers(plan.model, train_loader, runtime, log)  # before the EMA copies the model
     engine = Engine(config, runtime, plan.model, classes=plan.classes, raport_position=lambda: raport.position(),
                     dataset=dataset, log=log)
     if plan.resumed is not None:
@@ -136,32 +150,32 @@ def _run(args: argparse.Namespace, runtime: Runtime, workspace: Workspace, signa
         changed = data_change_notice(plan.resumed.get("dataset"), dataset, engine.progress.batch)
         if changed:
             log(changed)
-    evaluated = deployed_models(config, runtime, engine, log) if config.runtime != "torch" else None
+    evaluated = deployed_models(config, runtime, engine, log) if config.deploy.runtime != "torch" else None
     if runtime.is_main:
-        _take_workspace(workspace, saving, config.evaluate, log)
+        _take_workspace(workspace, config.run.saves, config.run.evaluate, log)
     raport = open_raport(config, runtime, plan.resumed, workspace)
     raport.parameters({**plan.parameters, "raport_file": workspace.raport_file})
-    raport.parameters({f"model.{k}": v for k, v in config.model_options})
+    raport.parameters({f"model.{k}": v for k, v in config.model.options().items()})
     if evaluated is not None:
-        family = "onnx" if config.runtime == "onnxruntime" else config.runtime
+        family = "onnx" if config.deploy.runtime == "onnxruntime" else config.deploy.runtime
         raport.parameters({f"{family}.{prefix}": model.description for prefix, model in evaluated.items()})
-    prefixes = [] if args.training_only else ["val"] + (["val_ema"] if engine.ema else [])
+    prefixes = [] if config.run.training_only else ["val"] + (["val_ema"] if engine.ema else [])
     counted = tuple((train_loader or val_loader).pass_counts())
-    register_metrics(raport, prefixes, config.topk, training=not config.evaluate, warmup=config.benchmark_warmup,
-                     pass_counts=counted, tta=config.val_tta is not None)
-    if config.benchmark_warmup:
-        log(f"=> throughput and latency leave out the first {config.benchmark_warmup} iterations of training and of "
+    register_metrics(raport, prefixes, config.run.topk, training=not config.run.evaluate, warmup=config.run.benchmark_warmup,
+                     pass_counts=counted, tta=config.data.val_tta is not None)
+    if config.run.benchmark_warmup:
+        log(f"=> throughput and latency leave out the first {config.run.benchmark_warmup} iterations of training and of "
             "each validation (warm-up); *.wall_ips keeps the figure of every iteration")
     show_progress = runtime.is_main and sys.stdout.isatty()
     if show_progress:
         from tqdm import tqdm
 
         raport.echo = tqdm.write
-    control = RunControl(runtime, signals, config.checkpoint_interval, engine.progress.iterations)
+    control = RunControl(runtime, signals, config.run.interval, engine.progress.iterations)
     loop = Loop(engine, raport, workspace, control, prefixes=prefixes, show_progress=show_progress, log=log,
                 evaluated=evaluated)
     try:
-        if config.evaluate:
+        if config.run.evaluate:
             code = loop.evaluate(val_loader)
         else:
             code = loop.fit(train_loader, val_loader)
@@ -196,6 +210,20 @@ def top1_summary(last: tuple[int, ValResult] | None, best: float, best_epoch: in
     return text + tta  # --val-tta's figure of the same validation, apart from the plain one
 
 
+def calibrate_quantizers(model, loader, runtime: Runtime, log) -> None:
+    """A fresh quantization-aware model's activation ranges, from its inputs over the first
+    :data:`CALIBRATION_BATCHES` training batches (as the reference calibrates), said in one line."""
+    def batches():
+        for index, (images, _targets) in enumerate(iter_from(loader, 0, 0)):
+            if index == CALIBRATION_BATCHES:
+                return
+            yield images
+
+    with runtime.autocast():
+        used = calibrate_ranges(model, batches())
+    log(f"=> quantization-aware training: activation ranges calibrated on {used} training batches")
+
+
 def deployed_models(config: RunConfig, runtime: Runtime, engine: Engine, log) -> dict:
     """What ``--evaluate --runtime onnxruntime|aoti`` validates: the engine's model (and EMA) exported through the
     ONNX cache, int8 where asked, run by ONNX Runtime on the run's device; or compiled into an AOTInductor
@@ -203,27 +231,27 @@ def deployed_models(config: RunConfig, runtime: Runtime, engine: Engine, log) ->
     nothing written."""
     modules = {"val": engine.base_model, "val_ema": engine.ema.module if engine.ema else None}
     modules = {prefix: module for prefix, module in modules.items() if module is not None}
-    size = config.preprocessing.image_size
-    if config.runtime == "aoti":
+    size = config.data.preprocessing.image_size
+    if config.deploy.runtime == "aoti":
         return {prefix: compiled_for_this_run(module, size, runtime.device, log) for prefix, module in modules.items()}
     require_onnxruntime("--runtime onnxruntime")
     device = onnx_device(runtime.device.type)
-    quantization = calibrate(config.int8, config.preprocessing, log) if config.int8 is not None else None
+    quantization = calibrate(config.int8, config.data.preprocessing, log) if config.int8 is not None else None
     return {prefix: OnnxModel(module, size, log, quantization, device) for prefix, module in modules.items()}
 
 
-def _finish_last_save(args: argparse.Namespace, workspace: Workspace, log) -> None:
+def _finish_last_save(epochs: int, gather_checkpoints: int, workspace: Workspace, log) -> None:
     """A finished run (``--resume auto``: nothing to do) whose last save ended after the latest checkpoint (a kill,
     a full disk) gets the copies it owes, the best model among them, as a resumed run would."""
     try:
         latest = load_checkpoint(workspace.latest)
     except UserError:
         return  # none, or damaged: another checkpoint ended the run
-    if not (latest.get("stopped_early") or int(latest["epoch"]) >= args.epochs):
+    if not (latest.get("stopped_early") or int(latest["epoch"]) >= epochs):
         return  # behind the checkpoint that ended the run: its copies are not this run's last
-    if workspace.owed_copies(latest, args.gather_checkpoints != 0):
+    if workspace.owed_copies(latest, gather_checkpoints != 0):
         _take_workspace(workspace, True, False, log)
-        workspace.write_owed_copies(workspace.latest, latest, args.gather_checkpoints, log)
+        workspace.write_owed_copies(workspace.latest, latest, gather_checkpoints, log)
 
 
 def _take_workspace(workspace: Workspace, saving: bool, evaluate: bool, log) -> None:
@@ -252,20 +280,20 @@ def open_raport(config: RunConfig, runtime: Runtime, resumed: dict | None, works
     never cut: the resumed run appends after a separator record that names the checkpoint.  An evaluation
     writes the file of its own that :func:`_take_workspace` claimed."""
     offset, separator = None, None
-    if resumed is not None and not config.evaluate:
+    if resumed is not None and not config.run.evaluate:
         position = resumed.get("raport") or {}
         end = workspace.raport.stat().st_size if workspace.raport.is_file() else 0
-        ours = position.get("file") == Path(config.raport_file).name and int(position.get("offset", -1)) >= 0 \
+        ours = position.get("file") == Path(config.run.raport_name).name and int(position.get("offset", -1)) >= 0 \
             and int(position["offset"]) <= end and _written_by(workspace.raport, position.get("run"))
         offset = int(position["offset"]) if ours else end
         if not ours and end:
-            separator = {"resumed_from": str(config.resumed_from), "run_id": config.run_id,
+            separator = {"resumed_from": str(config.run.resumed_from), "run_id": config.run.run_id,
                          "note": "this raport was written by another run; the records below continue the "
                                  "checkpoint's run"}
     purge = int(resumed.get("iterations", 0)) + 1 if resumed is not None else None  # what a killed run logged after
-    raport = Raport(workspace.raport, enabled=runtime.is_main, resume_offset=offset, tensorboard=config.tensorboard,
-                    tensorboard_purge_step=purge, run_id=config.run_id,
-                    epoch_offset=shown_epoch_offset(config.evaluate))
+    raport = Raport(workspace.raport, enabled=runtime.is_main, resume_offset=offset, tensorboard=config.run.tensorboard,
+                    tensorboard_purge_step=purge, run_id=config.run.run_id,
+                    epoch_offset=shown_epoch_offset(config.run.evaluate))
     if separator is not None:
         raport.parameters(separator)
     return raport
@@ -288,9 +316,9 @@ def _print_summary(config: RunConfig, runtime: Runtime, engine: Engine, loop: Lo
                    train_loader, val_loader) -> None:
     if not runtime.is_main:
         return
-    best_file = workspace.best.name if config.save_checkpoints else None
+    best_file = workspace.best.name if config.run.saves else None
     line = top1_summary(loop.last_validation, engine.progress.best_prec1, engine.progress.best_epoch,
-                        evaluation=config.evaluate, best_file=best_file)
+                        evaluation=config.run.evaluate, best_file=best_file)
     if line:
         print(line, flush=True)
     if engine.progress.skipped_steps:
@@ -298,6 +326,6 @@ def _print_summary(config: RunConfig, runtime: Runtime, engine: Engine, loop: Lo
     skipped = sum(loader.skipped for loader in (train_loader, val_loader) if loader is not None)
     if skipped:
         print(f"skipped unreadable images: {skipped}", flush=True)
-    if config.save_checkpoints:
+    if config.run.saves:
         print(f"checkpoint: {workspace.latest}", flush=True)
     print(f"raport: {workspace.raport}", flush=True)

@@ -66,9 +66,9 @@ def val_batches(config: DataConfig, runtime: Runtime):
 def differences(root: Path, image_size: int, backend: str, runtime: Runtime, decode_scale: str) -> torch.Tensor:
     """Mean absolute difference of each image's validation crop between ``backend`` and pytorch (decoding at
     ``decode_scale``), in levels."""
-    config = DataConfig(data=str(root), backend=backend, image_size=image_size, batch_size=4, workers=1, seed=1)
+    config = DataConfig(data=str(root), data_backend=backend, image_size=image_size, batch_size=4, workers=1, seed=1)
     theirs = val_batches(config, runtime)
-    ours = val_batches(dataclasses.replace(config, backend="pytorch", decode_scale=decode_scale), runtime)
+    ours = val_batches(dataclasses.replace(config, data_backend="pytorch", decode_scale=decode_scale), runtime)
     std = torch.tensor(STD_255).view(1, 3, 1, 1)
     return torch.cat([((a.cpu() - b.cpu()).abs() * std).mean(dim=(1, 2, 3))
                       for (a, _), (b, _) in zip(theirs, ours, strict=True)])
@@ -81,10 +81,8 @@ def predictions(checkpoint: str, data: str, backend: str, runtime: Runtime, batc
 
     loaded = load_model(None, checkpoint, log=lambda line: None)
     preprocessing = loaded.resolve_preprocessing(None, log=lambda line: None)
-    config = DataConfig(data=data, backend=backend, image_size=preprocessing.image_size, batch_size=batch_size,
-                        workers=workers, interpolation=preprocessing.interpolation,
-                        crop_ratio=preprocessing.crop_ratio, mean=preprocessing.mean, std=preprocessing.std,
-                        num_classes=loaded.num_classes)
+    config = DataConfig(data=data, data_backend=backend, batch_size=batch_size, workers=workers,
+                        preprocessing=preprocessing, num_classes=loaded.num_classes)
     model = loaded.model.to(runtime.device)
     predicted, labels = [], []
     with torch.inference_mode():

@@ -1,13 +1,13 @@
-"""A GPU machine's report in one command: training throughput, the GPU tests, inference and GPU decoding.
+"""A GPU machine's report in one command: the GPU tests, training throughput, inference and GPU decoding.
 
-    PYTHONPATH=. python scripts/gpu_report.py --out DIR                   # one H100: steps within 8 minutes
-    PYTHONPATH=. python scripts/gpu_report.py --out DIR --sections train  # the rest, in a second call
-    python scripts/gpu_report.py --out DIR --smoke                        # the same steps tiny, on a CPU too
+    python3 scripts/gpu_report.py --out DIR                    # the first call on a GPU: steps within 520 s
+    python3 scripts/gpu_report.py --out DIR2 --sections train  # the rest, in a second call if time is left
+    python3 scripts/gpu_report.py --out DIR --smoke            # the same steps tiny, on a CPU too
 
 DIR receives three files and nothing else: ``report.md`` (NVIDIA's table layouts, the GPU, driver, torch
 and CUDA versions, each figure's command), ``report.json`` (every step's command, status, time and figures)
-and ``logs.tar.gz`` (every step's log, launch.py's raports, the benchmarks' JSON and pytest's JUnit XML).
-The steps work in a scratch folder, removed at the end; the archive holds all of it but the JPEG data set.
+and ``logs.tar.gz`` (every step's log, launch.py's raports, the benchmarks' JSON and the tests' outcomes).
+The steps work in a scratch folder, removed at the end; the archive holds all of it but the JPEG set.
 All three files are written at the start and again after every step, each replaced whole, so a run that
 is killed leaves them with what it measured (the steps it had not reached marked pending); SIGTERM or
 Ctrl-C end the step under way and record the rest as not run.
@@ -15,17 +15,21 @@ Ctrl-C end the step under way and record the rest as not run.
 The sections, in the order they run, what is worth most first (``--sections``; the default runs the first
 four, the fifth fits a second call):
 
+* ``tests``: ``pytest -m gpu`` over the test modules that hold a ``gpu`` test (found by reading them), on
+  several workers, each test within a time limit where pytest-timeout is installed; each test's outcome is
+  written as it ends (``tests/outcomes.py``), so a step that is killed keeps every outcome it reached;
 * ``amp``: the AMP training figure of resnet50, resnext101-32x4d and se-resnext101-32x4d, ``launch.py
   --mode benchmark_training_short --platform DGXH100``, the command users type (its throughput leaves out
-  20 warm-up iterations);
-* ``tests``: ``pytest -m gpu`` over the test modules that hold a ``gpu`` test (found by reading them), on
-  several workers; the outcome of each test from pytest's JUnit XML (without CUDA they skip, saying why);
+  20 warm-up iterations), and resnet50's in NCHW beside its preset's channels-last;
 * ``infer``: ``benchmarks/infer_throughput.py`` for resnet50 at batch 1 to 256: torchvision eager (the
   baseline), channels-last TF32, fp16 and bf16, with latency percentiles;
-* ``decode``: JPEGs decoded on the GPU.  A JPEG set written for the run (``benchmarks/jpeg_set.py``: no
-  download, no scikit-image), the loader alone (``benchmarks/benchmark_loader.py --data-backend pytorch-gpu
-  --beside pytorch``, epochs alternating), and resnet50's AMP training from those JPEGs with pytorch-gpu
-  against the same command on synthetic data: the report gives JPEG over synthetic;
+* ``decode``: JPEGs decoded on the GPU.  First the probe that decides whether ``pytorch-gpu`` takes the
+  device's decoder (``benchmarks/decoder_probe.py``: each probe JPEG's grey levels against the CPU's), then
+  a JPEG set written for the run (``benchmarks/jpeg_set.py``: no download, no scikit-image), the loader alone
+  (``benchmarks/benchmark_loader.py --data-backend pytorch-gpu --beside pytorch``, epochs alternating), and
+  resnet50's AMP training from those JPEGs with pytorch-gpu against the same command on synthetic data: the
+  report gives JPEG over synthetic and the JPEGs decoded on the CPU.  A refused decoder costs only the steps
+  that need it, each saying why;
 * ``train``: launch.py at TF32 for the three models and at bf16 for resnet50 (40 iterations, 20 of them
   warm-up), ``benchmarks/train_throughput.py`` at AMP (the package's training step, channels-last, against
   the plain loop a user writes, at the largest batch up to 256 that fits), and resnet50's with ``--compile``.
@@ -49,6 +53,7 @@ from __future__ import annotations
 import argparse
 import ast
 import datetime
+import importlib.util
 import io
 import json
 import os
@@ -61,7 +66,6 @@ import sys
 import tarfile
 import tempfile
 import time
-import xml.etree.ElementTree as ElementTree
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -82,6 +86,9 @@ from image_classification.system.cli import UserErrorParser, positive_float, run
 
 LOADER_SCRIPT = "benchmarks/benchmark_loader.py"  # the loader benchmark, relative to the repository
 JPEG_SET_SCRIPT = "benchmarks/jpeg_set.py"
+PROBE_SCRIPT = "benchmarks/decoder_probe.py"
+PROBE_STEP = "decoder probe"  # what the steps that need pytorch-gpu's device decoder wait for
+OUTCOMES_ENV = "IC_TEST_OUTCOMES"  # tests/outcomes.py writes each test's outcome to this file as it ends
 REPORT_FILES = ("report.md", "report.json", "logs.tar.gz")  # all that --out receives
 DATA_FOLDER = "data"  # the JPEG set, in the scratch folder: left out of the archive
 ARCHIVE_MEMBER_LIMIT = 4 << 20  # a longer file is archived as its last 4 MiB: the archive must stay small
@@ -89,12 +96,13 @@ ARCHIVE_MEMBER_LIMIT = 4 << 20  # a longer file is archived as its last 4 MiB: t
 # train_throughput.py's precision flags; TF32 is its default on CUDA (the CPU has none: FP32 there)
 PRECISIONS = {"TF32": (), "AMP": ("--amp", "--amp-dtype", "float16"), "BF16": ("--amp", "--amp-dtype", "bfloat16")}
 INFER_PATHS = ("channels_last", "fp16", "bf16")
-SECTIONS = ("amp", "tests", "infer", "decode", "train")
-DEFAULT_SECTIONS = ("amp", "tests", "infer", "decode")  # by the estimates within one call; "train" is the second
+SECTIONS = ("tests", "amp", "infer", "decode", "train")
+DEFAULT_SECTIONS = ("tests", "amp", "infer", "decode")  # by the estimates within one call; "train" is the second
 MIN_STEP_S = 10  # a step given less than this would only be killed: it is left out
 LAUNCH_MODE = "benchmark_training_short"  # synthetic data, 100 iterations, the first 20 left out (configs.yml)
 LAUNCH_MODELS = ("resnet50", "resnext101-32x4d", "se-resnext101-32x4d")  # launch.py's presets
 LAUNCH_BF16 = ("resnet50",)  # NVIDIA publishes no bf16 figures: one model shows what bf16 does
+LAYOUT_ARCH = "resnet50"  # its AMP preset (channels-last) is also run in NCHW: what --memory-format auto weighs
 DECODE_ARCH = "resnet50"  # trained from JPEGs and from synthetic data, at AMP
 
 
@@ -122,6 +130,7 @@ class Scale:
     launch_flags: tuple[str, ...] = ()  # for every launch.py step (typed flags win over the preset)
     others_flags: tuple[str, ...] = ()  # for the TF32 and bf16 launch.py steps (they come after the headline)
     test_workers: int = 1
+    test_timeout_s: float = 0.0  # pytest-timeout's limit per test, where it is installed (0: none)
     fp16_archs: int = 3  # how many of the architectures train_throughput.py runs at AMP
     env: tuple[tuple[str, str], ...] = ()  # set in the steps' environment
     estimates: dict = field(default_factory=dict)  # step name -> seconds expected, for the budget
@@ -134,14 +143,19 @@ class Scale:
 # 2,180 and 1,400 img/s (AMP); train_throughput.py took 29-40 s a run (two cold models, each autotuned); the
 # inference sweep 72 s; the GPU tests 108 s on 4 workers; the pytorch loader delivered 2,394 img/s of
 # 500x375 JPEGs with 14 workers.  The new steps are estimated from what they do at those rates.
+# The JPEG set costs about 30 ms of one core an image (the noise, then the encoding: 5.9 s of CPU time for 200 on
+# a 2-core Intel Xeon with AVX512, one BLAS thread; benchmarks/jpeg_set.py), so 15,360 on 14 processes take about
+# 33 s, and their start a few.
+JPEG_MS_PER_IMAGE = 30
 H100_ESTIMATES = {
-    # amp (85 s)
-    "resnet50 AMP launch.py": 25, "resnext101-32x4d AMP launch.py": 25, "se-resnext101-32x4d AMP launch.py": 35,
     # tests: fewer modules collected than then, and more GPU tests since
     "pytest -m gpu": 100,
+    # amp (110 s), with resnet50's preset in NCHW beside its channels-last
+    "resnet50 AMP launch.py": 25, "resnext101-32x4d AMP launch.py": 25, "se-resnext101-32x4d AMP launch.py": 35,
+    "resnet50 AMP launch.py NCHW": 25,
     "resnet50 inference": 75,
-    # decode (130 s).  15,360 JPEGs at about 15 ms each (noise, then encoding) on 14 processes, and starting.
-    "JPEG set": 25,
+    # decode (155 s): the decoder's probe (a process that starts CUDA and decodes four small JPEGs), the set
+    "decoder probe": 10, "JPEG set": round(5 + 60 * 256 * JPEG_MS_PER_IMAGE / 1000 / 14),
     # 3 epochs of 15,360 images from each loader: pytorch at 2,400 img/s (19 s), pytorch-gpu at its goal of
     # 5,000 or more (9 s), with starting CUDA and 2x12 loader workers.
     "loader pytorch-gpu beside pytorch": 45,
@@ -158,15 +172,15 @@ H100_ESTIMATES = {
 FULL = Scale(
     archs=("resnet50", "resnext101-32x4d", "se-resnext101-32x4d"), image_size=224, batch_size=256,
     train_timing=("--iters", "5", "--warmup", "2", "--repeats", "2"), batch_sizes=tuple(2 ** i for i in range(9)),
-    infer_timing=("--iters", "20", "--warmup", "3", "--repeats", "2"), budget_s=480,
-    limits={"tests": 150, "launch": 90, "throughput": 100, "compile": 180, "infer": 120, "data": 60,
-            "loader": 120},
+    infer_timing=("--iters", "20", "--warmup", "3", "--repeats", "2"), budget_s=520,
+    limits={"tests": 150, "launch": 90, "throughput": 100, "compile": 180, "infer": 120,
+            "data": 2 * H100_ESTIMATES["JPEG set"], "loader": 120, "probe": 40},
     platform="DGXH100",
     launch_precisions={"AMP": ("AMP", ()), "TF32": ("TF32", ()), "BF16": ("BF16", ())},
     jpeg_images=60 * 256, jpeg_classes=1000, jpeg_workers=14,
     loader_flags=("-b", "256", "-j", "12", "--epochs", "3", "--device", "cuda", "--memory-format", "nhwc"),
     decode_flags=("--prof", "60"),  # 40 iterations after the 20 of warm-up: 60 x 256 images, one epoch
-    others_flags=("--prof", "40"), test_workers=6, estimates=H100_ESTIMATES,
+    others_flags=("--prof", "40"), test_workers=6, test_timeout_s=90, estimates=H100_ESTIMATES,
     estimated_on="the first H100 report",
 )
 # Measured on the 2-core machine of docs/performance.md while other work held a load average of 6 to 13: each
@@ -177,7 +191,7 @@ FULL = Scale(
 # convolutions take ResNeXt's steps to seconds each.
 SMOKE_ESTIMATES = {
     "resnet50 AMP launch.py": 30, "resnext101-32x4d AMP launch.py": 30, "se-resnext101-32x4d AMP launch.py": 30,
-    "pytest -m gpu": 60, "resnet18 inference": 30,
+    "resnet50 AMP launch.py NCHW": 30, "pytest -m gpu": 60, "resnet18 inference": 30, "decoder probe": 15,
     "JPEG set": 20, "loader pytorch-gpu beside pytorch": 20, "resnet50 AMP launch.py JPEG": 30,
     "resnet50 AMP launch.py synthetic": 30,
     "resnet50 TF32 launch.py": 30, "resnext101-32x4d TF32 launch.py": 30, "se-resnext101-32x4d TF32 launch.py": 30,
@@ -187,16 +201,16 @@ SMOKE_ESTIMATES = {
 SMOKE = Scale(
     archs=("resnet18", "resnext101-32x4d", "se-resnext101-32x4d"), image_size=32, batch_size=4,
     train_timing=("--iters", "1", "--warmup", "1", "--repeats", "2"), batch_sizes=(1, 2),
-    infer_timing=("--iters", "2", "--warmup", "1", "--repeats", "2"), budget_s=480,
+    infer_timing=("--iters", "2", "--warmup", "1", "--repeats", "2"), budget_s=520,
     limits={"tests": 300, "launch": 300, "throughput": 300, "compile": 300, "infer": 300, "data": 300,
-            "loader": 300},
+            "loader": 300, "probe": 120},
     platform="CPU",
     launch_precisions={"AMP": ("AMP", ()), "TF32": ("FP32", ()), "BF16": ("AMP", ("--amp-dtype", "bfloat16"))},
     jpeg_images=64, jpeg_classes=4, jpeg_workers=2,
     loader_flags=("-b", "8", "-j", "1", "--epochs", "2", "--image-size", "32", "--device", "cpu"),
     decode_flags=(),  # launch_flags' 3 iterations, 1 of them warm-up
     launch_flags=("--image-size", "32", "-b", "2", "--prof", "3", "--benchmark-warmup", "1"),
-    test_workers=2, fp16_archs=1, env=(("OMP_NUM_THREADS", "1"),), estimates=SMOKE_ESTIMATES,
+    test_workers=2, test_timeout_s=240, fp16_archs=1, env=(("OMP_NUM_THREADS", "1"),), estimates=SMOKE_ESTIMATES,
     estimated_on="smoke runs on 2 CPU cores",
 )
 
@@ -204,11 +218,12 @@ SMOKE = Scale(
 @dataclass(frozen=True)
 class Step:
     """One command of the report: ``argv`` after ``python``, run in the repository with ``env`` added to
-    the environment; ``output`` the file it writes (a raport for ``launch``, the JUnit XML for ``tests``,
+    the environment; ``output`` the file it writes (a raport for ``launch``, the outcomes' JSON lines for ``tests``,
     None for the loader, whose figures are in its log); ``skipped`` why it cannot run on this device;
-    ``needs`` a step that must have succeeded first.  ``kind``: ``launch`` (launch.py's benchmark, the figure
+    ``needs`` the steps that must have succeeded first.  ``kind``: ``launch`` (launch.py's benchmark, the figure
     users type), ``throughput`` (train_throughput.py, against the plain loop), ``compile``, ``tests``,
-    ``infer``, ``data`` (the JPEG set) or ``loader``; ``data``: what a decode section's training run reads."""
+    ``infer``, ``probe`` (the device's JPEG decoder), ``data`` (the JPEG set) or ``loader``; ``data``: what a decode
+    section's training run reads."""
 
     section: str
     name: str
@@ -221,8 +236,10 @@ class Step:
     env: tuple[tuple[str, str], ...] = ()
     kind: str = ""
     estimate_s: float = 0.0
-    needs: str | None = None
+    needs: tuple[str, ...] = ()
     data: str = ""
+    memory_format: str = ""  # a launch.py step's --memory-format where the report sets one (else the preset's)
+    echo: bool = False  # its output is printed on the console once it ends (the decoder probe's figures)
     note: str = ""  # how the step differs from what it stands for on this device, said in the report
 
 
@@ -272,21 +289,38 @@ def gpu_test_modules(tests: Path = REPO / "tests") -> list[str]:
     return found
 
 
+def timeout_flags(scale: Scale) -> tuple[str, ...]:
+    """pytest-timeout's limit per test where the plugin is installed (a hanging test then fails alone, and the
+    others still run), else none: the suite runs without it."""
+    if not scale.test_timeout_s or importlib.util.find_spec("pytest_timeout") is None:
+        return ()
+    return ("--timeout", f"{scale.test_timeout_s:g}")
+
+
 def tests_step(scale: Scale, work: Path, modules: Sequence[str]) -> Step:
-    """``pytest -m gpu`` over ``modules`` on the scale's workers, its outcomes in JUnit XML (``xunit1``, whose
-    test cases name their file)."""
-    junit = work / "tests" / "junit.xml"
-    argv = ("-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", "--continue-on-collection-errors",
-            *(("-n", str(scale.test_workers)) if scale.test_workers > 1 else ()), "--junitxml", str(junit),
-            "-o", "junit_family=xunit1", *modules)
+    """``pytest -m gpu`` over ``modules`` on the scale's workers, each test's outcome written as it ends
+    (``tests/outcomes.py``, one JSON line each: a step that is killed keeps what it reached), each test within
+    the scale's limit where pytest-timeout is installed."""
+    outcomes = work / "tests" / "outcomes.jsonl"
+    argv = ("-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", "-p", "outcomes",
+            "--continue-on-collection-errors", *(("-n", str(scale.test_workers)) if scale.test_workers > 1 else ()),
+            *timeout_flags(scale), *modules)
     skipped = None if modules else "no test module holds a test marked gpu"
-    return Step("tests", "pytest -m gpu", argv, scale.limits["tests"], junit, skipped=skipped, env=scale.env,
-                kind="tests")
+    return Step("tests", "pytest -m gpu", argv, scale.limits["tests"], outcomes, skipped=skipped,
+                env=(*scale.env, (OUTCOMES_ENV, str(outcomes))), kind="tests")
+
+
+def probe_step(scale: Scale, device: str, work: Path) -> Step:
+    """What the device's JPEG decoder makes of pytorch-gpu's probe JPEGs (their grey levels against the CPU's),
+    and whether the backend takes it: the steps that need the backend wait for it."""
+    output = work / "decode" / "probe.json"
+    return Step("decode", PROBE_STEP, (PROBE_SCRIPT, "--device", device, "-o", str(output)), scale.limits["probe"],
+                output, env=scale.env, kind="probe", echo=True)
 
 
 def decode_steps(scale: Scale, device: str, work: Path) -> list[Step]:
-    """The JPEG set, the loader alone (pytorch-gpu beside pytorch, epochs alternating) and resnet50's AMP
-    training from the JPEGs and from synthetic data with the same command."""
+    """The decoder's probe, the JPEG set, the loader alone (pytorch-gpu beside pytorch, epochs alternating) and
+    resnet50's AMP training from the JPEGs and from synthetic data with the same command."""
     data_dir = work / DATA_FOLDER / "jpegs"
     summary = work / "decode" / "jpeg_set.json"
     write = (JPEG_SET_SCRIPT, "--images", str(scale.jpeg_images), "--classes", str(scale.jpeg_classes), "-j",
@@ -296,8 +330,8 @@ def decode_steps(scale: Scale, device: str, work: Path) -> list[Step]:
                                                "decoder in the training process): its plumbing, not its speed")
     loader = Step("decode", "loader pytorch-gpu beside pytorch",
                   (LOADER_SCRIPT, "--data-backend", "pytorch-gpu", "--beside", "pytorch", *scale.loader_flags,
-                   str(data_dir)), scale.limits["loader"], env=scale.env, kind="loader", needs=data.name,
-                  note=loader_note)
+                   str(data_dir)), scale.limits["loader"], env=scale.env, kind="loader",
+                  needs=(PROBE_STEP, data.name), note=loader_note)
     backend = "pytorch-gpu" if device == "cuda" else "pytorch"
     train_note = "" if device == "cuda" else "main.py refuses pytorch-gpu off CUDA: the pytorch backend stands in"
 
@@ -305,21 +339,27 @@ def decode_steps(scale: Scale, device: str, work: Path) -> list[Step]:
         return launch_step(scale, DECODE_ARCH, "AMP", "decode", work / "decode" / f"{DECODE_ARCH}_AMP_{what}",
                            (*scale.decode_flags, *flags), f"{DECODE_ARCH} AMP launch.py {what}", data=what, **fields)
 
-    jpeg = training("JPEG", ("--data-backend", backend, str(data_dir)), needs=data.name, note=train_note)
+    needs = (PROBE_STEP, data.name) if device == "cuda" else (data.name,)  # the pytorch backend needs no probe
+    jpeg = training("JPEG", ("--data-backend", backend, str(data_dir)), needs=needs, note=train_note)
     return [data, loader, jpeg, training("synthetic")]
 
 
 def plan(scale: Scale, device: str, work: Path, sections: Sequence[str] = DEFAULT_SECTIONS,
          compiler: bool = True) -> list[Step]:
-    """Every step of ``sections``, in the order of :data:`SECTIONS`, each with its estimate: the AMP
-    training figures of the three models, the GPU tests (over the modules that hold one), the inference sweep,
-    GPU decoding, and the other training figures (TF32, bf16, train_throughput.py's AMP runs, and last
+    """Every step of ``sections``, in the order of :data:`SECTIONS`, each with its estimate: the GPU tests (over
+    the modules that hold one), the AMP training figures of the three models (resnet50's in NCHW too), the
+    inference sweep, GPU decoding, and the other training figures (TF32, bf16, train_throughput.py's AMP runs, and last
     ``--compile``, left out without a compiler)."""
-    steps: list[Step] = []
-    if "amp" in sections:
-        steps += [launch_step(scale, arch, "AMP", "amp", work / "launch" / f"{arch}_AMP") for arch in LAUNCH_MODELS]
+    # the decoder's probe first of all (seconds): what the device's decoder makes of the probe JPEGs is the first
+    # thing the report says, and whether the decode section's steps can run is known from the start
+    steps: list[Step] = [probe_step(scale, device, work)] if "decode" in sections else []
     if "tests" in sections:
         steps.append(tests_step(scale, work, gpu_test_modules()))
+    if "amp" in sections:
+        steps += [launch_step(scale, arch, "AMP", "amp", work / "launch" / f"{arch}_AMP") for arch in LAUNCH_MODELS]
+        steps.append(launch_step(scale, LAYOUT_ARCH, "AMP", "amp", work / "launch" / f"{LAYOUT_ARCH}_AMP_NCHW",
+                                 ("--memory-format", "nchw"), f"{LAYOUT_ARCH} AMP launch.py NCHW",
+                                 memory_format="nchw"))
     first = scale.archs[0]
     if "infer" in sections:
         output = work / "infer" / f"{first}.json"
@@ -355,59 +395,34 @@ def forecast(steps: Sequence[Step], budget_s: float) -> tuple[float, list[str]]:
 
 
 def command(step: Step) -> str:
-    """The step's command as a user types it in the repository."""
-    return "python " + shlex.join(step.argv)
+    """The step's command as a user types it in the repository (``python3``: a machine may have no ``python``)."""
+    return "python3 " + shlex.join(step.argv)
 
 
 # ------------------------------------------------------------------------------------------------
 # What a step's files say
 # ------------------------------------------------------------------------------------------------
-TRACEBACK_LINES = 15  # of a failed test's traceback, the last lines kept
+OUTCOME_RANK = {"error": 0, "failed": 1, "xpassed": 2, "passed": 3, "xfailed": 4, "skipped": 5}  # worst first
 
 
-def parse_junit(path: Path) -> dict:
-    """The outcome of every test in pytest's JUnit XML (``junit_family=xunit1``): passed, failed, error
-    (collection errors included, named by their module), skipped or xfailed, with a skip's reason and a
-    failure's message and the last lines of its traceback; and the count of each outcome."""
-    tests = []
-    for case in ElementTree.parse(path).getroot().iter("testcase"):
-        record = {"test": _test_id(case), "outcome": "passed"}
-        for tag, outcome in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
-            child = case.find(tag)
-            if child is None:
-                continue
-            message = child.get("message", "")
-            if tag == "skipped":
-                outcome = "xfailed" if child.get("type") == "pytest.xfail" else "skipped"
-                record.update(outcome=outcome, reason=_skip_reason(message, child.text or ""))
-            else:
-                lines = (child.text or "").rstrip().splitlines()
-                record.update(outcome=outcome, message=message, traceback="\n".join(lines[-TRACEBACK_LINES:]))
-            break
-        tests.append(record)
-    return {"counts": dict(Counter(test["outcome"] for test in tests)), "tests": tests}
-
-
-def _skip_reason(message: str, text: str) -> str:
-    """A skip's reason; for a module skipped whole (``pytest.importorskip`` at module level), whose message is
-    only "collection skipped", the reason its text holds: ``('path', line, 'Skipped: reason')``."""
-    if message == "collection skipped":
+def parse_outcomes(path: Path) -> dict:
+    """The outcome of every test that ``tests/outcomes.py`` recorded, as the lines reached (a killed run's last
+    line may be cut: it is left out): passed, failed, error (collection errors included, named by their
+    module), skipped, xfailed or xpassed, with a skip's reason and a failure's message and the last lines of
+    its traceback; a test whose teardown failed after it passed counts as an error.  And the count of each."""
+    tests: dict[str, dict] = {}
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            return str(ast.literal_eval(text)[2]).removeprefix("Skipped: ")
-        except (ValueError, SyntaxError, IndexError, TypeError):
-            pass
-    return message
-
-
-def _test_id(case: ElementTree.Element) -> str:
-    """pytest's node id of a JUnit test case: ``file::Class::name``, or the module alone for a collection
-    error."""
-    file, classname, name = case.get("file", ""), case.get("classname", ""), case.get("name", "")
-    if not classname:  # a module that could not be collected
-        return file or name
-    module = file[:-3].replace("/", ".") if file.endswith(".py") else ""
-    classes = classname[len(module) + 1:].split(".") if module and classname.startswith(module + ".") else []
-    return "::".join([file or classname, *classes, name])
+            record = json.loads(line)
+            name, outcome = record["test"], record["outcome"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        kept = {key: record[key] for key in ("reason", "message", "traceback") if key in record}
+        earlier = tests.get(name)
+        if earlier is None or OUTCOME_RANK.get(outcome, 0) < OUTCOME_RANK.get(earlier["outcome"], 0):
+            tests[name] = {"test": name, "outcome": outcome, **kept}
+    listed = list(tests.values())
+    return {"counts": dict(Counter(test["outcome"] for test in listed)), "tests": listed}
 
 
 LOADER_AGAINST = re.compile(
@@ -416,12 +431,14 @@ LOADER_AGAINST = re.compile(
     re.M)
 LOADER_VERDICT = re.compile(r"^verdict against (?P<base>[\w-]+): (?P<verdict>.+)$", re.M)
 LOADER_LAST = re.compile(r"^images/s: (?P<rate>[\d.]+)\s*\Z", re.M)
+LOADER_CPU_DECODED = re.compile(r"^decoded on the CPU: (?P<count>\d+) JPEGs", re.M)
 
 
 def loader_figures(output: str) -> dict:
-    """What benchmark_loader.py printed: the measured backend's images/s (its last line) and, against each
-    ``--beside`` backend, both speeds, CPU ms per image, the speed-up with its spread, and the verdict;
-    ValueError where it printed no figure."""
+    """What benchmark_loader.py printed: the measured backend's images/s (its last line), the JPEGs it decoded
+    on the CPU (pytorch-gpu: those the device's decoder refused) and, against each ``--beside`` backend, both
+    speeds, CPU ms per image, the speed-up with its spread, and the verdict; ValueError where it printed no
+    figure."""
     last = LOADER_LAST.search(output)
     if last is None:
         raise ValueError(f"its output does not end in 'images/s: N' ({LOADER_SCRIPT}'s last line)")
@@ -432,12 +449,15 @@ def loader_figures(output: str) -> dict:
                              "speedup": float(m["speedup"]), "spread": m["spread"],
                              "verdict": verdicts.get(m["base"], "")}
         backend = {"backend": m["backend"], "cpu_ms": float(m["cpu_ms"])}
-    return {**(backend if beside else {}), "images_per_s": float(last["rate"]), "beside": beside}
+    decoded = LOADER_CPU_DECODED.search(output)
+    return {**(backend if beside else {}), "images_per_s": float(last["rate"]), "beside": beside,
+            "cpu_decoded": int(decoded["count"]) if decoded else None}
 
 
 def launch_figures(raport: Path) -> dict:
     """What a launch.py benchmark's raport says: the summary's throughput (warm-up left out) and wall-clock
-    throughput, the batch, the warm-up, the iterations and the data backend; ValueError where it has no
+    throughput, the batch, the warm-up, the iterations, the data backend, the memory format and the JPEGs
+    decoded on the CPU (pytorch-gpu's refusals, None for the other backends); ValueError where it has no
     throughput figure."""
     parameters, summary = {}, {}
     for record in read_raport(raport):
@@ -450,7 +470,8 @@ def launch_figures(raport: Path) -> dict:
     return {"total_ips": summary["train.total_ips"], "wall_ips": summary.get("train.wall_ips"),
             "batch_size": parameters["batch_size"], "warmup": parameters.get("benchmark_warmup", 0),
             "iterations": parameters.get("prof"), "amp_dtype": parameters.get("amp_dtype") if parameters.get("amp")
-            else None, "loss": summary.get("train.loss"), "data_backend": parameters.get("data_backend")}
+            else None, "loss": summary.get("train.loss"), "data_backend": parameters.get("data_backend"),
+            "memory_format": parameters.get("memory_format"), "cpu_decoded": summary.get("train.cpu_decoded")}
 
 
 def step_result(step: Step, log_text: str) -> dict:
@@ -460,7 +481,7 @@ def step_result(step: Step, log_text: str) -> dict:
     if step.kind == "launch":
         return launch_figures(step.output)
     if step.kind == "tests":
-        return parse_junit(step.output)
+        return parse_outcomes(step.output)
     return json.loads(step.output.read_text(encoding="utf-8"))
 
 
@@ -493,8 +514,8 @@ def _kill(process: subprocess.Popen) -> None:
 def record_of(step: Step, status: str, error: str | None = None) -> dict:
     """A step's record before it has run, or of one that does not run."""
     record = {"section": step.section, "name": step.name, "arch": step.arch, "precision": step.precision,
-              "kind": step.kind, "data": step.data, "command": command(step), "status": status, "seconds": 0.0,
-              "estimate_s": step.estimate_s}
+              "kind": step.kind, "data": step.data, "memory_format": step.memory_format, "command": command(step),
+              "status": status, "seconds": 0.0, "estimate_s": step.estimate_s}
     if step.note:
         record["note"] = step.note
     return {**record, "error": error} if error else record
@@ -520,14 +541,14 @@ def run_step(step: Step, work: Path, left_s: float) -> dict:
     record["seconds"] = round(time.monotonic() - start, 1)
     output = log.read_text(encoding="utf-8", errors="replace")
     fresh = step.output is not None and step.output.exists() and step.output.stat().st_mtime >= started_at
-    if step.kind == "tests":  # pytest's outcomes, whatever its exit code
-        try:
-            record["result"] = parse_junit(step.output) if fresh else None
-        except ElementTree.ParseError:  # cut short
-            record["result"] = None
+    if step.kind == "tests":  # the outcomes reached, whatever pytest's exit code, also where it was stopped
+        record["result"] = parse_outcomes(step.output) if fresh else None
+    if step.kind == "probe" and code == 1 and fresh:  # the decoder refused: its figures say why
+        record["result"] = step_result(step, output)
     if code is None:
+        reached = f"; {len(record['result']['tests'])} tests had ended" if record.get("result") else ""
         return {**record, "status": "timed out", "error": f"stopped after {limit:.0f} s (its limit "
-                f"{step.limit_s:.0f} s, {left_s:.0f} s of the budget left)"}
+                f"{step.limit_s:.0f} s, {left_s:.0f} s of the budget left){reached}"}
     if step.kind == "tests":
         return _tests_record(record, code, output)
     if code != 0:
@@ -547,7 +568,9 @@ def run_step(step: Step, work: Path, left_s: float) -> dict:
 def _run(step: Step, log: Path, limit: float) -> int | None:
     """Run the step's command with its output in ``log``; its exit code, None where it was stopped at ``limit``
     seconds (or this process was stopped while it ran)."""
-    python_path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    # the tests step loads tests/outcomes.py as a plugin (-p outcomes): the tests folder is on its path
+    paths = [str(REPO), str(REPO / "tests") if step.kind == "tests" else None, os.environ.get("PYTHONPATH")]
+    python_path = os.pathsep.join(filter(None, paths))
     env = {**os.environ, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg", **dict(step.env)}
     with open(log, "w", encoding="utf-8") as handle:
         # a process group of its own: what it starts (torch.compile's workers, pytest's) is ended with it
@@ -566,7 +589,7 @@ def _tests_record(record: dict, code: int, output: str) -> dict:
     """The tests step's record once pytest exited ``code``: failed where any test failed or erred (named) or
     pytest wrote no outcomes."""
     if record["result"] is None:
-        return {**record, "status": "failed", "error": f"pytest exited {code} without its JUnit XML: "
+        return {**record, "status": "failed", "error": f"pytest exited {code} before any test ended: "
                 f"{_last_line(output)}"}
     failed, errors = (sorted(t["test"] for t in record["result"]["tests"] if t["outcome"] == outcome)
                       for outcome in ("failed", "error"))
@@ -576,6 +599,19 @@ def _tests_record(record: dict, code: int, output: str) -> dict:
     if code != 0:
         return {**record, "status": "failed", "error": f"pytest exited {code}: {_last_line(output)}"}
     return record
+
+
+def unmet_need(step: Step, done: Sequence[dict]) -> str | None:
+    """Why ``step`` cannot run for a step it needs (the first that did not succeed, with that step's own
+    error), or None where every one did."""
+    for name in step.needs:
+        needed = next((record for record in done if record["name"] == name), None)
+        if needed is None:
+            return f"it needs the step '{name}', which is not in this run"
+        if needed["status"] != "ok":
+            why = f": {needed['error']}" if needed.get("error") else ""
+            return f"it needs the step '{name}', which ended {needed['status']}{why}"
+    return None
 
 
 def run_report(steps: Sequence[Step], work: Path, header: dict, budget_s: float,
@@ -595,11 +631,10 @@ def run_report(steps: Sequence[Step], work: Path, header: dict, budget_s: float,
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
         for index, step in enumerate(steps):
-            needed = next((r for r in done if r["name"] == step.needs), None) if step.needs else None
             try:
-                if step.needs and (needed is None or needed["status"] != "ok"):
-                    record = record_of(step, "skipped", f"it needs the step '{step.needs}', which "
-                                       + (f"ended {needed['status']}" if needed else "is not in this run"))
+                unmet = unmet_need(step, done)
+                if unmet:
+                    record = record_of(step, "skipped", unmet)
                 else:
                     record = run_step(step, work, budget_s - (time.monotonic() - start))
             except (Stopped, KeyboardInterrupt) as reason:
@@ -609,6 +644,9 @@ def run_report(steps: Sequence[Step], work: Path, header: dict, budget_s: float,
             write(snapshot(False, steps[index + 1:]))
             say(f"  {step.section:>6} {step.name:<36} {record['status']:<9} {record['seconds']:6.0f} s"
                 + (f"  {record['error']}" if record.get("error") else ""))
+            if step.echo and record.get("log"):
+                for line in (work / record["log"]).read_text(encoding="utf-8", errors="replace").splitlines():
+                    say(f"         {line}")
     finally:
         signal.signal(signal.SIGTERM, previous)
     final = snapshot(True)
@@ -692,7 +730,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         steps = plan(scale, device, work, args.sections, compiler=not no_compiler)
         expected, cut = forecast(steps, budget)
-        header = {"report": "gpu_report", "command": "python " + shlex.join(["scripts/gpu_report.py", *argv]),
+        header = {"report": "gpu_report", "command": "python3 " + shlex.join(["scripts/gpu_report.py", *argv]),
                   "smoke": args.smoke, "device": device, "sections": list(args.sections),
                   "compile_missing": no_compiler, "work": str(work), "expected_s": expected,
                   "estimated_on": scale.estimated_on,

@@ -145,3 +145,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
     if sum(TALLY.values()):
         terminalreporter.write_line(summary_line())
+

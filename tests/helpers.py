@@ -24,6 +24,8 @@ from pathlib import Path
 from types import ModuleType
 
 import numpy as np
+import pytest
+
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
@@ -277,6 +279,20 @@ def write_image_folder(
                 pixels = np.clip(base + noise, 0, 255).astype(np.uint8)
                 Image.fromarray(pixels).save(folder / f"img_{index:03d}.jpg", quality=90)
     return root
+
+
+def randomised(model, seed: int):
+    """``model`` in eval mode, every parameter and BN statistic given values that differ from a fresh model's (so
+    that weights loaded into the wrong place, or not at all, show)."""
+    import torch  # deferred: torch, for the tests that build models
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if tensor.is_floating_point():
+                noise = torch.rand(tensor.shape, generator=generator)
+                tensor.copy_(noise + 0.5 if "running_var" in name else (noise - 0.5) * 0.2)
+    return model.eval()
 
 
 def write_colour_checkpoint(image_folder: Path, path: Path, size: int = 32) -> Path:
@@ -682,3 +698,50 @@ def run_process(argv: list, cwd: Path | None = None, env: dict[str, str] | None 
         process = start_process(argv, out, err, cwd=cwd, env=env)
         wait_or_kill(process, timeout)
         return Result([str(token) for token in argv], process.returncode, out.read_text(), err.read_text())
+
+
+def launch_on(argv: list[str], cuda_available: bool, **kwargs) -> int:
+    """``launch.py argv`` in this process, on a machine with CUDA or without (as ``machine.cuda_available``, the
+    one place that asks, answers); its exit code."""
+    from image_classification import launch
+    from image_classification.system import machine
+    from image_classification.system.cli import run
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(machine, "cuda_available", lambda: cuda_available)
+        return run(launch.main, argv, **kwargs)
+
+
+def run_config(**values):
+    """A run's frozen configuration (``train.plan.RunConfig``) from the flat names of the values a test sets, each
+    put into its group (``lr`` into the optimisation's, ``batch_size`` into the data's, ``preprocessing`` too); the
+    EMA as ``ema_decay``/``ema_style``/``ema_steps``, the loss scale as ``loss_scale``/``dynamic_loss_scale``."""
+    import dataclasses
+
+    from image_classification.arguments.data import DataConfig
+    from image_classification.arguments.deployed import DeployConfig
+    from image_classification.arguments.model import ModelConfig
+    from image_classification.arguments.optimisation import OptimConfig
+    from image_classification.arguments.precision import PrecisionConfig
+    from image_classification.arguments.run import RunSettings
+    from image_classification.models.preprocessing import Preprocessing
+    from image_classification.train.plan import RunConfig
+
+    values = dict(values)
+    values.pop("model_options", None)
+    decay, style, steps = values.pop("ema_decay", None), values.pop("ema_style", "reference"), values.pop("ema_steps", None)
+    if decay is not None:
+        values.update({"model_ema": True, "model_ema_decay": decay, "model_ema_steps": steps} if style == "torchvision"
+                      else {"use_ema": decay})
+    if "loss_scale" in values or "dynamic_loss_scale" in values:
+        values["loss_scale_adapts"] = values.pop("dynamic_loss_scale", True)
+    values.setdefault("preprocessing", Preprocessing(32))
+    values.setdefault("lr", 0.1)  # a rate as resolve_lr settles it (the flag has none)
+    groups, held = {}, set()
+    for group in (ModelConfig, OptimConfig, DataConfig, PrecisionConfig, RunSettings, DeployConfig):
+        names = {item.name for item in dataclasses.fields(group)}  # a settled value (seed, classes) in each group
+        groups[group] = group(**{name: value for name, value in values.items() if name in names})
+        held |= names
+    assert held >= set(values), f"no group holds {sorted(set(values) - held)}"
+    return RunConfig(groups[ModelConfig], groups[OptimConfig], groups[DataConfig], groups[PrecisionConfig],
+                     groups[RunSettings], groups[DeployConfig])

@@ -255,9 +255,8 @@ def test_weights_given_as_a_package_to_model2onnx_are_named_so(tmp_path, capsys)
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")  # before the module's fixtures compile
 def test_a_package_compiled_for_cuda_predicts_what_the_cpu_one_does(weights, package, tmp_path, tiny_arch):
-    if not torch.cuda.is_available():
-        pytest.skip("needs a GPU")
     output = tmp_path / "cuda.pt2"
     assert run(model2onnx_main, ["--weights", str(weights), "--output", str(output), "--device", "cuda"]) == 0
     on_cuda, on_cpu = aoti.AotiModel(output), aoti.AotiModel(package)

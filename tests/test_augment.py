@@ -143,9 +143,9 @@ def test_random_erase_erases_torchvision_s_rectangles(p):
 def test_training_transform_applies_torchvision_s_augmentation(augmentation, theirs):
     """After the crop and flip, torchvision's transform with the flags' settings: the same seed gives the
     same pixels; without it the images differ."""
-    config = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=4, augmentation=augmentation,
+    config = DataConfig(data=None, data_backend="pytorch", image_size=32, batch_size=4, augmentation=augmentation,
                         randaugment_magnitude=17, randaugment_num_ops=3)
-    plain = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=4)
+    plain = DataConfig(data=None, data_backend="pytorch", image_size=32, batch_size=4)
     image = torch.randint(0, 256, (3, 48, 40), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     expected_steps = [TrainTransform(plain), theirs()]
     changed = 0
@@ -164,7 +164,7 @@ def test_a_policy_drawn_apart_from_its_image_then_applied_is_the_policy_bit_for_
     """What pytorch-gpu's workers draw (the operations and magnitudes, from a stand-in of the image's size) and its
     background thread applies (drawing nothing) is torchvision's policy on the image: the same pixels, and the
     generator left where the policy leaves it; every operation of the policy's space comes up."""
-    config = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=4, augmentation=augmentation,
+    config = DataConfig(data=None, data_backend="pytorch", image_size=32, batch_size=4, augmentation=augmentation,
                         randaugment_magnitude=17, randaugment_num_ops=3)
     policy = auto_augmentation(config)
     halves = PolicyDraws(policy)
@@ -244,10 +244,10 @@ def test_an_ra_epoch_without_a_whole_batch_is_refused():
     from image_classification.system.runtime import Runtime
 
     runtime = Runtime(torch.device("cpu"), None, torch.contiguous_format, rank=1, local_rank=1, world_size=2)
-    config = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=200, ra_reps=3)
+    config = DataConfig(data=None, data_backend="pytorch", image_size=32, batch_size=200, ra_reps=3)
     with pytest.raises(UserError, match="--ra-reps 3: .* 128 of the 500 training images.*lower -b"):
         train_sampler(500, config, runtime)
-    assert len(train_sampler(500, DataConfig(data=None, backend="pytorch", image_size=32, batch_size=128,
+    assert len(train_sampler(500, DataConfig(data=None, data_backend="pytorch", image_size=32, batch_size=128,
                                              ra_reps=3), runtime)) == 128
 
 
@@ -300,7 +300,7 @@ def test_more_repeats_than_an_epoch_shows_images_are_refused_in_one_line(image_f
     from image_classification.system.runtime import Runtime
 
     runtime = Runtime(torch.device("cpu"), None, torch.contiguous_format, rank=0, local_rank=0, world_size=1)
-    config = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=4, ra_reps=23)
+    config = DataConfig(data=None, data_backend="pytorch", image_size=32, batch_size=4, ra_reps=23)
     assert len({index for index, _ in train_sampler(24, config, runtime)}) == 2  # 23 in a row, then another
     argv = ["-a", tiny_arch, "--image-size", "32", "-b", "4", "--device", "cpu", "--data-backend", "pytorch",
             "-j", "0", "--epochs", "1", "--workspace", str(tmp_path / "run"), str(image_folder)]
@@ -328,22 +328,18 @@ def test_bad_recipe_flags_are_one_line_and_exit_2(argv, message, capsys):
 
 
 def test_the_flags_reach_the_run_s_configuration():
-    from image_classification.models.preprocessing import Preprocessing
-    from image_classification.train.plan import build_config, data_config
+    from image_classification.arguments.data import DataConfig
+    from image_classification.arguments.optimisation import OptimConfig
+    from image_classification.arguments.values import from_args
 
     args = parse_args(["/data", "--mixup", "0.2", "--cutmix", "1.0", "--mixup-switch-prob", "0.25",
                        "--random-erase", "0.1", "--ra-reps", "3", "--augmentation", "randaugment",
                        "--randaugment-magnitude", "12"])
-    config = build_config(args, seed=0, num_classes=10, preprocessing=Preprocessing(32), topk=5, accumulation=1,
-                          loss_scale=(1.0, True, None), lr=0.1)
-    assert (config.mixup, config.cutmix, config.mixup_switch_prob, config.random_erase) == (0.2, 1.0, 0.25, 0.1)
-    data = data_config(args, 32)
-    assert (data.ra_reps, data.augmentation, data.randaugment_magnitude, data.randaugment_num_ops) == \
-        (3, "randaugment", 12, 2)
-    defaults = build_config(parse_args(["/data", "--mixup", "0.2", "--cutmix", "1"]), seed=0, num_classes=10,
-                            preprocessing=Preprocessing(32), topk=5, accumulation=1, loss_scale=(1.0, True, None),
-                            lr=0.1)
-    assert defaults.mixup_switch_prob == 0.5
+    optim, data = from_args(OptimConfig, args), from_args(DataConfig, args)
+    assert (optim.mixup, optim.cutmix, optim.switch_prob, data.random_erase) == (0.2, 1.0, 0.25, 0.1)
+    assert (data.ra_reps, data.augmentation, data.randaugment) == (3, "randaugment", (12, 2))
+    defaults = from_args(OptimConfig, parse_args(["/data", "--mixup", "0.2", "--cutmix", "1"]))
+    assert defaults.switch_prob == 0.5
     with pytest.raises(UserError):
         parse_args(["/data", "--randaugment-num-ops", "2"])
 
@@ -355,7 +351,7 @@ def test_a_crash_after_an_interval_checkpoint_resumes_bitwise_with_every_recipe_
            "--image-size", "32", "-b", "4", "-p", "1", "--lr", "0.05", "--seed", "3", "--epochs", "2",
            "--mixup", "0.4", "--cutmix", "1.0", "--mixup-switch-prob", "0.5", "--label-smoothing", "0.1",
            "--random-erase", "0.5", "--ra-reps", "2", "--augmentation", "randaugment", "--checkpoint-interval",
-           "2", "--progressive-resize", "32", "64", "0", "2", "--lr-schedule", "triangular", "--lr-peak-epoch", "1",
+           "2", "--progressive-resize", "32", "64", "0", "1", "--lr-schedule", "triangular", "--lr-peak-epoch", "1",
            "--val-tta", "flip", "--resume", "auto", str(image_folder)]  # epoch 1, where it resumes: 64 px
     assert main(run + ["--workspace", str(tmp_path / "straight")]) == 0
     train_until_crash(run + ["--workspace", str(tmp_path / "crashed")], 9)  # a step after the checkpoint at 8
@@ -375,3 +371,62 @@ def test_the_readme_s_draw_timing_script_runs(capsys):
     results = load_script("augment_draws").main(["--batch", "4", "--size", "32"])
     assert set(results) == {0.1, 0.25, 1.0} and all(ms > 0 for ms in results.values())
     assert "--random-erase 0.25:" in capsys.readouterr().out
+
+
+# -- AutoAugment: whose policy runs where, said at start-up -----------------------------------------------
+# The reference's AutoaugmentImageNetPolicy (image_classification/autoaugment.py): (probability, operation,
+# magnitude) pairs, its operations named as DALI's auto_aug names them (None: an operation without one).
+REFERENCE_AUTOAUGMENT = [
+    ((0.8, "equalize", None), (0.8, "shear_y", 4)), ((0.4, "color", 9), (0.6, "equalize", None)),
+    ((0.4, "color", 1), (0.6, "rotate", 8)), ((0.8, "solarize", 3), (0.4, "equalize", None)),
+    ((0.4, "solarize", 2), (0.6, "solarize", 2)), ((0.2, "color", 0), (0.8, "equalize", None)),
+    ((0.4, "equalize", None), (0.8, "solarize_add", 3)), ((0.2, "shear_x", 9), (0.6, "rotate", 8)),
+    ((0.6, "color", 1), (1.0, "equalize", None)), ((0.4, "invert", None), (0.6, "rotate", 0)),
+    ((1.0, "equalize", None), (0.6, "shear_y", 3)), ((0.4, "color", 7), (0.6, "equalize", None)),
+    ((0.4, "posterize", 6), (0.4, "auto_contrast", None)), ((0.6, "solarize", 8), (0.6, "color", 9)),
+    ((0.2, "solarize", 4), (0.8, "rotate", 9)), ((1.0, "rotate", 7), (0.8, "translate_y", 9)),
+    ((0.0, "shear_x", 0), (0.8, "solarize", 4)), ((0.8, "shear_y", 0), (0.6, "color", 4)),
+    ((1.0, "color", 0), (0.6, "rotate", 2)), ((0.8, "equalize", None), (0.0, "equalize", None)),
+    ((1.0, "equalize", None), (0.6, "auto_contrast", None)), ((0.4, "shear_y", 7), (0.6, "solarize_add", 7)),
+    ((0.8, "posterize", 2), (0.6, "solarize", 10)), ((0.6, "solarize", 8), (0.6, "equalize", None)),
+    ((0.8, "color", 6), (0.4, "rotate", 5)),
+]
+
+
+def test_dali_s_autoaugment_policy_is_the_reference_s_and_torchvision_s_is_not():
+    """What the start-up line claims: DALI's ImageNet policy, sub-policy for sub-policy, is the reference's
+    (an operation of probability 0 left out); torchvision's is another table."""
+    auto_augment = pytest.importorskip("nvidia.dali.auto_aug.auto_augment")
+
+    ours = [[(p, op.name, m) for op, p, m in sub] for sub in auto_augment.get_image_net_policy().sub_policies]
+    assert ours == [[(p, op, m) for p, op, m in sub if p > 0] for sub in REFERENCE_AUTOAUGMENT]
+    theirs = v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET)._policies
+    assert len(theirs) == 25 and theirs[0] == (("Posterize", 0.4, 8), ("Rotate", 0.6, 9))  # the paper's first
+
+
+@pytest.mark.parametrize("backend, says", [
+    ("dali-cpu", "DALI's auto_aug, on the CPU in DALI's threads, with the reference's ImageNet policy"),
+    ("dali-gpu", "DALI's auto_aug, on the GPU, with the reference's ImageNet policy"),
+    ("pytorch", "torchvision's, on the CPU in the loader workers, with the AutoAugment paper's ImageNet "
+                "policy; the reference's policy is DALI's (--data-backend dali-cpu or dali-gpu)"),
+    ("pytorch-gpu", "torchvision's, on the GPU, each image's operations drawn in the loader workers, with "
+                    "the AutoAugment paper's ImageNet policy; the reference's policy is DALI's"),
+    ("synthetic", "not applied, the synthetic batches are not augmented"),
+])
+def test_the_start_up_line_says_whose_autoaugment_runs_where(backend, says):
+    from image_classification.data import augmentation_notice
+
+    assert augmentation_notice(backend, "autoaugment").startswith(f"=> --augmentation autoaugment: {says}")
+    assert augmentation_notice(backend, None) is None
+    if backend != "synthetic":
+        assert "policy" not in augmentation_notice(backend, "trivialaugment")  # one policy: nothing to tell
+
+
+def test_a_training_run_with_autoaugment_says_where_it_runs(image_folder, tmp_path, tiny_arch, capsys):
+    argv = ["-a", tiny_arch, "--image-size", "32", "-b", "4", "--device", "cpu", "--data-backend", "pytorch",
+            "-j", "0", "--epochs", "1", "--prof", "1", "--augmentation", "autoaugment", str(image_folder)]
+    assert main([*argv, "--training-only", "--workspace", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "=> --augmentation autoaugment: torchvision's, on the CPU in the loader workers" in out
+    assert main([*argv, "--evaluate", "--workspace", str(tmp_path / "eval")]) == 0
+    assert "=> --augmentation" not in capsys.readouterr().out  # validation is not augmented: no line

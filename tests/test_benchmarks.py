@@ -17,6 +17,7 @@ import torch
 
 from helpers import aoti_available
 from image_classification.system import machine
+from image_classification.system.cli import run
 
 benchmark = importlib.import_module("benchmarks.infer_throughput")
 infer_paths = importlib.import_module("benchmarks.infer_paths")
@@ -610,6 +611,25 @@ def test_the_peer_benchmark_without_timm_s_train_py_says_where_to_get_it(tmp_pat
     assert "no such file" in message and "github.com/huggingface/pytorch-image-models" in message
 
 
+def test_the_peer_benchmark_writes_the_photo_set_with_the_loader_benchmark_s_own_function(tmp_path, monkeypatch):
+    """``--photos DIR``: the set is cut by benchmarks/benchmark_loader.py's function, imported as a module (the
+    one-release forwarder in scripts/ runs the benchmark as a command, with peer_timm's own flags, on import)."""
+    loader = importlib.import_module("benchmarks.benchmark_loader")
+    peer = importlib.import_module("benchmarks.peer_timm")
+    cut = []
+
+    def make_photo_set(root, per_class, size, seed):
+        cut.append((root, per_class, seed))
+        for label in ("astronaut", "camera"):
+            (root / "train" / label).mkdir(parents=True)
+
+    monkeypatch.setattr(loader, "make_photo_set", make_photo_set)
+    monkeypatch.setattr(sys, "argv", ["peer_timm.py", "--timm-train", "train.py", "--photos", str(tmp_path)])
+    peer.write_photo_set(tmp_path / "photos")
+    assert [seed for _, _, seed in cut] == [1, 0] and cut[1][0] == tmp_path / "photos"
+    assert sorted(path.name for path in (tmp_path / "photos").iterdir()) == ["train", "val"]
+
+
 def test_the_decode_scale_benchmark_counts_the_reduced_decodes_the_loader_makes(tmp_path, monkeypatch):
     """Its replay of a run's draws counts the boxes and validation images that the pytorch backend's loader
     decodes at a reduced scale, in the run's own order and crops."""
@@ -617,7 +637,7 @@ def test_the_decode_scale_benchmark_counts_the_reduced_decodes_the_loader_makes(
     from image_classification.arguments import parse_args
     from image_classification.data import get_loaders, reduced
     from image_classification.system.runtime import make_runtime
-    from image_classification.train.plan import data_config
+    from image_classification.arguments.data import data_config
 
     benchmark = importlib.import_module("benchmarks.decode_scale_accuracy")
     data = tmp_path / "photos"
@@ -665,6 +685,16 @@ def test_the_decode_scale_benchmark_alternates_the_scales_seed_by_seed(tmp_path,
     assert re.search(r"^--decode-scale auto: mean [\d.]+%, sd [\d.]+, min [\d.]+, max [\d.]+$", output, re.M)
     assert re.search(r"^auto - full, seed by seed: [+-][\d.]+, [+-][\d.]+; mean [+-][\d.]+ points, (within|beyond) "
                      r"the runs' noise", output, re.M)
+
+
+def test_the_dali_validation_benchmark_says_in_one_line_where_dali_is_missing(image_folder, capsys, monkeypatch):
+    """A machine without DALI (the GPU machine's image has none): one line and exit code 2, not an import
+    traceback."""
+    benchmark = importlib.import_module("benchmarks.dali_validation")
+    monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # `import nvidia.dali` raises ImportError
+    assert run(benchmark.main, ["--image-size", "32", "-b", "4", "--rounds", "1", str(image_folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "NVIDIA DALI cannot be imported here" in err
 
 
 def test_the_dali_validation_benchmark_times_the_window_against_the_whole_image_on_the_same_pixels(

@@ -96,7 +96,7 @@ def test_only_what_the_image_lacks_is_installed(container_requirements):
            "tensorboard"}
     missing = container_requirements.missing_requirements(lines, ngc)
     names = {container_requirements.canonical(re.match(r"[\w.-]+", line).group()) for line in missing}
-    assert names == {"tqdm", "nvidia-ml-py", "onnx", "onnxscript", "onnxruntime", "scikit-learn"}
+    assert names == {"tqdm", "nvidia-ml-py", "onnx", "onnxscript", "onnxruntime", "scikit-learn", "safetensors"}
     assert "onnx==1.23.2" in missing  # as pinned
     assert container_requirements.missing_requirements(lines, set()) == \
         [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]

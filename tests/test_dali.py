@@ -21,7 +21,7 @@ from image_classification.data.folder import folder_loaders
 from image_classification.data.layout import check_dataset
 from image_classification.errors import UserError
 from image_classification.system.runtime import Runtime
-from image_classification.train.plan import data_config
+from image_classification.arguments.data import data_config
 
 SIZE = 32
 

@@ -79,7 +79,7 @@ def test_sixteen_bit_greyscale_is_scaled_not_clipped(tmp_path):
 
 
 def _loader_config(data, workers):
-    return DataConfig(data=str(data), backend="pytorch", image_size=32, batch_size=4, workers=workers, seed=3,
+    return DataConfig(data=str(data), data_backend="pytorch", image_size=32, batch_size=4, workers=workers, seed=3,
                       crop_scale=(0.3, 1.0))
 
 
@@ -168,7 +168,7 @@ def test_training_crops_follow_torchvision_random_resized_crop():
 
     from image_classification.data.transforms import TrainTransform
 
-    config = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=4, crop_scale=(0.08, 1.0), hflip=0)
+    config = DataConfig(data=None, data_backend="pytorch", image_size=32, batch_size=4, crop_scale=(0.08, 1.0), hflip=0)
     ours = TrainTransform(config)
     image = torch.randint(0, 256, (3, 60, 80), dtype=torch.uint8)
     areas = []
@@ -191,7 +191,7 @@ def test_training_crops_are_torchvision_s_pixels_exactly(interpolation):
 
     from image_classification.data.transforms import INTERPOLATION, TrainTransform
 
-    config = DataConfig(data=None, backend="pytorch", image_size=32, batch_size=4, interpolation=interpolation)
+    config = DataConfig(data=None, data_backend="pytorch", image_size=32, batch_size=4, interpolation=interpolation)
     ours = TrainTransform(config)
     theirs = v2.Compose([v2.RandomResizedCrop(32, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
                                               interpolation=INTERPOLATION[interpolation], antialias=True),
@@ -378,7 +378,7 @@ def _two_epochs(root, backend: str, capsys) -> tuple[list[tuple[int, int]], str,
     from image_classification.data import get_loaders
 
     runtime = make_runtime("cpu", False, None, "nchw", False)
-    config = DataConfig(data=str(root), backend=backend, image_size=32, batch_size=3, workers=0)
+    config = DataConfig(data=str(root), data_backend=backend, image_size=32, batch_size=3, workers=0)
     train, val = get_loaders(config, runtime, want_train=True, want_val=True)
     capsys.readouterr()
     seen = []
@@ -504,7 +504,7 @@ def test_a_large_jpeg_behind_a_marker_without_length_breaks_the_size_rule_in_tra
     path = tem_folder / "train" / "class_00" / "tem_9500.jpg"
     assert libjpeg_decode(path.read_bytes()).shape == (1, 9500, 9500)
     runtime = make_runtime("cpu", False, None, "nchw", False)
-    config = DataConfig(data=str(tem_folder), backend="pytorch", image_size=32, batch_size=11, workers=0)
+    config = DataConfig(data=str(tem_folder), data_backend="pytorch", image_size=32, batch_size=11, workers=0)
     classes = check_dataset(str(tem_folder), None, want_train=True, want_val=True)
     train, val = folder_loaders(config, runtime, classes, want_train=True, want_val=True)
     capsys.readouterr()

@@ -43,7 +43,7 @@ def runtime(device: str = "cpu", memory_format=torch.contiguous_format) -> Runti
 def passes(root, backend: str, *, device: str = "cpu", epoch: int = 1, start_batch: int = 0, **fields):
     """One training and one validation pass of ``backend`` on ``root`` (32 px, batches of 4, seed 3): each as
     a list of (images, targets) on the CPU, the (train, val) images skipped, and the (train, val) pass counts."""
-    settings = dict(data=str(root), backend=backend, image_size=SIZE, batch_size=4, seed=3, workers=0)
+    settings = dict(data=str(root), data_backend=backend, image_size=SIZE, batch_size=4, seed=3, workers=0)
     memory_format = fields.pop("memory_format", torch.contiguous_format)
     train, val = get_loaders(DataConfig(**{**settings, **fields}), runtime(device, memory_format), want_train=True,
                              want_val=True)
@@ -100,7 +100,7 @@ def test_the_crops_are_the_boxes_the_pytorch_backend_draws(image_folder):
     """The workers find each image's size in its header and draw its box and flip under the sample's seed: the
     box torchvision's RandomResizedCrop draws from the decoded image, the flip RandomHorizontalFlip draws."""
     samples = open_split(image_folder, "train", ["class_00", "class_01", "class_02"])
-    config = DataConfig(data=str(image_folder), backend="pytorch-gpu", image_size=SIZE, batch_size=4,
+    config = DataConfig(data=str(image_folder), data_backend="pytorch-gpu", image_size=SIZE, batch_size=4,
                         crop_scale=(0.25, 0.9))
     dataset = EncodedImages(samples, TrainTransform(config))
     sampler = ShardSampler(len(samples), 0, 1, shuffle=True, seed=3)
@@ -398,9 +398,9 @@ def test_the_device_holds_at_most_what_the_memory_bound_s_docstring_states(monke
     check_size(side, side)
     check_size(strip[1], strip[0], 256)
     mib, figures = 1 << 20, {}
-    crop = TrainTransform(DataConfig(data=None, backend="pytorch-gpu", image_size=224, batch_size=1)).crop
+    crop = TrainTransform(DataConfig(data=None, data_backend="pytorch-gpu", image_size=224, batch_size=1)).crop
     square = torch.zeros(3, side, side, dtype=torch.uint8)
-    cases = {"training crop of the largest square": (square, lambda image: crop(image, Draw((0, 0, side, side), False)),
+    cases = {"training crop of the largest square": (square, lambda image: crop(image, Draw((0, 0, side, side), False, 224)),
                                                      4 * square.numel(), 3 * side * 224 * 4),
              "validation of the largest square": (square, lambda image: device_decode.val_crop(image, 224),
                                                   4 * square.numel(), 3 * side * 256 * 4),
@@ -431,7 +431,7 @@ def test_preparing_batches_reads_nothing_back(image_folder, monkeypatch, augment
 
     from image_classification.data.device_decode import DeviceDecodedLoader
 
-    config = DataConfig(data=str(image_folder), backend="pytorch-gpu", image_size=SIZE, batch_size=4, workers=1,
+    config = DataConfig(data=str(image_folder), data_backend="pytorch-gpu", image_size=SIZE, batch_size=4, workers=1,
                         augmentation=augmentation)
     train, val = get_loaders(config, runtime(), want_train=True, want_val=True)
     reads, counting = [], threading.local()
@@ -478,7 +478,7 @@ def test_on_an_asynchronous_device_the_policies_wait_for_nothing(augmentation):
                 built.append(func.__name__)
             return func(*args, **kwargs)
 
-    config = DataConfig(data=None, backend="pytorch-gpu", image_size=SIZE, batch_size=4, augmentation=augmentation)
+    config = DataConfig(data=None, data_backend="pytorch-gpu", image_size=SIZE, batch_size=4, augmentation=augmentation)
     halves = PolicyDraws(auto_augmentation(config))
     operations = []
     for name, (magnitudes, signed) in halves.policy._AUGMENTATION_SPACE.items():
@@ -517,7 +517,7 @@ def test_the_background_thread_touches_no_random_generator(image_folder, monkeyp
     torch.manual_seed(7)
     alone = [torch.rand(3) for _ in range(len(expected) + 1)]
     monkeypatch.setattr(torch, "default_generator", Watched())
-    config = DataConfig(data=str(image_folder), backend="pytorch-gpu", image_size=SIZE, batch_size=4, seed=3,
+    config = DataConfig(data=str(image_folder), data_backend="pytorch-gpu", image_size=SIZE, batch_size=4, seed=3,
                         **fields)
     train, _ = get_loaders(config, runtime(), want_train=True, want_val=False)
     train.set_epoch(1)
@@ -590,7 +590,7 @@ def test_a_torchvision_without_gpu_decoding_and_augmix_are_refused_naming_what_t
     with pytest.raises(UserError, match=r"needs a GPU JPEG decoder .* lacks \(torchvision [^;]+; RuntimeError: not "
                                         r"compiled with nvJPEG\); use --data-backend pytorch$"):
         device_decode.check_device_decode_request(True, None, training=True)
-    config = DataConfig(data=str(image_folder), backend="pytorch-gpu", image_size=SIZE, batch_size=4,
+    config = DataConfig(data=str(image_folder), data_backend="pytorch-gpu", image_size=SIZE, batch_size=4,
                         augmentation="augmix")
     with pytest.raises(UserError, match="augmix is not supported with --data-backend pytorch-gpu.*use "
                                         "--data-backend pytorch$"):
@@ -792,7 +792,7 @@ def test_on_cuda_preparing_batches_synchronises_nothing(photos, augmentation):
     they are meant, in the background thread), for every policy."""
     import warnings
 
-    config = DataConfig(data=str(photos), backend="pytorch-gpu", image_size=64, batch_size=7, workers=1, seed=3,
+    config = DataConfig(data=str(photos), data_backend="pytorch-gpu", image_size=64, batch_size=7, workers=1, seed=3,
                         augmentation=augmentation)
     train, _ = get_loaders(config, runtime("cuda"), want_train=True, want_val=False)
     for epoch in range(2):  # the first pass makes the thread, the streams and the decoder's buffers
@@ -820,9 +820,9 @@ def test_on_cuda_resizing_holds_the_float32_copies_the_memory_bound_states_and_n
 
     device, side, slack = torch.device("cuda", torch.cuda.current_device()), 4096, 8 << 20
     image = torch.randint(0, 256, (3, side, side), dtype=torch.uint8, device=device)
-    crop = TrainTransform(DataConfig(data=None, backend="pytorch-gpu", image_size=224, batch_size=1)).crop
+    crop = TrainTransform(DataConfig(data=None, data_backend="pytorch-gpu", image_size=224, batch_size=1)).crop
     strip = torch.randint(0, 256, (3, 255, 60_000), dtype=torch.uint8, device=device)  # resized up to 256 x 60,235
-    for picture, work, expected in ((image, lambda: crop(image, Draw((0, 0, side, side), False)), 4 * image.numel()),
+    for picture, work, expected in ((image, lambda: crop(image, Draw((0, 0, side, side), False, 224)), 4 * image.numel()),
                                     (image, lambda: device_decode.val_crop(image, 224), 4 * image.numel()),
                                     (strip, lambda: device_decode.val_crop(strip, 224),
                                      4 * strip.numel() + 4 * 3 * 256 * (256 * 60_000 // 255))):
@@ -845,7 +845,7 @@ def test_on_a_second_gpu_the_background_thread_works_there(image_folder, monkeyp
     current, prepare = [], DeviceDecodedLoader._prepare
     monkeypatch.setattr(DeviceDecodedLoader, "_prepare", lambda self, *args: current.append(
         torch.cuda.current_device()) or prepare(self, *args))
-    settings = dict(data=str(image_folder), backend="pytorch-gpu", image_size=SIZE, batch_size=4, seed=3, workers=0)
+    settings = dict(data=str(image_folder), data_backend="pytorch-gpu", image_size=SIZE, batch_size=4, seed=3, workers=0)
     train, _ = get_loaders(DataConfig(**settings), Runtime(torch.device("cuda", 1), None, torch.contiguous_format),
                            want_train=True, want_val=False)
     train.set_epoch(0)

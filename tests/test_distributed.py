@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO, explain, multiproc_cmd, patient, run_process, run_script, start_process
+from helpers import REPO, explain, multiproc_cmd, patient, run_config, run_process, run_script, start_process
 from image_classification.records.raport import read_raport
 
 needs_proc = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds worker pids in /proc")
@@ -229,14 +229,13 @@ def test_a_one_process_gloo_ddp_run_in_fp16_with_accumulation_equals_the_same_st
     from image_classification.models.preprocessing import Preprocessing
     from image_classification.system.runtime import Runtime
     from image_classification.train.engine import Engine
-    from image_classification.train.plan import RunConfig
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         # 2**30 overflows the first steps' fp16 gradients: the scaler halves it until they fit
-        config = RunConfig(arch=tiny_arch, num_classes=10, model_options=(), preprocessing=Preprocessing(32),
+        config = run_config(arch=tiny_arch, num_classes=10, model_options=(), preprocessing=Preprocessing(32),
                            accumulation=2, lr=0.05, loss_scale=2.0**30)
         torch.manual_seed(0)
         model = build_model(tiny_arch, num_classes=10)

@@ -4,12 +4,13 @@ import pytest
 import torch
 from torch.optim.swa_utils import AveragedModel
 
-from helpers import refused
+from helpers import refused, run_config
 from image_classification.arguments import parse_args
 from image_classification.errors import UserError
 from image_classification.system.cli import run as cli_run
 from image_classification.train.ema import ModelEma, timm_ema_decay, torchvision_decay
-from image_classification.train.plan import ema_options
+from image_classification.arguments.optimisation import EmaChoice, OptimConfig
+from image_classification.arguments.values import from_args
 from test_optim import assert_same_tensors, stopped_and_resumed
 
 
@@ -99,13 +100,14 @@ def _args(*flags: str):
 
 
 def test_use_ema_keeps_the_reference_ema_and_model_ema_is_torchvisions():
-    assert ema_options(_args()) == {"ema_decay": None, "ema_warmup": False}
-    assert ema_options(_args("--use-ema", "0.999")) == {"ema_decay": 0.999, "ema_warmup": False}
-    assert ema_options(_args("--use-ema", "0.999", "--model-ema-warmup"))["ema_warmup"] is True
-    torchvision = {"ema_decay": 0.99998, "ema_style": "torchvision", "ema_warmup": False, "ema_steps": 32}
-    assert ema_options(_args("--model-ema")) == torchvision
-    assert ema_options(_args("--model-ema-decay", "0.9999", "--model-ema-steps", "4")) == {
-        **torchvision, "ema_decay": 0.9999, "ema_steps": 4}
+    def ema(*flags: str) -> EmaChoice:
+        return from_args(OptimConfig, _args(*flags)).ema
+
+    assert ema() == EmaChoice(None, "reference", 1, False)
+    assert ema("--use-ema", "0.999") == EmaChoice(0.999, "reference", 1, False)
+    assert ema("--use-ema", "0.999", "--model-ema-warmup").warmup is True
+    assert ema("--model-ema") == EmaChoice(0.99998, "torchvision", 32, False)
+    assert ema("--model-ema-decay", "0.9999", "--model-ema-steps", "4") == EmaChoice(0.9999, "torchvision", 4, False)
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -132,11 +134,10 @@ def test_the_engine_adjusts_torchvisions_decay_to_the_global_batch_of_an_optimiz
     from image_classification.models.preprocessing import Preprocessing
     from image_classification.system.runtime import make_runtime
     from image_classification.train.engine import Engine
-    from image_classification.train.plan import RunConfig
 
     runtime = make_runtime("cpu", log=lambda *_: None)
     lines = []
-    config = RunConfig(arch=tiny_arch, num_classes=3, model_options=(), preprocessing=Preprocessing(32),
+    config = run_config(arch=tiny_arch, num_classes=3, model_options=(), preprocessing=Preprocessing(32),
                        batch_size=16, accumulation=4, epochs=90, warmup=2, ema_decay=0.9999,
                        ema_style="torchvision", ema_steps=8)
     engine = Engine(config, runtime, build_model(tiny_arch, num_classes=3), log=lines.append)

@@ -8,20 +8,20 @@ import io
 import pytest
 import torch
 
-from helpers import tiny_bottleneck_row
+from helpers import run_config, tiny_bottleneck_row
 from image_classification.models import build_model
 from image_classification.models.archs import ARCHS
 from image_classification.models.preprocessing import Preprocessing
 from image_classification.system.runtime import Runtime
 from image_classification.train.engine import LOSS_SCALE_GROWTH_INTERVAL, Engine
-from image_classification.train.plan import DEFAULT_LOSS_SCALE, RunConfig
+from image_classification.arguments.precision import DEFAULT_LOSS_SCALE
 
 FP16, BF16 = torch.float16, torch.bfloat16
 
 
 def _engine(runtime: Runtime, **settings) -> Engine:
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))
-    config = RunConfig(arch="resnet18", num_classes=2, model_options=(), preprocessing=Preprocessing(32),
+    config = run_config(arch="resnet18", num_classes=2, model_options=(), preprocessing=Preprocessing(32),
                        lr=0.1, momentum=0.0, weight_decay=0.0, **settings)
     return Engine(config, runtime, model, log=lambda *_: None)
 
@@ -87,7 +87,7 @@ def _bottleneck_engine(monkeypatch, memory_format: torch.memory_format,
     if checkpoint is not None:
         model.load_state_dict(checkpoint["state_dict"])
     model = model.to(memory_format=memory_format)
-    config = RunConfig(arch="tiny-bottleneck", num_classes=3, model_options=(),
+    config = run_config(arch="tiny-bottleneck", num_classes=3, model_options=(),
                        preprocessing=Preprocessing(32), optimizer="sgd", lr=0.2, momentum=0.9,
                        weight_decay=1e-4, ema_decay=0.5)
     engine = Engine(config, Runtime(torch.device("cpu"), None, memory_format), model, log=lambda *_: None)

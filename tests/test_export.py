@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import (REPO, one_error_line, refused, run_script, sigterm_during_the_export, sigterm_noted,
-                     torch_export_writes_onnx)
+from helpers import (REPO, one_error_line, randomised, refused, run_script, sigterm_during_the_export,
+                     sigterm_noted, torch_export_writes_onnx)
 from image_classification.deploy import export
 from image_classification.models import build_model, load_weights
 from image_classification.system.cli import run
@@ -23,17 +23,6 @@ from image_classification.system.cli import run
 def script(capsys):
     """``python NAME ARGS`` in the repository, run in this process (see helpers.run_script)."""
     return lambda name, *args: run_script([name, *args], capsys, cwd=REPO)
-
-
-def randomised(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Give every parameter and BN statistic values that differ from a fresh model's."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, tensor in model.state_dict().items():
-            if tensor.is_floating_point():
-                noise = torch.rand(tensor.shape, generator=generator)
-                tensor.copy_(noise + 0.5 if "running_var" in name else (noise - 0.5) * 0.2)
-    return model
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,8 @@ def test_the_loaders_crop_training_and_validation_images_to_their_own_sizes(imag
     if backend == "dali-cpu":
         pytest.importorskip("nvidia.dali")
     config = DataConfig(None if backend == "synthetic" else str(image_folder), backend, CROP, batch_size=4,
-                        crop_ratio=CROP / RESIZE, train_crop_size=TRAIN, num_classes=3, synthetic_length=1)
+                        preprocessing=Preprocessing(CROP, crop_ratio=CROP / RESIZE, train_crop_size=TRAIN),
+                        num_classes=3, synthetic_length=1)
     runtime = make_runtime("cpu", log=lambda *_: None)
     train, val = get_loaders(config, runtime, want_train=True, want_val=True)
     train.set_epoch(0)

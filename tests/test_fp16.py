@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 
 import pytest
+
+from helpers import run_config
 import torch
 from torch.torch_version import TorchVersion
 
@@ -19,7 +21,6 @@ from image_classification.system.runtime import Runtime
 from image_classification.train.engine import Engine
 from image_classification.train.losses import classification_loss
 from image_classification.train.optim import Lamb, Lars, weight_decay_groups
-from image_classification.train.plan import RunConfig
 
 LR, MOMENTUM, DECAY, SCALE = 0.05, 0.9, 1e-4, 1024.0
 # What each of our optimizers is without the skip: torch's own (its default kernels), or ours driven by
@@ -80,7 +81,7 @@ def assert_equal_states(a: dict, b: dict, exact: bool, where: str) -> None:
 def ours(name: str, model, data, accumulation: int, memory_format, overflowing: set[int]) -> Engine:
     """The engine's run over ``data``, checking that each skipped step changed no parameter, optimizer state
     or EMA value."""
-    config = RunConfig(arch="tiny", num_classes=3, model_options=(), preprocessing=Preprocessing(32),
+    config = run_config(arch="tiny", num_classes=3, model_options=(), preprocessing=Preprocessing(32),
                        optimizer=name, lr=LR, momentum=MOMENTUM, weight_decay=DECAY, accumulation=accumulation,
                        ema_decay=0.9, loss_scale=SCALE, dynamic_loss_scale=True)
     engine = Engine(config, Runtime(torch.device("cpu"), torch.float16, memory_format), model, log=lambda *_: None)
@@ -145,7 +146,7 @@ def test_fp16_training_uses_no_fused_kernel_and_other_precisions_keep_it(tiny_ar
     """Under a loss scaler the optimizer is never fused (see the next test); without one, SGD's fused CPU
     kernel stays where this torch has it."""
     def sgd_groups(amp_dtype):
-        config = RunConfig(arch="tiny", num_classes=3, model_options=(), preprocessing=Preprocessing(32))
+        config = run_config(arch="tiny", num_classes=3, model_options=(), preprocessing=Preprocessing(32))
         model = build_model(tiny_arch, num_classes=3)
         engine = Engine(config, Runtime(torch.device("cpu"), amp_dtype, torch.contiguous_format), model,
                         log=lambda *_: None)

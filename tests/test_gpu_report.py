@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO, load_script, patient, run_script
+from helpers import REPO, launch_on, load_script, patient, run_script
 
 report = load_script("gpu_report")
 # plan() reads every test module to find the GPU tests' (seconds, many times over here); they stay as they are
@@ -46,13 +47,14 @@ def run_fake(steps, tmp_path, budget_s: float = 60):
 # ------------------------------------------------------------------------------------------------
 # The plan
 # ------------------------------------------------------------------------------------------------
-def test_the_first_call_runs_amp_the_tests_inference_and_decoding_and_the_second_the_rest(tmp_path):
-    """What is worth most first: the AMP figures, the GPU tests, inference, GPU decoding; ``--sections train``
-    (TF32, bf16, the plain loop, compile) is the second call."""
+def test_the_first_call_runs_the_tests_amp_inference_and_decoding_and_the_second_the_rest(tmp_path):
+    """What is worth most first: the decoder's probe (seconds), the GPU tests, the AMP figures (resnet50's in NCHW
+    too), inference, GPU decoding; ``--sections train`` (TF32, bf16, the plain loop, compile) is the second call."""
     steps = report.plan(report.FULL, "cuda", tmp_path)
     assert [step.name for step in steps] == [
-        *(f"{arch} AMP launch.py" for arch in MODELS), "pytest -m gpu", "resnet50 inference", "JPEG set",
-        "loader pytorch-gpu beside pytorch", "resnet50 AMP launch.py JPEG", "resnet50 AMP launch.py synthetic"]
+        "decoder probe", "pytest -m gpu", *(f"{arch} AMP launch.py" for arch in MODELS), "resnet50 AMP launch.py NCHW",
+        "resnet50 inference", "JPEG set", "loader pytorch-gpu beside pytorch", "resnet50 AMP launch.py JPEG",
+        "resnet50 AMP launch.py synthetic"]
     second = report.plan(report.FULL, "cuda", tmp_path, ["train"])
     assert [step.name for step in second] == [
         *(f"{arch} TF32 launch.py" for arch in MODELS), "resnet50 BF16 launch.py", *(f"{arch} AMP" for arch in MODELS),
@@ -60,33 +62,44 @@ def test_the_first_call_runs_amp_the_tests_inference_and_decoding_and_the_second
     assert [s.name for s in report.plan(report.FULL, "cuda", tmp_path, report.SECTIONS)] == \
         [s.name for s in steps + second]
     assert not any(step.skipped for step in steps + second)
-    launch = steps[0]
-    assert report.command(launch) == ("python launch.py --model resnet50 --precision AMP --mode "
+    launch = steps[2]
+    assert report.command(launch) == ("python3 launch.py --model resnet50 --precision AMP --mode "
                                       f"benchmark_training_short --platform DGXH100 --workspace "
                                       f"{tmp_path}/launch/resnet50_AMP --raport-file raport.json")
     assert launch.output == tmp_path / "launch" / "resnet50_AMP" / "raport.json" and launch.kind == "launch"
+    nchw = steps[5]
+    assert nchw.argv == (*launch.argv[:launch.argv.index("--workspace")], "--workspace",
+                         str(tmp_path / "launch" / "resnet50_AMP_NCHW"), "--raport-file", "raport.json",
+                         "--memory-format", "nchw")  # the same command, the other layout
+    assert nchw.memory_format == "nchw" and not launch.memory_format
     assert second[0].argv[second[0].argv.index("--prof") + 1] == "40"  # TF32 and bf16 come after the headline
     amp = second[4]
-    assert report.command(amp).startswith("python benchmarks/train_throughput.py -a resnet50 --image-size 224 "
+    assert report.command(amp).startswith("python3 benchmarks/train_throughput.py -a resnet50 --image-size 224 "
                                           "-b 256 --largest-batch")
     assert ("--amp", "--amp-dtype", "float16") == amp.argv[amp.argv.index("--amp"):amp.argv.index("--amp") + 3]
     assert amp.output == tmp_path / "train" / "resnet50_AMP.json" and str(amp.output) in amp.argv
-    sweep = steps[4].argv
+    sweep = steps[6].argv
     assert sweep[sweep.index("--batch-sizes") + 1:sweep.index("--paths")] == \
         ("1", "2", "4", "8", "16", "32", "64", "128", "256")
-    tests = steps[3].argv
-    assert tests[:4] == ("-m", "pytest", "-m", "gpu") and "--continue-on-collection-errors" in tests
-    assert tests[tests.index("-n") + 1] == "6" and tests[tests.index("--junitxml") + 1] == str(steps[3].output)
+    tests = steps[1]
+    assert tests.argv[:4] == ("-m", "pytest", "-m", "gpu") and "--continue-on-collection-errors" in tests.argv
+    assert tests.argv[tests.argv.index("-n") + 1] == "6" and tests.argv[tests.argv.index("-p", 6) + 1] == "outcomes"
+    assert dict(tests.env)[report.OUTCOMES_ENV] == str(tests.output) and tests.output.suffix == ".jsonl"
+    probe = steps[0]
+    assert probe.argv == (report.PROBE_SCRIPT, "--device", "cuda", "-o", str(probe.output)) and probe.echo
 
 
 def test_the_decode_section_trains_the_same_command_on_its_jpegs_and_on_synthetic_data(tmp_path):
-    data, loader, jpeg, synthetic = report.plan(report.FULL, "cuda", tmp_path, ["decode"])
+    probe, data, loader, jpeg, synthetic = report.plan(report.FULL, "cuda", tmp_path, ["decode"])
+    assert probe.name == report.PROBE_STEP and probe.kind == "probe"
     jpegs = str(tmp_path / report.DATA_FOLDER / "jpegs")
     assert data.argv[0] == report.JPEG_SET_SCRIPT and data.argv[-1] == jpegs
     assert data.argv[data.argv.index("--images") + 1] == str(60 * 256)  # every iteration of --prof 60 at 256
     assert data.argv[data.argv.index("--classes") + 1] == "1000"  # the synthetic data's: the same model
     assert loader.argv[:5] == (report.LOADER_SCRIPT, "--data-backend", "pytorch-gpu", "--beside", "pytorch")
-    assert loader.argv[-1] == jpegs and loader.needs == jpeg.needs == "JPEG set" and synthetic.needs is None
+    # what needs pytorch-gpu's device decoder waits for the probe; the synthetic run needs neither
+    assert loader.argv[-1] == jpegs and loader.needs == jpeg.needs == ("decoder probe", "JPEG set")
+    assert synthetic.needs == ()
     assert jpeg.argv[-3:] == ("--data-backend", "pytorch-gpu", jpegs)
     assert jpeg.argv[:-3] == tuple(a.replace("synthetic", "JPEG") for a in synthetic.argv)  # nothing else differs
     assert (jpeg.data, synthetic.data) == ("JPEG", "synthetic") and not jpeg.note
@@ -95,17 +108,18 @@ def test_the_decode_section_trains_the_same_command_on_its_jpegs_and_on_syntheti
     assert cpu["resnet50 AMP launch.py JPEG"].argv[-2] == "pytorch"
     assert "the pytorch backend stands in" in cpu["resnet50 AMP launch.py JPEG"].note
     assert "CPU twin" in cpu["loader pytorch-gpu beside pytorch"].note
+    assert cpu["resnet50 AMP launch.py JPEG"].needs == ("JPEG set",)  # the pytorch backend needs no device decoder
 
 
 def test_each_call_fits_its_budget_by_the_estimates_and_every_estimate_its_step_s_limit(tmp_path):
-    """Both calls' steps add up, by the estimates, to at most 480 s: the default budget, with 2 minutes of a
-    10-minute command to spare; nothing is expected to be left out; each estimate is within its step's limit,
-    and the smoke run estimates every step it runs."""
-    assert report.FULL.budget_s == 480
+    """Both calls' steps add up, by the estimates, to at most 520 s: the default budget, so that the first call
+    and the machine's start (1-2 minutes) fit the 10 minutes a command may run; nothing is expected to be left
+    out; each estimate is within its step's limit, and the smoke run estimates every step it runs."""
+    assert report.FULL.budget_s == 520
     for sections in (report.DEFAULT_SECTIONS, ["train"]):
         steps = report.plan(report.FULL, "cuda", tmp_path, sections)
         total, cut = report.forecast(steps, report.FULL.budget_s)
-        assert total <= 480 and cut == [] and total == sum(step.estimate_s for step in steps)
+        assert total <= 520 and cut == [] and total == sum(step.estimate_s for step in steps)
         assert all(0 < step.estimate_s < step.limit_s <= report.FULL.budget_s for step in steps)
     every = report.plan(report.FULL, "cuda", tmp_path, report.SECTIONS)
     assert sorted(report.H100_ESTIMATES) == sorted(step.name for step in every)  # no estimate left over
@@ -135,10 +149,10 @@ def test_on_the_cpu_fp16_runs_for_resnet18_and_bf16_compiles(tmp_path):
                                                                       "se-resnext101-32x4d AMP"]
     assert [name for name, step in steps.items() if "compile" in step.argv] == ["resnet18 BF16 compile"]
     every = report.plan(report.SMOKE, "cpu", tmp_path, report.SECTIONS)
-    assert all(step.env == (("OMP_NUM_THREADS", "1"),) for step in every)
+    assert all(step.env[0] == ("OMP_NUM_THREADS", "1") for step in every)
     assert all(step.argv[step.argv.index("--device") + 1] == "cpu" for step in every if "--device" in step.argv)
     launched = [step for step in every if step.kind == "launch"]
-    assert len(launched) == 9 and all(step.argv[step.argv.index("--platform") + 1] == "CPU" for step in launched)
+    assert len(launched) == 10 and all(step.argv[step.argv.index("--platform") + 1] == "CPU" for step in launched)
     assert not any("compile" in step.argv for step in report.plan(report.SMOKE, "cpu", tmp_path, report.SECTIONS,
                                                                   compiler=False))
 
@@ -153,7 +167,7 @@ def test_every_planned_command_parses_with_its_script(tmp_path, capsys):
             if step.kind == "launch":  # launch.py resolves its preset and main.py's flags, as the run will
                 from image_classification import launch
 
-                assert launch.main([*step.argv[1:], "--dry-run"], cuda_available=True) == 0
+                assert launch_on([*step.argv[1:], "--dry-run"], True) == 0
                 continue
             script = (load_script(Path(step.argv[0]).stem) if step.argv[0].startswith("scripts/") else
                       importlib.import_module(step.argv[0][:-3].replace("/", ".")))
@@ -221,18 +235,23 @@ class TestGroup:
 '''
 
 
-def test_pytest_outcomes_are_read_from_the_junit_xml_of_a_real_xdist_run(tmp_path):
-    """The report's own tests step, on two workers, over a module with a test of every outcome and a module
-    that cannot be imported: each test's outcome, a skip's reason, a failure's message and the end of its
-    traceback, the collection error named by its module."""
+def write_suite(tmp_path: Path, *modules: tuple[str, str]) -> list[str]:
+    """A folder of test modules (name, text) with its own pytest.ini; their paths."""
     folder = tmp_path / "suite"
     folder.mkdir()
     (folder / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: needs a CUDA device\n")
-    (folder / "test_tiny.py").write_text(TINY_MODULE)
-    (folder / "test_broken.py").write_text("import pytest\n\npytestmark = pytest.mark.gpu\nimport not_a_module_xyz\n")
-    (folder / "test_needs.py").write_text("import pytest\n\npytest.importorskip('not_a_module_xyz')\n")
-    step = report.tests_step(replace(report.SMOKE, test_workers=2), tmp_path / "work",
-                             [str(folder / name) for name in ("test_tiny.py", "test_broken.py", "test_needs.py")])
+    for name, text in modules:
+        (folder / name).write_text(text)
+    return [str(folder / name) for name, _ in modules]
+
+
+def test_pytest_outcomes_are_read_from_the_lines_a_real_xdist_run_writes_as_each_test_ends(tmp_path):
+    """The report's own tests step, on two workers, over a module with a test of every outcome and a module
+    that cannot be imported: each test's outcome, a skip's reason, a failure's message and the end of its
+    traceback, the collection error named by its module."""
+    modules = write_suite(tmp_path, ("test_tiny.py", TINY_MODULE), ("test_needs.py", NEEDS_MODULE),
+                          ("test_broken.py", "import pytest\n\npytestmark = pytest.mark.gpu\nimport not_a_module_xyz\n"))
+    step = report.tests_step(replace(report.SMOKE, test_workers=2), tmp_path / "work", modules)
     assert "-n" in step.argv and step.argv[step.argv.index("-n") + 1] == "2"
     record = report.run_step(step, tmp_path / "work", 120)
     assert record["status"] == "failed", record
@@ -255,6 +274,63 @@ def test_pytest_outcomes_are_read_from_the_junit_xml_of_a_real_xdist_run(tmp_pat
     assert tests["test_needs.py"] == {  # a module skipped whole
         "test": "test_needs.py", "outcome": "skipped",
         "reason": "could not import 'not_a_module_xyz': No module named 'not_a_module_xyz'"}
+
+
+NEEDS_MODULE = "import pytest\n\npytest.importorskip('not_a_module_xyz')\n"
+SLOW_MODULE = """
+import time
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def test_quick():
+    pass
+
+
+def test_hangs():
+    time.sleep(600)
+"""
+
+
+def test_a_tests_step_that_is_stopped_keeps_every_outcome_it_reached(tmp_path, monkeypatch):
+    """A hang that the step's time limit ends: the outcomes written before it are the report's (JUnit XML, written
+    at the end only, would have held none)."""
+    monkeypatch.setattr(report, "timeout_flags", lambda scale: ())  # the step's limit ends it, not pytest-timeout
+    modules = write_suite(tmp_path, ("test_slow.py", SLOW_MODULE))
+    step = replace(report.tests_step(report.SMOKE, tmp_path / "work", modules), limit_s=20)
+    record = report.run_step(step, tmp_path / "work", 120)
+    assert record["status"] == "timed out" and record["error"].endswith("; 1 tests had ended"), record
+    assert record["result"]["tests"] == [{"test": "test_slow.py::test_quick", "outcome": "passed"}]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pytest_timeout") is None, reason="needs pytest-timeout")
+def test_each_test_has_a_time_limit_where_pytest_timeout_is_installed(tmp_path):
+    """A hanging test fails alone, within its limit, and the others' outcomes stand."""
+    modules = write_suite(tmp_path, ("test_slow.py", SLOW_MODULE))
+    step = report.tests_step(replace(report.SMOKE, test_timeout_s=3), tmp_path / "work", modules)
+    assert step.argv[step.argv.index("--timeout") + 1] == "3"
+    record = report.run_step(step, tmp_path / "work", 120)
+    assert record["status"] == "failed" and record["error"] == "1 failed and 0 errors: test_slow.py::test_hangs"
+    hung = next(test for test in record["result"]["tests"] if test["outcome"] == "failed")
+    assert "Timeout" in hung["message"] and record["seconds"] < 60
+    assert report.timeout_flags(replace(report.SMOKE, test_timeout_s=0)) == ()
+
+
+def test_the_gpu_tests_skip_without_cuda_before_a_module_s_fixture_trains(tmp_path):
+    """On a machine where a GPU test cannot run it is skipped before any fixture shared by a module or the
+    session is set up (test_quantization's ``trained`` trains a model for a minute): a skip inside the test
+    would come after pytest had set those up."""
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU machine the GPU tests run")
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu",
+                             "--setup-show", *report.gpu_test_modules()], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-2000:]
+    shared = [line.split()[2] for line in result.stdout.splitlines() if line.split()[:2] in (["SETUP", "M"],
+                                                                                           ["SETUP", "S"])]
+    cheap = {"one_torch_thread", "tmp_path_factory"}  # the suite's thread setting, and pytest's own factory
+    assert [name for name in shared if name not in cheap] == [], shared
 
 
 HIDDEN = ("scipy", "skimage", "onnx", "webdataset", "tritonclient", "nvidia.dali")
@@ -421,12 +497,36 @@ def test_a_step_whose_estimate_is_more_than_what_is_left_is_left_out_and_a_small
 
 
 def test_a_step_that_needs_one_that_did_not_succeed_is_skipped_saying_why(tmp_path):
-    steps = [fake_step("JPEG set", "raise SystemExit(1)"), fake_step("loader", "pass", needs="JPEG set"),
-             fake_step("elsewhere", "pass", needs="absent")]
+    steps = [fake_step("probe", "pass"), fake_step("JPEG set", "raise SystemExit('no room')"),
+             fake_step("loader", "pass", needs=("probe", "JPEG set")), fake_step("elsewhere", "pass", needs=("absent",))]
     result, _ = run_fake(steps, tmp_path)
-    assert [step["status"] for step in result["steps"]] == ["failed", "skipped", "skipped"]
-    assert result["steps"][1]["error"] == "it needs the step 'JPEG set', which ended failed"
-    assert result["steps"][2]["error"] == "it needs the step 'absent', which is not in this run"
+    assert [step["status"] for step in result["steps"]] == ["ok", "failed", "skipped", "skipped"]
+    assert result["steps"][2]["error"] == "it needs the step 'JPEG set', which ended failed: exit code 1: no room"
+    assert result["steps"][3]["error"] == "it needs the step 'absent', which is not in this run"
+
+
+def test_a_refused_device_decoder_costs_only_the_steps_that_need_it(tmp_path, monkeypatch):
+    """The probe says why (its figures kept though it exits 1); the loader and the JPEG training are skipped
+    saying so; the JPEG set, the synthetic run and every other section still run."""
+    monkeypatch.setattr(report, "MIN_STEP_S", 0.5)
+    (tmp_path / "decode").mkdir()  # write_json makes it where the probe runs
+    stand_ins = {"probe": "import json, sys; json.dump({'taken': None, 'problem': 'torchvision: its pixels differ "
+                          "by 9.50 grey levels'}, open(sys.argv[-1], 'w')); print('refused: 9.50'); sys.exit(1)"}
+    steps = []
+    for step in report.plan(report.FULL, "cuda", tmp_path):
+        code = stand_ins.get(step.kind, "pass")
+        steps.append(replace(step, argv=("-c", code, *((str(step.output),) if step.kind == "probe" else ())),
+                             output=step.output if step.kind == "probe" else None, estimate_s=0,
+                             kind="" if step.kind == "tests" else step.kind))  # no outcomes to read
+    result, _ = run_fake(steps, tmp_path, budget_s=600)
+    statuses = {step["name"]: step["status"] for step in result["steps"]}
+    assert statuses.pop("decoder probe") == "failed"
+    assert {name for name, status in statuses.items() if status != "ok"} == {
+        "loader pytorch-gpu beside pytorch", "resnet50 AMP launch.py JPEG"}
+    skipped = next(step for step in result["steps"] if step["name"] == "resnet50 AMP launch.py JPEG")
+    assert skipped["error"] == "it needs the step 'decoder probe', which ended failed: exit code 1: refused: 9.50"
+    probe = result["steps"][0]
+    assert probe["result"]["problem"].startswith("torchvision: its pixels differ")
 
 
 def test_a_sigterm_ends_the_step_under_way_and_records_the_rest(tmp_path):
@@ -457,8 +557,32 @@ def test_a_launch_step_s_figures_are_its_raport_s_summary_and_one_without_any_fa
         report.launch_figures(tmp_path / "short" / "experiment_raport.json")
 
 
+def test_the_decoder_probe_gives_each_probe_s_grey_levels_and_the_verdict(capsys):
+    """benchmarks/decoder_probe.py on the CPU twin: every probe JPEG against the CPU decoder (0 levels: the same
+    decoder), and the decoder taken; exit code 1 and why where it is refused."""
+    probe = load_script("decoder_probe", "benchmarks")
+    result = probe.probe(torch.device("cpu"))
+    library = next(iter(result["libraries"]))  # the CPU's own decoder first: the twin decodes as the CPU does
+    found = result["libraries"][library]
+    assert result["cpu_decoder"].startswith(library) and result["taken"].startswith(library)
+    assert result["problem"] is None
+    assert [entry["probe"] for entry in found["probes"]] == list(probe.PROBE_NAMES)
+    assert all(entry["mean_levels"] == 0 and entry["max_levels"] == 0 for entry in found["probes"])
+    text = "\n".join(probe.lines(result))
+    assert f"{library} {found['version']} EXIF-tagged: mean 0.000, max 0 grey levels" in text
+    assert text.endswith(f"taken: {result['taken']}")
+    refused = {**result, "taken": None, "problem": "torchvision: its pixels differ by 9.50 grey levels on average"}
+    assert probe.lines(refused)[-1] == f"refused: {refused['problem']}"
+    markdown = "\n".join(report.markdown({**fake_report(), "steps": [
+        {**fake_report()["steps"][0], "name": "decoder probe", "kind": "probe", "section": "decode",
+         "status": "failed", "error": "exit code 1: refused", "result": refused}]}).splitlines())
+    assert "## The device's JPEG decoder" in markdown and f"| {library} {found['version']} | colour | 0.000 | 0 |" \
+        in markdown and f"**refused: {refused['problem']}**" in markdown
+
+
 def test_the_loader_step_s_figures_are_read_from_what_the_benchmark_prints(image_folder, capsys):
-    """benchmark_loader.py's own output, as the report's loader step runs it (here its CPU twin)."""
+    """benchmark_loader.py's own output, as the report's loader step runs it (here its CPU twin), with the JPEGs
+    pytorch-gpu decoded on the CPU (none: the CPU twin's decoder refuses none)."""
     argv = [report.LOADER_SCRIPT, "--data-backend", "pytorch-gpu", "--beside", "pytorch", "-b", "4", "-j", "0",
             "--epochs", "2", "--image-size", "32", "--device", "cpu", str(image_folder)]
     result = run_script([str(REPO / argv[0]), *argv[1:]], capsys)
@@ -468,6 +592,7 @@ def test_the_loader_step_s_figures_are_read_from_what_the_benchmark_prints(image
     (name, base), = figures["beside"].items()
     assert name == "pytorch" and base["images_per_s"] > 0 and base["speedup"] > 0
     assert base["spread"].startswith("spread") and base["verdict"]
+    assert figures["cpu_decoded"] == 0 and "decoded on the CPU: 0 JPEGs of 2 epochs" in result.stdout
     with pytest.raises(ValueError, match="does not end in 'images/s: N'"):
         report.loader_figures(result.stdout.rsplit("images/s:", 1)[0])
 
@@ -677,7 +802,7 @@ def test_smoke_runs_every_step_on_the_cpu_and_leaves_three_files(tmp_path, monke
     assert all(step["result"]["total_ips"] > 0 for step in result["steps"] if step["kind"] == "launch")
     with tarfile.open(out / "logs.tar.gz") as tar:
         names = set(tar.getnames())
-    assert {"gpu_report/tests/junit.xml", "gpu_report/decode/jpeg_set.json",
+    assert {"gpu_report/tests/outcomes.jsonl", "gpu_report/decode/jpeg_set.json", "gpu_report/decode/probe.json",
             "gpu_report/launch/resnet50_AMP/raport.json", "gpu_report/infer/resnet18.json"} <= names
     assert {f"gpu_report/{step['log']}" for step in result["steps"] if "log" in step} <= names
     assert not any(name.startswith(f"gpu_report/{report.DATA_FOLDER}/") for name in names)

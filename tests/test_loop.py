@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import score_validations
+from helpers import run_config, score_validations
 from image_classification.records.raport import epoch_records, read_raport
 from image_classification.training import main
 
@@ -47,7 +47,7 @@ def test_a_validation_without_a_figure_does_not_count_toward_early_stopping(tmp_
     """Epoch 2's validation gives no accuracy (its outputs are not finite, the weights are): it is neither an
     improvement nor the lack of one, so patience 1 ends the run after epoch 3, which does not improve, not
     after epoch 2."""
-    from image_classification.train import loop
+    from image_classification.train import loop, validation
 
     real_validate, calls = loop.Loop.validate, []
 
@@ -56,7 +56,7 @@ def test_a_validation_without_a_figure_does_not_count_toward_early_stopping(tmp_
         calls.append(result)
         top1 = (50.0, None, 10.0, 90.0)[len(calls) - 1]
         if top1 is None:
-            return loop.ValResult(result.top1, float("nan"), result.count, result.count)
+            return validation.ValResult(result.top1, float("nan"), result.count, result.count)
         result.top1 = top1
         return result
 
@@ -83,10 +83,9 @@ def test_a_training_batch_of_one_is_trained_not_a_batchnorm_traceback():
     from image_classification.models.preprocessing import Preprocessing
     from image_classification.system.runtime import Runtime
     from image_classification.train.engine import Engine
-    from image_classification.train.plan import RunConfig
 
     model = build_model("resnet18", num_classes=4)
-    config = RunConfig(arch="resnet18", num_classes=4, model_options=(), preprocessing=Preprocessing(32))
+    config = run_config(arch="resnet18", num_classes=4, model_options=(), preprocessing=Preprocessing(32))
     engine = Engine(config, Runtime(torch.device("cpu"), None, torch.contiguous_format), model, log=print)
     before = model.fc.weight.detach().clone()
     engine.train_step(torch.randn(1, 3, 32, 32), torch.tensor([2]), accumulation=1, step_now=True)
@@ -363,13 +362,13 @@ def test_a_log_file_gets_a_line_with_a_time_left_while_a_pass_lasts(tmp_path, mo
 def test_a_validation_window_line_shows_the_accuracy_so_far(image_folder, tmp_path, monkeypatch, capsys):
     """12 val images in batches of 8 and 4, the first all right, the second all wrong: the last window line
     says 66.67%, as the epoch's does, not the last window's 0.00%."""
-    from image_classification.train import loop
+    from image_classification.train import validation
 
     def first_batch_right(logits, targets, ks):
         right = float(len(targets)) if len(targets) == 8 else 0.0
         return torch.tensor([right] * len(ks))
 
-    monkeypatch.setattr(loop, "correct_counts", first_batch_right)
+    monkeypatch.setattr(validation, "correct_counts", first_batch_right)
     assert main(["-a", "resnet18", "--image-size", "32", "-b", "8", "--device", "cpu", "--data-backend", "pytorch",
                  "-j", "0", "-p", "1", "--epochs", "1", "--no-checkpoints", "--workspace",
                  str(tmp_path), str(image_folder)]) == 0
@@ -427,7 +426,7 @@ def test_what_a_run_says_counts_epochs_from_1_and_its_records_keep_the_reference
 
 
 def test_the_summary_line_of_a_last_validation_without_a_figure_says_so():
-    from image_classification.train.loop import ValResult
+    from image_classification.train.validation import ValResult
     from image_classification.training import top1_summary
 
     nan = float("nan")

@@ -65,3 +65,43 @@ def test_this_machine_s_facts_and_the_benchmarks_record_of_them():
     assert environment["machine"] == machine.describe(environment)
     assert environment["cpu_instruction_sets"] == facts["cpu_instruction_sets"]
     assert environment["device_name"] == facts["cpu_model"] and environment["device"] == "cpu"
+
+
+def test_the_avx512_kernels_are_asked_of_the_cpu_s_flags_and_the_settings_that_cap_them(monkeypatch):
+    """``--memory-format auto`` takes channels-last on the CPU only where torch's and oneDNN's kernels are AVX512:
+    the CPU lists what torch's AVX512 dispatch needs, and ATEN_CPU_CAPABILITY or ONEDNN_MAX_CPU_ISA, which lower
+    them, do not say otherwise; asked without torch (a dry run)."""
+    import sys
+
+    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(machine, "_cpu_flags", lambda: XEON_FLAGS | {"avx512vl", "avx512dq"})
+    assert machine.cpu_kernels_avx512()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
+    assert machine.cpu_kernels_avx512()
+    for name, capped in (("ATEN_CPU_CAPABILITY", "avx2"), ("ATEN_CPU_CAPABILITY", "default"),
+                         ("ONEDNN_MAX_CPU_ISA", "AVX2")):
+        with monkeypatch.context() as scoped:
+            scoped.setenv(name, capped)
+            assert not machine.cpu_kernels_avx512(), (name, capped)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    monkeypatch.setattr(machine, "_cpu_flags", lambda: {"avx", "avx2", "fma"})  # the AVX2-only EPYC
+    assert not machine.cpu_kernels_avx512()
+    monkeypatch.setattr(machine, "_cpu_flags", lambda: XEON_FLAGS)  # AVX512F without VL and DQ: torch runs AVX2
+    assert not machine.cpu_kernels_avx512()
+    monkeypatch.setattr(machine, "_cpu_flags", lambda: None)  # not Linux: cannot tell, the reference's NCHW
+    assert not machine.cpu_kernels_avx512()
+    monkeypatch.setitem(sys.modules, "torch", None)  # no import of torch on the way
+    assert not machine.cpu_kernels_avx512()
+
+
+def test_auto_keeps_nchw_on_an_avx2_cpu_and_takes_channels_last_for_the_bottleneck_models_on_avx512():
+    from image_classification.system import host
+
+    for avx512, layout in ((True, "nhwc"), (False, "nchw")):
+        choice = host.choose("cpu", False, None, "auto", cpu_channels_last=True, cuda=False, avx512=avx512)
+        assert choice.memory_format == layout
+    assert host.choose("cpu", False, None, "auto", cpu_channels_last=False, cuda=False, avx512=True).memory_format \
+        == "nchw"  # ResNet-18 and -34
+    assert host.choose("cpu", False, None, "nhwc", cpu_channels_last=True, cuda=False, avx512=False).memory_format \
+        == "nhwc"  # a typed layout wins

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.torch_version import TorchVersion
 
-from helpers import refused
+from helpers import refused, run_config
 from image_classification.arguments import parse_args
 from image_classification.models import build_model
 from image_classification.system.cli import run as cli_run
@@ -477,11 +477,10 @@ def test_cuda_training_steps_synchronise_with_the_host_only_for_fp16_s_skip(amp_
     from image_classification.models.preprocessing import Preprocessing
     from image_classification.system.runtime import make_runtime
     from image_classification.train.engine import Engine
-    from image_classification.train.plan import RunConfig
 
     runtime = make_runtime("cuda", amp=amp_dtype is not None, amp_dtype=amp_dtype, log=lambda *_: None)
     model = build_model("resnet18", num_classes=10).to(runtime.device)
-    config = RunConfig(arch="resnet18", num_classes=10, model_options=(), preprocessing=Preprocessing(32),
+    config = run_config(arch="resnet18", num_classes=10, model_options=(), preprocessing=Preprocessing(32),
                        ema_decay=0.99 if use_ema else None, dynamic_loss_scale=True, loss_scale=128.0)
     engine = Engine(config, runtime, model, log=lambda *_: None)
     fp16 = amp_dtype == "float16"
@@ -584,11 +583,10 @@ def test_cuda_steps_of_the_new_optimizers_and_torchvisions_ema_never_synchronise
     from image_classification.models.preprocessing import Preprocessing
     from image_classification.system.runtime import make_runtime
     from image_classification.train.engine import Engine
-    from image_classification.train.plan import RunConfig
 
     runtime = make_runtime("cuda", log=lambda *_: None)
     model = build_model("resnet18", num_classes=10).to(runtime.device)
-    config = RunConfig(arch="resnet18", num_classes=10, model_options=(), preprocessing=Preprocessing(32),
+    config = run_config(arch="resnet18", num_classes=10, model_options=(), preprocessing=Preprocessing(32),
                        optimizer=name, ema_decay=0.9999, ema_style="torchvision", ema_steps=2)
     engine = Engine(config, runtime, model, log=lambda *_: None)
     assert host_synchronisations(engine, steps=3) == 0

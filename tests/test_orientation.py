@@ -83,10 +83,12 @@ def passes(root: Path, backend: str, device: str = "cpu", **fields) -> tuple[lis
     """One training and one validation pass of ``backend`` on ``root`` (32 px, batches of 4, seed 3, crops of
     at least 60% of the image, so that most decode at half scale): (train, val) images, (train, val)
     targets."""
-    settings = dict(data=str(root), backend=backend, image_size=SIZE, batch_size=4, seed=3, workers=0,
+    settings = dict(data=str(root), data_backend=backend, image_size=SIZE, batch_size=4, seed=3, workers=0,
                     crop_scale=(0.6, 1.0))
     runtime = Runtime(torch.device(device, 0) if device == "cuda" else torch.device(device), None,
                       torch.contiguous_format)
+    if "exif_orientation" in fields:  # a preprocessing of weights that record the images as stored
+        fields["preprocessing"] = Preprocessing(SIZE, exif_orientation=fields.pop("exif_orientation"))
     train, val = get_loaders(DataConfig(**{**settings, **fields}), runtime, want_train=True, want_val=True)
     train.set_epoch(1)
     val.set_epoch(1)

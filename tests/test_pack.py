@@ -146,7 +146,7 @@ def test_a_packed_set_counts_what_data_check_counts_on_its_folder(tmp_path, caps
         return
     from image_classification.arguments import parse_args
     from image_classification.data.dali import dali_loaders
-    from image_classification.train.plan import data_config
+    from image_classification.arguments.data import data_config
 
     seen = []
     for root in (source, tmp_path / "dst"):
@@ -182,7 +182,7 @@ def test_validation_and_data_check_skip_the_elongated_images_of_packed_val_as_on
 
     passes = []
     for root in (source, tmp_path / "dst"):
-        config = DataConfig(data=str(root), backend=backend, image_size=SIZE, batch_size=3, workers=0)
+        config = DataConfig(data=str(root), data_backend=backend, image_size=SIZE, batch_size=3, workers=0)
         _, val = get_loaders(config, cpu_runtime(), want_train=False, want_val=True)
         capsys.readouterr()
         val.set_epoch(0)
@@ -266,7 +266,7 @@ def test_every_rank_reads_from_the_shards_what_it_reads_from_the_folder(image_fo
     for rank in range(world):
         batches = []
         for root in (image_folder, packed):
-            config = DataConfig(data=str(root), backend="pytorch", image_size=SIZE, batch_size=2, seed=5)
+            config = DataConfig(data=str(root), data_backend="pytorch", image_size=SIZE, batch_size=2, seed=5)
             train, val = folder_loaders(config, cpu_runtime(rank, world), classes, want_train=True, want_val=True)
             train.set_epoch(3, start_batch=1)
             batches.append((list(train), list(val), len(train)))
@@ -296,7 +296,7 @@ def test_shards_are_opened_once_per_run_not_per_image(packed):
     sys.addaudithook(hook)
     try:
         classes = check_dataset(str(packed), None, want_train=True, want_val=False)
-        config = DataConfig(data=str(packed), backend="pytorch", image_size=SIZE, batch_size=4)
+        config = DataConfig(data=str(packed), data_backend="pytorch", image_size=SIZE, batch_size=4)
         train, _ = folder_loaders(config, cpu_runtime(), classes, want_train=True, want_val=False)
         at_start = [path for path in opened if path.endswith(".tar")]
         for epoch in range(2):
@@ -334,7 +334,7 @@ def test_dali_reads_the_shards_off_the_training_thread(packed, monkeypatch):
     pytest.importorskip("nvidia.dali")
     from image_classification.arguments import parse_args
     from image_classification.data.dali import dali_loaders
-    from image_classification.train.plan import data_config
+    from image_classification.arguments.data import data_config
 
     readers: list[str] = []
     read = PackedSplit.read

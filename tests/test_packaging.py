@@ -22,8 +22,8 @@ import pytest
 from helpers import REPO, free_port, one_error_line, patient
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
-COMMANDS = {"ic-train", "ic-launch", "ic-classify", "ic-multiproc", "ic-checkpoint2model", "ic-model2onnx",
-            "ic-pack"}
+COMMANDS = {"ic-train", "ic-quant-train", "ic-launch", "ic-classify", "ic-multiproc", "ic-checkpoint2model",
+            "ic-model2onnx", "ic-pack"}
 # a build writes these into the tree it builds, so the test builds a copy
 BUILD_LEFTOVERS = ("build", "*.egg-info")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import refused
-from image_classification.train.plan import DEFAULT_LOSS_SCALE, choose_loss_scale
+from helpers import launch_on, refused
+from image_classification.arguments.precision import DEFAULT_LOSS_SCALE, PrecisionConfig
 
-FP16, BF16 = torch.float16, torch.bfloat16
+FP16, BF16 = "float16", "bfloat16"  # the autocast dtypes, as the flags name them
 
 
 @pytest.mark.parametrize("amp_dtype, static, dynamic, expected", [
@@ -19,7 +19,7 @@ FP16, BF16 = torch.float16, torch.bfloat16
     (FP16, 256.0, False, (256.0, False)),  # asked for explicitly: fixed, and said so
 ])
 def test_fp16_loss_scale_follows_the_flags(amp_dtype, static, dynamic, expected):
-    scale, is_dynamic, notice = choose_loss_scale(amp_dtype, static, dynamic)
+    scale, is_dynamic, notice = PrecisionConfig(static_loss_scale=static, dynamic_loss_scale=dynamic).choose_loss_scale(amp_dtype)
     assert (scale, is_dynamic) == expected
     assert (notice is not None) == (not is_dynamic)
     if notice:
@@ -28,9 +28,9 @@ def test_fp16_loss_scale_follows_the_flags(amp_dtype, static, dynamic, expected)
 
 @pytest.mark.parametrize("amp_dtype", [None, BF16])
 def test_scale_flags_without_fp16_are_ignored_aloud(amp_dtype):
-    assert choose_loss_scale(amp_dtype, None, False)[2] is None
+    assert PrecisionConfig().choose_loss_scale(amp_dtype)[2] is None
     for static, dynamic in ((128.0, False), (None, True)):
-        notice = choose_loss_scale(amp_dtype, static, dynamic)[2]
+        notice = PrecisionConfig(static_loss_scale=static, dynamic_loss_scale=dynamic).choose_loss_scale(amp_dtype)[2]
         assert notice is not None and "ignored" in notice
 
 
@@ -89,11 +89,11 @@ def test_a_preset_s_imagenet_class_count_gives_way_to_the_dataset_s(image_folder
     from image_classification import launch
 
     seen = {}
-    monkeypatch.setattr("image_classification.training.train", lambda args: seen.setdefault("args", args) and 0)
+    monkeypatch.setattr("image_classification.training.train", lambda args, **kw: seen.setdefault("args", args) and 0)
     preset = ["--model", "resnet50", "--precision", "FP32", "--mode", "convergence", "--platform", "CPU"]
-    assert launch.main([*preset, str(image_folder)], cuda_available=False) == 0
+    assert launch_on([*preset, str(image_folder)], False) == 0
     assert seen.pop("args").num_classes is None  # plan.py then takes the dataset's 3, and says so
-    assert launch.main([*preset, "--num-classes", "1000", str(image_folder)], cuda_available=False) == 0
+    assert launch_on([*preset, "--num-classes", "1000", str(image_folder)], False) == 0
     assert seen["args"].num_classes == 1000  # typed: kept
 
 
@@ -161,8 +161,9 @@ def test_evaluate_normalises_and_crops_as_the_weights_recorded(trained, tmp_path
     args = parse_args(["--data-backend", "synthetic", "-a", "resnet18", "-b", "4", "--evaluate", "--resume", path,
                        "--workspace", str(tmp_path / "ws")])
     plan = resolve_run(args, make_runtime("cpu"), Workspace(args.workspace, args.checkpoint_filename,
-                                                               raport_file(args)), log=lambda *_: None)
-    assert (plan.data.mean, plan.data.std, plan.data.crop_ratio) == ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0), 0.5)
+                                                               raport_file(args)), [], log=lambda *_: None)
+    preprocessing = plan.data.preprocessing  # what the data backends read
+    assert (preprocessing.mean, preprocessing.std, preprocessing.crop_ratio) == ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0), 0.5)
 
 
 def test_a_mixup_alpha_too_small_to_draw_is_refused_as_a_flag():
@@ -185,8 +186,8 @@ def test_installed_commands_name_themselves(capsys):
     with pytest.raises(SystemExit):
         main(["-h"], prog="ic-train")
     assert capsys.readouterr().out.startswith("usage: ic-train ")
-    assert run(launch.main, ["--model", "resnet50", "--precision", "FP32", "--mode", "convergence", "--platform",
-                             "CPU", "--dry-run"], prog="ic-launch", cuda_available=False) == 0
+    assert launch_on(["--model", "resnet50", "--precision", "FP32", "--mode", "convergence", "--platform", "CPU",
+                      "--dry-run"], False, prog="ic-launch") == 0
     commands = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
     assert commands and all(line.startswith("ic-train ") for line in commands)
 
@@ -223,7 +224,7 @@ def test_a_run_without_data_backend_says_which_it_uses(dali, backend, image_fold
 
     monkeypatch.setattr("image_classification.data.dali_available", lambda: dali)
     monkeypatch.setattr("image_classification.train.plan.check_backend", lambda *args, **kwargs: None)
-    monkeypatch.setattr("image_classification.train.plan.dataset_classes", stop)
+    monkeypatch.setattr("image_classification.train.plan.find_resume_checkpoint", stop)
     assert run(main, ["-a", "resnet18", "--device", "cpu", "--workspace", str(tmp_path), str(image_folder)]) == 2
     assert f"=> data backend: {backend}, the default " in capsys.readouterr().out
     assert run(main, ["-a", "resnet18", "--device", "cpu", "--data-backend", backend, "--workspace", str(tmp_path),
@@ -271,9 +272,9 @@ def test_a_resume_onto_class_folders_that_moved_is_refused_naming_them(image_fol
 def test_without_lr_the_rate_is_0_1_per_256_images_of_the_global_batch(global_batch, expected):
     """timm's --lr-base 0.1 at --lr-base-size 256, and the reference's lr 0.1 at its -b 256: a plain run at -b 32
     no longer trains at 8 times the reference's default rate per image."""
-    from image_classification.train.plan import resolve_lr
+    from image_classification.arguments import resolve_lr
 
-    lr, line = resolve_lr(None, global_batch, optimizer="sgd", warmup=0)
+    lr, line = resolve_lr(None, None, global_batch, optimizer="sgd", warmup=0)
     assert lr == pytest.approx(expected)
     assert line == (f"=> learning rate {expected:g}: 0.1 per 256 images of the global batch of {global_batch} (the "
                     "linear scaling rule; --lr sets another)")
@@ -283,17 +284,17 @@ def test_a_given_sgd_rate_far_above_the_reference_s_per_image_without_warm_up_is
     """--lr 0.1 at -b 32 is 0.0031 per image, 3.1x the reference's 0.001 (0.256 per 256), and without a warm-up
     such a run lost its first epoch; the line says so and what to do.  Within twice the reference's rate, with a
     warm-up, or with another optimizer (whose rates are on other scales) nothing is said; a given rate is kept."""
-    from image_classification.train.plan import resolve_lr
+    from image_classification.arguments import resolve_lr
 
-    lr, line = resolve_lr(0.1, 32, optimizer="sgd", warmup=0)
+    lr, line = resolve_lr(0.1, None, 32, optimizer="sgd", warmup=0)
     assert lr == 0.1
     assert line == ("=> --lr 0.1 is 0.0031 per image of the global batch of 32, 3.1x the reference's 0.001, with no "
                     "--warmup: the first epoch may diverge; leave --lr out for 0.0125 (0.1 per 256 images), or add "
                     "--warmup E (epoch e < E trains at (e + 1) / E of the rate)")
-    assert resolve_lr(0.1, 64, optimizer="sgd", warmup=0) == (0.1, None)  # 1.6x
-    assert resolve_lr(0.1, 32, optimizer="sgd", warmup=1) == (0.1, None)
-    assert resolve_lr(0.1, 32, optimizer="adamw", warmup=0) == (0.1, None)
-    assert resolve_lr(2.048, 2048, optimizer="sgd", warmup=0) == (2.048, None)  # the reference's rate itself
+    assert resolve_lr(0.1, None, 64, optimizer="sgd", warmup=0) == (0.1, None)  # 1.6x
+    assert resolve_lr(0.1, None, 32, optimizer="sgd", warmup=1) == (0.1, None)
+    assert resolve_lr(0.1, None, 32, optimizer="adamw", warmup=0) == (0.1, None)
+    assert resolve_lr(2.048, None, 2048, optimizer="sgd", warmup=0) == (2.048, None)  # the reference's rate itself
 
 
 def test_a_plain_run_scales_its_rate_to_the_global_batch_and_says_so(tmp_path, capsys):
@@ -313,3 +314,42 @@ def test_a_plain_run_scales_its_rate_to_the_global_batch_and_says_so(tmp_path, c
     assert parameters["lr"] == 0.003125
     lrs = [record["data"]["train.lr"] for record in records if "train.lr" in record.get("data", {})]
     assert lrs and set(lrs) == {0.003125}
+
+
+def test_a_warm_up_as_long_as_the_run_and_a_resume_with_other_epochs_are_said():
+    """A preset's 8 warm-up epochs over --epochs 2 never reach --lr; a resume with more --epochs than the
+    checkpoint's run stretches the schedule: the rate the next epoch starts at, against the old schedule's."""
+    from helpers import run_config
+    from image_classification.train.plan import schedule_notices
+
+    short = run_config(epochs=2, warmup=8, lr=0.5, lr_schedule="cosine")
+    (line,) = schedule_notices(short, None)
+    assert line.startswith("=> --warmup 8 is as long as --epochs 2") and "never reaches --lr 0.5" in line
+    longer = run_config(epochs=8, lr=0.4, lr_schedule="cosine")
+    (line,) = schedule_notices(longer, {"epoch": 4, "epochs": 4})
+    assert line.startswith("=> --epochs 8, where the checkpoint's run had 4: the cosine schedule now spans 8 epochs")
+    assert f"epoch 5 starts at lr {longer.lr_at(4):.6g} (at 0 in the 4-epoch schedule)" in line
+    assert schedule_notices(longer, {"epoch": 4, "epochs": 8}) == [] == schedule_notices(longer, {"epoch": 4})
+
+
+def test_a_fine_tune_at_another_size_than_its_weights_were_trained_at_says_so():
+    from image_classification.models.preprocessing import Preprocessing
+    from image_classification.train.plan import fine_tune_notice
+
+    weights = {"state_dict": {}, "arch": "resnet18", "preprocessing": Preprocessing(32).to_dict()}
+    line = fine_tune_notice(weights, Preprocessing(224), "w.pth")
+    assert line == ("=> w.pth were trained on 32 px crops; this fine-tune trains on 224 px crops (--image-size or "
+                    "--train-crop-size sets another)")
+    assert fine_tune_notice(weights, Preprocessing(32), "w.pth") is None
+    assert fine_tune_notice({"state_dict": {}}, Preprocessing(224), "w.pth") is None  # NGC's: nothing recorded
+
+
+def test_a_batch_larger_than_the_training_set_is_refused_naming_the_batch_that_fits(image_folder, tmp_path, capsys):
+    from image_classification.system.cli import run
+    from image_classification.training import main
+
+    argv = ["-a", "resnet18", "--device", "cpu", "--epochs", "1", "--image-size", "32", "-j", "0",
+            "--workspace", str(tmp_path), str(image_folder)]
+    line = refused(run(main, argv), capsys)  # -b 256 over 24 training images
+    assert line == "error: train/ holds 24 images, fewer than one batch of 256 per process: lower -b/--batch-size; " \
+                   "-b 16 fits"

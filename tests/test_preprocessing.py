@@ -169,7 +169,7 @@ def _turns_seen(monkeypatch) -> list[bool]:
     seen, real = [], folder.folder_loaders
 
     def recording(config, *args, **kwargs):
-        seen.append(config.exif_orientation)
+        seen.append(config.preprocessing.exif_orientation)
         return real(config, *args, **kwargs)
 
     monkeypatch.setattr(folder, "folder_loaders", recording)

@@ -18,7 +18,7 @@ from image_classification.models.preprocessing import Preprocessing, ResizeSched
 from image_classification.records.raport import read_raport
 from image_classification.system.cli import run as cli_run
 from image_classification.system.runtime import Runtime
-from image_classification.train.plan import data_config
+from image_classification.arguments.data import data_config
 from image_classification.training import main
 
 # FFCV's published ResNet-50 ramps (libffcv/ffcv-imagenet, rn50_configs/rn50_{E}_epochs.yaml): E: (start_ramp,
@@ -72,7 +72,8 @@ def test_a_half_step_rounds_up_where_ffcv_rounds_to_even():
     (["32", "20", "0", "3"], "MIN and MAX must be at least 32 px"),
     (["32", "64", "3", "1"], "needs 0 <= START <= END"),
     (["32", "64", "-1", "1"], "needs 0 <= START <= END"),
-    (["32", "64", "1", "5"], "END 5 is past --epochs 4"),
+    (["32", "64", "1", "5"], "END 5 is not before --epochs 4"),
+    (["32", "64", "1", "4"], "END 4 is not before --epochs 4: epoch END is the first at MAX 64 px"),  # never at MAX
 ])
 def test_a_schedule_that_cannot_be_is_refused_in_one_line(values, message, capsys):
     argv = ["--data-backend", "synthetic", "--device", "cpu", "--epochs", "4", "--progressive-resize", *values]
@@ -97,7 +98,7 @@ def _config(root: Path | None, backend: str, workers: int = 0):
 
     args = parse_args([*([str(root)] if root else []), "--data-backend", backend, "-b", "4", "-j", str(workers),
                        "--seed", "3", "--num-classes", "3"])
-    return data_config(args, 48, train_schedule=SCHEDULE, train_crop_size=64)
+    return data_config(args, preprocessing=Preprocessing(48, train_schedule=SCHEDULE))
 
 
 def _sides(root, backend: str, memory_format=torch.contiguous_format, workers: int = 0) -> list[set[int]]:

@@ -448,12 +448,20 @@ def test_the_deployment_modules_import_only_downward():
 
 
 # -- CUDA -------------------------------------------------------------------------------------------------
-@pytest.mark.gpu
-def test_onnxruntime_on_cuda_predicts_what_the_cpu_does(trained, tiny_arch, cache):
+def _cuda_provider() -> bool:
     import onnxruntime
 
-    if not torch.cuda.is_available() or "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
-        pytest.skip("needs a GPU and onnxruntime-gpu")
+    return torch.cuda.is_available() and "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+
+
+# a mark, decided as the tests are collected: a skip inside the test would come after the module's ``trained``
+# fixture had trained its model (pytest sets up wider-scoped fixtures first)
+needs_cuda_provider = pytest.mark.skipif(not _cuda_provider(), reason="needs a GPU and onnxruntime-gpu")
+
+
+@pytest.mark.gpu
+@needs_cuda_provider
+def test_onnxruntime_on_cuda_predicts_what_the_cpu_does(trained, tiny_arch, cache):
     from image_classification.deploy.inference import load_model
 
     model = load_model(None, str(trained.checkpoint)).model
@@ -469,11 +477,8 @@ def test_onnxruntime_on_cuda_predicts_what_the_cpu_does(trained, tiny_arch, cach
 
 
 @pytest.mark.gpu
+@needs_cuda_provider
 def test_evaluate_runs_the_exported_model_on_cuda(trained, tiny_arch, tmp_path, cache):
-    import onnxruntime
-
-    if not torch.cuda.is_available() or "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
-        pytest.skip("needs a GPU and onnxruntime-gpu")
     assert train_main(evaluate_argv(trained, tmp_path / "torch", "--device", "cuda")) == 0
     assert train_main(evaluate_argv(trained, tmp_path / "onnx", "--device", "cuda", "--runtime", "onnxruntime")) == 0
     (torch_run, _), (onnx_run, parameters) = evaluation(tmp_path / "torch"), evaluation(tmp_path / "onnx")

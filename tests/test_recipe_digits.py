@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import launch_on
 from image_classification import demo, launch
 from image_classification.records.raport import read_raport
 from image_classification.training import main as train_main
@@ -59,7 +60,7 @@ def test_the_shrunk_torchvision_recipe_scores_within_2_points_of_the_demo_s(digi
     assert train_main([*demo.RECIPE, *common, "--workspace", str(tmp_path / "demo"), str(digits)]) == 0
     recipe = ["--model", "resnet50", "--precision", "FP32", "--mode", "convergence", "--platform", "CPU",
               "--recipe", "torchvision-v2", *common, *SHRUNK, "--workspace", str(tmp_path / "recipe"), str(digits)]
-    assert launch.main(recipe, cuda_available=False) == 0
+    assert launch_on(recipe, False) == 0
 
     demo_top1, recipe_top1 = _last_top1(tmp_path / "demo"), _last_top1(tmp_path / "recipe")
     assert demo_top1 > 95  # the baseline itself trained

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import REPO, write_image_folder
-from helpers import refused, run_script, score_validations
+from helpers import refused, run_config, run_script, score_validations
 from image_classification.errors import TrainingDiverged
 from image_classification.records import checkpoint as ckpt
 from image_classification.records.raport import read_raport
@@ -223,12 +223,11 @@ def make_engine(model, accumulation: int = 1, **settings):
     from image_classification.models.preprocessing import Preprocessing
     from image_classification.system.runtime import make_runtime
     from image_classification.train.engine import Engine
-    from image_classification.train.plan import RunConfig
 
     options = dict(arch="resnet18", num_classes=3, model_options=(), preprocessing=Preprocessing(32),
                    weight_decay=0.0, accumulation=accumulation, lr=0.5, momentum=0.9)
     options.update(settings)
-    return Engine(RunConfig(**options), make_runtime("cpu"), model, log=lambda *a: None)
+    return Engine(run_config(**options), make_runtime("cpu"), model, log=lambda *a: None)
 
 
 def test_gradient_accumulation_matches_the_large_batch():
@@ -302,30 +301,48 @@ def test_amp_on_cpu_runs_in_bfloat16_and_nhwc(image_folder, tmp_path, monkeypatc
     assert all(v.dtype != torch.bfloat16 for v in state["state_dict"].values())  # the weights stay fp32
 
 
-@pytest.mark.parametrize("arch, flags, channels_last", [
-    ("resnet50", [], True), ("resnet18", [], False), ("resnet50", ["--memory-format", "nchw"], False),
-    ("resnet18", ["--memory-format", "nhwc"], True), ("efficientnet-b0", [], True),
+@pytest.mark.parametrize("arch, flags, avx512, channels_last", [
+    ("resnet50", [], True, True), ("resnet18", [], True, False), ("resnet50", ["--memory-format", "nchw"], True, False),
+    ("resnet18", ["--memory-format", "nhwc"], True, True), ("efficientnet-b0", [], True, True),
+    ("resnet50", [], False, False), ("efficientnet-b0", [], False, False), ("resnet50", ["--memory-format", "nhwc"],
+                                                                            False, True),
 ])
 def test_the_default_layout_on_the_cpu_is_channels_last_for_the_bottleneck_models(
-        image_folder, tmp_path, monkeypatch, capsys, arch, flags, channels_last):
-    """Without --memory-format, a CPU run trains ResNet-50 (bottleneck blocks) and EfficientNet-B0 (depthwise
-    convolutions), faster so on the CPU, in channels-last and ResNet-18 (basic blocks, slower so at small sizes) in
-    NCHW, says the first choice, and
-    records the layout it took, not ``auto``; a typed layout wins.  A CPU run keeps its freed activations in
-    the heap (tests/test_host_memory.py)."""
+        image_folder, tmp_path, monkeypatch, capsys, arch, flags, avx512, channels_last):
+    """Without --memory-format, a CPU run with AVX512 kernels trains ResNet-50 (bottleneck blocks) and
+    EfficientNet-B0 (depthwise convolutions), faster so there, in channels-last and ResNet-18 (basic blocks, slower
+    so at small sizes) in NCHW; an AVX2 CPU trains them all in NCHW (the layouts measured alike there); the run says
+    the channels-last choice, and records the layout it took, not ``auto``; a typed layout wins.  A CPU run keeps
+    its freed activations in the heap (tests/test_host_memory.py)."""
     import image_classification.training as training
+    from image_classification.system import machine
 
+    monkeypatch.setattr(machine, "cpu_kernels_avx512", lambda: avx512)
     seen, kept = record_first_convolution(monkeypatch), []
     monkeypatch.setattr(training, "keep_freed_memory", lambda: kept.append(True))
     code = train(image_folder, tmp_path, "--data-backend", "pytorch", "-j", "0", "--epochs", "1", "--prof", "1",
                  "--training-only", "--no-checkpoints", "-a", arch, "--image-size", "32", *flags)
     assert code == 0
     assert seen and all(record == (torch.float32, channels_last, channels_last) for record in seen), seen
-    said = "=> memory format nhwc: channels-last, in which this model trains faster on the CPU" in capsys.readouterr().out
+    said = "=> memory format nhwc: channels-last, in which this model trains faster on this CPU (AVX512)" in \
+        capsys.readouterr().out
     assert said == (channels_last and not flags)
     parameters = next(r["data"] for r in read_raport(tmp_path / "experiment_raport.json") if r["step"] == "PARAMETER")
     assert parameters["memory_format"] == ("nhwc" if channels_last else "nchw")
     assert kept == [True]
+
+
+def test_auto_memory_format_is_channels_last_under_autocast_on_cuda_and_the_reference_s_nchw_otherwise():
+    """On CUDA, fp16 and bf16 autocast train in channels-last (their convolutions' tensor-core layout, as NVIDIA's
+    AMP presets choose), TF32 and FP32 in NCHW, the reference's; on the CPU the architecture's rule decides."""
+    from image_classification.system.host import auto_memory_format
+
+    for dtype in ("float16", "bfloat16"):
+        assert auto_memory_format(True, dtype, cpu_channels_last=False)[0] == "nhwc"
+        assert "tensor cores" in auto_memory_format(True, dtype, cpu_channels_last=False)[1]
+    assert auto_memory_format(True, None, cpu_channels_last=True)[0] == "nchw"
+    assert auto_memory_format(False, "bfloat16", cpu_channels_last=False)[0] == "nchw"
+    assert auto_memory_format(False, None, cpu_channels_last=True)[0] == "nhwc"
 
 
 def test_cpu_runs_repeat_bitwise(image_folder, tmp_path):

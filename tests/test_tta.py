@@ -96,7 +96,7 @@ def test_evaluate_reports_the_flip_figures_of_the_averaged_logits(image_folder, 
 
     model = load_model(tiny_arch, str(checkpoint), 3).model
     runtime = Runtime(torch.device("cpu"), None, torch.contiguous_format)
-    config = DataConfig(data=str(image_folder), backend="pytorch", image_size=32, batch_size=4, num_classes=3)
+    config = DataConfig(data=str(image_folder), data_backend="pytorch", image_size=32, batch_size=4, num_classes=3)
     _, val = get_loaders(config, runtime, check_dataset(image_folder, 3, want_train=False, want_val=True),
                          want_train=False, want_val=True)
     val.set_epoch(0)

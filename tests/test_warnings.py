@@ -37,7 +37,7 @@ def test_training_evaluation_the_gpu_backend_s_twin_and_classify_warn_of_nothing
         assert train_main([*common, "--epochs", "2", "--data-backend", "pytorch", "--resume",
                            str(workspace / "checkpoint.pth.tar")]) == 0
         assert train_main([*common, "--evaluate", "--resume", str(workspace / "model_best.pth.tar")]) == 0
-        config = DataConfig(data=str(image_folder), backend="pytorch-gpu", image_size=32, batch_size=4, workers=0)
+        config = DataConfig(data=str(image_folder), data_backend="pytorch-gpu", image_size=32, batch_size=4, workers=0)
         train, val = get_loaders(config, Runtime(torch.device("cpu"), None, torch.contiguous_format),
                                  want_train=True, want_val=True)
         train.set_epoch(0)

@@ -4,22 +4,37 @@ an AOTInductor package, as classify.py and model2onnx.py deploy the model."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 from ..errors import UserError
-from .tools import add_int8_arguments, check_int8_flags
+from .tools import check_int8_flags, int8_fields
+from .values import add_group, flag
+
+
+_INT8 = int8_fields("with --runtime onnxruntime, validate")
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    """The ``evaluation of the deployed model`` group: what ``--evaluate`` validates, PyTorch's model, its export
+    run by ONNX Runtime (in FP32 or int8) or its AOTInductor package, as classify.py and model2onnx.py deploy it."""
+
+    runtime: str = flag("--runtime", default="torch", choices=("torch", "onnxruntime", "aoti"),
+                        help="onnxruntime: validate the model exported to ONNX (cached as classify.py caches it) and "
+                        "run by ONNX Runtime, through the same validation loop and raport as PyTorch's; on the "
+                        "CPU, or on CUDA with onnxruntime-gpu; aoti: validate it compiled into an AOTInductor "
+                        "package for the run's device, as model2onnx.py --output M.pt2 writes it (tens of seconds "
+                        "to minutes of compiling) (default: torch)")
+    quantize: str | None = _INT8["quantize"]
+    calibration_data: str | None = _INT8["calibration_data"]
+    calibration_images: int | None = _INT8["calibration_images"]
+    calibration_method: str | None = _INT8["calibration_method"]
 
 
 def add_deployed_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``evaluation of the deployed model`` group: --runtime, and the int8 flags shared with
-    classify.py and model2onnx.py."""
-    deployed = parser.add_argument_group("evaluation of the deployed model (with --evaluate)")
-    deployed.add_argument("--runtime", choices=("torch", "onnxruntime", "aoti"), default="torch",
-                          help="onnxruntime: validate the model exported to ONNX (cached as classify.py caches "
-                          "it) and run by ONNX Runtime, through the same validation loop and raport as PyTorch's; "
-                          "on the CPU, or on CUDA with onnxruntime-gpu; aoti: validate it compiled into an "
-                          "AOTInductor package for the run's device, as model2onnx.py --output M.pt2 writes it "
-                          "(tens of seconds to minutes of compiling) (default: torch)")
-    add_int8_arguments(deployed, "with --runtime onnxruntime, validate")
+    """The ``evaluation of the deployed model`` group: --runtime, and the int8 flags shared with classify.py and
+    model2onnx.py."""
+    add_group(parser, "evaluation of the deployed model (with --evaluate)", DeployConfig)
 
 
 def check_deployed_combinations(args: argparse.Namespace) -> None:

@@ -10,7 +10,7 @@ from ..errors import UserError
 from ..system.cli import UserErrorParser
 from .data import add_data_arguments, check_data_combinations, check_data_values
 from .deployed import add_deployed_arguments, check_deployed_combinations
-from .model import add_model_arguments, check_compile_supported, check_model_combinations
+from .model import add_model_arguments, check_compile_supported, check_model_combinations, settle_quant_spelling
 from .optimisation import add_optimisation_arguments, check_optimisation_combinations, check_optimisation_values
 from .precision import add_precision_arguments, check_precision_values
 from .run import add_run_arguments, bare_gather_flag, check_run_combinations, check_run_values
@@ -55,6 +55,7 @@ def parse_args(argv: Sequence[str] | None = None, defaults: dict | None = None, 
             raise UserError(f"preset value {key}: {shown(value)} is not valid: {reason[:200]}") from None
         preset_argv += tokens
     args = parser.parse_args(bare_gather_flag(preset_argv + argv))
+    settle_quant_spelling(args)
     validate_args(args, require_data=require_data)
     return args
 
@@ -100,9 +101,12 @@ def preset_tokens(parser: argparse.ArgumentParser, key: str, value) -> list[str]
     """The tokens that set ``key`` (an argparse dest) to a preset's ``value``, its type checked; [] for None."""
     action = _action_for(parser, key)
     if action is None or key == "help":
-        raise UserError(f"unknown configuration key: {key}")
+        raise UserError(f"unknown configuration key: {shown(key)}")
     if value is None:
         return []
+    if isinstance(value, str) and "\0" in value:  # it would reach the file system as a path, which refuses it
+        raise UserError(f"preset value {key}: {shown(value)} is not valid: it holds a NUL byte, which no flag value "
+                        "or file name can hold")
     if isinstance(action, argparse.BooleanOptionalAction) or action.nargs == 0:
         _require(key, value, bool)
     elif isinstance(action.nargs, int) and action.nargs > 1:

@@ -1,9 +1,10 @@
 """The ``run, checkpoints and logging`` group: what the run does (train, evaluate, profile), where it keeps its
 checkpoints and where it writes its raport.
 
-A flag added to this group goes into :func:`add_run_arguments`, whose order is the order of ``-h`` and of
-docs/options.md (``python scripts/readme_options.py`` rewrites that list); a check of its value alone into
-:func:`check_run_values`, of its combination with other flags into :func:`check_run_combinations`.
+A flag added to this group is a field of :class:`RunSettings` (declared with :func:`.values.flag`), whose order is
+the order of ``-h`` and of docs/options.md (``python scripts/readme_options.py`` rewrites that list); a check of its
+value alone goes into :func:`check_run_values`, of its combination with other flags into
+:func:`check_run_combinations`.
 """
 
 from __future__ import annotations
@@ -14,58 +15,88 @@ from dataclasses import dataclass
 
 from ..errors import UserError
 from ..system.cli import positive_int, whole, whole_number
-from .values import MAX_WAIT_S, raise_first, shown
+from .values import MAX_WAIT_S, add_group, flag, raise_first, shown
 
 DEFAULT_RAPORT_FILE = "experiment_raport.json"
 
 
+@dataclass(frozen=True)
+class RunSettings:
+    """The ``run, checkpoints and logging`` group: what the run does (train, evaluate, profile), where it keeps its
+    checkpoints and where it writes its raport; ``seed`` and ``topk`` as the run settles them, and the run's
+    identity (``run_id``, kept across resumes; ``resumed_from``, the checkpoint it continues)."""
+
+    seed: int | None = flag("--seed", metavar="SEED", type=whole, help="random seed; every RNG is seeded "
+                            "from it and the global rank (default: a random one, recorded in checkpoints)")
+    print_freq: int = flag("--print-freq", "-p", default=10, metavar="N", type=positive_int,
+                           help="print frequency (default: 10)")
+    prof: int = flag("--prof", default=-1, metavar="N", type=whole_number,
+                     help="Run only N iterations of training and of validation per epoch (default: -1, "
+                     "all)")
+    benchmark_warmup: int = flag("--benchmark-warmup", default=0, metavar="N", type=whole_number,
+                                 help="leave the first N iterations of training and of each validation out "
+                                 "of the throughput and latency of epochs and of the summary (cuDNN's "
+                                 "autotuning, the allocator's growth); *.wall_ips keeps every iteration "
+                                 "(default: 0; 20 in launch.py's benchmark modes)")
+    evaluate: bool = flag("--evaluate", action="store_true", help="evaluate checkpoint/model")
+    training_only: bool = flag("--training-only", action="store_true", help="do not evaluate")
+    topk: int | None = flag("--topk", metavar="K", type=positive_int, help="the second accuracy reported, "
+                            "top-K, at most the class count (default: 5, or the class count when smaller)")
+    resume: str | None = flag("--resume", metavar="PATH", help="path to latest checkpoint; 'auto': the "
+                              "valid checkpoint in --workspace that got furthest (epoch, then batch), or a "
+                              "fresh start (from --pretrained-weights where given) when there is none "
+                              "(default: none)")
+    allow_class_changes: bool = flag("--allow-class-changes", action="store_true",
+                                     help="go on when the class folders give labels other than those of "
+                                     "the checkpoint resumed or evaluated (a class renamed, removed or "
+                                     "added before others): each label then stands for the class the "
+                                     "folders give it now (default: refuse, naming the classes that moved)")
+    workspace: str = flag("--workspace", default="./", metavar="DIR", help="where checkpoints and raports "
+                          "go (default: ./; --evaluate --resume F: F's folder)")
+    checkpoint_filename: str = flag("--checkpoint-filename", "--checkpoint", default="checkpoint.pth.tar",
+                                    metavar="NAME", help="name of the latest checkpoint in the workspace "
+                                    "(default: checkpoint.pth.tar)")
+    overwrite: bool = flag("--overwrite", action="store_true", help="let a new run (no --resume) replace "
+                           "the run whose checkpoints or --raport-file the workspace holds (default: "
+                           "refuse, naming --resume auto, --raport-file and --workspace)")
+    save_checkpoints: bool = flag("--no-checkpoints", action="store_false",
+                                  help="do not store any checkpoints, useful for benchmarking")
+    checkpoint_interval: str | None = flag("--checkpoint-interval", metavar="N|Nm",
+                                           help="also write the latest checkpoint in the middle of an "
+                                           "epoch, every N iterations or every N minutes (Nm); a killed "
+                                           "run loses at most that much (default: at epoch ends only)")
+    gather_checkpoints: int = flag("--gather-checkpoints", default=0, metavar="N", type=whole_number,
+                                   nargs="?", const=-1, help="also keep per-epoch checkpoints: alone, all "
+                                   "of them; with N, the last N (default: only the latest and the best are "
+                                   "kept)")
+    raport_file: str | None = flag("--raport-file", metavar="FILE", help="file in which to store JSON "
+                                   "experiment raport, inside the workspace (default: "
+                                   "experiment_raport.json)")
+    tensorboard: str | None = flag("--tensorboard", metavar="DIR", help="also write the raport's metrics "
+                                   "as TensorBoard event files into DIR (default: off)")
+
+    run_id: str = ""
+    resumed_from: str | None = None
+
+    @property
+    def saves(self) -> bool:
+        """Whether the run writes checkpoints: a training run that was not told not to (an evaluation never does)."""
+        return self.save_checkpoints and not self.evaluate
+
+    @property
+    def interval(self) -> "CheckpointInterval | None":
+        """``--checkpoint-interval`` read (checked when parsed)."""
+        return CheckpointInterval.parse(self.checkpoint_interval) if self.checkpoint_interval else None
+
+    @property
+    def raport_name(self) -> str:
+        """The raport's name: ``--raport-file``'s, else the default (see :func:`raport_file`)."""
+        return DEFAULT_RAPORT_FILE if self.raport_file is None else self.raport_file
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``run, checkpoints and logging`` group."""
-    run = parser.add_argument_group("run, checkpoints and logging")
-    run.add_argument("--seed", metavar="SEED", type=whole, default=None,
-                     help="random seed; every RNG is seeded from it and the global rank (default: a random one, "
-                     "recorded in checkpoints)")
-    run.add_argument("--print-freq", "-p", metavar="N", type=positive_int, default=10,
-                     help="print frequency (default: 10)")
-    run.add_argument("--prof", metavar="N", type=whole_number, default=-1,
-                     help="Run only N iterations of training and of validation per epoch (default: -1, all)")
-    run.add_argument("--benchmark-warmup", metavar="N", type=whole_number, default=0,
-                     help="leave the first N iterations of training and of each validation out of the throughput "
-                     "and latency of epochs and of the summary (cuDNN's autotuning, the allocator's growth); "
-                     "*.wall_ips keeps every iteration (default: 0; 20 in launch.py's benchmark modes)")
-    run.add_argument("--evaluate", action="store_true", help="evaluate checkpoint/model")
-    run.add_argument("--training-only", action="store_true", help="do not evaluate")
-    run.add_argument("--topk", metavar="K", type=positive_int, default=None,
-                     help="the second accuracy reported, top-K, at most the class count (default: 5, or the "
-                     "class count when smaller)")
-    run.add_argument("--resume", metavar="PATH", default=None,
-                     help="path to latest checkpoint; 'auto': the valid checkpoint in --workspace that got furthest "
-                     "(epoch, then batch), or a fresh start (from --pretrained-weights where given) when there is none "
-                     "(default: none)")
-    run.add_argument("--allow-class-changes", action="store_true",
-                     help="go on when the class folders give labels other than those of the checkpoint resumed or "
-                     "evaluated (a class renamed, removed or added before others): each label then stands for the "
-                     "class the folders give it now (default: refuse, naming the classes that moved)")
-    run.add_argument("--workspace", metavar="DIR", default="./",
-                     help="where checkpoints and raports go (default: ./; --evaluate --resume F: F's folder)")
-    run.add_argument("--checkpoint-filename", "--checkpoint", metavar="NAME", default="checkpoint.pth.tar",
-                     help="name of the latest checkpoint in the workspace (default: checkpoint.pth.tar)")
-    run.add_argument("--overwrite", action="store_true",
-                     help="let a new run (no --resume) replace the run whose checkpoints or --raport-file the "
-                     "workspace holds (default: refuse, naming --resume auto, --raport-file and --workspace)")
-    run.add_argument("--no-checkpoints", dest="save_checkpoints", action="store_false",
-                     help="do not store any checkpoints, useful for benchmarking")
-    run.add_argument("--checkpoint-interval", metavar="N|Nm", default=None,
-                     help="also write the latest checkpoint in the middle of an epoch, every N iterations or "
-                     "every N minutes (Nm); a killed run loses at most that much (default: at epoch ends only)")
-    run.add_argument("--gather-checkpoints", metavar="N", type=whole_number, nargs="?", const=-1, default=0,
-                     help="also keep per-epoch checkpoints: alone, all of them; with N, the last N "
-                     "(default: only the latest and the best are kept)")
-    run.add_argument("--raport-file", metavar="FILE", default=None,
-                     help="file in which to store JSON experiment raport, inside the workspace "
-                     "(default: experiment_raport.json)")
-    run.add_argument("--tensorboard", metavar="DIR", default=None,
-                     help="also write the raport's metrics as TensorBoard event files into DIR (default: off)")
+    add_group(parser, "run, checkpoints and logging", RunSettings)
 
 
 def check_run_values(args: argparse.Namespace) -> None:

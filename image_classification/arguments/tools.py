@@ -13,6 +13,7 @@ from ..models import MODEL_CONFIGS, list_models
 from ..models.preprocessing import DECODE_SCALES
 from ..system import machine
 from ..system.cli import UserErrorParser, positive_int, whole
+from .values import flag
 
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 ONNX_OPSET = 18  # the lowest opset torch.export's ONNX exporter writes (deploy.torch_export)
@@ -42,8 +43,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_arch: str | Non
                        + " (initialisation only; default: classic)")
     group.add_argument("--weights", "--pretrained-weights", "--pretrained-from-file", metavar="PATH",
                        dest="weights", default=None,
-                       help="model weights: an NGC or torchvision file, checkpoint2model.py's output or a "
-                       "training checkpoint")
+                       help="model weights: an NGC or torchvision file, checkpoint2model.py's output (.pth or "
+                       ".safetensors), a training checkpoint, timm's safetensors, or a Hugging Face folder holding "
+                       "model.safetensors (and config.json) of a timm or transformers ResNet")
     group.add_argument("--pretrained", action="store_true",
                        help="download NVIDIA's published NGC weights for --arch (needs network access once)")
     group.add_argument("--num-classes", "--num_classes", metavar="N", dest="num_classes", type=positive_int,
@@ -53,23 +55,31 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_arch: str | Non
                        "else the architecture's, 224)")
 
 
+def int8_fields(what: str) -> dict:
+    """``--quantize int8`` and its calibration flags as fields of a group's dataclass (:func:`.values.flag`), shared
+    by classify.py, model2onnx.py and main.py (``what``: what the int8 model does there)."""
+    return {
+        "quantize": flag("--quantize", choices=("int8",),
+                         help=f"int8: {what} ONNX Runtime's static int8 quantization of the model (QDQ, int8 weights "
+                         "per output channel, uint8 activations, float logits), calibrated on --calibration-data; "
+                         "7-bit weights (reduce_range) on a CPU without VNNI or AMX-INT8 (default: off, FP32)"),
+        "calibration_data": flag("--calibration-data", metavar="DIR",
+                                 help="--quantize int8: images whose activations set the int8 ranges, prepared as "
+                                 "validation prepares them: a folder of class folders (chosen evenly over the "
+                                 "classes) or a folder of images"),
+        "calibration_images": flag("--calibration-images", metavar="N", type=positive_int,
+                                   help=f"--quantize int8: how many images of --calibration-data, chosen without "
+                                   f"randomness (default: {DEFAULT_CALIBRATION_IMAGES})"),
+        "calibration_method": flag("--calibration-method", choices=CALIBRATION_METHODS,
+                                   help="--quantize int8: minmax: the activations' extremes; entropy, percentile: "
+                                   "ranges that clip rare outliers (default: minmax)"),
+    }
+
+
 def add_int8_arguments(group: argparse._ArgumentGroup, what: str) -> None:
-    """``--quantize int8`` and its calibration flags, shared by classify.py, model2onnx.py and main.py
-    (``what``: what the int8 model does there)."""
-    group.add_argument("--quantize", choices=("int8",), default=None,
-                       help=f"int8: {what} ONNX Runtime's static int8 quantization of the model (QDQ, int8 "
-                       "weights per output channel, uint8 activations, float logits), calibrated on --calibration-data; "
-                       "7-bit weights (reduce_range) on a CPU without VNNI or AMX-INT8 (default: off, FP32)")
-    group.add_argument("--calibration-data", metavar="DIR", default=None,
-                       help="--quantize int8: images whose activations set the int8 ranges, prepared as "
-                       "validation prepares them: a folder of class folders (chosen evenly over the classes) "
-                       "or a folder of images")
-    group.add_argument("--calibration-images", metavar="N", type=positive_int, default=None,
-                       help=f"--quantize int8: how many images of --calibration-data, chosen without randomness "
-                       f"(default: {DEFAULT_CALIBRATION_IMAGES})")
-    group.add_argument("--calibration-method", choices=CALIBRATION_METHODS, default=None,
-                       help="--quantize int8: minmax: the activations' extremes; entropy, percentile: ranges "
-                       "that clip rare outliers (default: minmax)")
+    """:func:`int8_fields`'s flags as arguments of ``group``."""
+    for name, item in int8_fields(what).items():
+        group.add_argument(*item.metadata["flags"], dest=name, default=item.default, **item.metadata["options"])
 
 
 def check_int8_flags(args: argparse.Namespace, needs_runtime: bool) -> None:
@@ -155,7 +165,9 @@ def checkpoint2model_parser() -> argparse.ArgumentParser:
                              "dict, loadable with --weights / --pretrained-weights.")
     parser.add_argument("--checkpoint-path", metavar="PATH", required=True,
                         help="training checkpoint to read")
-    parser.add_argument("--weight-path", metavar="PATH", required=True, help="where to write the weights")
+    parser.add_argument("--weight-path", metavar="PATH", required=True,
+                        help="where to write the weights: a PyTorch file, or W.safetensors (the safetensors package "
+                        "needed) with the architecture, classes and preprocessing as its string metadata")
     parser.add_argument("--ema", action="store_true",
                         help="extract the exponential moving average of the weights (runs with --use-ema)")
     return parser

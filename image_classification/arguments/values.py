@@ -1,12 +1,50 @@
-"""What the argument groups share: argparse types, the bounds every flag is held to, and a value shown in a
+"""What the argument groups share: a flag declared as a field of its group's dataclass (:func:`flag`,
+:func:`add_group`, :func:`from_args`), argparse types, the bounds every flag is held to, and a value shown in a
 message."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import reprlib
-from typing import Iterable
+from typing import Any, Iterable, TypeVar
+
+Config = TypeVar("Config")
+
+
+def flag(*names: str, default: Any = None, **options: Any) -> Any:
+    """A field of a group's dataclass that is a command-line flag: its names (``"--batch-size", "-b"``; a positional
+    has its field's name), its default, and argparse's other options (type, choices, help, ...; ``choices`` and
+    ``help`` may be functions, asked when a parser is built).  A field declared
+    without it is one the run resolves (the learning rate a rule scales, the preprocessing a checkpoint records)."""
+    if default is None and options.get("action") in ("store_true", "store_false"):  # a switch is off or on
+        default = options["action"] == "store_false"
+    return dataclasses.field(default=default, metadata={"flags": names, "options": options})
+
+
+def add_group(parser: argparse.ArgumentParser, title: str | None, config: type) -> None:
+    """Every flag of ``config`` (:func:`flag`), in field order, as an argument of the group ``title`` of ``parser``
+    (None: of the parser itself); each sets the attribute of its field's name."""
+    group = parser.add_argument_group(title) if title else parser
+    for item in dataclasses.fields(config):
+        if "flags" not in item.metadata:
+            continue
+        names, options = item.metadata["flags"], dict(item.metadata["options"])
+        for key in ("choices", "help"):  # given as a function: what it says when the parser is built (the arch table)
+            if callable(options.get(key)):
+                options[key] = options[key]()
+        if names[0].startswith("-"):
+            options.setdefault("dest", item.name)
+        group.add_argument(*names, default=item.default, **options)
+
+
+def from_args(config: type[Config], args: argparse.Namespace, **resolved: Any) -> Config:
+    """``config``'s dataclass built from the parsed (and checked) ``args``, its flags' values as parsed (a list of
+    values as a tuple: the configuration is frozen), the fields in ``resolved`` as given there instead."""
+    values = {item.name: getattr(args, item.name) for item in dataclasses.fields(config) if "flags" in item.metadata}
+    values = {name: tuple(value) if isinstance(value, list) else value for name, value in values.items()}
+    return config(**{**values, **resolved})
 
 from ..errors import UserError
 

@@ -25,8 +25,9 @@ if TYPE_CHECKING:
     from ..system.runtime import Runtime
     from .common import DataConfig, Loader
 
-__all__ = ["get_loaders", "resolve_backend", "default_backend_notice", "decoder_notice", "gpu_decoding_problem",
-           "DataConfig", "Loader", "DeviceLoader", "ShardSampler", "val_resize_size", "dali_available"]
+__all__ = ["get_loaders", "resolve_backend", "default_backend_notice", "augmentation_notice",
+           "decoder_notice", "gpu_decoding_problem", "DataConfig", "Loader", "DeviceLoader", "ShardSampler",
+           "val_resize_size", "dali_available"]
 _LAZY = {"DataConfig": ".common", "DeviceLoader": ".common", "Loader": ".common", "ShardSampler": ".common",
          "val_resize_size": "..models.preprocessing"}  # name: the module that defines it
 
@@ -75,6 +76,32 @@ def default_backend_notice(backend: str, is_cuda: bool) -> str:
     else:
         why = "without NVIDIA DALI"
     return f"=> data backend: {backend}, the default {why} (--data-backend picks another)"
+
+
+# --augmentation's implementation on each backend, and where it runs.
+_POLICY_OWNER = {"dali-cpu": "DALI's auto_aug", "dali-gpu": "DALI's auto_aug", "pytorch": "torchvision's",
+                 "pytorch-gpu": "torchvision's"}
+_POLICY_PLACE = {"dali-cpu": "on the CPU in DALI's threads", "dali-gpu": "on the GPU",
+                 "pytorch": "on the CPU in the loader workers",
+                 "pytorch-gpu": "on the GPU, each image's operations drawn in the loader workers"}
+# The two AutoAugment ImageNet policies differ: DALI's is the reference's, sub-policy for sub-policy
+# (TensorFlow's EfficientNet policy, with SolarizeAdd and TranslateY); torchvision's, the AutoAugment paper's.
+_AUTOAUGMENT_POLICY = {
+    "DALI's auto_aug": ", with the reference's ImageNet policy",
+    "torchvision's": ", with the AutoAugment paper's ImageNet policy; the reference's policy is DALI's "
+                     "(--data-backend dali-cpu or dali-gpu)"}
+
+
+def augmentation_notice(backend: str, augmentation: str | None) -> str | None:
+    """The start-up line of a training run with ``--augmentation``: whose implementation runs it on
+    ``backend`` and where (for AutoAugment, which ImageNet policy); None without one."""
+    if augmentation is None:
+        return None
+    if backend == "synthetic":
+        return f"=> --augmentation {augmentation}: not applied, the synthetic batches are not augmented"
+    owner = _POLICY_OWNER[backend]
+    policy = _AUTOAUGMENT_POLICY[owner] if augmentation == "autoaugment" else ""
+    return f"=> --augmentation {augmentation}: {owner}, {_POLICY_PLACE[backend]}{policy}"
 
 
 def decoder_notice(backend: str, device: torch.device, decode_scale: str = "auto") -> str | None:

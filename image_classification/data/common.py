@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from dataclasses import dataclass
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
@@ -13,54 +12,11 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from ..arguments.data import DataConfig  # noqa: F401 - the backends' configuration, re-exported for them
 from ..errors import UserError
-from ..models.preprocessing import (CROP_RATIO, IMAGENET_MEAN_255 as MEAN_255, IMAGENET_STD_255 as STD_255,
-                                    ResizeSchedule)
+from ..models.preprocessing import IMAGENET_MEAN_255 as MEAN_255, IMAGENET_STD_255 as STD_255
 from ..seeding import SEED_MODULUS, WEIGHTS, mix_seed
 from ..system.runtime import Runtime
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """Everything a data backend needs to know, decided once per run (the backends never see argparse)."""
-
-    data: str | None  # the ImageFolder root (train/ and val/); None for synthetic data
-    backend: str  # pytorch, dali-cpu, dali-gpu or synthetic
-    image_size: int  # the validation crop, and the training crop unless train_crop_size is set
-    batch_size: int
-    workers: int = 0
-    prefetch: int = 2
-    crop_scale: tuple[float, float] = (0.08, 1.0)
-    hflip: float = 0.5
-    interpolation: str = "bilinear"
-    augmentation: str | None = None  # None, autoaugment, randaugment, trivialaugment or augmix (not on DALI)
-    randaugment_magnitude: int = 9  # torchvision's RandAugment defaults
-    randaugment_num_ops: int = 2
-    ra_reps: int = 1  # repeated augmentation: each image this many times per epoch
-    seed: int = 0
-    num_classes: int | None = None
-    synthetic_length: int = 0  # batches per synthetic epoch; 0 for the default
-    # how the weights' training normalised and cropped (their checkpoint's record under --evaluate)
-    crop_ratio: float = CROP_RATIO
-    train_crop_size: int | None = None  # --train-crop-size (FixRes: train smaller than validate); None: image_size
-    train_schedule: ResizeSchedule | None = None  # --progressive-resize: the training crop of each epoch
-    mean: tuple[float, float, float] = MEAN_255  # on the 0-255 scale: batches stay uint8 until the device
-    std: tuple[float, float, float] = STD_255
-    # --decode-scale: "auto" decodes a JPEG at the smallest of libjpeg's scales that keeps its crop's (its resize's)
-    # pixels (:mod:`.reduced`), "full" every pixel, as before; the DALI backends decode the crop window either way
-    decode_scale: str = "auto"
-    # every image turned by its EXIF orientation tag before it is cropped (:mod:`.orientation`); False: as
-    # stored, for weights whose record predates it (their training saw the images so on the pytorch backends)
-    exif_orientation: bool = True
-
-    @property
-    def train_size(self) -> int:
-        """The side of the training crops."""
-        return self.train_crop_size or self.image_size
-
-    def train_size_at(self, epoch: int) -> int:
-        """The side of the training crops of 0-based ``epoch``: every backend's training loader follows it."""
-        return self.train_schedule.size_at(epoch) if self.train_schedule is not None else self.train_size
 
 
 class Loader(Protocol):

@@ -255,22 +255,22 @@ def dali_loaders(
     if runtime.is_cuda:
         device_id = runtime.device.index if runtime.device.index is not None else torch.cuda.current_device()
     spec = dict(
-        image_size=config.image_size, interpolation=config.interpolation, crop_scale=tuple(config.crop_scale),
+        image_size=config.preprocessing.image_size, interpolation=config.preprocessing.interpolation, crop_scale=tuple(config.crop_scale),
         hflip=config.hflip, batch_size=config.batch_size, num_threads=max(1, config.workers), device_id=device_id,
         gpu_decode=backend == "dali-gpu", channels_last=runtime.memory_format == torch.channels_last,
-        crop_ratio=config.crop_ratio, mean=tuple(config.mean), std=tuple(config.std),
-        augmentation=config.augmentation, randaugment_magnitude=config.randaugment_magnitude,
-        randaugment_num_ops=config.randaugment_num_ops, exif_orientation=config.exif_orientation,
+        crop_ratio=config.preprocessing.crop_ratio, mean=tuple(config.preprocessing.mean), std=tuple(config.preprocessing.std),
+        augmentation=config.augmentation, randaugment_magnitude=config.randaugment[0],
+        randaugment_num_ops=config.randaugment[1], exif_orientation=config.preprocessing.exif_orientation,
     )
     root = Path(config.data)
     train = val = None
     if want_train:
         samples = open_split(root, "train", classes, batch_size=config.batch_size, world_size=runtime.world_size)
         train_spec = PipelineSpec(train=True, encoded=isinstance(samples, PackedSplit),
-                                  **{**spec, "image_size": config.train_size})
+                                  **{**spec, "image_size": config.preprocessing.train_size})
         train = DaliLoader(samples, train_spec, runtime, config.seed,
                            sampler=train_sampler(len(samples), config, runtime),
-                           size_at=config.train_size_at if config.train_schedule is not None else None)
+                           size_at=config.preprocessing.train_size_at if config.preprocessing.train_schedule is not None else None)
     if want_val:
         samples = open_split(root, "val", classes)
         val = DaliLoader(samples, PipelineSpec(train=False, encoded=isinstance(samples, PackedSplit), **spec),

@@ -19,8 +19,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..models.image_size import MAX_IMAGE_PIXELS
-from ..models.preprocessing import val_resize_size
-from .common import CROP_RATIO, MEAN_255, STD_255
+from ..models.preprocessing import CROP_RATIO, val_resize_size
+from .common import MEAN_255, STD_255
 from .dali_feed import RANDOM_SLOTS, Feed
 
 _INTERPOLATION = {"bilinear": "INTERP_LINEAR", "bicubic": "INTERP_CUBIC", "triangular": "INTERP_TRIANGULAR"}

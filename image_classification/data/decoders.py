@@ -239,28 +239,66 @@ def cpu_decoder() -> JpegDecoder:
     return _LOADERS[_forced]() if _forced else _cpu_choice()
 
 
+@dataclass(frozen=True)
+class ProbeDifference:
+    """One probe JPEG decoded on a device beside the CPU decoder: both shapes (C, H, W), and the mean and largest
+    absolute difference of their pixels in grey levels (None where the shapes differ)."""
+
+    shape: tuple[int, ...]
+    expected: tuple[int, ...]
+    mean_levels: float | None
+    max_levels: int | None
+
+    @property
+    def problem(self) -> str | None:
+        """Why these pixels keep the decoder from being taken, or None."""
+        if self.shape != self.expected:
+            return f"it decodes a {self.expected} image as {self.shape}"
+        if self.mean_levels > DEVICE_LEVELS:
+            return f"its pixels differ from the CPU decoder's by {self.mean_levels:.2f} grey levels on average"
+        return None
+
+
+def probe_differences(decoder: JpegDecoder, device: torch.device) -> list[ProbeDifference]:
+    """Each of :func:`probe_jpegs` decoded by ``decoder`` on ``device`` against the CPU decoder's pixels; raises
+    what the decoder raises."""
+    reference, probes, found = cpu_decoder(), probe_jpegs()[:PROBES_ON_DEVICES], []
+    for image, probe in zip(decoder.decode_batch(list(probes), device), probes):
+        expected = reference.decode(probe)
+        shape, wanted = tuple(image.shape), tuple(expected.shape)
+        if shape != wanted:
+            found.append(ProbeDifference(shape, wanted, None, None))
+            continue
+        difference = (image.cpu().int() - expected.int()).abs()
+        found.append(ProbeDifference(shape, wanted, float(difference.float().mean()), int(difference.max())))
+    return found
+
+
 def _device_fit(decoder: JpegDecoder, device: torch.device) -> str | None:
     """Why ``decoder`` is not taken on ``device`` (an error, or pixels too far from the CPU's), or None."""
-    reference, probes = cpu_decoder(), probe_jpegs()[:PROBES_ON_DEVICES]
     try:
-        decoded = decoder.decode_batch(list(probes), device)
+        differences = probe_differences(decoder, device)
     except Exception as error:  # an old torchvision's TypeError, one built without nvJPEG's RuntimeError, ...
-        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'no GPU decoder'}"
-    for image, probe in zip(decoded, probes):
-        expected = reference.decode(probe)
-        if image.shape != expected.shape:
-            return f"it decodes a {tuple(expected.shape)} image as {tuple(image.shape)}"
-        levels = float((image.cpu().int() - expected.int()).abs().float().mean())
-        if levels > DEVICE_LEVELS:
-            return f"its pixels differ from the CPU decoder's by {levels:.2f} grey levels on average"
-    return None
+        return failure_text(error)
+    return next((difference.problem for difference in differences if difference.problem), None)
+
+
+def failure_text(error: BaseException) -> str:
+    """A decoder's failure in one line: its type and the first line of its message."""
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'no GPU decoder'}"
+
+
+def device_candidates(device: torch.device) -> list[str]:
+    """The libraries tried on ``device``, in order: TorchCodec's, then torchvision's; on the CPU (the GPU
+    backend's twin) the CPU's own choice first, whose pixels the pytorch backend's are."""
+    first = [cpu_decoder().library] if device.type == "cpu" else []
+    return list(dict.fromkeys([*first, "torchcodec", "torchvision"]))
 
 
 @functools.cache
 def _device_choice(device: torch.device) -> tuple[JpegDecoder | None, str | None]:
     problems = []
-    first = [cpu_decoder().library] if device.type == "cpu" else []  # the CPU twin: the pytorch backend's pixels
-    for library in dict.fromkeys([*first, "torchcodec", "torchvision"]):
+    for library in device_candidates(device):
         decoder = load(library)
         problem = "not installed" if decoder is None else _device_fit(decoder, device)
         if problem is None:

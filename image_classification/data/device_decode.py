@@ -46,6 +46,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..errors import UserError
 from ..models.preprocessing import val_resize_size
+from ..system import machine
 from ..system.runtime import Runtime
 from .common import DataConfig, SideStream, WrappingLoader, channel_values, normalized
 from .decoders import device_decoder, device_problem
@@ -80,7 +81,7 @@ OUT_OF_MEMORY = re.compile(r"out of memory|ALLOCATOR_FAILURE|Failed to [^:\n]*: 
 def gpu_decoding_problem(device: torch.device | None = None) -> str | None:
     """Why no decoder decodes a batch of JPEGs on ``device`` (the current CUDA device when None) as the CPU does,
     or None when one does: found by decoding small JPEGs there, once per process."""
-    if not torch.cuda.is_available():
+    if not machine.cuda_available():
         return "no CUDA device"
     return device_problem(device or torch.device("cuda", torch.cuda.current_device()))
 
@@ -318,8 +319,8 @@ class DeviceDecodedLoader(WrappingLoader):
         super().__init__(host)
         self.samples, self.runtime = samples, runtime
         self.crop, self.policy, self.num_samples = crop, policy, num_samples
-        self.mean = channel_values(config.mean, runtime.device)
-        self.std = channel_values(config.std, runtime.device)
+        self.mean = channel_values(config.preprocessing.mean, runtime.device)
+        self.std = channel_values(config.preprocessing.std, runtime.device)
         self.side = SideStream(runtime.device)
         self.fallbacks = DecodeFallbacks(phase)
         device_decoder(runtime.device)  # chosen now: its probes read pixels back, which a pass never does
@@ -388,19 +389,19 @@ def device_decode_loaders(
         samples = open_split(root, "train", classes, batch_size=config.batch_size, world_size=runtime.world_size)
         transform = TrainTransform(config)
         policy = PolicyDraws(transform.augmentation) if transform.augmentation is not None else None
-        dataset = EncodedImages(samples, transform, policy=policy, turn=config.exif_orientation)
+        dataset = EncodedImages(samples, transform, policy=policy, turn=config.preprocessing.exif_orientation)
         train = _loader(samples, dataset, config, runtime, True, transform.crop, policy)
     if want_val:
         samples = open_split(root, "val", classes)
         crop = functools.partial(_val_crop, config=config)
-        resize = val_resize_size(config.image_size, config.crop_ratio)
-        dataset = EncodedImages(samples, None, resize, turn=config.exif_orientation)
+        resize = val_resize_size(config.preprocessing.image_size, config.preprocessing.crop_ratio)
+        dataset = EncodedImages(samples, None, resize, turn=config.preprocessing.exif_orientation)
         val = _loader(samples, dataset, config, runtime, False, crop)
     return train, val
 
 
 def _val_crop(image: torch.Tensor, _draw: None, config: DataConfig) -> torch.Tensor:
-    return val_crop(image, config.image_size, config.interpolation, config.crop_ratio)
+    return val_crop(image, config.preprocessing.image_size, config.preprocessing.interpolation, config.preprocessing.crop_ratio)
 
 
 def _loader(samples: Split, dataset: EncodedImages, config: DataConfig, runtime: Runtime, train: bool, crop,

@@ -24,7 +24,6 @@ import struct
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -60,8 +59,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def _escaped(match: re.Match) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    return f"\\x{ord(match.group()):02x}" if ord(match.group()) < 0x100 else f"\\u{ord(match.group()):04x}"
 
 
 def printable(path: str | os.PathLike) -> str:
@@ -173,9 +171,9 @@ def walk_class(class_dir: Path, split_dir: Path | None = None, shared: SplitWalk
     walk = ClassWalk()
     root = os.path.realpath(class_dir)
     split_root = os.path.realpath(split_dir) if split_dir is not None else None
-    other_splits = [] if split_root is None else [
-        os.path.realpath(os.path.join(os.path.dirname(split_root), name)) for name in SPLITS
-        if os.path.realpath(os.path.join(os.path.dirname(split_root), name)) != split_root]
+    siblings = [] if split_root is None else \
+        [os.path.realpath(os.path.join(os.path.dirname(split_root), name)) for name in SPLITS]
+    other_splits = [sibling for sibling in siblings if sibling != split_root]
     shared = shared if shared is not None else SplitWalk()
 
     def refuse(real: str) -> str | None:
@@ -198,34 +196,30 @@ def walk_class(class_dir: Path, split_dir: Path | None = None, shared: SplitWalk
                 is_dir = entry.is_dir(follow_symlinks=True)
             except OSError:
                 continue  # a dangling link
+            if not is_dir and not is_image_file(entry.name):
+                continue
+            why = refuse(os.path.realpath(entry.path)) if entry.is_symlink() else None
+            if why is not None:
+                walk.skipped_links.append(f"{entry.path}: {why}")
+                continue
             if is_dir:
-                if entry.is_symlink():
-                    why = refuse(os.path.realpath(entry.path))
-                    if why is not None:
-                        walk.skipped_links.append(f"{entry.path}: {why}")
-                        continue
                 subdirectories.append(entry.path)
-            elif is_image_file(entry.name):
-                if entry.is_symlink():
-                    why = refuse(os.path.realpath(entry.path))
-                    if why is not None:
-                        walk.skipped_links.append(f"{entry.path}: {why}")
-                        continue
-                try:
-                    target = entry.stat(follow_symlinks=True)
-                except OSError:  # a dangling link: listed, so that reading it is reported as unreadable
-                    walk.files.append(entry.path)
-                    continue
-                if not stat.S_ISREG(target.st_mode):  # opening a FIFO would wait for a writer, for good
-                    walk.skipped_links.append(f"{entry.path}: {NOT_REGULAR}")
-                    continue
-                counted = shared.images.get((target.st_dev, target.st_ino))
-                if counted is not None:
-                    why = "links to an image already counted" if entry.is_symlink() else HARD_LINK
-                    walk.skipped_links.append(f"{entry.path}: {why} ({counted})")
-                    continue
-                shared.images[(target.st_dev, target.st_ino)] = entry.path
+                continue
+            try:
+                target = entry.stat(follow_symlinks=True)
+            except OSError:  # a dangling link: listed, so that reading it is reported as unreadable
                 walk.files.append(entry.path)
+                continue
+            if not stat.S_ISREG(target.st_mode):  # opening a FIFO would wait for a writer, for good
+                walk.skipped_links.append(f"{entry.path}: {NOT_REGULAR}")
+                continue
+            counted = shared.images.get((target.st_dev, target.st_ino))
+            if counted is not None:
+                why = "links to an image already counted" if entry.is_symlink() else HARD_LINK
+                walk.skipped_links.append(f"{entry.path}: {why} ({counted})")
+                continue
+            shared.images[(target.st_dev, target.st_ino)] = entry.path
+            walk.files.append(entry.path)
         for subdirectory in subdirectories:
             visit(subdirectory)
 

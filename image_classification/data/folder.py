@@ -108,17 +108,17 @@ def collate_uint8(batch, normalize: tuple[torch.Tensor, torch.Tensor] | None = N
 
 
 def _loader(samples: Split, transform, config: DataConfig, runtime: Runtime, train: bool) -> DeviceLoader:
-    resize = None if train else val_resize_size(config.image_size, config.crop_ratio)
+    resize = None if train else val_resize_size(config.preprocessing.image_size, config.preprocessing.crop_ratio)
     dataset = ImageFiles(samples, transform, tensors=train, resize=resize, decode_scale=config.decode_scale,
-                         interpolation=config.interpolation, turn=config.exif_orientation)
+                         interpolation=config.preprocessing.interpolation, turn=config.preprocessing.exif_orientation)
     sampler = split_sampler(len(samples), config, runtime, train)
     normalize_in_workers = not runtime.is_cuda and config.workers > 0
-    scale = (torch.tensor(config.mean).view(1, 3, 1, 1), torch.tensor(config.std).view(1, 3, 1, 1)) \
+    scale = (torch.tensor(config.preprocessing.mean).view(1, 3, 1, 1), torch.tensor(config.preprocessing.std).view(1, 3, 1, 1)) \
         if normalize_in_workers else None
     loader = host_loader(dataset, sampler, functools.partial(collate_uint8, normalize=scale), config, train=train,
                          pin_memory=runtime.is_cuda)
     return DeviceLoader(HostBatches(loader, sampler), runtime, num_samples=len(sampler),
-                        normalized=normalize_in_workers, mean=config.mean, std=config.std)
+                        normalized=normalize_in_workers, mean=config.preprocessing.mean, std=config.preprocessing.std)
 
 
 def folder_loaders(
@@ -131,6 +131,6 @@ def folder_loaders(
         train = _loader(samples, TrainTransform(config), config, runtime, train=True)
     if want_val:
         samples = open_split(root, "val", classes)
-        transform = val_transform(config.image_size, config.interpolation, config.crop_ratio)
+        transform = val_transform(config.preprocessing.image_size, config.preprocessing.interpolation, config.preprocessing.crop_ratio)
         val = _loader(samples, transform, config, runtime, False)
     return train, val

@@ -170,11 +170,11 @@ def open_split(root: Path, split: str, classes: list[str], *, batch_size: int = 
     """
     source = open_packed_split(root / split, classes) if is_packed(root) else \
         FolderSplit(list_samples(root / split, classes), root / split)
-    if split == "train" and len(source) // world_size < batch_size:
-        raise UserError(
-            f"train/ holds {len(source)} images, fewer than one batch of {batch_size} per process; "
-            "lower -b/--batch-size"
-        )
+    per_process = len(source) // world_size
+    if split == "train" and per_process < batch_size:
+        fits = f"; -b {1 << (per_process.bit_length() - 1)} fits" if per_process else ""
+        raise UserError(f"train/ holds {len(source)} images, fewer than one batch of {batch_size} per process: "
+                        f"lower -b/--batch-size{fits}")
     return source
 
 

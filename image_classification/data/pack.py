@@ -47,10 +47,10 @@ from ..errors import UserError, write_failure
 from ..records.datafile import DataFileError, parse_json, read_json, read_regular
 from ..system.cli import run
 from ..system.signals import stop_raises
-from .files import SPLITS, open_image, open_rgb, printable, read_bytes
-from .orientation import ORIENTATION_TAG, image_orientation
+from .files import SPLITS, open_image, printable, read_bytes
 from .layout import _report_links, check_dataset, relative_names, walk_split
 from .pack_destination import PackLock, open_own, prepare_destination, remove_temporaries
+from .pack_resize import Resizing, resizing
 from .packed import (BLOCK, FORMAT, MANIFEST, MAX_MANIFEST_BYTES, NAMES, PROGRESS, SHARD, TABLE, TABLE_DTYPE, VERSION,
                      index_name, is_packed, names_blob, sample_key, shard_name)
 
@@ -61,59 +61,6 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 _HEADER = dict(mode=0o644, uid=0, gid=0, uname="", gname="", mtime=0, type=tarfile.REGTYPE)
 _END = 2 * BLOCK  # a tar ends with two zero blocks, padded to a whole record
 MAX_SIZE = 2**32 - 1  # the table's field for a sample's size
-DEFAULT_QUALITY = 90  # --max-size's JPEG quality unless --quality says
-
-
-@dataclass(frozen=True)
-class Resizing:
-    """``--max-size``: the longest side an image is stored at, and the JPEG quality of those resized."""
-
-    max_size: int
-    quality: int = DEFAULT_QUALITY
-
-    def record(self) -> dict:
-        """What the manifest records of it."""
-        return {"max_size": self.max_size, "quality": self.quality}
-
-    def target(self, width: int, height: int) -> tuple[int, int] | None:
-        """The stored size of a ``width`` x ``height`` image: the longer side at ``max_size``, the other in
-        proportion (rounded, at least 1); None where the image is no larger than that."""
-        longer = max(width, height)
-        if longer <= self.max_size:
-            return None
-        if width >= height:
-            return self.max_size, max(1, round(height * self.max_size / width))
-        return max(1, round(width * self.max_size / height)), self.max_size
-
-    def shrink(self, data: bytes) -> bytes | None:
-        """``data`` (an image file's bytes) stored smaller: resized to :meth:`target` (Pillow's antialiased
-        Lanczos, from libjpeg's reduced scale where that still holds the target) and encoded as a JPEG; None
-        where it keeps its bytes (no larger, or not readable: training then reports it as on the folder).  The
-        pixels stay as stored, and the EXIF orientation tag goes with them, alone."""
-        from PIL import Image
-
-        try:
-            with open_image(io.BytesIO(data)) as image:
-                target = self.target(*image.size)
-                if target is None:
-                    return None
-                exif = Image.Exif()
-                if image_orientation(image) != 1:
-                    exif[ORIENTATION_TAG] = image_orientation(image)
-                extent = (0, 0, *image.size)
-                if image.format == "JPEG":
-                    # the largest of libjpeg's reductions that keeps the target; the image's extent in it, which
-                    # its last row and column may overhang
-                    extent = image.draft("RGB", target)[1]
-                    pixels = image.convert("RGB")
-                else:
-                    pixels = open_rgb(io.BytesIO(data), turn=False)
-            out = io.BytesIO()
-            pixels.resize(target, Image.LANCZOS, box=extent).save(out, "JPEG", quality=self.quality,
-                                                                  exif=exif.tobytes() if exif else b"")
-        except Exception:  # anything Pillow raises: the bytes are stored as they are, and reported where read
-            return None
-        return out.getvalue()
 
 
 def parse_size(text: str) -> int:
@@ -529,18 +476,6 @@ def pack_command(args: argparse.Namespace) -> int:
         pack(Path(args.source), Path(args.destination), parse_size(args.shard_size), args.workers,
              resizing(args.max_size, args.quality))
     return 0
-
-
-def resizing(max_size: int | None, quality: int | None) -> Resizing | None:
-    """``--max-size`` and ``--quality`` as a :class:`Resizing` (None without ``--max-size``); UserError for a
-    quality out of range, or given alone."""
-    if max_size is None:
-        if quality is not None:
-            raise UserError("--quality sets the JPEG quality of the images --max-size resizes; give --max-size too")
-        return None
-    if quality is not None and not 1 <= quality <= 100:
-        raise UserError(f"--quality {quality}: give 1 to 100 (JPEG's scale; 90 unless told)")
-    return Resizing(max_size, DEFAULT_QUALITY if quality is None else quality)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,6 @@ def synthetic_loaders(config: DataConfig, runtime: Runtime, *, want_train: bool,
         config.batch_size, size, config.num_classes or 1000, length, runtime,
         mix_seed(config.seed + runtime.rank + offset), size_at,
     )
-    size_at = config.train_size_at if config.train_schedule is not None else None
-    return (make(0, config.train_size_at(0), size_at) if want_train else None), \
-        (make(1, config.image_size) if want_val else None)
+    size_at = config.preprocessing.train_size_at if config.preprocessing.train_schedule is not None else None
+    return (make(0, config.preprocessing.train_size_at(0), size_at) if want_train else None), \
+        (make(1, config.preprocessing.image_size) if want_val else None)

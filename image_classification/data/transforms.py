@@ -107,8 +107,8 @@ def auto_augmentation(config: DataConfig):
         return None
     return {
         "autoaugment": lambda: v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET),
-        "randaugment": lambda: v2.RandAugment(num_ops=config.randaugment_num_ops,
-                                              magnitude=config.randaugment_magnitude),
+        "randaugment": lambda: v2.RandAugment(num_ops=config.randaugment[1],
+                                              magnitude=config.randaugment[0]),
         "trivialaugment": lambda: v2.TrivialAugmentWide(),
         "augmix": lambda: v2.AugMix(),
     }[config.augmentation]()
@@ -158,9 +158,9 @@ class TrainTransform:
     side, which the sampler hands the workers with each sample) replaces the configuration's."""
 
     def __init__(self, config: DataConfig):
-        self.size, self.scale = config.train_size, tuple(config.crop_scale)
-        self.interpolation, self.hflip = INTERPOLATION[config.interpolation], config.hflip
-        self.interpolation_name = config.interpolation
+        self.size, self.scale = config.preprocessing.train_size, tuple(config.crop_scale)
+        self.interpolation, self.hflip = INTERPOLATION[config.preprocessing.interpolation], config.hflip
+        self.interpolation_name = config.preprocessing.interpolation
         self.augmentation = auto_augmentation(config)
 
     def draw(self, height: int, width: int, size: int | None = None) -> Draw:

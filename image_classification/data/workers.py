@@ -76,7 +76,7 @@ def split_sampler(size: int, config: DataConfig, runtime: Runtime, train: bool) 
     """This rank's sampler of a split: shuffled and dealt for training (:func:`.common.train_sampler`), each
     sample with its epoch's crop size (:class:`SizedSampler`); dealt in order for validation."""
     if train:
-        return SizedSampler(train_sampler(size, config, runtime), config.train_size_at)
+        return SizedSampler(train_sampler(size, config, runtime), config.preprocessing.train_size_at)
     return ShardSampler(size, runtime.rank, runtime.world_size, shuffle=False, seed=config.seed)
 
 

@@ -37,6 +37,7 @@ from torch import nn
 
 from ..errors import UserError
 from ..records.datafile import DataFileError, parse_json
+from ..system.machine import cuda_available
 from .torch_export import MIN_TRACED_BATCH, RECORD_KEY, export_program, probe_image, quiet_torch
 
 PACKAGE_SUFFIX = ".pt2"
@@ -68,7 +69,7 @@ def compile_problem(device: torch.device) -> str | None:
 
     if not hasattr(torch._inductor, "aoti_compile_and_package"):
         return f"torch {torch.__version__} has no torch._inductor.aoti_compile_and_package (torch 2.6 has)"
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if device.type == "cuda" and not cuda_available():
         return "no CUDA device is available"
     if not any(name and shutil.which(name) for name in (os.environ.get("CXX"), "c++", "g++", "clang++")):
         return "AOTInductor builds the package with a C++ compiler, and none was found (c++, g++, clang++ or $CXX)"
@@ -173,7 +174,7 @@ def runs_here_problem(found: PackageRecord) -> str | None:
     if found.machine and found.machine != platform.machine():
         return f"for {found.machine}, and this machine is {platform.machine()}"
     if found.device == "cuda":
-        return None if torch.cuda.is_available() else "for CUDA, and no CUDA device is available"
+        return None if cuda_available() else "for CUDA, and no CUDA device is available"
     if found.device != "cpu":
         return f"for the device {found.device[:40]!r}, which this toolkit does not run"
     if found.cpu_isa:

@@ -29,7 +29,8 @@ from ..records.scratch import scratch_folder
 from ..system.signals import stop_raises
 from .aoti import PACKAGE_SUFFIX, PACKAGE_TOLERANCE, AotiModel, compile_problem, write_package
 from .inference import LoadedModel, calibrate, class_names_for, load_model, warn
-from .onnx_runtime import INT8, ONNX_TOLERANCE, logit_limit, require_finite, require_onnxruntime
+from ..models.quantized import is_quantized
+from .onnx_runtime import INT8, QAT, export_ready, kind_of, logit_limit, require_finite, require_onnxruntime
 from .quantization import Quantization, int8_request, quantize
 from .torch_export import RECORD_KEY, deployed_record, export_onnx, traced_batch
 from .triton_repository import check_free, check_model_name, write_model
@@ -252,8 +253,11 @@ def model2onnx(args: argparse.Namespace) -> int:
     if not args.weights and not args.pretrained:
         warn(f"warning: no --weights given: exporting {args.arch or 'resnet50'} with random weights")
     loaded = load_model(args.arch, args.weights, args.num_classes, args.model_config, args.pretrained)
-    model = loaded.model.float().eval()
     preprocessing = loaded.resolve_preprocessing(args.image_size)
+    if package and is_quantized(loaded.model):
+        raise UserError(f"'{args.weights}' was trained quantization-aware: its int8 model is an ONNX file (write "
+                        "M.onnx); a .pt2 package would run the fake-quantized float model")
+    model = export_ready(loaded.model, preprocessing.image_size, bool(args.quantize))
     target = destination(args, loaded, PACKAGE_SUFFIX if package else ".onnx")
     record = deployed_record(loaded.arch, class_names_for(loaded.num_classes, None, loaded.class_names),
                              preprocessing)
@@ -276,19 +280,21 @@ def _write_onnx(args: argparse.Namespace, model: nn.Module, loaded: LoadedModel,
     size = preprocessing.image_size
     with stop_raises("exporting the model to ONNX", f"{output} was not written"), \
             export_scratch(target) as scratch:  # exit 75 on a stop signal, the scratch folder removed
+        kind = kind_of(None, model)
+        trained = ", int8 as trained quantization-aware" if kind is QAT else ""
         print(f"Exporting {loaded.arch} ({loaded.num_classes} classes) at {size}x{size}, batch "
-              f"{'dynamic' if dynamic else len(checks[0])}, opset {opset}", flush=True)
+              f"{'dynamic' if dynamic else len(checks[0])}, opset {opset}{trained}", flush=True)
         written = scratch / "model.onnx"
         exporter = export_onnx(model, checks[0], written, dynamic_batch=dynamic, opset=opset, log=warn)
         (found,) = onnx_agreement(written, model, checks)
-        limit = logit_limit(ONNX_TOLERANCE, found.scale)
+        limit = logit_limit(kind.tolerance, found.scale, kind.floor)
         sizes = " and ".join(str(len(batch)) for batch in checks)
         print(f"onnxruntime vs PyTorch, max abs difference of the logits at batch {sizes}: {found.max_difference:.3g}"
               f" (limit {limit:.3g}; largest logit {found.scale:.3g}; exported through {exporter})", flush=True)
         if not found.max_difference < limit:
             warn(f"error: the ONNX model's outputs differ from PyTorch's by {found.max_difference:.3g} (limit "
-                 f"{limit:.3g}, 1e-3 of the largest logit {found.scale:.3g} or 1e-3 below 1); {output} was not "
-                 "written")
+                 f"{limit:.3g}, {kind.tolerance:g} of the largest logit {found.scale:.3g} or {kind.tolerance:g} "
+                 f"below {kind.floor:g}); {output} was not written")
             return 1
         if quantization is not None:
             quantize(written, scratch / "int8.onnx", quantization, scratch)

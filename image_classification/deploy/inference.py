@@ -31,10 +31,11 @@ from ..data.transforms import open_resized, val_transform
 from ..errors import UserError
 from ..models import build_model, default_image_size, load_weights
 from ..models.preprocessing import Preprocessing, choose_preprocessing
-from ..models.weights import checked_arch, checked_num_classes, fetch_pretrained, recorded_class_names
-from ..records.checkpoint import load_checkpoint_file
+from ..models.quantized import check_quantizers, holds_quantizers, quantize_model
+from ..models.weights import (checked_arch, checked_num_classes, extract_state_dict, fetch_pretrained, read_weights,
+                              recorded_class_names)
 from ..records.integrity import recorded_description
-from ..system import machine
+from ..system import host, machine
 from ..system.runtime import Runtime, make_runtime
 from .aoti import AotiModel, compiled_for_this_run, is_package
 from .onnx_runtime import OnnxModel, onnx_device, require_onnxruntime
@@ -206,12 +207,15 @@ def load_model(arch: str | None, weights: str | None = None, num_classes: int | 
                         f"{weights} runs it; main.py and model2onnx.py take the weights it was compiled from")
     checkpoint: dict = {}
     if weights:
-        checkpoint = load_checkpoint_file(weights)
+        checkpoint = read_weights(weights)
         arch = checked_arch(checkpoint, arch, weights)
         num_classes = checked_num_classes(checkpoint, num_classes, weights)
     arch = arch or "resnet50"
     num_classes = num_classes or 1000
     model = build_model(arch, num_classes=num_classes, model_config=model_config)
+    quantized = bool(checkpoint) and holds_quantizers(extract_state_dict(checkpoint))
+    if quantized:
+        quantize_model(model)  # trained quantization-aware: its activation ranges load with the weights
     if pretrained:
         weights = str(fetch_pretrained(arch, log=log))
     if weights:
@@ -220,6 +224,8 @@ def load_model(arch: str | None, weights: str | None = None, num_classes: int | 
         except UserError as error:
             message = str(error).replace("the given state dict", f"'{weights}'").rstrip(".")
             raise UserError(f"{message}; are they weights of --arch {arch}?") from None
+    if quantized:
+        check_quantizers(model, f"'{weights}'")
     names = recorded_class_names(checkpoint, num_classes)
     description = recorded_description(checkpoint)
     preprocessing = None
@@ -331,7 +337,7 @@ def _slower_bf16() -> str:
 def classify_runtime(device: str, precision: str | None, memory_format: str) -> Runtime:
     """The runtime of a one-off classification: ``precision`` None picks :func:`default_precision`."""
     if precision is None:
-        wants_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+        wants_cuda = host.use_cuda(device)
         precision = default_precision("cuda" if wants_cuda else "cpu")
         listed = [] if wants_cuda else machine.cpu_bf16_features()
         promised = not wants_cuda and machine.bf16_faster_by_flags()

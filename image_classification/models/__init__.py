@@ -1,6 +1,7 @@
-"""Model registry: every architecture by name, built with one call, plus weight loading and what a model's
-inputs are: how they are prepared (:mod:`.preprocessing`, recorded with the weights in every checkpoint)
-and how large an image may be (:mod:`.image_size`).
+"""Model registry: every architecture by name, built with one call, plus weight loading (:mod:`.weights`;
+:mod:`.hub_layouts` maps timm's and Hugging Face's safetensors to ours) and what a model's inputs are: how they
+are prepared (:mod:`.preprocessing`, recorded with the weights in every checkpoint) and how large an image may be
+(:mod:`.image_size`).
 
 Importing it imports no torch (the names come from :mod:`.archs`): the command lines list the
 architectures before torch is loaded.  The builder and the weight loaders import it when first used.

@@ -111,17 +111,32 @@ def all_archs() -> list[str]:
     return [*ARCHS, *EFFICIENTNETS]
 
 
+QUANT_INFIX = "-quant-"  # the reference's spelling of a quantization-aware EfficientNet: efficientnet-quant-b0
+
+
+def quant_spellings() -> list[str]:
+    """The reference's names of the quantization-aware EfficientNets (``efficientnet-quant-b0``...), accepted by
+    ``--arch`` as the plain architecture trained quantized."""
+    return [name.replace("-", QUANT_INFIX, 1) for name in EFFICIENTNETS]
+
+
+def plain_arch(arch: str) -> tuple[str, bool]:
+    """(the architecture, whether its name asked for quantization-aware training): ``efficientnet-quant-b0`` is
+    ``(efficientnet-b0, True)``, any other name itself with False."""
+    if arch in quant_spellings():
+        return arch.replace(QUANT_INFIX, "-", 1), True
+    return arch, False
+
+
 def designed_image_size(arch: str) -> int:
     """The training and validation crop ``arch`` was designed for (the name is assumed valid)."""
     return EFFICIENTNETS[arch][2] if arch in EFFICIENTNETS else 224
 
 
 def cpu_trains_faster_channels_last(arch: str) -> bool:
-    """Whether ``arch`` trains faster on the CPU in the channels-last layout (``--memory-format auto``'s choice
-    there): the bottleneck models, whose training step ran 1.13x (32 px, within noise) to 1.43x (224 px) faster
-    in it, and the EfficientNets (depthwise convolutions; B0: 1.42x at 96 px, 1.81x at 32 px); not the
-    basic-block ResNet-18 and -34 (ResNet-18: 0.87x at 32 px, 0.99x at 96 px) (docs/performance.md, "The memory
-    format on the CPU")."""
+    """Whether ``arch`` trains faster in the channels-last layout on an AVX512 CPU (``--memory-format auto``'s choice
+    there; :func:`..system.host.choose` keeps NCHW on an AVX2 one): the bottleneck ResNets and the EfficientNets,
+    not the basic-block ResNet-18 and -34 (docs/performance.md, "The memory format on the CPU")."""
     return arch in EFFICIENTNETS or ARCHS[arch][0] == "bottleneck"
 
 

@@ -111,8 +111,10 @@ class ResizeSchedule:
             return f"MIN {low} is larger than MAX {high}"
         if start < 0 or start > end:
             return f"needs 0 <= START <= END (epochs, counted from 0), got START {start} and END {end}"
-        if epochs is not None and end > epochs:
-            return f"END {end} is past --epochs {epochs}: the run would never train at {high} px"
+        if epochs is not None and end >= epochs:
+            return (f"END {end} is not before --epochs {epochs}: epoch END is the first at MAX {high} px, and the "
+                    f"run's last epoch is {epochs - 1} (epochs counted from 0), so it would never train at {high} px; "
+                    f"give END at most {epochs - 1}")
         return None
 
 

@@ -1,5 +1,5 @@
-"""Loading weights into a model, whatever layout they were saved in (the file read as data by
-:func:`image_classification.records.checkpoint.load_checkpoint_file`).
+"""Loading weights into a model, whatever layout they were saved in (the file read as data by :func:`read_weights`:
+a PyTorch file, or safetensors weights, ours, timm's or Hugging Face's, mapped by :mod:`.hub_layouts`).
 
 Accepted: both spellings of the stages, ``layer1``.. (torchvision, NGC's 20.06 ResNets and 20.12
 EfficientNets) and ``layers.0``.. (the later NVIDIA code, our EfficientNets), a ``module.`` (DDP) or
@@ -21,8 +21,10 @@ from torch import nn
 
 from image_classification.errors import UserError
 from image_classification.models.archs import EFFICIENTNET_SE_RATIO, EFFICIENTNETS, efficientnet_layout
+from image_classification.models.hub_layouts import read_hub_weights
 from image_classification.records.checkpoint import load_checkpoint_file
 from image_classification.records.integrity import recorded_description
+from image_classification.records.safetensors_file import is_safetensors
 
 NGC = "https://api.ngc.nvidia.com/v2/models/nvidia/"
 PRETRAINED_URLS = {  # NGC 20.06.0 (ResNets) and 20.12.0 (EfficientNets) releases: plain state dicts
@@ -48,6 +50,14 @@ FAMILY_KEYS = {"resnet": "conv1, layer1..layer4, fc",
                "efficientnet": "stem, layers.N.blockM, features, classifier.fc"}
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DistributedDataParallel, torch.compile
 SHOWN = 5  # how many offending keys an error message names
+
+
+def read_weights(path: str | Path) -> dict:
+    """A weights or checkpoint file read as data only: a PyTorch file (:func:`load_checkpoint_file`), or safetensors
+    weights, a file or a folder holding ``model.safetensors`` (:func:`.hub_layouts.read_hub_weights`)."""
+    if Path(path).is_dir() or is_safetensors(path):
+        return read_hub_weights(path)
+    return load_checkpoint_file(path)
 
 
 def checked_arch(weights: Mapping, arch: str | None, source: str) -> str | None:
@@ -191,7 +201,7 @@ def load_weights(model: nn.Module, source: Union[str, Path, Mapping], *, allow_h
     continues (a classifier of another size is then advised as a resume, not an evaluation).
     """
     where = f"'{label or source}'" if label or isinstance(source, (str, Path)) else "the given state dict"
-    checkpoint = load_checkpoint_file(source) if isinstance(source, (str, Path)) else source
+    checkpoint = read_weights(source) if isinstance(source, (str, Path)) else source
     if not isinstance(checkpoint, Mapping):
         raise UserError(f"Weights come from a checkpoint file or state dict, not a {type(source).__name__}.")
     state = extract_state_dict(checkpoint)

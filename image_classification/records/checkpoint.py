@@ -7,9 +7,11 @@ holds is :meth:`image_classification.train.engine.Engine.state_dict`'s business,
   writes it through a temporary file, fsync and rename, so a kill never leaves a torn file and a full
   disk leaves the previous file intact (:class:`StorageError`, the temporary file removed); a signal whose
   handler raises (a second Ctrl-C) is acted on once the file is in place, never inside torch.save;
-* :func:`load_checkpoint_file` reads any checkpoint or weights file as data only, and refuses with one line
-  a file that would build objects, an ONNX model, a torn file or one whose hash does not match (a damaged
-  copy); :func:`load_checkpoint` also wants a training checkpoint's entries;
+* :func:`load_checkpoint_file` reads any PyTorch checkpoint or weights file as data only, and refuses with one
+  line a file that would build objects, an ONNX model, a safetensors file (:mod:`.safetensors_file` reads
+  those), a torn file or one whose hash does not match (a damaged copy); :func:`load_checkpoint` also wants a
+  training checkpoint's entries;
+* :func:`save_weights` writes a ``.pth``, or a safetensors file for a ``.safetensors`` path;
 * the per-epoch files kept by ``--gather-checkpoints`` and the RNG snapshot of a process.
 
 torch is imported by the functions that read, write or seal tensors, not with the module: the workspace's
@@ -33,6 +35,8 @@ from typing import BinaryIO, Callable, Iterator
 import numpy as np
 
 from ..errors import StorageError, UserError
+from .safetensors_file import SUFFIX as SAFETENSORS_SUFFIX
+from .safetensors_file import is_safetensors, safetensors_bytes
 
 FORMAT = 2  # 1: no hash, one RNG snapshot; 2: sealed, one RNG snapshot per rank
 BEST_NAME = "model_best.pth.tar"
@@ -220,7 +224,12 @@ def save_checkpoint(payload: dict, path: str | os.PathLike) -> None:
 
 
 def save_weights(state_dict: dict, description: dict, path: str | os.PathLike) -> None:
-    """Write a plain state dict that records ``description`` (arch, classes, preprocessing) and its hash."""
+    """Write a plain state dict that records ``description`` (arch, classes, preprocessing) and its hash: a
+    ``.pth`` (torch.save), or a safetensors file where ``path`` ends in ``.safetensors``."""
+    if Path(path).suffix.lower() == SAFETENSORS_SUFFIX:
+        data = safetensors_bytes(state_dict, description)
+        write_atomic(path, lambda handle: handle.write(data))
+        return
     import torch  # deferred, as integrity's (torch) import: see the module docstring
 
     from .integrity import seal_state_dict  # deferred: torch (integrity imports it)
@@ -252,6 +261,9 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict:
         raise UserError(f"Checkpoint file '{path}' does not exist or is not a file; NVIDIA's published "
                         "weights come from the NVIDIA NGC catalog, https://catalog.ngc.nvidia.com "
                         "(classify.py --pretrained downloads them).")
+    if is_safetensors(path):
+        raise UserError(f"'{path}' is a safetensors file: it holds weights, not a training checkpoint; pass it "
+                        "as --pretrained-weights (main.py) or --weights (classify.py, model2onnx.py)")
     try:
         with warnings.catch_warnings():  # a protocol-4 pickle warns before it is refused: one line only
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
@@ -344,7 +356,8 @@ def rng_state() -> dict:
             "cached_gaussian": float(np_state[4]),
         },
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        # the generators of a process that uses CUDA (initialising it only to read them would take a GPU's memory)
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
     }
 
 
@@ -359,7 +372,7 @@ def restore_rng_state(state: dict) -> None:
          np_state["has_gauss"], np_state["cached_gaussian"])
     )
     torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+    if state["cuda"] and torch.cuda.is_initialized() and len(state["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 

@@ -73,7 +73,7 @@ def seal_state_dict(state: Mapping[str, torch.Tensor], metadata: dict) -> dict:
     return sealed
 
 
-DESCRIPTION_KEYS = ("arch", "model_options", "num_classes", "classes", "preprocessing")
+DESCRIPTION_KEYS = ("arch", "model_options", "num_classes", "classes", "preprocessing", "quantization")
 
 
 def recorded_description(obj) -> dict:

@@ -105,6 +105,21 @@ def cpu_bf16_features() -> list[str] | None:
     return [name for flag, name in names.items() if flag in flags]
 
 
+# what torch's CPU dispatch needs for its AVX512 kernels (cpuinfo's avx512 check), and the settings that lower them
+_AVX512_KERNELS = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
+
+
+def cpu_kernels_avx512() -> bool:
+    """Whether torch's and oneDNN's CPU kernels run AVX512 here, asked without torch: the CPU lists what torch's
+    AVX512 dispatch needs, and neither ``ATEN_CPU_CAPABILITY`` nor ``ONEDNN_MAX_CPU_ISA`` caps them below it."""
+    capability = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    if (capability and not capability.startswith("avx512")) or (isa and not isa.startswith(("AVX512", "AMX", "ALL"))):
+        return False
+    flags = _cpu_flags()
+    return flags is not None and _AVX512_KERNELS <= flags
+
+
 def cpu_has_bf16() -> bool | None:
     """Whether the CPU lists bf16 instructions (:func:`cpu_bf16_features`); None where /proc/cpuinfo cannot tell."""
     features = cpu_bf16_features()
@@ -131,24 +146,10 @@ def cpu_bf16_is_native() -> bool:
 
 
 def cpu_bf16_is_faster() -> bool:
-    """Whether bf16 autocast runs faster than FP32 here: what makes bf16 the CPU's default precision.
-
-    Native bf16 is not enough.  resnet50 inference against torchvision's FP32 eager, batch 1 / batch 16
-    (``benchmarks/infer_throughput.py``), per CPU class:
-
-    * AVX2-only AMD EPYC (bf16 emulated): bf16 0.52x / 0.25x;
-    * AMD EPYC with AVX512-BF16, 2 cores: bf16 channels-last 1.43x / 2.75x, FP32 channels-last 0.91x / 1.40x;
-    * Intel Xeon with AMX-BF16, 2 vCPUs (``benchmarks/inference_benchmark.py``, main.py --evaluate): bf16
-      channels-last 27.8 / 58.1 images/s against FP32 NCHW's 18.6 / 16.0, 1.5x / 3.6x;
-    * Intel Xeon (family 6, model 207) with AVX512-BF16, AVX512-VNNI and AVX512-FP16 but its AMX hidden by
-      the hypervisor, 2 cores shared with other work, one thread, CPU time per image (median of 4 rounds):
-      bf16 channels-last 0.73x / 1.05x, FP32 channels-last 1.19x / 1.13x; the benchmark's own wall-clock
-      run, one thread: bf16 0.54x at batch 1 (at batch 16 within the rounds' spread).  oneDNN runs its
-      AVX512-BF16 kernels there (``brg_conv_fwd:avx512_core_bf16``), and they are no faster than FP32.
-
-    So bf16 is the default where AMX computes it, on AMD's AVX512-BF16 and on Arm's BF16 extension (not
-    measured here: oneDNN's own check decides), and FP32 on an Intel CPU with AVX512-BF16 alone.
-    """
+    """Whether bf16 autocast runs faster than FP32 here, which makes bf16 the CPU's default precision: native bf16
+    (:func:`cpu_bf16_is_native`) computed by AMX, by AMD's AVX512-BF16 or by Arm's BF16 extension; not an Intel CPU
+    with AVX512-BF16 alone, whose bf16 kernels ran no faster than FP32 (docs/performance.md, "Inference", measures
+    each class of CPU)."""
     if not cpu_bf16_is_native():
         return False
     return bf16_faster_by_flags() is not False  # no /proc/cpuinfo: oneDNN's word
@@ -202,13 +203,24 @@ def kernel_module_version(text: str) -> str | None:
     return match.group(1) if match else None
 
 
+def cuda_available() -> bool:
+    """Whether torch sees a CUDA device here: the one place that asks (:func:`.host.use_cuda` decides whether a
+    command uses it).  A process that has not imported torch yet asks NVIDIA's driver first: without one torch
+    can find no GPU, and its import takes seconds that a ``--dry-run`` need not wait for."""
+    if "torch" not in sys.modules and gpu_driver() is None:
+        return False
+    import torch  # deferred: seconds, where a driver says a GPU may be there (or torch is loaded already)
+
+    return torch.cuda.is_available()
+
+
 def gpu(index: int | None = None) -> dict | None:
     """CUDA device ``index`` (default: the current one): name, memory, compute capability, how many devices
     there are, the driver and torch's CUDA version; None where CUDA is not available."""
+    if not cuda_available():
+        return None
     import torch
 
-    if not torch.cuda.is_available():
-        return None
     properties = torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index)
     return {"name": properties.name, "memory_gib": round(properties.total_memory / 2**30, 1),
             "capability": f"{properties.major}.{properties.minor}", "count": torch.cuda.device_count(),

@@ -16,8 +16,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..errors import UserError
-from . import gpu_affinity as affinity, machine
+from . import gpu_affinity as affinity, host, machine
 from .distributed import PeerWatchdog, attempt_store
 from .machine import distributed_env, lone_slurm_task_notice
 from .slurm import slurm_rendezvous_env
@@ -29,6 +28,7 @@ logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 _MEMORY_FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 MEMORY_FORMAT_NAMES = {value: name for name, value in _MEMORY_FORMATS.items()}
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPE_NAMES = {value: name for name, value in _DTYPES.items()}
 
 
 @dataclass
@@ -56,9 +56,14 @@ class Runtime:
         return self.device.type == "cuda"
 
     @property
+    def amp_dtype_name(self) -> str | None:
+        """The autocast dtype as the flags name it (``float16``, ``bfloat16``), None in full precision."""
+        return DTYPE_NAMES.get(self.amp_dtype)
+
+    @property
     def needs_loss_scaling(self) -> bool:
-        """fp16 gradients underflow without a loss scale; bf16 and fp32 ones do not."""
-        return self.amp_dtype == torch.float16
+        """Whether the run scales its loss (:func:`.host.scales_loss`: fp16 only)."""
+        return host.scales_loss(self.amp_dtype_name)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.amp_dtype is None:
@@ -74,6 +79,12 @@ class Runtime:
         if self.watchdog is None:
             return contextlib.nullcontext()
         return self.watchdog.guard(what)
+
+    def describe(self) -> dict:
+        """What the run's raport records of where it ran: the device, the autocast dtype, the memory format taken
+        and the processes."""
+        return {"device": str(self.device), "amp_dtype": str(self.amp_dtype),
+                "memory_format": MEMORY_FORMAT_NAMES[self.memory_format], "world_size": self.world_size}
 
     def synchronize(self) -> None:
         if self.is_cuda:
@@ -109,65 +120,47 @@ def make_runtime(
     dist_timeout: float = 300.0,
     cudnn_benchmark: bool = True,
 ) -> Runtime:
-    """Pick the device and precision, and join the process group when launched by torchrun/SLURM.
+    """Take the device, precision and layout :func:`.host.choose` decides, and join the process group when
+    launched by torchrun/SLURM; rank 0 says each choice the flags alone do not.
 
     The order matters on a GPU node: the process is pinned to its GPU's cores (``gpu_affinity``) before
     CUDA and the process group start their threads, which inherit the affinity. ``cudnn_benchmark``
     autotunes convolutions per input shape: right for training's fixed shapes, wasted on one-off runs.
-    ``memory_format`` ``auto`` is nhwc on the CPU where ``cpu_channels_last`` (the model trains faster so), else
-    nchw; the choice of nhwc is said in a line.
     """
-    cuda_available = torch.cuda.is_available()
-    if device == "cuda" and not cuda_available:
-        raise UserError("--device cuda was asked for, but no CUDA device is available")
-    use_cuda = cuda_available if device == "auto" else device == "cuda"
+    choice = host.choose(device, amp, amp_dtype, memory_format, cpu_channels_last=cpu_channels_last,
+                         bf16_native=machine.cpu_bf16_is_native)
     rank, local_rank, world_size = distributed_env()
-    notice = lone_slurm_task_notice()
-    if notice is not None:
-        log(notice)
-
-    gpu = local_rank % torch.cuda.device_count() if use_cuda else None
-    if gpu_affinity != "none":
-        if gpu is None:
-            if rank == 0:
-                log(f"=> --gpu-affinity {gpu_affinity} pins processes to a GPU's cores; there is no GPU: ignored")
-        else:
-            affinity.set_affinity(gpu, mode=gpu_affinity)
-    if gpu is not None:
-        torch.cuda.set_device(gpu)
-        torch_device = torch.device("cuda", gpu)
-        torch.backends.cudnn.benchmark = cudnn_benchmark
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
-    else:
-        torch_device = torch.device("cpu")
-
-    dtype = None
-    if amp:
-        if amp_dtype is None:
-            amp_dtype = "float16" if use_cuda else "bfloat16"
-            if not use_cuda and rank == 0:
-                log("=> --amp on CPU: bf16 autocast, no loss scaling")
-        if amp_dtype == "bfloat16" and not use_cuda and rank == 0:
-            if not machine.cpu_bf16_is_native():
-                log(f"=> this CPU ({machine.cpu_capability()}) has no bf16 hardware: bf16 autocast is emulated and "
-                    "runs slower than FP32 here (drop --amp for speed)")
-        if amp_dtype == "float16" and not use_cuda and rank == 0:
-            log("=> --amp-dtype float16 on the CPU: fp16 autocast with loss scaling, as on CUDA; it exists to run "
-                "the fp16 path here and trains far slower than bf16 or FP32 (--amp alone takes bf16 on the CPU)")
-        dtype = _DTYPES[amp_dtype]
-
+    notes = [notice for notice in (lone_slurm_task_notice(),) if notice]
+    torch_device = _take_device(choice.cuda, local_rank, gpu_affinity, tf32, cudnn_benchmark, notes)
+    if rank == 0:
+        for note in notes + [f"=> {line}" for line in choice.notes]:
+            log(note)
     watchdog = None
     if world_size > 1:
         if not dist.is_initialized():
-            _join_process_group(use_cuda, torch_device, rank, local_rank, world_size, dist_timeout)
+            _join_process_group(choice.cuda, torch_device, rank, local_rank, world_size, dist_timeout)
         watchdog = PeerWatchdog(rank, dist_timeout)
-    if memory_format == "auto":
-        memory_format = "nhwc" if gpu is None and cpu_channels_last else "nchw"
-        if memory_format == "nhwc" and rank == 0:
-            log("=> memory format nhwc: channels-last, in which this model trains faster on the CPU "
-                "(--memory-format nchw for the plain layout)")
-    return Runtime(torch_device, dtype, _MEMORY_FORMATS[memory_format], rank, local_rank, world_size, watchdog)
+    dtype = _DTYPES[choice.amp_dtype] if choice.amp_dtype else None
+    return Runtime(torch_device, dtype, _MEMORY_FORMATS[choice.memory_format], rank, local_rank, world_size,
+                   watchdog)
+
+
+def _take_device(cuda: bool, local_rank: int, gpu_affinity: str, tf32: bool, cudnn_benchmark: bool,
+                 notes: list[str]) -> torch.device:
+    """This process's device: its GPU (pinned to the GPU's cores first, cuDNN and TF32 set), or the CPU."""
+    if not cuda:
+        if gpu_affinity != "none":
+            notes.append(f"=> --gpu-affinity {gpu_affinity} pins processes to a GPU's cores; there is no GPU: "
+                         "ignored")
+        return torch.device("cpu")
+    gpu = local_rank % torch.cuda.device_count()
+    if gpu_affinity != "none":
+        affinity.set_affinity(gpu, mode=gpu_affinity)
+    torch.cuda.set_device(gpu)
+    torch.backends.cudnn.benchmark = cudnn_benchmark
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    return torch.device("cuda", gpu)
 
 
 # The backend's own timeout comes a minute after the watchdog's, so the one line is said first.

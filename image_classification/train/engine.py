@@ -80,15 +80,15 @@ class Engine:
         self.config, self.runtime, self.log = config, runtime, log
         self.base_model = model
         self.optimizer = build_optimizer(
-            model, name=config.optimizer, lr=config.lr, momentum=config.momentum,
-            weight_decay=config.weight_decay, nesterov=config.nesterov, bn_weight_decay=config.bn_weight_decay,
-            norm_weight_decay=config.norm_weight_decay, bias_weight_decay=config.bias_weight_decay,
-            rmsprop_alpha=config.rmsprop_alpha, rmsprop_eps=config.rmsprop_eps,
+            model, name=config.optim.optimizer, lr=config.optim.lr, momentum=config.optim.momentum,
+            weight_decay=config.optim.weight_decay, nesterov=config.optim.nesterov, bn_weight_decay=config.optim.bn_weight_decay,
+            norm_weight_decay=config.optim.norm_weight_decay, bias_weight_decay=config.optim.bias_weight_decay,
+            rmsprop_alpha=config.optim.rmsprop_alpha, rmsprop_eps=config.optim.rmsprop_eps,
             loss_scaling=runtime.needs_loss_scaling,
-            log=(lambda *_: None) if config.evaluate else log,  # --evaluate never steps: no word about decay
+            log=(lambda *_: None) if config.run.evaluate else log,  # --evaluate never steps: no word about decay
         )
         self.scaler = self._make_scaler()
-        self.ema = self._make_ema(model) if config.ema_decay else None
+        self.ema = self._make_ema(model) if config.optim.ema.decay else None
         self.model = self._wrap(model)
         self.progress = Progress()
         self.classes = list(classes)
@@ -102,38 +102,42 @@ class Engine:
         """A loss scaler for fp16 autocast; None when no scaling is needed (fp32, bf16)."""
         if not self.runtime.needs_loss_scaling:
             return None
-        growth_interval = LOSS_SCALE_GROWTH_INTERVAL if self.config.dynamic_loss_scale else 2**31 - 1
-        return torch.amp.GradScaler(self.runtime.device.type, init_scale=self.config.loss_scale,
+        growth_interval = LOSS_SCALE_GROWTH_INTERVAL if self.config.precision.loss_scale_adapts else 2**31 - 1
+        return torch.amp.GradScaler(self.runtime.device.type, init_scale=self.config.precision.loss_scale,
                                     growth_factor=2.0, backoff_factor=0.5, growth_interval=growth_interval)
 
     def _make_ema(self, model: nn.Module) -> ModelEma:
         """--use-ema's EMA (the reference's: every step, its warm-up) or --model-ema's (torchvision's)."""
         config = self.config
-        warmup = "timm" if config.ema_warmup else ("reference" if config.ema_style == "reference" else "none")
-        if config.ema_style == "reference":
-            return ModelEma(model, config.ema_decay, warmup=warmup)
-        images = self.runtime.world_size * config.batch_size * config.accumulation
-        decay = torchvision_decay(config.ema_decay, images_per_step=images, steps=config.ema_steps,
-                                  epochs=config.epochs)
-        if not config.evaluate:
-            restart = f"; restarted from the weights in the {config.warmup} warm-up epochs" if config.warmup else ""
-            self.log(f"=> EMA every {config.ema_steps} optimizer steps of {images} images: decay "
-                     f"{config.ema_decay:g} over {config.epochs} epochs is {decay:.6g} per update{restart}")
-        return ModelEma(model, decay, every=config.ema_steps, warmup=warmup, restart_epochs=config.warmup)
+        warmup = "timm" if config.optim.ema.warmup else ("reference" if config.optim.ema.style == "reference" else "none")
+        if config.optim.ema.style == "reference":
+            return ModelEma(model, config.optim.ema.decay, warmup=warmup)
+        images = self.runtime.world_size * config.data.batch_size * config.optim.accumulation
+        decay = torchvision_decay(config.optim.ema.decay, images_per_step=images, steps=config.optim.ema.steps,
+                                  epochs=config.optim.epochs)
+        if not config.run.evaluate:
+            restart = f"; restarted from the weights in the {config.optim.warmup} warm-up epochs" if config.optim.warmup else ""
+            self.log(f"=> EMA every {config.optim.ema.steps} optimizer steps of {images} images: decay "
+                     f"{config.optim.ema.decay:g} over {config.optim.epochs} epochs is {decay:.6g} per update{restart}")
+        return ModelEma(model, decay, every=config.optim.ema.steps, warmup=warmup, restart_epochs=config.optim.warmup)
 
     def _wrap(self, model: nn.Module) -> nn.Module:
-        if self.config.jit == "script":
+        if self.config.model.jit == "script":
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", FutureWarning)
+                warnings.simplefilter("always", DeprecationWarning)
                 model = torch.jit.script(model)
             said = False
-            for warning in caught:  # torch 2.14 deprecates TorchScript: one line, not a warning per scripted module
-                if not issubclass(warning.category, FutureWarning):
+            for warning in caught:  # torch deprecates TorchScript (a FutureWarning in 2.14, a DeprecationWarning in
+                # 2.11): one line, not a warning per scripted module
+                deprecation = issubclass(warning.category, (FutureWarning, DeprecationWarning)) and \
+                    "torch.jit" in str(warning.message)
+                if not deprecation:
                     warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
                 elif not said:
                     self.log(f"=> --jit script: {str(warning.message).splitlines()[0]}")
                     said = True
-        if self.config.compile:
+        if self.config.model.compile:
             model = torch.compile(model)
         if self.runtime.distributed:
             device_ids = [self.runtime.device.index] if self.runtime.is_cuda else None
@@ -160,16 +164,16 @@ class Engine:
         batch = targets.shape[0]
         if batch == 1:  # what skipped unreadable images can leave: BatchNorm cannot normalise one sample
             images, targets = torch.cat([images, images]), torch.cat([targets, targets])
-        images, target = augment_batch(images, targets, num_classes=config.num_classes, mixup_alpha=config.mixup,
-                                       cutmix_alpha=config.cutmix, switch_prob=config.mixup_switch_prob,
-                                       erase_prob=config.random_erase)
+        images, target = augment_batch(images, targets, num_classes=config.model.num_classes, mixup_alpha=config.optim.mixup,
+                                       cutmix_alpha=config.optim.cutmix, switch_prob=config.optim.switch_prob,
+                                       erase_prob=config.data.random_erase)
         sync = contextlib.nullcontext()
         if self.runtime.distributed and not step_now:
             sync = self.model.no_sync()  # accumulation steps skip the gradient all-reduce
         with sync:
             with self.runtime.autocast():
                 logits = self.model(images)
-            loss = classification_loss(logits, target, config.label_smoothing)
+            loss = classification_loss(logits, target, config.optim.label_smoothing)
             scaled = loss / accumulation
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         if step_now:
@@ -211,10 +215,10 @@ class Engine:
         else:
             self.optimizer.step()
             self._overflow_run = 0
-        if self.config.dynamic_loss_scale:
+        if self.config.precision.loss_scale_adapts:
             scaler.update()  # halved after a skipped step, doubled after LOSS_SCALE_GROWTH_INTERVAL taken ones
         else:
-            scaler.update(new_scale=self.config.loss_scale)
+            scaler.update(new_scale=self.config.precision.loss_scale)
         return not skipped
 
     def end_epoch(self, val_top1: float | None) -> bool:
@@ -230,7 +234,7 @@ class Engine:
             progress.epochs_without_improvement = 0
         elif val_top1 is not None:
             progress.epochs_without_improvement += 1
-        patience = self.config.early_stopping_patience
+        patience = self.config.optim.early_stopping_patience
         progress.stopped_early = 0 < patience <= progress.epochs_without_improvement
         return is_best
 
@@ -303,9 +307,10 @@ class Engine:
             "state_dict": self.base_model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "seed": self.config.seed,
+            "seed": self.config.run.seed,
             "world_size": self.runtime.world_size,
-            "batch_size": self.config.batch_size,
+            "batch_size": self.config.data.batch_size,
+            "epochs": self.config.optim.epochs,  # the schedule's length: a resume with another says so
             "rng": rng,
         }
         if self.classes:
@@ -338,7 +343,7 @@ class Engine:
                 load_optimizer_state(self.optimizer, state["optimizer"])
             except (ValueError, KeyError) as error:
                 raise UserError(f"the checkpoint's optimizer state does not fit --optimizer "
-                                f"{self.config.optimizer} ({error})") from None
+                                f"{self.config.optim.optimizer} ({error})") from None
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         if self.ema is not None:
@@ -353,11 +358,11 @@ class Engine:
     def _restore_rng_and_position(self, state: dict) -> None:
         runtime, progress = self.runtime, self.progress
         written_by = int(state.get("world_size", 1))
-        old_batch = int(state.get("batch_size", self.config.batch_size))
+        old_batch = int(state.get("batch_size", self.config.data.batch_size))
         rng = state.get("rng")
         if isinstance(rng, dict):  # format 1: rank 0's generators only
             rng = [rng] if written_by == 1 else None
-        same_shape = written_by == runtime.world_size and old_batch == self.config.batch_size
+        same_shape = written_by == runtime.world_size and old_batch == self.config.data.batch_size
         if same_shape and rng and len(rng) == runtime.world_size:
             try:
                 ckpt.restore_rng_state(rng[runtime.rank])
@@ -365,14 +370,14 @@ class Engine:
                 raise UserError(f"the checkpoint's random generator state is malformed ({type(error).__name__}); "
                                 "it cannot be resumed exactly") from None
             return
-        reseed(self.config.seed, runtime.rank, progress.epoch, progress.iterations)
+        reseed(self.config.run.seed, runtime.rank, progress.epoch, progress.iterations)
         if progress.batch:
             seen = progress.batch * written_by * old_batch  # images of this epoch the earlier run trained on
-            per_batch = runtime.world_size * self.config.batch_size
+            per_batch = runtime.world_size * self.config.data.batch_size
             progress.batch = -(-seen // per_batch)
             self.log(f"=> the checkpoint was written by {written_by} process(es) with -b {old_batch} after {seen} "
                      f"images of epoch {progress.epoch + 1}; this run ({runtime.world_size} x -b "
-                     f"{self.config.batch_size}) continues at its batch {progress.batch}, skipping "
+                     f"{self.config.data.batch_size}) continues at its batch {progress.batch}, skipping "
                      f"{progress.batch * per_batch - seen} more images; random streams restart from the seed")
         elif written_by != runtime.world_size or not rng:
             self.log(f"=> the checkpoint was written by {written_by} process(es), this run has "

@@ -28,10 +28,8 @@ live in the :class:`Engine`, which it drives.
 from __future__ import annotations
 
 import dataclasses
-
 import math
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -48,9 +46,9 @@ from ..records.workspace import Workspace
 from ..system.runtime import Runtime
 from ..system.signals import StopSignal
 from .engine import Engine
-from .losses import classification_loss, correct_counts
 from .metrics import Console, Warmup, record_iteration
 from .progress import pass_length, progress_bar
+from .validation import ValResult, batch_sums, figure_names, finite_sums, named, slots, window_figures
 
 
 
@@ -112,25 +110,6 @@ class RunControl:
         self.save_pending = False
 
 
-@dataclass
-class ValResult:
-    top1: float
-    loss: float
-    count: int
-    not_finite: int  # images whose outputs held NaN or inf (counted as wrong)
-    tta_top1: float | None = None  # --val-tta's top1 of the averaged logits, where it has one
-
-    @property
-    def finite(self) -> bool:
-        """Whether the validation counts: images seen, every output finite, a finite loss."""
-        return bool(self.count) and not self.not_finite and math.isfinite(self.loss)
-
-    @property
-    def finite_top1(self) -> float | None:
-        """top1 when the validation counts; else None."""
-        return self.top1 if self.finite else None
-
-
 class Loop:
     """Epochs over the loaders: :meth:`fit` trains and validates, :meth:`evaluate` validates once.
 
@@ -149,12 +128,13 @@ class Loop:
         self.config, self.runtime = engine.config, engine.runtime
         self._noted_short_epoch = False
         self._train_size: int | None = None  # the crop side this process trained at last
-        self.train_warmup = Warmup(self.config.benchmark_warmup)  # once per process: cuDNN tunes its first steps
+        self.train_warmup = Warmup(self.config.run.benchmark_warmup)  # once per process: cuDNN tunes its first steps
         self.val_iterations: dict[str, tuple[int, int]] = {}  # per prefix, over every pass: (iterations, measured)
         self.last_validation: tuple[int, ValResult] | None = None  # (epochs trained, ``val``'s result), the latest
-        self.console = Console(self.config.epochs, self.config.topk, loss_scaling=self.runtime.needs_loss_scaling,
-                               crop_schedule=self.config.preprocessing.train_schedule is not None,
-                               evaluation=self.config.evaluate)
+        self.console = Console(self.config.optim.epochs, self.config.run.topk,
+                               loss_scaling=self.runtime.needs_loss_scaling,
+                               crop_schedule=self.config.data.preprocessing.train_schedule is not None,
+                               evaluation=self.config.run.evaluate)
         raport.console = self.console  # standard output shows the loop's lines of its records
 
     def warmup_notes(self) -> list[str]:
@@ -162,7 +142,7 @@ class Loop:
         and latency are missing from the summary, not a number made of warm-up."""
         phases = {"train": (self.train_warmup.seen, self.train_warmup.measured), **self.val_iterations}
         return [f"{prefix}: no throughput or latency figure: all {seen} iterations were warm-up "
-                f"(--benchmark-warmup {self.config.benchmark_warmup}); run more (--prof) or lower the warm-up"
+                f"(--benchmark-warmup {self.config.run.benchmark_warmup}); run more (--prof) or lower the warm-up"
                 for prefix, (seen, measured) in phases.items() if seen and not measured]
 
     def _models(self) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
@@ -176,11 +156,11 @@ class Loop:
         engine, config, raport, log, control = self.engine, self.config, self.raport, self.log, self.control
         progress = engine.progress
         start_epoch = progress.epoch
-        end_epoch = config.epochs if config.run_epochs < 0 else min(start_epoch + config.run_epochs, config.epochs)
+        end_epoch = config.optim.epochs if config.optim.run_epochs < 0 else min(start_epoch + config.optim.run_epochs, config.optim.epochs)
         where = f", batch {progress.batch}" if progress.batch else ""
-        if config.save_checkpoints and self.runtime.is_main:
-            self.workspace.write_owed_copies(config.resumed_from, dataclasses.asdict(progress),
-                                             config.gather_checkpoints, log)
+        if config.run.saves and self.runtime.is_main:
+            self.workspace.write_owed_copies(config.run.resumed_from, dataclasses.asdict(progress),
+                                             config.run.gather_checkpoints, log)
         control.at_window()
         if control.stop_pending:  # a signal during start-up: nothing trained, nothing to save
             log(f"Stopped by {control.signals.received or 'another process'} before the first step; --resume "
@@ -189,8 +169,8 @@ class Loop:
             return EXIT_PREEMPTED
         # What is said counts epochs from 1, as people do (`epoch + 1`); records carry the index (raport.py).
         log(f"RUNNING EPOCHS FROM {start_epoch + 1}{where} TO {end_epoch}")
-        if config.checkpoint_interval is not None and config.save_checkpoints:
-            log(f"=> mid-epoch checkpoints {config.checkpoint_interval}")
+        if config.run.interval is not None and config.run.saves:
+            log(f"=> mid-epoch checkpoints {config.run.interval}")
         for epoch in range(start_epoch, end_epoch):
             bar = progress_bar(self.epoch_plan(train_loader)[0], f"epoch {epoch + 1}", self.show_progress, log,
                                progress.batch)
@@ -229,8 +209,8 @@ class Loop:
     def _validate_all(self, val_loader, epoch: int, where: str) -> dict[str, ValResult]:
         results, models = {}, self._models()
         for prefix in self.prefixes:
-            label = prefix if self.config.evaluate else f"{prefix} {epoch + 1}"
-            bar = progress_bar(pass_length(val_loader, self.config.prof), label, self.show_progress, self.log)
+            label = prefix if self.config.run.evaluate else f"{prefix} {epoch + 1}"
+            bar = progress_bar(pass_length(val_loader, self.config.run.prof), label, self.show_progress, self.log)
             results[prefix] = self.validate(models[prefix], val_loader, prefix, epoch, bar)
             bar.close()
             self._record_pass_counts(val_loader, prefix)
@@ -245,8 +225,8 @@ class Loop:
         line.  An evaluation has nothing to go on to: it ends."""
         engine = self.engine
         images = f"{result.not_finite or result.count} of {result.count} {prefix} images"
-        fp16 = self.runtime.amp_dtype == torch.float16 and self.evaluated is None
-        if self.config.evaluate:
+        fp16 = self.runtime.needs_loss_scaling and self.evaluated is None  # autocast in fp16
+        if self.config.run.evaluate:
             advice = "; --amp-dtype bfloat16, or leaving out --amp, evaluates without fp16's range" if fp16 else ""
             raise TrainingDiverged(f"{where}: the model's outputs are NaN or inf for {images} (loss {result.loss}); "
                                    f"no accuracy is reported{advice}")
@@ -284,8 +264,8 @@ class Loop:
         cannot make one are left out; an epoch shorter than one accumulation steps once at its end.
         """
         config = self.config
-        length = len(loader) if config.prof <= 0 else min(config.prof, len(loader))
-        accumulation = config.accumulation
+        length = len(loader) if config.run.prof <= 0 else min(config.run.prof, len(loader))
+        accumulation = config.optim.accumulation
         if 0 < length < accumulation:
             if not self._noted_short_epoch:
                 batches = f"{length} batch{'es' if length > 1 else ''}"
@@ -306,7 +286,7 @@ class Loop:
         lr = engine.set_lr(epoch, progress.batch / length if length else 0.0)
         new_size = self._note_train_size(epoch)
         batches = iter_from(loader, epoch, progress.batch)
-        print_freq = self.config.print_freq
+        print_freq = self.config.run.print_freq
         end = time.perf_counter()
         while progress.batch < length:
             try:
@@ -317,7 +297,7 @@ class Loop:
             step_now = (progress.batch + 1) % accumulation == 0
             if self.config.lr_per_step:
                 lr = engine.set_lr(epoch, progress.batch / length)
-            compiled = compile_count() if new_size and self.config.compile else None
+            compiled = compile_count() if new_size and self.config.model.compile else None
             engine.train_step(images, targets, accumulation=accumulation, step_now=step_now)
             if compiled is not None:
                 self._note_recompile(compiled, images.shape[-1], time.perf_counter() - end - data_time)
@@ -357,9 +337,9 @@ class Loop:
     def _note_train_size(self, epoch: int) -> bool:
         """Record ``epoch``'s training crop side for its epoch line, and say when a schedule changes it; whether
         this process meets the size for the first time (its first epoch, or a change)."""
-        size = self.config.preprocessing.train_size_at(epoch)
+        size = self.config.data.preprocessing.train_size_at(epoch)
         self.raport.record("train.image_size", size, window=False)
-        schedule = self.config.preprocessing.train_schedule
+        schedule = self.config.data.preprocessing.train_schedule
         first = self._train_size is None
         if schedule is not None and size != self._train_size:
             before = "" if first else f" (from {self._train_size} px)"
@@ -393,17 +373,13 @@ class Loop:
         train_iteration = self.engine.progress.batch
         if isinstance(model, nn.Module):
             model.eval()
-        ks = (1, config.topk)
-        tta = config.val_tta is not None
-        # loss, top1, topk, count, bad; with TTA then loss, top1, topk and bad of the averaged logits
-        totals = torch.zeros(9 if tta else 5, dtype=torch.float64, device=runtime.device)
-        length = len(loader) if config.prof <= 0 else min(config.prof, len(loader))
+        ks, tta = (1, config.run.topk), config.data.val_tta is not None
+        totals = torch.zeros(len(slots(tta)), dtype=torch.float64, device=runtime.device)
+        length = len(loader) if config.run.prof <= 0 else min(config.run.prof, len(loader))
         self.console.lengths[prefix] = length
         batches = iter_from(loader, epoch, 0)
-        warmup = Warmup(config.benchmark_warmup)  # each pass: its first batches of a shape tune cuDNN again
-        # a window's figures (the pass so far); with TTA those of the averaged logits after them
-        figures = (f"{prefix}.top1", f"{prefix}.top{config.topk}", f"{prefix}.loss",
-                   *((f"{prefix}.tta_top1", f"{prefix}.tta_top{config.topk}", f"{prefix}.tta_loss") if tta else ()))
+        warmup = Warmup(config.run.benchmark_warmup)  # each pass: its first batches of a shape tune cuDNN again
+        figures = figure_names(prefix, config.run.topk, tta)  # a window's: the pass so far
         finite_so_far = True  # once an output is NaN or inf, the pass has no accuracy, nor its windows
         end = time.perf_counter()
         for index in range(length):
@@ -413,78 +389,61 @@ class Loop:
                 break
             data_time = time.perf_counter() - end
             compute_time, logits, averaged = self._timed_forward(model, images)
-            batch = targets.shape[0]
-            loss_sum, hits, hits_k, bad = self._scored(logits, targets, ks)
-            count = torch.tensor(float(batch), dtype=torch.float64, device=logits.device)
-            batch_totals = torch.stack([loss_sum, hits, hits_k, count, bad,
-                                        *(self._scored(averaged, targets, ks) if averaged is not None else ())])
+            batch_totals = batch_sums(logits, averaged, targets, ks)
             totals += batch_totals
-            local = batch_totals.tolist()
+            local = named(batch_totals, tta)
             now = time.perf_counter()
             record_iteration(raport, prefix, data_time=data_time, iteration_time=now - end,
-                             images=batch * runtime.world_size, measured=warmup.next(), latency=compute_time)
+                             images=targets.shape[0] * runtime.world_size, measured=warmup.next(),
+                             latency=compute_time)
             end = now
-            if finite_so_far and (local[4] or (tta and local[8])):
+            if finite_so_far and not finite_sums(local):
                 finite_so_far = False
                 raport.drop_window(figures)
             if finite_so_far and not runtime.distributed:  # one rank's share so far is no figure of the pass
-                raport.record(figures[0], 100.0 * local[1] / batch, batch, epoch=False)
-                raport.record(figures[1], 100.0 * local[2] / batch, batch, epoch=False)
-                raport.record(figures[2], local[0] / batch, batch, epoch=False)
-                if tta:
-                    raport.record(figures[3], 100.0 * local[6] / batch, batch, epoch=False)
-                    raport.record(figures[4], 100.0 * local[7] / batch, batch, epoch=False)
-                    raport.record(figures[5], local[5] / batch, batch, epoch=False)
-            if (index + 1) % config.print_freq == 0 and index + 1 < length:  # the pass's last window: below
+                for name, value in window_figures(prefix, config.run.topk, local).items():
+                    raport.record(name, value, int(local["count"]), epoch=False)
+            if (index + 1) % config.run.print_freq == 0 and index + 1 < length:  # the pass's last window: below
                 raport.log_window(prefix, [epoch, train_iteration, index + 1])
             progress_bar.update(1)
         with runtime.waiting_for_peers(f"summing {prefix} over the processes"):
             if runtime.distributed:
                 dist.all_reduce(totals)
-            loss_sum, top1, topk, count, bad, *averaged_totals = totals.tolist()
+            sums = named(totals, tta)
         seen, measured = self.val_iterations.get(prefix, (0, 0))
         self.val_iterations[prefix] = (seen + warmup.seen, measured + warmup.measured)
-        if count == 0:
+        if sums["count"] == 0:
             return ValResult(0.0, math.nan, 0, 0)
         raport.drop_window(figures)  # the last window gives the pass's figures over every rank, as the epoch's
-        over_ranks = (100.0 * top1, 100.0 * topk, loss_sum) if not bad else ()
-        if averaged_totals and over_ranks and not averaged_totals[3]:
-            over_ranks += (100.0 * averaged_totals[1], 100.0 * averaged_totals[2], averaged_totals[0])
-        for name, value in zip(figures, over_ranks):
-            raport.record(name, value / count, count, epoch=False)
+        for name, value in window_figures(prefix, config.run.topk, sums).items():
+            raport.record(name, value, int(sums["count"]), epoch=False)
         raport.log_window(prefix, [epoch, train_iteration, length])
-        result = ValResult(100.0 * top1 / count, loss_sum / count, int(count), int(bad))
-        if not result.finite:  # no accuracy from NaN or inf outputs, even counted as wrong
-            raport.record(f"{prefix}.not_finite", bad, window=False)
-            return result
-        for name, value in (("top1", top1), (f"top{config.topk}", topk)):
-            raport.record(f"{prefix}.{name}", 100.0 * value / count, count, window=False)
-        raport.record(f"{prefix}.loss", loss_sum / count, count, window=False)
-        if averaged_totals:
-            tta_loss, tta_top1, tta_topk, tta_bad = averaged_totals
-            if tta_bad or not math.isfinite(tta_loss):  # the mirror images' outputs alone are not finite
-                self.log(f"=> {prefix} of epoch {epoch + 1}: the outputs on the mirror images are NaN or inf for "
-                         f"{int(tta_bad)} of {int(count)} images: no --val-tta figure")
-                return result
-            for name, value in (("tta_top1", tta_top1), (f"tta_top{config.topk}", tta_topk)):
-                raport.record(f"{prefix}.{name}", 100.0 * value / count, count, window=False)
-            raport.record(f"{prefix}.tta_loss", tta_loss / count, count, window=False)
-            result = dataclasses.replace(result, tta_top1=100.0 * tta_top1 / count)
-        return result
+        return self._pass_result(prefix, epoch, sums)
 
-    @staticmethod
-    def _scored(logits: torch.Tensor, targets: torch.Tensor, ks: tuple[int, int]) -> list[torch.Tensor]:
-        """[loss sum, top-1 hits, top-k hits, outputs not finite] of a batch, as float64 tensors on the device."""
-        loss = classification_loss(logits, targets, 0.0)  # plain cross-entropy, whatever training used
-        counts = correct_counts(logits, targets, ks).double()
-        not_finite = (~torch.isfinite(logits).all(dim=1)).sum().double()
-        return [loss.double() * targets.shape[0], counts[0], counts[1], not_finite]
+    def _pass_result(self, prefix: str, epoch: int, sums: dict[str, float]) -> ValResult:
+        """The pass's result from its sums over every rank, its epoch records written: none of accuracy where an
+        output was not finite, and no --val-tta figure where a mirror image's output was not."""
+        raport, topk, count = self.raport, self.config.run.topk, sums["count"]
+        result = ValResult(100.0 * sums["top1"] / count, sums["loss"] / count, int(count), int(sums["bad"]))
+        if not result.finite:  # no accuracy from NaN or inf outputs, even counted as wrong
+            raport.record(f"{prefix}.not_finite", sums["bad"], window=False)
+            return result
+        tta_ok = "tta_bad" in sums and not sums["tta_bad"] and math.isfinite(sums["tta_loss"])
+        if "tta_bad" in sums and not tta_ok:  # the mirror images' outputs alone are not finite
+            self.log(f"=> {prefix} of epoch {epoch + 1}: the outputs on the mirror images are NaN or inf for "
+                     f"{int(sums['tta_bad'])} of {int(count)} images: no --val-tta figure")
+        for name, value in window_figures(prefix, topk, sums).items():
+            if tta_ok or ".tta_" not in name:
+                raport.record(name, value, int(count), window=False)
+        if tta_ok:
+            result = dataclasses.replace(result, tta_top1=100.0 * sums["tta_top1"] / count)
+        return result
 
     def _timed_forward(self, model, images) -> tuple[float, torch.Tensor, torch.Tensor | None]:
         """(compute time, logits, the logits averaged with the mirror images' under --val-tta flip, else None);
         the time covers both passes."""
         runtime = self.runtime
-        tta = self.config.val_tta is not None
+        tta = self.config.data.val_tta is not None
         if runtime.is_cuda:
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -504,7 +463,7 @@ class Loop:
     def save(self, *, finished_epoch: bool, reason: str) -> None:
         """Write the engine's checkpoint (every rank takes part; rank 0 writes). Never non-finite weights."""
         config, engine = self.config, self.engine
-        if not config.save_checkpoints:
+        if not config.run.saves:
             return
         progress = engine.progress
         if not engine.weights_finite():
@@ -522,8 +481,8 @@ class Loop:
         # cannot be written never holds back the run's progress, and one a save left unwritten (a kill, a
         # full disk) is written first by the resumed run (write_owed_copies).
         ckpt.save_checkpoint(state, latest)
-        self.workspace.write_copies(self.workspace.copies(state, config.gather_checkpoints != 0),
-                                    config.gather_checkpoints if finished_epoch else 0)
+        self.workspace.write_copies(self.workspace.copies(state, config.run.gather_checkpoints != 0),
+                                    config.run.gather_checkpoints if finished_epoch else 0)
 
 
 def compile_count() -> int:

@@ -1,11 +1,11 @@
-"""The checks a run makes before it writes anything, in the order a user meets them: what cannot work at
-all (a data backend this machine lacks, the dataset), then the workspace (its names, a folder that cannot be
-written, another run holding it) and the run it already holds, which a new run must not replace unasked.
+"""The checks a run makes before it writes anything, in the order a user meets them: the dataset, then the
+workspace (its names, a folder that cannot be written, another run holding it) and the run it already holds, which
+a new run must not replace unasked; with torch, a data backend this machine lacks.
 
-:func:`check_before_start` is what multiproc.py makes before it starts a process, and :func:`check_before_torch`
-what main.py makes before it imports torch (seconds); a run makes the same checks itself (:func:`check_workspace`
-on rank 0, the others in :func:`plan.resolve_run`), so a refused start leaves no workspace folder and no lock
-file either way.  No torch here, nor in what this imports at the top.
+:func:`preflight` makes the checks that need no torch, in one order, for main.py and launch.py before they import
+torch (seconds), for multiproc.py before it starts a process, and for a launched process in the run itself (rank 0
+checks the workspace), so a refused start leaves no workspace folder and no lock file either way.  No torch here,
+nor in what this imports at the top.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 from ..arguments import raport_file
-from ..data import resolve_backend
 from ..data.layout import check_dataset
 from ..errors import UserError
 from ..records.datafile import open_own
@@ -68,33 +67,30 @@ def check_workspace(args: argparse.Namespace, workspace: Workspace) -> None:
         check_tensorboard(args.tensorboard)
 
 
-def check_before_start(args: argparse.Namespace, *, workspace: bool = True) -> None:
-    """The start-up checks that would stop every process of a job at once and that need neither a device
-    nor the other processes: the dataset, and (``workspace``: on the node of rank 0) the workspace and the
-    run it holds.  multiproc.py makes them before it starts a process, so that such a mistake is one line
-    and exit 2 with nothing written, not a failure of every process, each in its log."""
-    dataset_classes(args, resolve_backend(args.data_backend))
-    if workspace:
-        folder = workspace_of(args)
-        check_workspace(args, folder)
-        check_fresh_start(args, folder, log=lambda line: None)
-
-
 # set by torchrun, multiproc.py and srun in each process they start (srun also in a batch script's own process)
 LAUNCHER_VARIABLES = ("WORLD_SIZE", "RANK", "SLURM_PROCID")
 
 
-def check_before_torch(args: argparse.Namespace) -> None:
-    """What a run refuses and can find without torch, before main.py imports it: the workspace (its names, a
-    folder that cannot be written, another run holding it), then the dataset (a missing val/ names
-    --training-only).  A process that a launcher started is left to the run's own checks, made once torch says
-    which rank it is: in a job only rank 0 checks the workspace, which rank 0 itself locks.  What needs torch
-    (a backend this machine lacks, the weights) and what an earlier run left (said after the backend) stay
-    with the run."""
-    if any(name in os.environ for name in LAUNCHER_VARIABLES):
-        return
-    check_workspace(args, Workspace(workspace_folder(args), args.checkpoint_filename, raport_file(args)))
-    dataset_classes(args, args.data_backend)
+def launched() -> bool:
+    """Whether a launcher (torchrun, multiproc.py, srun) started this process: its checks wait for its rank."""
+    return any(name in os.environ for name in LAUNCHER_VARIABLES)
+
+
+def preflight(args: argparse.Namespace, *, workspace: bool = True, earlier_run: bool = False) -> list[str]:
+    """The checks of a run that need neither torch nor a device, in the order a user meets them: the dataset (a
+    missing val/ names --training-only), then (``workspace``: where rank 0 runs) the workspace's names, a folder
+    that cannot be written, another run holding it, and (``earlier_run``) the run it already holds, which a new run
+    must not replace unasked; a run checks that itself once it has checked the data backend, which needs torch.
+    main.py and launch.py make them before they import torch (seconds), multiproc.py before it starts a process,
+    so that such a mistake is one line and exit 2 with nothing written; a process that a launcher started makes
+    them in the run, where its rank is known.  The dataset's class folders, in label order."""
+    classes = dataset_classes(args)
+    if workspace:
+        folder = workspace_of(args)
+        check_workspace(args, folder)
+        if earlier_run:
+            check_fresh_start(args, folder, log=lambda line: None)
+    return classes
 
 
 def check_backend(backend: str, is_cuda: bool, augmentation: str | None, *, training: bool) -> None:
@@ -111,10 +107,10 @@ def check_backend(backend: str, is_cuda: bool, augmentation: str | None, *, trai
         check_dali_request(backend, is_cuda, augmentation, training=training)
 
 
-def dataset_classes(args: argparse.Namespace, backend: str | None) -> list[str]:
-    """The class folders, checked once before anything is built; none for synthetic data (``backend`` None: the
-    default, which is never synthetic)."""
-    if backend == "synthetic":
+def dataset_classes(args: argparse.Namespace) -> list[str]:
+    """The class folders, checked once before anything is built; none for synthetic data (the default backend is
+    never synthetic)."""
+    if args.data_backend == "synthetic":
         return []
     return check_dataset(args.data, sys.maxsize, want_train=not args.evaluate, want_val=not args.training_only)
 
@@ -185,3 +181,26 @@ def _holds_records(path) -> bool:
         return path.is_file() and path.stat().st_size > 0
     except OSError:
         return False
+
+
+def class_count_note(args: argparse.Namespace, placeholder: str | None = None) -> str:
+    """What the run's class count will be, from the sources main.py asks, in its order
+    (``startup.class_count_sources``): the first that is known here, and what follows a checkpoint or weights
+    that may record none; ``placeholder``: what a ``--dry-run`` without DIR names the dataset folder."""
+    first, *then = class_count_sources(args)
+    if first == "--num-classes":
+        return f"# classes: {args.num_classes} (--num-classes)"
+    if first == "default":
+        return f"# classes: {DEFAULT_NUM_CLASSES} (synthetic data)"
+    if first in ("checkpoint", "weights"):
+        recorded = "the checkpoint's (--resume)" if first == "checkpoint" else "the weights' (--pretrained-weights)"
+        rest = f"{DEFAULT_NUM_CLASSES} (synthetic data)" if then == ["default"] else \
+            "one per class folder of the dataset"
+        return f"# classes: {recorded}, else {rest}"
+    if placeholder:
+        return f"# classes: one per class folder of {placeholder}"
+    try:
+        classes = check_dataset(args.data, None, want_train=not args.evaluate, want_val=not args.training_only)
+    except UserError as error:
+        return f"# classes: one per class folder of {args.data}, but main.py would stop here: {error}"
+    return f"# classes: {len(classes)}, one per class folder of {args.data}"
