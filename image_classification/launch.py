@@ -19,6 +19,8 @@ package finds its presets too.
 from __future__ import annotations
 
 import argparse
+import copy
+import functools
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,10 +46,18 @@ IMAGENET_CLASSES = 1000
 # ------------------------------------------------------------------------------------------------
 # Presets
 # ------------------------------------------------------------------------------------------------
-def load_config(cfg_file: str | Path = DEFAULT_CFG_FILE) -> dict:
-    """The presets file: a mapping that holds the sections :data:`SECTIONS`, each a mapping; else one line."""
+@functools.lru_cache(maxsize=4)
+def _parsed(text: str) -> object:
+    """``text`` through the safe loader, once per text: the pure-Python loader takes about 0.2 s over configs.yml,
+    and a dry run or a test resolves many presets.  Shared: never changed by its callers (errors are not cached)."""
+    return yaml.safe_load(text)
+
+
+def _config(cfg_file: str | Path) -> dict:
+    """The presets file, checked: a mapping that holds the sections :data:`SECTIONS`, each a mapping; else one
+    line.  Shared between calls (see :func:`_parsed`): read from, never changed."""
     try:
-        config = yaml.safe_load(utf8_text(read_regular(cfg_file, MAX_CFG_BYTES, follow_links=True)))
+        config = _parsed(utf8_text(read_regular(cfg_file, MAX_CFG_BYTES, follow_links=True)))
     except DataFileError as error:
         raise UserError(f"{cfg_file} {error}: it is not a presets file") from None
     except yaml.YAMLError as error:
@@ -64,20 +74,27 @@ def load_config(cfg_file: str | Path = DEFAULT_CFG_FILE) -> dict:
     return config
 
 
+def load_config(cfg_file: str | Path = DEFAULT_CFG_FILE) -> dict:
+    """The presets file: a mapping that holds the sections :data:`SECTIONS`, each a mapping; else one line.
+    The caller's own copy."""
+    return copy.deepcopy(_config(cfg_file))
+
+
 def _choose(table: dict, name: str, what: str) -> dict:
+    """``table[name]``, a mapping of main.py flags, as the caller's own copy; else one line."""
     if name not in table:
         raise UserError(f"unknown {what} {name!r}; choose one of: {', '.join(map(str, table))}")
     entry = table[name]
     if entry is not None and not isinstance(entry, dict):
         raise UserError(f"{what} {name!r} is not a mapping of main.py flags")
-    return entry or {}
+    return copy.deepcopy(entry or {})
 
 
 def resolve_layers(model: str, precision: str, mode: str, platform: str,
                    cfg_file: str | Path = DEFAULT_CFG_FILE, recipe: str | None = None) -> list[tuple[str, dict]]:
     """The presets one model x platform x precision x mode (and recipe) stacks, each with where it is in the
     file, in the order they apply (a later one's values win)."""
-    config = load_config(cfg_file)
+    config = _config(cfg_file)
     recipe_preset = {}
     if recipe is not None:
         recipes = config.get("recipes")
@@ -169,7 +186,7 @@ def resolve(model: str, precision: str, mode: str, platform: str, cfg_file: str 
 
 def list_presets(cfg_file: str | Path = DEFAULT_CFG_FILE) -> str:
     """A readable table of what ``cfg_file`` offers."""
-    config = load_config(cfg_file)
+    config = _config(cfg_file)
     lines = [f"presets in {cfg_file}:", f"  modes: {', '.join(config['mode'])}"]
     if isinstance(config.get("recipes"), dict):
         lines.append(f"  recipes (--recipe): {', '.join(config['recipes'])}")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from typing import Sequence
 
 from ..errors import UserError
+from ..models import list_models
 from ..system.cli import UserErrorParser
 from .data import add_data_arguments, check_data_combinations, check_data_values
 from .deployed import add_deployed_arguments, check_deployed_combinations
@@ -43,13 +45,14 @@ def parse_args(argv: Sequence[str] | None = None, defaults: dict | None = None, 
     ``require_data=False`` accepts a missing DIR (``launch.py --dry-run`` prints a command without one).
     ``prog``: the command's name in usage and errors (``ic-train`` when installed).
     """
-    parser = build_parser(prog)
+    archs = tuple(list_models())
+    parser = _shared_parser(prog, archs)
     argv = list(sys.argv[1:] if argv is None else argv)
     preset_argv: list[str] = []
     for key, value in (defaults or {}).items():
         tokens = preset_tokens(parser, key, value)
         try:
-            check_values(parser.parse_args(bare_gather_flag(tokens)))
+            _check_alone(prog, archs, tuple(tokens))
         except UserError as error:
             reason = str(error).split(": ", 1)[-1] if str(error).startswith(parser.prog) else str(error)
             raise UserError(f"preset value {key}: {shown(value)} is not valid: {reason[:200]}") from None
@@ -58,6 +61,22 @@ def parse_args(argv: Sequence[str] | None = None, defaults: dict | None = None, 
     settle_quant_spelling(args)
     validate_args(args, require_data=require_data)
     return args
+
+
+@functools.lru_cache(maxsize=4)
+def _shared_parser(prog: str, archs: tuple[str, ...]) -> argparse.ArgumentParser:
+    """:func:`build_parser`'s parser for :func:`parse_args`, which only reads it (parsing changes no parser; a
+    caller that changes one builds its own), built once per ``prog`` and model table (``archs``: ``--arch``'s
+    choices and help are the table's when the parser is built)."""
+    return build_parser(prog)
+
+
+@functools.lru_cache(maxsize=2048)
+def _check_alone(prog: str, archs: tuple[str, ...], tokens: tuple[str, ...]) -> None:
+    """Parse ``tokens`` (one preset value's flag) on their own and check the value (:func:`check_values`), once
+    per value: both are pure functions of the tokens, and a dry run or a test resolves the same presets many
+    times (errors are raised each time, never cached)."""
+    check_values(_shared_parser(prog, archs).parse_args(bare_gather_flag(list(tokens))))
 
 
 def check_values(args: argparse.Namespace) -> None:
