@@ -254,7 +254,8 @@ def test_every_interpolation_and_no_flip_build(dali, image_folder, interpolation
         assert images.shape == (4, 3, SIZE, SIZE) and targets.shape == (4,)
 
 
-@pytest.mark.parametrize("augmentation", ["autoaugment", "randaugment", "trivialaugment"])
+@pytest.mark.parametrize("augmentation", ["autoaugment", *(pytest.param(name, marks=pytest.mark.slow)
+                                                         for name in ("randaugment", "trivialaugment"))])
 def test_auto_augmentations_run_on_dali(dali, flat_folder, augmentation, recwarn):
     """DALI's auto_aug policies change the training crops (flat colours: only colour operations can show),
     and the same seed repeats them, from any batch on: a pipeline that starts part-way (a resume) draws

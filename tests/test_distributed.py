@@ -125,6 +125,7 @@ def test_two_processes_equal_one_process_accumulating_their_batches(two_processe
         torch.testing.assert_close(two_params[key], one_params[key], rtol=1e-4, atol=1e-5, msg=key)
 
 
+@pytest.mark.slow
 def test_two_processes_follow_the_progressive_resize_as_one_process_does(two_processes, image_folder, capsys):
     """Each rank trains each epoch at the schedule's size: two processes of one image each end with the
     weights of one process accumulating the same two images per step, over an epoch at 64 px and one at 96 (a
@@ -164,6 +165,7 @@ def _pid_of_local_rank(marker: str, local_rank: int) -> int | None:
     return None
 
 
+@pytest.mark.slow
 @needs_proc
 def test_a_killed_worker_stops_the_job(image_folder, tmp_path):
     """A rank killed mid-run ends the job (exit 1, the rank and its signal named) rather than leaving the

@@ -294,6 +294,7 @@ def test_hangs():
 """
 
 
+@pytest.mark.slow
 def test_a_tests_step_that_is_stopped_keeps_every_outcome_it_reached(tmp_path, monkeypatch):
     """A hang that the step's time limit ends: the outcomes written before it are the report's (JUnit XML, written
     at the end only, would have held none)."""
@@ -318,6 +319,7 @@ def test_each_test_has_a_time_limit_where_pytest_timeout_is_installed(tmp_path):
     assert report.timeout_flags(replace(report.SMOKE, test_timeout_s=0)) == ()
 
 
+@pytest.mark.slow
 def test_the_gpu_tests_skip_without_cuda_before_a_module_s_fixture_trains(tmp_path):
     """On a machine where a GPU test cannot run it is skipped before any fixture shared by a module or the
     session is set up (test_quantization's ``trained`` trains a model for a minute): a skip inside the test

@@ -145,7 +145,12 @@ TORCHVISION = {
 }
 
 
-@pytest.mark.parametrize("arch", list(TORCHVISION))
+# the deepest, a few seconds each on 2 cores, run with the slow tests: their blocks are resnet50's and resnext50's
+DEEPEST = {"resnet101", "resnet152", "resnext101-32x8d"}
+
+
+@pytest.mark.parametrize("arch", [pytest.param(arch, marks=[pytest.mark.slow] if arch in DEEPEST else [])
+                                  for arch in TORCHVISION])
 def test_torchvision_weights_give_identical_logits(arch):
     torch.manual_seed(0)
     reference = randomise_bn(TORCHVISION[arch]()).eval()
@@ -424,7 +429,7 @@ def test_bf16_autocast_on_cpu_trains(se_resnext):
         assert torch.isfinite(se_resnext.eval()(torch.randn(1, 3, 32, 32))).all()
 
 
-@pytest.mark.parametrize("arch", ["resnet18", "se-resnext101-32x4d"])
+@pytest.mark.parametrize("arch", ["resnet18", pytest.param("se-resnext101-32x4d", marks=pytest.mark.slow)])
 def test_torchscript(arch):
     model = randomise_bn(build_model(arch)).eval()
     with warnings.catch_warnings():

@@ -11,7 +11,8 @@ including one added later or on a new page, is run.  The commands run in page or
 them (model2onnx.py converts the weights that checkpoint2model.py wrote): README.md and then the pages of
 docs/ in one folder, a command that a page repeats from an earlier one (the README's tour) once, where it
 first appears; each per-model README in a folder of its own.  README.md's and docs/' commands run in the
-default suite; the per-model READMEs' (ResNeXt-101 and SE-ResNeXt-101 take seconds per step on a CPU) are
+default suite, but for the few in ``SLOW`` (a minute or so each, what they run covered there by the test each
+names), which run with the slow tests; the per-model READMEs' (ResNeXt-101 and SE-ResNeXt-101 take seconds per step on a CPU) are
 marked slow, and the default suite checks that every flag they use is one their scripts accept.  A
 ``/tmp/`` path of a command is a folder of the scratch folder, so nothing is written outside it.  A
 command that reads with DALI (``--data-backend dali-*``, ``--dali-stages``, ``benchmarks/dali_validation.py``)
@@ -79,6 +80,17 @@ NOT_RUN = {
                               "tests/test_qat.py exports and validates one of a tiny model trained an epoch (slow)",
     r"\.pt2\b|--runtime aoti|--paths .*\baoti\b": "compiles a package, a minute or more on 2 cores even at 32 px: "
                                                 "tests/test_aoti.py compiles, runs and validates one (slow)",
+}
+
+# pattern (searched in the command) -> where the same behaviour is covered in the default suite: run only with the
+# slow tests (`make test-all`), each a quarter to a minute and a half on 2 cores, and read by no later command
+SLOW = {
+    r"benchmarks/infer_throughput\.py": "tests/test_benchmarks.py times every path of it on a tiny model",
+    r"^torchrun ": "tests/test_multiproc.py starts torchrun's processes; README.md's multiproc.py command runs",
+    r"multiproc\.py --nproc_per_node 8 \./launch\.py": "README.md's multiproc.py command and tests/test_launch.py's "
+                                                      "runs of launch.py",
+    r"--output digits_int8\.onnx": "the int8 export of the demo's checkpoint (the command before it) and "
+                                   "tests/test_quantization.py's",
 }
 
 SMOKE = r"^python main\.py --evaluate --resume workspace/digits/"
@@ -292,8 +304,8 @@ def test_the_pages_have_commands_and_every_skip_is_used():
     for pattern in NOT_RUN:
         assert any(re.search(pattern, command) for command in everywhere), f"stale NOT_RUN entry {pattern!r}"
     run = [command for command in COMMANDS if not not_run_reason(command)]
-    for pattern in REAL_PROCESS:
-        assert any(re.search(pattern, command) for command in run), f"stale REAL_PROCESS entry {pattern!r}"
+    for pattern in [*REAL_PROCESS, *SLOW]:
+        assert any(re.search(pattern, command) for command in run), f"stale entry {pattern!r}"
 
 
 def test_commands_write_only_under_their_scratch_folder():
@@ -334,8 +346,13 @@ def _id(value) -> str:
     return str(value.relative_to(REPO)) if isinstance(value, Path) else _short(value)
 
 
-@pytest.mark.parametrize("page, command", [(p, c) for p, c in PAGE_COMMANDS if not not_run_reason(c)],
-                         ids=_id)
+def slow_reason(command: str) -> str | None:
+    return next((why for pattern, why in SLOW.items() if re.search(pattern, command)), None)
+
+
+@pytest.mark.parametrize("page, command", [
+    pytest.param(p, c, marks=[pytest.mark.slow] if slow_reason(c) else []) for p, c in PAGE_COMMANDS
+    if not not_run_reason(c)], ids=_id)
 def test_docs_command_runs(page, command, docs_folder, capsys):
     if reason := missing_dali(command) or missing_torchcodec(command):
         write_what_later_commands_read(tiny(command), docs_folder)

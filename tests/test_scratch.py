@@ -66,7 +66,8 @@ def killed_at_the_first_temporary_folder(job, tmp_path: Path) -> Path:
 
 
 @pytest.mark.skipif(not forkable(), reason="needs fork")
-@pytest.mark.parametrize("tool", ["model2onnx --output", "model2onnx --triton-repository", "classify"])
+@pytest.mark.parametrize("tool", [pytest.param("model2onnx --output", marks=pytest.mark.slow),
+                                  pytest.param("model2onnx --triton-repository", marks=pytest.mark.slow), "classify"])
 def test_an_int8_export_killed_outright_leaves_its_files_beside_the_output_and_the_next_run_removes_them(
         tool, tiny_arch, image_folder, tmp_path, monkeypatch, capsys):
     torch.manual_seed(0)

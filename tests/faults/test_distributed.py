@@ -49,6 +49,7 @@ def mixup_draws(record: Path) -> dict[int, list[float]]:
     return draws
 
 
+@pytest.mark.slow
 @needs_linux
 def test_ranks_stopped_by_a_signal_make_multiproc_exit_75(data, tmp_path):
     result = two_processes(data, tmp_path / "ws", *RUN, signal_at="2:SIGUSR1", rank=1)
@@ -71,8 +72,9 @@ sys.exit(cli.run(multiproc.main))
 
 
 @needs_linux
-@pytest.mark.parametrize("name, launcher", [("SIGUSR1", "multiproc.py"), ("SIGTERM", "multiproc.py"),
-                                            ("SIGTERM", "torchrun before 2.9"),
+@pytest.mark.parametrize("name, launcher", [pytest.param("SIGUSR1", "multiproc.py", marks=pytest.mark.slow),
+                                            ("SIGTERM", "multiproc.py"),
+                                            pytest.param("SIGTERM", "torchrun before 2.9", marks=pytest.mark.slow),
                                             pytest.param("SIGINT", "multiproc.py", marks=pytest.mark.slow)])
 def test_a_stop_signal_to_multiproc_reaches_the_workers_which_save_and_exit_75(data, tmp_path, name, launcher):
     """SLURM's --signal warns the launched task, multiproc.py, not its workers; scancel sends it SIGTERM; a
@@ -146,6 +148,7 @@ def test_a_killed_worker_is_named_and_the_survivor_says_one_line(data, tmp_path)
         assert survivor[0].startswith("error: rank 0 stops: another process of the job is gone")
 
 
+@pytest.mark.slow
 @needs_linux
 def test_a_hung_worker_ends_the_survivor_s_wait_in_one_line_after_the_timeout(data, tmp_path):
     """A process that is alive but never answers (what a lost NCCL peer looks like): no hang, exit 5."""
@@ -179,6 +182,7 @@ def test_two_processes_resume_mid_epoch_exactly_with_every_rank_s_random_stream(
     assert after[0] != after[1]  # each rank has its own stream
 
 
+@pytest.mark.slow
 @needs_linux
 def test_a_worker_killed_mid_epoch_is_restarted_and_the_run_ends_as_if_never_stopped(data, straight_two, tmp_path):
     """multiproc.py --max-restarts: torchrun starts both processes again, which resume from the interval
