@@ -1,4 +1,4 @@
-# The arguments of every training recipe (sourced by them, not run):
+# The arguments of every training recipe and inference script (sourced by them, not run):
 #
 #   bash <model>/training/<PRECISION>/<recipe>.sh [WORKSPACE [DATA_DIR [FLAGS ...]]]
 #
@@ -23,3 +23,17 @@ if [[ -z "${PYTHON:-}" ]]; then
         PYTHON=python3
     fi
 fi
+
+# inference_sweep MODEL PRECISION PLATFORM "BATCH ..." [FLAGS ...]: the inference scripts' sweep, one
+# benchmark_inference run of launch.py per batch size on 8 processes, each writing raport_<batch>.json to
+# WORKSPACE; FLAGS come last, so they win (a -b among them sets the batch of every run).
+inference_sweep() {
+    local model=$1 precision=$2 platform=$3 batches=$4 batch
+    shift 4
+    for batch in ${batches}; do
+        "${PYTHON}" "${REPO}/multiproc.py" --nproc_per_node 8 --log_dir "${WORKSPACE}" \
+            "${REPO}/launch.py" --model "${model}" --precision "${precision}" --mode benchmark_inference \
+            --platform "${platform}" "${DATA_DIR}" -b "${batch}" --workspace "${WORKSPACE}" \
+            --raport-file "raport_${batch}.json" "$@"
+    done
+}

@@ -12,11 +12,6 @@
 # Runs from any directory: relative paths are taken from the directory you call it in.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)
-source "${REPO}/scripts/recipe_args.sh"  # sets WORKSPACE, DATA_DIR and PYTHON; leaves FLAGS in "$@"
+source "${REPO}/scripts/recipe_args.sh"  # WORKSPACE, DATA_DIR, PYTHON, inference_sweep; FLAGS in "$@"
 
-for batch in 1 2 4 8 16 32 64 128 256; do
-    "${PYTHON}" "${REPO}/multiproc.py" --nproc_per_node 8 --log_dir "${WORKSPACE}" \
-        "${REPO}/launch.py" --model efficientnet-b0 --precision TF32 --mode benchmark_inference \
-        --platform DGXA100 "${DATA_DIR}" -b "${batch}" --workspace "${WORKSPACE}" \
-        --raport-file "raport_${batch}.json" "$@"
-done
+inference_sweep efficientnet-b0 TF32 DGXA100 "1 2 4 8 16 32 64 128 256" "$@"
