@@ -378,6 +378,7 @@ def test_the_loader_benchmark_times_one_backend_with_two_jpeg_decoders(tmp_path,
         loader.main(["--data-backend", "pytorch", "--beside-decoder", "torchcodec", str(tmp_path / "photos")])
 
 
+@pytest.mark.slow
 def test_the_int8_path_times_the_quantized_export_on_the_cpu_only(state, tmp_path):
     pytest.importorskip("onnxruntime")
     onnx = pytest.importorskip("onnx")

@@ -176,7 +176,8 @@ def test_squeeze_excitation_squeezes_a_quarter_of_the_inputs_or_for_widese_of_th
 
 # --------------------------------------------------------------------------------- the reference's logits
 
-@pytest.mark.parametrize("arch", FIXTURE_ARCHS)
+@pytest.mark.parametrize("arch", [pytest.param(arch, marks=[pytest.mark.slow] if arch.endswith("b4") else [])
+                                  for arch in FIXTURE_ARCHS])  # b4's: a few seconds each on 2 cores
 def test_the_reference_weights_give_the_reference_logits(arch, reference):
     keys, logits = reference[arch]
     model = fresh(arch).eval()

@@ -169,6 +169,7 @@ def json_predictions(capsys, argv: list[str]) -> list[dict]:
     return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
 
 
+@pytest.mark.slow
 def test_an_efficientnet_trained_by_main_py_is_exported_and_classified_as_pytorch_computes_it(
         image_folder, tmp_path, capsys):
     """main.py trains efficientnet-b0 for an epoch at 32 px; model2onnx.py exports its checkpoint (the arch and

@@ -726,6 +726,7 @@ def _recipe_run(tmp_path, data, *extra: str) -> list[str]:
             "--workspace", str(tmp_path), *extra, str(data)]
 
 
+@pytest.mark.slow
 def test_the_torchvision_recipe_trains_end_to_end(tiny_arch, image_folder, tmp_path, capsys):
     """Every technique of the recipe at once, shrunk to a few tiny steps: it trains and records FixRes sizes."""
     import torch

@@ -369,6 +369,7 @@ def test_a_model_torch_export_fails_for_is_cached_from_the_torchscript_exporter_
     assert capsys.readouterr().err == ""  # proven and used: no export through torch.export tried again
 
 
+@pytest.mark.slow
 def test_a_channels_last_model_exports_what_its_nchw_twin_computes(tiny, capsys):
     torch.manual_seed(5)
     model = build_model("tiny", num_classes=4).eval()

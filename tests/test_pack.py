@@ -253,7 +253,7 @@ def test_the_same_command_on_the_shards_trains_bitwise_the_weights_of_the_folder
     assert top1[0] == top1[1] != []
 
 
-@pytest.mark.parametrize("world", [1, 2, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("world", [pytest.param(1, marks=pytest.mark.slow), 2, pytest.param(3, marks=pytest.mark.slow)])
 def test_every_rank_reads_from_the_shards_what_it_reads_from_the_folder(image_folder, packed, world):
     """Any number of processes (a resume on another count included) deals the samples of the folder's
     numbering, so each rank's batches are the folder's, bit for bit, and every rank has as many batches

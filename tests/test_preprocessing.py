@@ -94,6 +94,7 @@ def test_evaluate_resume_uses_the_trained_size(trained, image_folder, tmp_path, 
     assert "=> --image-size 48 overrides the 32 recorded in the checkpoint" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_extracted_weights_keep_the_description_and_export_uses_it(trained, tmp_path, capsys):
     weights = tmp_path / "w.pth"
     assert run(checkpoint2model_main, ["--checkpoint-path", str(trained), "--weight-path", str(weights)]) == 0

@@ -166,6 +166,7 @@ def test_tensorboard_mirrors_windows_epochs_and_parameters(tmp_path):
     assert len(hparams) >= 2  # the scalars and the hyperparameters written once at the end
 
 
+@pytest.mark.slow
 def test_tensorboard_shows_each_step_once_after_a_resume_from_an_earlier_checkpoint(tmp_path):
     """What a killed run logged after its checkpoint is hidden (purge_step), not shown twice."""
     accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")

@@ -83,14 +83,15 @@ NOT_RUN = {
 }
 
 # pattern (searched in the command) -> where the same behaviour is covered in the default suite: run only with the
-# slow tests (`make test-all`), each a quarter to a minute and a half on 2 cores, and read by no later command
+# slow tests (`make test-all`), each a quarter to a minute and a half on 2 cores; each reads only what the folder
+# holds before the first command (`-m slow` runs it without the commands before it) and writes nothing a later one reads
 SLOW = {
     r"benchmarks/infer_throughput\.py": "tests/test_benchmarks.py times every path of it on a tiny model",
     r"^torchrun ": "tests/test_multiproc.py starts torchrun's processes; README.md's multiproc.py command runs",
     r"multiproc\.py --nproc_per_node 8 \./launch\.py": "README.md's multiproc.py command and tests/test_launch.py's "
                                                       "runs of launch.py",
-    r"--output digits_int8\.onnx": "the int8 export of the demo's checkpoint (the command before it) and "
-                                   "tests/test_quantization.py's",
+    r"^python classify\.py --weights workspace/digits/model_best\.pth\.tar --image data/digits/val/3 --runtime "
+    r"onnxruntime --quantize int8": "tests/test_quantization.py classifies in int8 and checks the predictions",
 }
 
 SMOKE = r"^python main\.py --evaluate --resume workspace/digits/"

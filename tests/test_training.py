@@ -567,6 +567,7 @@ def test_nothing_is_overwritten_when_a_save_fails(tmp_path, monkeypatch):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+@pytest.mark.slow
 def test_later_reference_features_run_together(image_folder, tmp_path, capsys, recwarn):
     """The reference's later flags in one run; torch's deprecation of TorchScript (2.14) is one line of the run's
     output, not a Python warning."""
