@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import re
 import shlex
@@ -31,6 +32,13 @@ COMBINATIONS = [
     for platform, precisions in platforms.items()
     for precision in precisions
 ]
+MODELS = list(CONFIG["models"])
+
+
+def presets_of(model: str) -> list[tuple[str, str]]:
+    """The (platform, precision) pairs configs.yml has for ``model``: a test per model checks each in turn
+    (a test per preset, over a thousand of them, cost more in pytest's bookkeeping than in the checks)."""
+    return [(platform, precision) for name, platform, precision in COMBINATIONS if name == model]
 
 
 class DryRun(NamedTuple):
@@ -90,16 +98,17 @@ def test_the_file_holds_the_reference_presets_and_ours():
     assert len(COMBINATIONS) == 17 + 15 + 15 + 4 * 14
 
 
-@pytest.mark.parametrize("model,platform,precision", COMBINATIONS)
-def test_every_preset_resolves_and_reaches_main_py(model, platform, precision):
-    for mode in MODES:
-        preset = launch.resolve(model, precision, mode, platform, REPO / "configs.yml")
-        args = parse_args(["/imagenet"], defaults=preset)
-        for key, value in preset.items():
-            assert getattr(args, key) == value, (model, platform, precision, mode, key)
-        assert args.arch == model
-        # the dry-run command line reproduces the run exactly
-        assert parse_args(launch.main_py_argv(args, preset)) == args
+@pytest.mark.parametrize("model", MODELS)
+def test_every_preset_resolves_and_reaches_main_py(model):
+    for platform, precision in presets_of(model):
+        for mode in MODES:
+            preset = launch.resolve(model, precision, mode, platform, REPO / "configs.yml")
+            args = parse_args(["/imagenet"], defaults=preset)
+            for key, value in preset.items():
+                assert getattr(args, key) == value, (model, platform, precision, mode, key)
+            assert args.arch == model, (platform, precision, mode)
+            # the dry-run command line reproduces the run exactly
+            assert parse_args(launch.main_py_argv(args, preset)) == args, (platform, precision, mode)
 
 
 # main.py's defaults as the reference had them (its README's main.py -h, with our additions at their off values):
@@ -133,19 +142,20 @@ def _as_lists(namespace: argparse.Namespace) -> dict:
 
 # every preset without a recipe, and every recipe over a GPU's and the CPU's preset (a recipe sets the same values
 # over each; the recipes' own values are held against FFCV's below)
-PRESETS_AND_RECIPES = [(*combination, None) for combination in COMBINATIONS] + [
-    (*combination, recipe) for recipe in RECIPES[1:] for combination in COMBINATIONS
-    if combination in (("resnet50", "DGXA100", "AMP"), ("resnet50", "CPU", "FP32"))]
+def presets_and_recipes(model: str) -> list[tuple[str, str, str | None]]:
+    """Each preset of ``model`` without a recipe, and with every recipe over a GPU's and the CPU's preset."""
+    return [(platform, precision, None) for platform, precision in presets_of(model)] + [
+        (platform, precision, recipe) for recipe in RECIPES[1:] for platform, precision in presets_of(model)
+        if (model, platform, precision) in (("resnet50", "DGXA100", "AMP"), ("resnet50", "CPU", "FP32"))]
 
 
-@pytest.mark.parametrize("model,platform,precision,recipe", PRESETS_AND_RECIPES)
-def test_every_preset_resolves_as_it_did_over_the_reference_main_py_defaults(model, platform, precision, recipe,
-                                                                             monkeypatch):
+@pytest.mark.parametrize("model", MODELS)
+def test_every_preset_resolves_as_it_did_over_the_reference_main_py_defaults(model, monkeypatch):
     """A plain main.py run's defaults are not the reference's (the learning rate, the last BatchNorm), but
     every preset, with or without a recipe, is the run it was: its values over the reference's defaults."""
     reference = build_main_parser()
     reference.set_defaults(**REFERENCE_MAIN_DEFAULTS)
-    for mode in MODES:
+    for (platform, precision, recipe), mode in itertools.product(presets_and_recipes(model), MODES):
         preset = launch.resolve(model, precision, mode, platform, REPO / "configs.yml", recipe=recipe)
         with monkeypatch.context() as patch:  # the presets file's values alone
             patch.setattr(launch, "REFERENCE_DEFAULTS", {})
@@ -157,12 +167,13 @@ def test_every_preset_resolves_as_it_did_over_the_reference_main_py_defaults(mod
             {key: expected[key] for key in REFERENCE_MAIN_DEFAULTS}, (model, platform, precision, mode, recipe)
 
 
-@pytest.mark.parametrize("model,platform,precision", COMBINATIONS)
-def test_global_batch_is_reachable_with_8_processes(model, platform, precision):
-    preset = launch.resolve(model, precision, "convergence", platform, REPO / "configs.yml")
-    global_batch = preset.get("optimizer_batch_size", -1)
-    if global_batch > 0:
-        assert global_batch % (8 * preset["batch_size"]) == 0
+@pytest.mark.parametrize("model", MODELS)
+def test_global_batch_is_reachable_with_8_processes(model):
+    for platform, precision in presets_of(model):
+        preset = launch.resolve(model, precision, "convergence", platform, REPO / "configs.yml")
+        global_batch = preset.get("optimizer_batch_size", -1)
+        if global_batch > 0:
+            assert global_batch % (8 * preset["batch_size"]) == 0, (platform, precision)
 
 
 def test_reference_values():
@@ -685,14 +696,17 @@ TORCHVISION_V2 = {
 }
 
 
-@pytest.mark.parametrize("model,platform,precision", COMBINATIONS)
-def test_the_torchvision_recipe_applies_to_every_preset(model, platform, precision):
-    preset = launch.resolve(model, precision, "convergence", platform, REPO / "configs.yml", recipe="torchvision-v2")
-    args = parse_args(["/imagenet"], defaults=preset)
-    assert {key: getattr(args, key) for key in TORCHVISION_V2} == TORCHVISION_V2
-    assert args.arch == model and preset["optimizer_batch_size"] % (8 * preset["batch_size"]) == 0
-    assert args.lr_batch is None  # 0.5 is for its own 1024 images: not scaled from an EfficientNet's 4096
-    assert parse_args(launch.main_py_argv(args, preset)) == args
+@pytest.mark.parametrize("model", MODELS)
+def test_the_torchvision_recipe_applies_to_every_preset(model):
+    for platform, precision in presets_of(model):
+        preset = launch.resolve(model, precision, "convergence", platform, REPO / "configs.yml",
+                                recipe="torchvision-v2")
+        args = parse_args(["/imagenet"], defaults=preset)
+        where = (platform, precision)
+        assert {key: getattr(args, key) for key in TORCHVISION_V2} == TORCHVISION_V2, where
+        assert args.arch == model and preset["optimizer_batch_size"] % (8 * preset["batch_size"]) == 0, where
+        assert args.lr_batch is None, where  # 0.5 is for its own 1024 images: not scaled from an EfficientNet's 4096
+        assert parse_args(launch.main_py_argv(args, preset)) == args, where
 
 
 def test_the_torchvision_recipe_dry_run_prints_the_published_values(capsys):
@@ -753,8 +767,16 @@ FFCV_LR, FFCV_GLOBAL_BATCH = 1.7, 8 * 512  # lr: 1.7; batch_size: 512 per proces
 
 
 @pytest.mark.parametrize("epochs", sorted(FFCV_RAMPS))
-@pytest.mark.parametrize("model,platform,precision", COMBINATIONS)
-def test_the_fast_recipes_are_ffcv_s_configs_scaled_to_each_preset_s_batch(model, platform, precision, epochs):
+@pytest.mark.parametrize("model", MODELS)
+def test_the_fast_recipes_are_ffcv_s_configs_scaled_to_each_preset_s_batch(model, epochs):
+    for platform, precision in presets_of(model):
+        try:
+            _check_fast_recipe(model, platform, precision, epochs)
+        except AssertionError as error:  # which preset, then pytest's account of the assertion
+            raise AssertionError(f"{model} {platform} {precision} --recipe fast-{epochs}: {error}") from error
+
+
+def _check_fast_recipe(model: str, platform: str, precision: str, epochs: int) -> None:
     from image_classification.arguments import resolve_lr
 
     preset = launch.resolve(model, precision, "convergence", platform, REPO / "configs.yml", recipe=f"fast-{epochs}")
