@@ -352,6 +352,7 @@ def test_cpu_runs_repeat_bitwise(image_folder, tmp_path):
     assert_same_weights(weights(tmp_path / "a" / "checkpoint.pth.tar"), weights(tmp_path / "b" / "checkpoint.pth.tar"))
 
 
+@pytest.mark.slow  # faults/test_signals.py stops runs mid-epoch by every signal and resumes them exactly
 def test_sigterm_saves_mid_epoch_and_resume_finishes_it_exactly(image_folder, tmp_path):
     """A stop mid-epoch is saved as such (never as a finished epoch) and resumes where it stopped."""
     import signal
