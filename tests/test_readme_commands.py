@@ -92,6 +92,10 @@ SLOW = {
                                                       "runs of launch.py",
     r"^python classify\.py --weights workspace/digits/model_best\.pth\.tar --image data/digits/val/3 --runtime "
     r"onnxruntime --quantize int8": "tests/test_quantization.py classifies in int8 and checks the predictions",
+    r"^python main\.py -a resnet18 --evaluate --resume workspace/digits/model_best\.pth\.tar --runtime onnxruntime "
+    r"--quantize int8": "tests/test_quantization.py validates the int8 export through the same loop",
+    r"--triton-repository models -b 1 --quantize int8": "tests/test_quantization.py writes int8 and FP32 Triton "
+                                                        "models and reads their config.pbtxt",
 }
 
 SMOKE = r"^python main\.py --evaluate --resume workspace/digits/"
