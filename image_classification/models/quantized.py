@@ -13,8 +13,12 @@ uint8 activations with int8 weights are what ONNX Runtime's x86 kernels run fuse
 says), and weights held to [-127, 127] keep their integers when a BatchNorm is folded in:
 :func:`deployable` multiplies each channel's fake-quantized weight by the BatchNorm's factor, which scales that
 channel's step by the factor's size and leaves its integers (negated for a negative factor), so the folded
-convolution computes exactly what the trained one and its BatchNorm computed.  Its ONNX export is a QDQ graph:
-QuantizeLinear/DequantizeLinear pairs at every quantized input and weight.
+convolution computes exactly what the trained one and its BatchNorm computed (:func:`fold_batchnorms`).  An
+int8 engine adds a bias in int32, in steps of the input's scale times the channel's weight scale, so
+:func:`deployable` then rounds each bias to that grid, as ONNX Runtime does where it fuses a convolution into
+int8 (at most half a step, far below one step of the output; training does not model it): a bias already on the
+grid stays itself, so ONNX Runtime's fused and float paths and PyTorch add the same one.  Its ONNX export is a
+QDQ graph: QuantizeLinear/DequantizeLinear pairs at every quantized input and weight.
 
 May import: errors.
 """
@@ -238,9 +242,9 @@ def _fold_pairs(model: nn.Module, probe: torch.Tensor) -> list[tuple[nn.Module, 
     return pairs
 
 
-def deployable(model: nn.Module, probe: torch.Tensor) -> nn.Module:
-    """An eval-mode copy of the calibrated QAT ``model`` as an int8 engine runs it: each BatchNorm that follows a
-    quantized conv folded into it (exactly: module docstring), every weight scale fixed as a constant."""
+def fold_batchnorms(model: nn.Module, probe: torch.Tensor) -> nn.Module:
+    """An eval-mode copy of the calibrated QAT ``model`` that computes what it computes: each BatchNorm that
+    follows a quantized conv folded into it (exactly: module docstring), every weight scale fixed as a constant."""
     if not is_calibrated(model):
         raise UserError("the quantized model has not been calibrated: its activation ranges are unknown")
     import torch.ao.quantization.fx._decomposed  # noqa: F401  (deferred: registers the quantized_decomposed ops)
@@ -260,6 +264,27 @@ def deployable(model: nn.Module, probe: torch.Tensor) -> nn.Module:
             elif isinstance(module, ActivationQuantizer):
                 module.constants = (float(module.scale), int(module.zero_point))
     return folded
+
+
+def deployable(model: nn.Module, probe: torch.Tensor) -> nn.Module:
+    """The calibrated QAT ``model`` as an int8 engine runs it, what its ONNX export is made from:
+    :func:`fold_batchnorms`, and every bias then on its int32 grid (:func:`bias_on_grid`)."""
+    folded = fold_batchnorms(model, probe)
+    with torch.no_grad():
+        for module in folded.modules():
+            if isinstance(module, _Quantized) and module.bias is not None:
+                module.bias = nn.Parameter(bias_on_grid(module.bias, module.input_quantizer.scale,
+                                                        module.frozen_scale))
+    return folded
+
+
+def bias_on_grid(bias: torch.Tensor, input_scale: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``bias`` rounded to a whole number of steps of the layer's int32 accumulator, ``input_scale * scale`` per
+    output channel, in float32 as ONNX Runtime computes that step: the bias its int8 kernels add."""
+    # ONNX Runtime rounds a float bias to this grid where it fuses a convolution into QLinearConv (its
+    # WeightBiasQuantization pass); a bias already on it comes back the same, so both paths add the same value.
+    step = input_scale.float() * scale.float()
+    return torch.round(bias.float() / step) * step
 
 
 def _replace(model: nn.Module, old: nn.Module, new: nn.Module) -> None:
