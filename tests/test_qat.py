@@ -11,8 +11,9 @@ from helpers import refused, run_script
 from image_classification.arguments import parse_args
 from image_classification.commands import QUANT_DEFAULTS
 from image_classification.models import build_model
-from image_classification.models.quantized import (calibrate, deployable, fold_batchnorms, holds_quantizers,
-                                                   is_calibrated, quantize_model, quantizers, weight_scale)
+from image_classification.models.quantized import (calibrate, deployable, fake_quantize_weight, fold_batchnorms,
+                                                   holds_quantizers, is_calibrated, quantize_model, quantizers,
+                                                   weight_scale)
 from test_optim import assert_same_tensors, stopped_and_resumed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +67,25 @@ def test_fake_quantized_weights_and_inputs_lie_on_the_int8_grid(tiny_arch):
     quantizer = conv.input_quantizer
     levels = quantizer(x) / quantizer.scale + quantizer.zero_point
     assert torch.allclose(levels, levels.round(), atol=1e-3) and 0 <= levels.min() and levels.max() <= 255 + 1e-3
+
+
+def test_the_weight_rounding_is_torch_s_per_channel_fake_quantization_bit_for_bit():
+    generator = torch.Generator().manual_seed(3)
+    for shape in [(64, 32, 3, 3), (10, 512), (8, 4, 1, 1)]:
+        weight = (torch.randn(shape, generator=generator) * torch.rand(shape[0], *[1] * (len(shape) - 1),
+                                                                        generator=generator)).requires_grad_()
+        with torch.no_grad():
+            weight[1] = 0  # a channel of zeros: step 1
+            steps = torch.arange(weight[2].numel()) % 254 - 126.5  # halfway between two levels: ties
+            weight[2] = (steps * 0.0123).view(weight[2].shape)
+            weight[2].view(-1)[0] = 127 * 0.0123
+        scale = weight_scale(weight)
+        zero = torch.zeros(shape[0], dtype=torch.int32)
+        expected = torch.fake_quantize_per_channel_affine(weight, scale, zero, 0, -128, 127)
+        got = fake_quantize_weight(weight)
+        assert torch.equal(got, expected)
+        upstream = torch.randn(shape, generator=generator)
+        assert torch.equal(*(torch.autograd.grad(out, weight, upstream)[0] for out in (got, expected)))
 
 
 def test_qat_trains_a_tiny_model_on_the_cpu_and_its_loss_falls(tiny_arch):
