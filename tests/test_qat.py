@@ -104,22 +104,6 @@ def test_qat_trains_a_tiny_model_on_the_cpu_and_its_loss_falls(tiny_arch):
     assert losses[-1] < 0.5 * losses[0], losses
 
 
-def test_folding_the_batchnorms_computes_what_the_trained_model_computes(tiny_arch):
-    model = _calibrated(tiny_arch)
-    for module in model.modules():  # statistics of a trained model, not the fresh 0 and 1
-        if isinstance(module, torch.nn.BatchNorm2d):
-            module.running_mean.uniform_(-0.5, 0.5)
-            module.running_var.uniform_(0.5, 2.0)
-            module.weight.data.uniform_(-1.5, 1.5)  # negative factors too: their integers are negated
-    images = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    folded = fold_batchnorms(model, images[:1])
-    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in folded.modules())
-    with torch.no_grad():
-        expected, got = model(images), folded(images)
-    assert (expected.argmax(1) == got.argmax(1)).all()
-    assert (expected - got).abs().max() < 0.02 * expected.abs().max()
-
-
 def _trained_statistics(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` with BatchNorm statistics and affine factors of a trained model (not the fresh 0 and 1), so that
     every folded convolution gets a bias; negative factors too (their integers are negated)."""
@@ -130,6 +114,17 @@ def _trained_statistics(model: torch.nn.Module) -> torch.nn.Module:
                                         (module.weight.data, (-1.5, 1.5)), (module.bias.data, (-0.5, 0.5))):
                 tensor.copy_(torch.empty(tensor.shape).uniform_(low, high, generator=generator))
     return model
+
+
+def test_folding_the_batchnorms_computes_what_the_trained_model_computes(tiny_arch):
+    model = _trained_statistics(_calibrated(tiny_arch))
+    images = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    folded = fold_batchnorms(model, images[:1])
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in folded.modules())
+    with torch.no_grad():
+        expected, got = model(images), folded(images)
+    assert (expected.argmax(1) == got.argmax(1)).all()
+    assert (expected - got).abs().max() < 0.02 * expected.abs().max()
 
 
 def test_every_folded_bias_is_a_whole_number_of_accumulator_steps(tiny_arch):
