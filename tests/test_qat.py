@@ -11,8 +11,9 @@ from helpers import refused, run_script
 from image_classification.arguments import parse_args
 from image_classification.commands import QUANT_DEFAULTS
 from image_classification.models import build_model
-from image_classification.models.quantized import (calibrate, deployable, holds_quantizers, is_calibrated,
-                                                   quantize_model, quantizers)
+from image_classification.models.quantized import (calibrate, deployable, fake_quantize_weight, fold_batchnorms,
+                                                   holds_quantizers, is_calibrated, quantize_model, quantizers,
+                                                   weight_scale)
 from test_optim import assert_same_tensors, stopped_and_resumed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,6 +69,25 @@ def test_fake_quantized_weights_and_inputs_lie_on_the_int8_grid(tiny_arch):
     assert torch.allclose(levels, levels.round(), atol=1e-3) and 0 <= levels.min() and levels.max() <= 255 + 1e-3
 
 
+def test_the_weight_rounding_is_torch_s_per_channel_fake_quantization_bit_for_bit():
+    generator = torch.Generator().manual_seed(3)
+    for shape in [(64, 32, 3, 3), (10, 512), (8, 4, 1, 1)]:
+        weight = (torch.randn(shape, generator=generator) * torch.rand(shape[0], *[1] * (len(shape) - 1),
+                                                                        generator=generator)).requires_grad_()
+        with torch.no_grad():
+            weight[1] = 0  # a channel of zeros: step 1
+            steps = torch.arange(weight[2].numel()) % 254 - 126.5  # halfway between two levels: ties
+            weight[2] = (steps * 0.0123).view(weight[2].shape)
+            weight[2].view(-1)[0] = 127 * 0.0123
+        scale = weight_scale(weight)
+        zero = torch.zeros(shape[0], dtype=torch.int32)
+        expected = torch.fake_quantize_per_channel_affine(weight, scale, zero, 0, -128, 127)
+        got = fake_quantize_weight(weight)
+        assert torch.equal(got, expected)
+        upstream = torch.randn(shape, generator=generator)
+        assert torch.equal(*(torch.autograd.grad(out, weight, upstream)[0] for out in (got, expected)))
+
+
 def test_qat_trains_a_tiny_model_on_the_cpu_and_its_loss_falls(tiny_arch):
     model = _calibrated(tiny_arch).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -84,20 +104,61 @@ def test_qat_trains_a_tiny_model_on_the_cpu_and_its_loss_falls(tiny_arch):
     assert losses[-1] < 0.5 * losses[0], losses
 
 
-def test_folding_the_batchnorms_computes_what_the_trained_model_computes(tiny_arch):
-    model = _calibrated(tiny_arch)
-    for module in model.modules():  # statistics of a trained model, not the fresh 0 and 1
+def _trained_statistics(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with BatchNorm statistics and affine factors of a trained model (not the fresh 0 and 1), so that
+    every folded convolution gets a bias; negative factors too (their integers are negated)."""
+    generator = torch.Generator().manual_seed(5)
+    for module in model.modules():
         if isinstance(module, torch.nn.BatchNorm2d):
-            module.running_mean.uniform_(-0.5, 0.5)
-            module.running_var.uniform_(0.5, 2.0)
-            module.weight.data.uniform_(-1.5, 1.5)  # negative factors too: their integers are negated
+            for tensor, (low, high) in ((module.running_mean, (-0.5, 0.5)), (module.running_var, (0.5, 2.0)),
+                                        (module.weight.data, (-1.5, 1.5)), (module.bias.data, (-0.5, 0.5))):
+                tensor.copy_(torch.empty(tensor.shape).uniform_(low, high, generator=generator))
+    return model
+
+
+def test_folding_the_batchnorms_computes_what_the_trained_model_computes(tiny_arch):
+    model = _trained_statistics(_calibrated(tiny_arch))
     images = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    folded = deployable(model, images[:1])
+    folded = fold_batchnorms(model, images[:1])
     assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in folded.modules())
     with torch.no_grad():
         expected, got = model(images), folded(images)
     assert (expected.argmax(1) == got.argmax(1)).all()
     assert (expected - got).abs().max() < 0.02 * expected.abs().max()
+
+
+def test_every_folded_bias_is_a_whole_number_of_accumulator_steps(tiny_arch):
+    model = _trained_statistics(_calibrated(tiny_arch))
+    folded = deployable(model, torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1)))
+    layers = [module for module in folded.modules() if hasattr(module, "frozen_scale") and module.bias is not None]
+    assert len(layers) == len(quantizers(model))  # every conv (folded) and the classifier
+    for layer in layers:
+        step = layer.input_quantizer.scale * weight_scale(layer.weight)  # float32, as ONNX Runtime computes it
+        bias = layer.bias.detach()
+        assert torch.equal(torch.round(bias / step) * step, bias)  # ONNX Runtime's int32 bias is this one
+
+
+def test_onnx_runtime_s_int8_kernels_give_pytorch_s_logits_with_coarse_activation_ranges(tiny_arch, tmp_path):
+    """ONNX Runtime (its default optimizations) fuses a convolution whose output is quantized again into an int8
+    QLinearConv, which adds the bias rounded to a whole number of its accumulator's steps; with coarse
+    activation ranges a step is a large part of an activation's, and a bias off that grid moved the logits by
+    31% of the largest here, where the export's check allows 5%."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from image_classification.deploy.export import onnx_agreement
+    from image_classification.deploy.onnx_runtime import QAT, logit_limit
+    from image_classification.deploy.torch_export import export_onnx
+
+    model = _trained_statistics(_calibrated(tiny_arch))
+    for quantizer in quantizers(model):
+        if int(quantizer.zero_point) == 0:  # the ranges after a ReLU, 32 times wider: a few levels used
+            quantizer.scale.mul_(32)
+    images = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    folded = deployable(model, images[:1])
+    path = tmp_path / "qat.onnx"
+    export_onnx(folded, images[:2], path, dynamic_batch=True)
+    (found,) = onnx_agreement(path, folded, [images])
+    assert found.max_difference < logit_limit(QAT.tolerance, found.scale, QAT.floor), found
 
 
 @pytest.mark.slow

@@ -75,9 +75,6 @@ NOT_RUN = {
                                   "ones (slow)",
     r"hf-timm-resnet50|hf-microsoft-resnet-50": "a Hugging Face download: tests/test_safetensors.py builds both "
                                                "layouts offline and classifies, fine-tunes and reads them",
-    r"workspace/digits-qat/": "the int8 graph of a model fine-tuned quantization-aware from the suite's 2-step demo "
-                              "checkpoint: ONNX Runtime's optimizations move its logits beyond the export's check; "
-                              "tests/test_qat.py exports and validates one of a tiny model trained an epoch (slow)",
     r"\.pt2\b|--runtime aoti|--paths .*\baoti\b": "compiles a package, a minute or more on 2 cores even at 32 px: "
                                                 "tests/test_aoti.py compiles, runs and validates one (slow)",
 }

@@ -3,7 +3,8 @@
 :func:`quantize_model` swaps every ``nn.Conv2d`` and ``nn.Linear`` for a subclass that rounds its weights to
 int8 (symmetric, one scale per output channel, from the weights' largest magnitude at every forward) and its
 input to uint8 (one scale and zero point per tensor, calibrated on a few batches by :func:`calibrate` and then
-fixed), through torch's ``fake_quantize_per_channel_affine`` / ``fake_quantize_per_tensor_affine``: the forward
+fixed), through torch's ``fake_quantize_per_tensor_affine`` for the inputs and, for the weights, the rounding of
+``fake_quantize_per_channel_affine`` on plain tensor ops (bit for bit the same, faster on the CPU): the forward
 computes what an int8 engine computes, the backward passes gradients straight through (zero where an input
 was clipped).  Parameter names stay those of the float model, so FP32 weights load into it; the activation
 ranges are buffers (``<layer>.input_quantizer.scale`` / ``zero_point`` / ``calibrated``), in the state dict and
@@ -13,8 +14,12 @@ uint8 activations with int8 weights are what ONNX Runtime's x86 kernels run fuse
 says), and weights held to [-127, 127] keep their integers when a BatchNorm is folded in:
 :func:`deployable` multiplies each channel's fake-quantized weight by the BatchNorm's factor, which scales that
 channel's step by the factor's size and leaves its integers (negated for a negative factor), so the folded
-convolution computes exactly what the trained one and its BatchNorm computed.  Its ONNX export is a QDQ graph:
-QuantizeLinear/DequantizeLinear pairs at every quantized input and weight.
+convolution computes exactly what the trained one and its BatchNorm computed (:func:`fold_batchnorms`).  An
+int8 engine adds a bias in int32, in steps of the input's scale times the channel's weight scale, so
+:func:`deployable` then rounds each bias to that grid, as ONNX Runtime does where it fuses a convolution into
+int8 (at most half a step, far below one step of the output; training does not model it): a bias already on the
+grid stays itself, so ONNX Runtime's fused and float paths and PyTorch add the same one.  Its ONNX export is a
+QDQ graph: QuantizeLinear/DequantizeLinear pairs at every quantized input and weight.
 
 May import: errors.
 """
@@ -94,9 +99,27 @@ def weight_scale(weight: torch.Tensor) -> torch.Tensor:
     return torch.where(amax > 0, amax / WEIGHT_LEVELS, torch.ones_like(amax))
 
 
+class _RoundedWeight(torch.autograd.Function):
+    """int8 rounding per output channel on plain tensor ops, the gradient straight through: bit for bit what
+    ``fake_quantize_per_channel_affine`` computes with a zero point of 0, forward and backward (with the scales
+    of :func:`weight_scale` no weight is clipped, so none has its gradient zeroed), in under half its time on the
+    CPU."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        step = scale.view(-1, *([1] * (weight.dim() - 1)))
+        return torch.round(weight * (1.0 / step)).clamp_(*WEIGHT_RANGE).mul_(step)  # torch's op: x * (1 / scale)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
 def fake_quantize_weight(weight: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
     """``weight`` rounded to int8 per output channel (the scale of :func:`weight_scale` unless given)."""
-    scale = weight_scale(weight) if scale is None else scale
+    if scale is None:  # training and evaluation
+        return _RoundedWeight.apply(weight.float(), weight_scale(weight)).to(weight.dtype)
+    # a fixed scale is deployable()'s: torch's op, which torch.export writes as QuantizeLinear/DequantizeLinear
     zero = torch.zeros(scale.shape, dtype=torch.int32, device=weight.device)
     return torch.fake_quantize_per_channel_affine(weight.float(), scale, zero, 0, *WEIGHT_RANGE).to(weight.dtype)
 
@@ -238,9 +261,9 @@ def _fold_pairs(model: nn.Module, probe: torch.Tensor) -> list[tuple[nn.Module, 
     return pairs
 
 
-def deployable(model: nn.Module, probe: torch.Tensor) -> nn.Module:
-    """An eval-mode copy of the calibrated QAT ``model`` as an int8 engine runs it: each BatchNorm that follows a
-    quantized conv folded into it (exactly: module docstring), every weight scale fixed as a constant."""
+def fold_batchnorms(model: nn.Module, probe: torch.Tensor) -> nn.Module:
+    """An eval-mode copy of the calibrated QAT ``model`` that computes what it computes: each BatchNorm that
+    follows a quantized conv folded into it (exactly: module docstring), every weight scale fixed as a constant."""
     if not is_calibrated(model):
         raise UserError("the quantized model has not been calibrated: its activation ranges are unknown")
     import torch.ao.quantization.fx._decomposed  # noqa: F401  (deferred: registers the quantized_decomposed ops)
@@ -260,6 +283,27 @@ def deployable(model: nn.Module, probe: torch.Tensor) -> nn.Module:
             elif isinstance(module, ActivationQuantizer):
                 module.constants = (float(module.scale), int(module.zero_point))
     return folded
+
+
+def deployable(model: nn.Module, probe: torch.Tensor) -> nn.Module:
+    """The calibrated QAT ``model`` as an int8 engine runs it, what its ONNX export is made from:
+    :func:`fold_batchnorms`, and every bias then on its int32 grid (:func:`bias_on_grid`)."""
+    folded = fold_batchnorms(model, probe)
+    with torch.no_grad():
+        for module in folded.modules():
+            if isinstance(module, _Quantized) and module.bias is not None:
+                module.bias = nn.Parameter(bias_on_grid(module.bias, module.input_quantizer.scale,
+                                                        module.frozen_scale))
+    return folded
+
+
+def bias_on_grid(bias: torch.Tensor, input_scale: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``bias`` rounded to a whole number of steps of the layer's int32 accumulator, ``input_scale * scale`` per
+    output channel, in float32 as ONNX Runtime computes that step: the bias its int8 kernels add."""
+    # ONNX Runtime rounds a float bias to this grid where it fuses a convolution into QLinearConv (its
+    # WeightBiasQuantization pass); a bias already on it comes back the same, so both paths add the same value.
+    step = input_scale.float() * scale.float()
+    return torch.round(bias.float() / step) * step
 
 
 def _replace(model: nn.Module, old: nn.Module, new: nn.Module) -> None:
