@@ -24,6 +24,7 @@ infer_paths = importlib.import_module("benchmarks.infer_paths")
 infer_timing = importlib.import_module("benchmarks.infer_timing")
 
 
+@pytest.mark.slow  # docs/efficientnet.md's train_throughput.py commands run in the docs test
 def test_train_throughput_times_every_path_against_the_plain_loop(tmp_path):
     benchmark = importlib.import_module("benchmarks.train_throughput")
     output = tmp_path / "train.json"
