@@ -81,19 +81,19 @@ def load_config(cfg_file: str | Path = DEFAULT_CFG_FILE) -> dict:
 
 
 def _choose(table: dict, name: str, what: str) -> dict:
-    """``table[name]``, a mapping of main.py flags, as the caller's own copy; else one line."""
+    """``table[name]``, a mapping of main.py flags (the shared file's: read, never changed); else one line."""
     if name not in table:
         raise UserError(f"unknown {what} {name!r}; choose one of: {', '.join(map(str, table))}")
     entry = table[name]
     if entry is not None and not isinstance(entry, dict):
         raise UserError(f"{what} {name!r} is not a mapping of main.py flags")
-    return copy.deepcopy(entry or {})
+    return entry or {}
 
 
 def resolve_layers(model: str, precision: str, mode: str, platform: str,
                    cfg_file: str | Path = DEFAULT_CFG_FILE, recipe: str | None = None) -> list[tuple[str, dict]]:
     """The presets one model x platform x precision x mode (and recipe) stacks, each with where it is in the
-    file, in the order they apply (a later one's values win)."""
+    file, in the order they apply (a later one's values win): the caller's own copies."""
     config = _config(cfg_file)
     recipe_preset = {}
     if recipe is not None:
@@ -114,7 +114,7 @@ def resolve_layers(model: str, precision: str, mode: str, platform: str,
     layers.append((f"models.{model}.{platform}.{precision}", _choose(precisions, precision, "preset")))
     if recipe is not None:
         layers.append((f"recipes.{recipe}", recipe_preset))
-    return layers + [(f"mode.{mode}", mode_preset)]
+    return copy.deepcopy(layers + [(f"mode.{mode}", mode_preset)])
 
 
 def merged(layers: list[tuple[str, dict]]) -> dict:
