@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import statistics
 import sys
 import time
@@ -104,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"DIR is the camera set: N (default 64) JPEGs of {CAMERA_SIZE[0]}x{CAMERA_SIZE[1]}, quality "
                         f"90, {', '.join(PHOTO_SET)} upscaled with grain, a class each; written first where DIR has no "
                         "train/ (needs scikit-image)")
+    parser.add_argument("--camera-size", metavar="WxH", type=camera_size, default=CAMERA_SIZE,
+                        help=f"the camera photographs' size (default {CAMERA_SIZE[0]}x{CAMERA_SIZE[1]}, 12 MP; "
+                        "4000x3000 and 8064x6048 are other phones')")
     parser.add_argument("--baseline-on", metavar="DIR",
                         help="--baseline reads this folder instead of DIR: plain torchvision on the original photographs "
                         "against the loader on a copy packed with --max-size")
@@ -154,6 +158,14 @@ def make_dataset(root: Path, classes: int = 2, per_class: int = 200, size=(500, 
 
 CAMERA_SIZE = (4032, 3024)  # a 12 MP phone photograph, landscape
 CAMERA_GRAIN = 6.0  # the grain's standard deviation, in grey levels: a sensor's noise at ordinary light
+
+
+def camera_size(text: str) -> tuple[int, int]:
+    """``--camera-size WxH``: a width and height of at least 32 pixels each."""
+    match = re.fullmatch(r"(\d+)x(\d+)", text.strip())
+    if match is None or min(int(match[1]), int(match[2])) < 32:
+        raise argparse.ArgumentTypeError(f"{text!r} is not WIDTHxHEIGHT of 32 pixels or more, e.g. 4032x3024")
+    return int(match[1]), int(match[2])
 
 
 def camera_photo(photo, rng, size: tuple[int, int] = CAMERA_SIZE):
@@ -372,8 +384,10 @@ def write_data(opts: argparse.Namespace) -> None:
         _writing(root, 2 * opts.make_dataset, lambda progress: make_dataset(root, per_class=opts.make_dataset,
                                                                            progress=progress))
     if opts.camera and not (root / "train").is_dir():
-        _writing(root, opts.camera, lambda progress: make_camera_set(root, opts.camera, progress=progress),
-                 f"camera photographs of {CAMERA_SIZE[0]}x{CAMERA_SIZE[1]} made from scikit-image's photos")
+        width, height = opts.camera_size
+        _writing(root, opts.camera, lambda progress: make_camera_set(root, opts.camera, opts.camera_size,
+                                                                      progress=progress),
+                 f"of {width}x{height}, camera photographs made from scikit-image's photos,")
     if opts.photos and not (root / "train").is_dir():
         _writing(root, len(PHOTO_SET) * opts.photos, lambda progress: make_photo_set(root, per_class=opts.photos,
                                                                                    progress=progress))

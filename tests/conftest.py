@@ -45,6 +45,24 @@ def torchvision_deprecation_left_out_once_its_decoder_loaded():
         decoders.quiet_torchvision_deprecation()
 
 
+_TORCHLIB = "torch.onnx._internal.exporter._registration"
+
+
+@pytest.fixture(autouse=True)
+def one_torchlib_registry_per_opset():
+    """torch.onnx's torch.export-based exporter builds its table of ATen-to-ONNX translations from onnxscript's
+    torchlib anew for every export (about a second of CPU on 2 cores, a fifth of a small model's export).  The
+    table depends on the opset alone and nothing of ours adds to it (no custom_translation_table), so once an
+    export has imported the exporter, the later exports of the test process share one table per opset."""
+    registration = sys.modules.get(_TORCHLIB)
+    registry = getattr(registration, "ONNXRegistry", None)
+    build = getattr(registry, "from_torchlib", None)
+    if build is not None and not hasattr(build, "cache_info"):
+        import functools
+
+        registry.from_torchlib = staticmethod(functools.lru_cache(build))  # build is bound to the class already
+
+
 @pytest.fixture(scope="session")
 def image_folder(tmp_path_factory) -> Path:
     """A 3-class colour dataset: 8 train and 4 val JPEGs per class, 48x40 pixels."""

@@ -14,6 +14,7 @@ import types
 
 import pytest
 import torch
+from PIL import Image
 
 from helpers import aoti_available
 from image_classification.system import machine
@@ -476,6 +477,23 @@ def test_the_loader_benchmark_says_what_it_writes_while_it_writes(tmp_path, caps
     assert lines[-1].startswith("=> wrote 4 images in ") and len(list((tmp_path / "d").rglob("*.jpg"))) == 4
     line = refused(run(loader.main, ["--make-datset", "2", str(tmp_path / "e")]), capsys)
     assert line.endswith("unknown flag --make-datset; did you mean --make-dataset?")
+
+
+def test_the_camera_set_is_written_at_the_size_asked_and_a_size_it_cannot_write_is_refused(tmp_path, capsys):
+    pytest.importorskip("skimage.data")
+    from helpers import load_script, refused
+
+    loader = load_script("benchmark_loader", "benchmarks")
+    opts = loader.build_parser().parse_args(["--camera", "2", "--camera-size", "320x240", str(tmp_path / "cam")])
+    loader.write_data(opts)
+    assert capsys.readouterr().out.startswith("=> writing 2 JPEG images of 320x240, camera photographs made from "
+                                              f"scikit-image's photos, into {tmp_path / 'cam' / 'train'}\n")
+    assert [Image.open(path).size for path in sorted((tmp_path / "cam").rglob("*.jpg"))] == [(320, 240)] * 2
+    assert loader.build_parser().parse_args(["x"]).camera_size == (4032, 3024)  # 12 MP unless asked
+    for size in ("320", "16x12", "320x240x3"):
+        line = refused(run(loader.main, ["--camera", "2", "--camera-size", size, str(tmp_path / "bad")]), capsys)
+        assert f"'{size}' is not WIDTHxHEIGHT of 32 pixels or more" in line
+    assert not (tmp_path / "bad").exists()
 
 
 @pytest.mark.parametrize("flag", ["--photos", "--camera", "--make-dataset"])

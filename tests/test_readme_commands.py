@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from helpers import REPO, explain, load_script, run_process, run_script
+from helpers import REPO, explain, load_script, reuse_exports, run_process, run_script
 
 README = REPO / "README.md"
 # the pages whose commands run in one folder, in this order: the README's set-up and tour, then docs/
@@ -137,7 +137,9 @@ SCRIPT_FLAGS = {
     "train_throughput.py": ["--image-size", "32", "-b", "2", "--iters", "1", "--repeats", "1",
                             "--warmup", "0"],
     "export_time.py": ["-a", "resnet18", "--image-size", "32", "--repeats", "1"],
-    "benchmark_loader.py": ["-b", "4", "--epochs", "2", "--image-size", "32"],
+    # a camera set (--camera) of 1008x756 photographs, a sixteenth of 12 MP: the commands' paths, at a sixteenth of the
+    # writing and decoding
+    "benchmark_loader.py": ["-b", "4", "--epochs", "2", "--image-size", "32", "--camera-size", "1008x756"],
     "benchmark_decoders.py": ["--images", "2", "--rounds", "1"],
     "dali_validation.py": ["--image-size", "32", "-b", "4", "--rounds", "1"],
     "inference_benchmark.py": ["--image-size", "32", "--warmup", "0", "--precisions", "FP32", "--batch-sizes", "1",
@@ -276,6 +278,14 @@ def _digits_folder(tmp_path_factory, name: str) -> Path:
         Image.fromarray(samples.astronaut()).save(folder / photo, quality=90)
     Image.fromarray(samples.chelsea()).save(folder / "photos/cat.jpg", quality=90)
     return folder
+
+
+@pytest.fixture(autouse=True)
+def exports_reused(monkeypatch) -> None:
+    """A model the pages export a second time (digits.pth's FP32 graph again for its int8 file, the QAT checkpoint
+    again for main.py --runtime onnxruntime) gets the first export's file (helpers.reuse_exports): the same model,
+    the same bytes, without the export's seconds."""
+    reuse_exports(monkeypatch)
 
 
 @pytest.fixture(scope="module")
