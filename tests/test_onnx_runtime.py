@@ -22,6 +22,8 @@ from image_classification.system.cli import run
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
+TINY_SIZE = 32  # the crop of every test here: the module's tiny model at this size is exported for real once
+
 
 @pytest.fixture(autouse=True)
 def exports_reused(monkeypatch) -> None:
@@ -75,7 +77,7 @@ def no_export(*args, **kwargs):
 
 
 def test_onnxruntime_predicts_what_torch_fp32_does_and_exports_once(weights, images, cache, capsys, monkeypatch):
-    common = ["--arch", "tiny", "--weights", str(weights), "--image", *images, "--image-size", "64",
+    common = ["--arch", "tiny", "--weights", str(weights), "--image", *images, "--image-size", str(TINY_SIZE),
               "--topk", "4", "--cpu"]
     plain = predictions(capsys, common + ["--precision", "FP32", "--memory-format", "nchw"])
     onnx = predictions(capsys, common + ["--runtime", "onnxruntime"])
@@ -96,7 +98,7 @@ def test_onnxruntime_predicts_what_torch_fp32_does_and_exports_once(weights, ima
 
 def test_onnxruntime_refuses_amp_cuda_without_its_provider_and_an_unwritable_cache(
         weights, images, tmp_path, monkeypatch, capsys):
-    common = ["--arch", "tiny", "--weights", str(weights), "--image", images[0], "--image-size", "64",
+    common = ["--arch", "tiny", "--weights", str(weights), "--image", images[0], "--image-size", str(TINY_SIZE),
               "--runtime", "onnxruntime"]
     assert run(classify_main, common + ["--precision", "AMP"]) == 2
     assert capsys.readouterr().err.startswith("error: --runtime onnxruntime runs the exported graph as it is")
@@ -117,8 +119,8 @@ def test_onnxruntime_refuses_amp_cuda_without_its_provider_and_an_unwritable_cac
     assert len(err.strip().splitlines()) == 1
 
 
-def test_the_cache_key_follows_every_tensor_and_the_crop_size():
-    model = build_model("resnet18", num_classes=4)
+def test_the_cache_key_follows_every_tensor_and_the_crop_size(tiny_arch):
+    model = build_model(tiny_arch, num_classes=4)
     key = onnx_runtime.weights_key(model, 64)
     assert key == onnx_runtime.weights_key(model, 64)
     assert key != onnx_runtime.weights_key(model, 96)
@@ -128,7 +130,7 @@ def test_the_cache_key_follows_every_tensor_and_the_crop_size():
 
 
 def test_a_damaged_cache_file_is_exported_again(weights, images, cache, capsys):
-    common = ["--arch", "tiny", "--weights", str(weights), "--image", images[0], "--image-size", "64",
+    common = ["--arch", "tiny", "--weights", str(weights), "--image", images[0], "--image-size", str(TINY_SIZE),
               "--runtime", "onnxruntime"]
     first = predictions(capsys, common)
     (cached,) = cache.glob("*.onnx")
@@ -141,7 +143,6 @@ def test_a_damaged_cache_file_is_exported_again(weights, images, cache, capsys):
 
 
 # -- a cached model proves it is the export of these weights ------------------------------------------------
-TINY_SIZE = 32
 
 
 @dataclasses.dataclass
