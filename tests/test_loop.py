@@ -12,10 +12,14 @@ from helpers import run_config, score_validations
 from image_classification.records.raport import epoch_records, read_raport
 from image_classification.training import main
 
+# The loop is the subject, not the model: every run and build here is of the tiny ResNet (conftest.py), which
+# trains, saves and loads in a fraction of ResNet-18's time.
+pytestmark = pytest.mark.usefixtures("tiny_arch")
+
 
 def test_validation_records_carry_the_training_iteration(tmp_path):
     """[epoch, train iteration, val iteration], as NVIDIA's logger writes it: not [epoch, 0, i]."""
-    assert main(["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "32", "-b", "2", "--prof", "3",
+    assert main(["--data-backend", "synthetic", "-a", "tiny", "--image-size", "32", "-b", "2", "--prof", "3",
                  "-p", "1", "--epochs", "1", "--num-classes", "4", "--no-checkpoints",
                  "--workspace", str(tmp_path)]) == 0
     steps = [record["step"] for record in read_raport(tmp_path / "experiment_raport.json")
@@ -24,7 +28,7 @@ def test_validation_records_carry_the_training_iteration(tmp_path):
     assert steps and all(step[:2] == [0, 3] for step in steps), steps
 
 
-SYNTHETIC = ["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "32", "-b", "4", "--num-classes", "4",
+SYNTHETIC = ["--data-backend", "synthetic", "-a", "tiny", "--image-size", "32", "-b", "4", "--num-classes", "4",
              "--seed", "1", "--lr", "0.01"]
 
 
@@ -84,8 +88,8 @@ def test_a_training_batch_of_one_is_trained_not_a_batchnorm_traceback():
     from image_classification.system.runtime import Runtime
     from image_classification.train.engine import Engine
 
-    model = build_model("resnet18", num_classes=4)
-    config = run_config(arch="resnet18", num_classes=4, model_options=(), preprocessing=Preprocessing(32))
+    model = build_model("tiny", num_classes=4)
+    config = run_config(arch="tiny", num_classes=4, model_options=(), preprocessing=Preprocessing(32))
     engine = Engine(config, Runtime(torch.device("cpu"), None, torch.contiguous_format), model, log=print)
     before = model.fc.weight.detach().clone()
     engine.train_step(torch.randn(1, 3, 32, 32), torch.tensor([2]), accumulation=1, step_now=True)
@@ -369,7 +373,7 @@ def test_a_validation_window_line_shows_the_accuracy_so_far(image_folder, tmp_pa
         return torch.tensor([right] * len(ks))
 
     monkeypatch.setattr(validation, "correct_counts", first_batch_right)
-    assert main(["-a", "resnet18", "--image-size", "32", "-b", "8", "--device", "cpu", "--data-backend", "pytorch",
+    assert main(["-a", "tiny", "--image-size", "32", "-b", "8", "--device", "cpu", "--data-backend", "pytorch",
                  "-j", "0", "-p", "1", "--epochs", "1", "--no-checkpoints", "--workspace",
                  str(tmp_path), str(image_folder)]) == 0
     top1 = re.findall(r"^Epoch 1/1(?: val \[\d/2\]|: .*; val) loss [\d.]+, top1 ([\d.]+)%",
@@ -457,8 +461,8 @@ def test_a_run_prints_one_short_line_per_window_and_per_epoch_and_its_raport_kee
         assert {"train.grad_scale", "train.image_size", "train.data_time", "val.compute_latency_at99"} <= set(figures)
 
 
-def test_an_fp16_run_shows_its_loss_scale_in_each_window(tmp_path, tiny_arch, capsys):
-    assert main(["--data-backend", "synthetic", "-a", tiny_arch, "--image-size", "32", "-b", "2", "--num-classes",
+def test_an_fp16_run_shows_its_loss_scale_in_each_window(tmp_path, capsys):
+    assert main(["--data-backend", "synthetic", "-a", "tiny", "--image-size", "32", "-b", "2", "--num-classes",
                  "4", "--prof", "2", "-p", "1", "--epochs", "1", "--training-only", "--no-checkpoints", "--amp",
                  "--amp-dtype", "float16", "--static-loss-scale", "128", "--workspace", str(tmp_path)]) == 0
     windows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Epoch 1/1 [")]

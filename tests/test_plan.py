@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import launch_on, refused
+from helpers import launch_on, refused, tiny_registered
 from image_classification.arguments.precision import DEFAULT_LOSS_SCALE, PrecisionConfig
+
+# What a run decides is the subject, not its model: the runs here train the tiny ResNet (conftest.py), in a
+# fraction of ResNet-18's time.  launch.py's presets keep their models, and so do the runs that stop before
+# they build one.
+pytestmark = pytest.mark.usefixtures("tiny_arch")
 
 FP16, BF16 = "float16", "bfloat16"  # the autocast dtypes, as the flags name them
 
@@ -40,7 +45,7 @@ def test_a_new_run_never_silently_replaces_the_run_in_its_workspace(tmp_path, ca
     from image_classification.training import main
 
     def train(*extra):
-        return run(main, ["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "32", "-b", "4",
+        return run(main, ["--data-backend", "synthetic", "-a", "tiny", "--image-size", "32", "-b", "4",
                           "--prof", "1", "--epochs", "1", "--num-classes", "4", "--seed", "1", "--lr", "0.01",
                           "--workspace", str(tmp_path), *extra])
 
@@ -63,7 +68,7 @@ def test_a_new_run_never_silently_replaces_the_raport_in_its_workspace(tmp_path,
     from image_classification.training import main
 
     def train(seed: int, *extra):
-        return run(main, ["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "32", "-b", "4",
+        return run(main, ["--data-backend", "synthetic", "-a", "tiny", "--image-size", "32", "-b", "4",
                           "--prof", "1", "--epochs", "1", "--num-classes", "4", "--lr", "0.01", "--seed", str(seed),
                           "--workspace", str(tmp_path), *extra])
 
@@ -109,13 +114,14 @@ def test_a_head_larger_than_the_dataset_is_said(image_folder, capsys):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A checkpoint of one short synthetic run."""
+    """A checkpoint of one short synthetic run (of the tiny ResNet: the tests resume it with ``-a tiny``)."""
     from image_classification.training import main
 
     workspace = tmp_path_factory.mktemp("trained")
-    assert main(["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "32", "-b", "4", "--prof", "1",
-                 "--epochs", "1", "--num-classes", "4", "--seed", "1", "--lr", "0.01",
-                 "--workspace", str(workspace)]) == 0
+    with tiny_registered():
+        assert main(["--data-backend", "synthetic", "-a", "tiny", "--image-size", "32", "-b", "4",
+                     "--prof", "1", "--epochs", "1", "--num-classes", "4", "--seed", "1", "--lr", "0.01",
+                     "--workspace", str(workspace)]) == 0
     return workspace / "checkpoint.pth.tar"
 
 
@@ -143,7 +149,7 @@ def test_a_crafted_checkpoint_with_a_valid_hash_is_one_line(trained, tmp_path, c
     from image_classification.training import main
 
     path = _crafted(trained, tmp_path, change)
-    code = run(main, ["--data-backend", "synthetic", "-a", "resnet18", "-b", "4", "--prof", "1", "--epochs", "3",
+    code = run(main, ["--data-backend", "synthetic", "-a", "tiny", "-b", "4", "--prof", "1", "--epochs", "3",
                       "--resume", path, "--workspace", str(tmp_path / "ws")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error: "), err
@@ -158,7 +164,7 @@ def test_evaluate_normalises_and_crops_as_the_weights_recorded(trained, tmp_path
 
     recorded = {"mean": [1.0, 2.0, 3.0], "std": [4.0, 5.0, 6.0], "crop_ratio": 0.5}
     path = _crafted(trained, tmp_path, lambda s: s["preprocessing"].update(recorded))
-    args = parse_args(["--data-backend", "synthetic", "-a", "resnet18", "-b", "4", "--evaluate", "--resume", path,
+    args = parse_args(["--data-backend", "synthetic", "-a", "tiny", "-b", "4", "--evaluate", "--resume", path,
                        "--workspace", str(tmp_path / "ws")])
     plan = resolve_run(args, make_runtime("cpu"), Workspace(args.workspace, args.checkpoint_filename,
                                                                raport_file(args)), [], log=lambda *_: None)
@@ -305,7 +311,7 @@ def test_a_plain_run_scales_its_rate_to_the_global_batch_and_says_so(tmp_path, c
     from image_classification.system.cli import run
     from image_classification.training import main
 
-    assert run(main, ["--data-backend", "synthetic", "-a", "resnet18", "--image-size", "32", "-b", "4",
+    assert run(main, ["--data-backend", "synthetic", "-a", "tiny", "--image-size", "32", "-b", "4",
                       "--optimizer-batch-size", "8", "--prof", "2", "--epochs", "1", "--num-classes", "4", "--seed",
                       "1", "--no-checkpoints", "--workspace", str(tmp_path)]) == 0
     assert "=> learning rate 0.003125: 0.1 per 256 images of the global batch of 8" in capsys.readouterr().out
@@ -348,7 +354,7 @@ def test_a_batch_larger_than_the_training_set_is_refused_naming_the_batch_that_f
     from image_classification.system.cli import run
     from image_classification.training import main
 
-    argv = ["-a", "resnet18", "--device", "cpu", "--epochs", "1", "--image-size", "32", "-j", "0",
+    argv = ["-a", "tiny", "--device", "cpu", "--epochs", "1", "--image-size", "32", "-j", "0",
             "--workspace", str(tmp_path), str(image_folder)]
     line = refused(run(main, argv), capsys)  # -b 256 over 24 training images
     assert line == "error: train/ holds 24 images, fewer than one batch of 256 per process: lower -b/--batch-size; " \
