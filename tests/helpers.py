@@ -702,13 +702,17 @@ def run_process(argv: list, cwd: Path | None = None, env: dict[str, str] | None 
 
 def launch_on(argv: list[str], cuda_available: bool, **kwargs) -> int:
     """``launch.py argv`` in this process, on a machine with CUDA or without (as ``machine.cuda_available``, the
-    one place that asks, answers); its exit code."""
+    one place that asks, answers; with CUDA, its GPU decodes JPEGs, as torchvision's decoder does on one, which a
+    run without DALI and without --data-backend asks before it takes pytorch-gpu); its exit code."""
     from image_classification import launch
+    from image_classification.data import device_decode
     from image_classification.system import machine
     from image_classification.system.cli import run
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(machine, "cuda_available", lambda: cuda_available)
+        if cuda_available:
+            patch.setattr(device_decode, "gpu_decoding_problem", lambda device=None: None)
         return run(launch.main, argv, **kwargs)
 
 
