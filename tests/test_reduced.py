@@ -158,7 +158,7 @@ def test_a_resume_at_another_decode_scale_or_max_size_says_what_changed():
     assert "dataset changed" in data_change_notice({**auto, "images": 11}, {**auto, "max_size": 512}, 0)
 
 
-def test_training_with_reduced_decoding_resumes_bitwise_and_records_the_scale(tmp_path):
+def test_training_with_reduced_decoding_resumes_bitwise_and_records_the_scale(tmp_path, tiny_arch):
     """Photographs large enough that the boxes are decoded at 1/2 and 1/4: a run resumed at an epoch boundary
     ends with the weights of one that was not; the checkpoint records the scale, and a resume with
     ``--decode-scale full`` says that its pixels differ."""
