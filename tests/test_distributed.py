@@ -3,7 +3,7 @@ worker, and the watchdog of a wait for peers.
 
 The two-process runs are real processes (that is the point: multiproc.py forked from the test's process,
 its workers fresh interpreters); the one-process runs they are compared with run main.py in the test's
-process, on one thread like each of multiproc's workers.
+process, on one thread like each of multiproc's workers.  The model is the tiny ResNet throughout.
 """
 
 from __future__ import annotations
@@ -19,22 +19,33 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO, explain, multiproc_cmd, patient, run_config, run_process, run_script, start_process
+from helpers import (REPO, explain, multiproc_cmd, patient, run_config, run_process, run_script, start_process,
+                     tiny_registered)
 from image_classification.records.raport import read_raport
 
 needs_proc = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds worker pids in /proc")
 
-TINY = ["--arch", "resnet18", "--num-classes", "3", "--device", "cpu", "--data-backend", "pytorch", "-j", "0",
+# The tiny ResNet (helpers.tiny_arch_row): the processes are the subject here, not the model.  A run in this
+# process has it registered (the tiny_arch fixture, helpers.tiny_registered); multiproc.py's workers, fresh
+# interpreters, run tests/faults/runner.py, main.py with the tiny ResNet registered (no fault without its variables).
+TINY = ["--arch", "tiny", "--num-classes", "3", "--device", "cpu", "--data-backend", "pytorch", "-j", "0",
         "--seed", "1"]
+RUNNER = REPO / "tests" / "faults" / "runner.py"
+pytestmark = pytest.mark.usefixtures("tiny_arch")
 
 
 def _main_py(*args) -> list[str]:
+    """main.py's command line for a worker of multiproc.py: the runner, which is main.py with ``tiny`` known."""
+    return [str(RUNNER), *map(str, args)]
+
+
+def _in_this_process(*args) -> list[str]:
     return [str(REPO / "main.py"), *map(str, args)]
 
 
 def _one_process(capsys, *args, cwd: Path):
     """main.py as one process would run it, on one thread like each of multiproc's two (same sums)."""
-    return run_script(_main_py(*args), capsys, cwd=cwd, threads=1)
+    return run_script(_in_this_process(*args), capsys, cwd=cwd, threads=1)
 
 
 def _check(result) -> None:
@@ -49,7 +60,8 @@ def two_processes(image_folder, tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("two_processes")
     torch.manual_seed(0)
-    torch.save(build_model("resnet18", num_classes=3).state_dict(), root / "init.pth")
+    with tiny_registered():
+        torch.save(build_model("tiny", num_classes=3).state_dict(), root / "init.pth")
     result = run_process(multiproc_cmd(2, *_main_py(image_folder, *COMMON, "--prof", "3",
                                                     "--workspace", root / "two"), log_dir=root),
                          cwd=root, timeout=patient(300))
@@ -160,7 +172,7 @@ def _pid_of_local_rank(marker: str, local_rank: int) -> int | None:
         except OSError:
             continue
         if f"TEST_MARKER={marker}".encode() in environ and f"LOCAL_RANK={local_rank}".encode() in environ \
-                and b"main.py" in cmdline:
+                and RUNNER.name.encode() in cmdline:
             return int(entry.name)
     return None
 
