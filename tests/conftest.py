@@ -52,15 +52,28 @@ _TORCHLIB = "torch.onnx._internal.exporter._registration"
 def one_torchlib_registry_per_opset():
     """torch.onnx's torch.export-based exporter builds its table of ATen-to-ONNX translations from onnxscript's
     torchlib anew for every export (about a second of CPU on 2 cores, a fifth of a small model's export).  The
-    table depends on the opset alone and nothing of ours adds to it (no custom_translation_table), so once an
-    export has imported the exporter, the later exports of the test process share one table per opset."""
+    table depends on the opset and on the operators torch has registered when it is built (an entry whose operator
+    is not there is left out: the quantized_decomposed ones until torch.ao's quantization loads them), and
+    nothing of ours adds to it (no custom_translation_table); so once an export has imported the exporter, the
+    later exports of the test process share one table per opset and set of operators."""
     registration = sys.modules.get(_TORCHLIB)
     registry = getattr(registration, "ONNXRegistry", None)
     build = getattr(registry, "from_torchlib", None)
-    if build is not None and not hasattr(build, "cache_info"):
-        import functools
+    if build is None or hasattr(build, "shared"):
+        return
+    import functools
 
-        registry.from_torchlib = staticmethod(functools.lru_cache(build))  # build is bound to the class already
+    import torch
+
+    @functools.lru_cache(maxsize=8)
+    def built(operators: int, *args, **kwargs):
+        return build(*args, **kwargs)  # build is bound to the class already
+
+    def shared(*args, **kwargs):
+        return built(len(torch._C._dispatch_get_all_op_names()), *args, **kwargs)
+
+    shared.shared = True
+    registry.from_torchlib = staticmethod(shared)
 
 
 @pytest.fixture(scope="session")

@@ -84,9 +84,11 @@ NOT_RUN = {
 # holds before the first command (`-m slow` runs it without the commands before it) and writes nothing a later one reads
 SLOW = {
     r"benchmarks/infer_throughput\.py": "tests/test_benchmarks.py times every path of it on a tiny model",
-    r"^torchrun ": "tests/test_multiproc.py starts torchrun's processes; README.md's multiproc.py command runs",
-    r"multiproc\.py --nproc_per_node 8 \./launch\.py": "README.md's multiproc.py command and tests/test_launch.py's "
-                                                      "runs of launch.py",
+    r"^torchrun ": "tests/test_multiproc.py starts torchrun's processes; tests/test_distributed.py trains two",
+    r"^python \./multiproc\.py --nproc_per_node 8 \./main\.py": "tests/test_distributed.py trains, validates and "
+                                                               "resumes two gloo processes of main.py through it",
+    r"multiproc\.py --nproc_per_node 8 \./launch\.py": "tests/test_distributed.py's runs of multiproc.py and "
+                                                      "tests/test_launch.py's of launch.py",
     r"^python classify\.py --weights workspace/digits/model_best\.pth\.tar --image data/digits/val/3 --runtime "
     r"onnxruntime --quantize int8": "tests/test_quantization.py classifies in int8 and checks the predictions",
     r"^python main\.py -a resnet18 --evaluate --resume workspace/digits/model_best\.pth\.tar --runtime onnxruntime "
