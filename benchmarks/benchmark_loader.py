@@ -164,7 +164,8 @@ def camera_size(text: str) -> tuple[int, int]:
     """``--camera-size WxH``: a width and height of at least 32 pixels each."""
     match = re.fullmatch(r"(\d+)x(\d+)", text.strip())
     if match is None or min(int(match[1]), int(match[2])) < 32:
-        raise argparse.ArgumentTypeError(f"{text!r} is not WIDTHxHEIGHT of 32 pixels or more, e.g. 4032x3024")
+        raise argparse.ArgumentTypeError(f"{text!r} is not WIDTHxHEIGHT of 32 pixels or more, e.g. "
+                                         f"{CAMERA_SIZE[0]}x{CAMERA_SIZE[1]}")
     return int(match[1]), int(match[2])
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from faults.harness import RUNNER
 from helpers import (REPO, explain, multiproc_cmd, patient, run_config, run_process, run_script, start_process,
                      tiny_registered)
 from image_classification.records.raport import read_raport
@@ -30,11 +31,10 @@ needs_proc = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fi
 # interpreters, run tests/faults/runner.py, main.py with the tiny ResNet registered (no fault without its variables).
 TINY = ["--arch", "tiny", "--num-classes", "3", "--device", "cpu", "--data-backend", "pytorch", "-j", "0",
         "--seed", "1"]
-RUNNER = REPO / "tests" / "faults" / "runner.py"
 pytestmark = pytest.mark.usefixtures("tiny_arch")
 
 
-def _main_py(*args) -> list[str]:
+def _worker(*args) -> list[str]:
     """main.py's command line for a worker of multiproc.py: the runner, which is main.py with ``tiny`` known."""
     return [str(RUNNER), *map(str, args)]
 
@@ -62,7 +62,7 @@ def two_processes(image_folder, tmp_path_factory) -> Path:
     torch.manual_seed(0)
     with tiny_registered():
         torch.save(build_model("tiny", num_classes=3).state_dict(), root / "init.pth")
-    result = run_process(multiproc_cmd(2, *_main_py(image_folder, *COMMON, "--prof", "3",
+    result = run_process(multiproc_cmd(2, *_worker(image_folder, *COMMON, "--prof", "3",
                                                     "--workspace", root / "two"), log_dir=root),
                          cwd=root, timeout=patient(300))
     _check(result)
@@ -143,7 +143,7 @@ def test_two_processes_follow_the_progressive_resize_as_one_process_does(two_pro
     weights of one process accumulating the same two images per step, over an epoch at 64 px and one at 96 (a
     batch of one image needs a last feature map of more than one pixel: 64 px and up)."""
     ramp = ["--progressive-resize", "64", "96", "0", "1", "--epochs", "2", "--val-crop-size", "96"]
-    result = run_process(multiproc_cmd(2, *_main_py(image_folder, *COMMON, *ramp, "--prof", "2", "--workspace",
+    result = run_process(multiproc_cmd(2, *_worker(image_folder, *COMMON, *ramp, "--prof", "2", "--workspace",
                                                     two_processes / "two_ramp"), log_dir=two_processes / "logs"),
                          cwd=two_processes, timeout=patient(300))
     _check(result)
@@ -184,7 +184,7 @@ def test_a_killed_worker_stops_the_job(image_folder, tmp_path):
     survivor waiting for it: the wait below is a guard against that hang, not a measure of speed."""
     marker = uuid.uuid4().hex
     job = start_process(
-        multiproc_cmd(2, *_main_py(image_folder, *TINY, "--image-size", "32", "-b", "4", "--epochs", "1000",
+        multiproc_cmd(2, *_worker(image_folder, *TINY, "--image-size", "32", "-b", "4", "--epochs", "1000",
                                    "--no-checkpoints", "--training-only", "--workspace", tmp_path / "ws"),
                       log_dir=tmp_path),
         tmp_path / "out.txt", cwd=tmp_path, env={**os.environ, "TEST_MARKER": marker})
