@@ -1,7 +1,14 @@
-"""``--compile``: the compiled model trains the same loss curve as eager and survives a stop and resume."""
+"""``--compile``: the compiled model trains the same loss curve as eager and survives a stop and resume.
+
+The default suite compiles through ``aot_eager`` (torch.compile's capture and autograd tracing, the run's own
+wrapping, saving and resuming of the compiled model, without code generation); inductor, ``--compile``'s
+backend, generates and compiles C++ for every kernel of the forward and backward passes, about half a minute of
+2 cores with its cache empty, and runs with the slow tests.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 from pathlib import Path
@@ -28,7 +35,9 @@ def step_losses(raport: Path) -> list[float]:
             if isinstance(record.get("step"), list) and len(record["step"]) == 2 and "train.loss" in record["data"]]
 
 
-def test_compiled_training_follows_eager_and_resumes_after_a_mid_epoch_stop(tiny_arch, tmp_path, monkeypatch):
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_compiled_training_follows_eager_and_resumes_after_a_mid_epoch_stop(tiny_arch, tmp_path, monkeypatch,
+                                                                           backend):
     common = ["-a", tiny_arch, "--image-size", "32", "-b", "8", "--num-classes", "10", "--device", "cpu",
               "--data-backend", "synthetic", "--prof", str(STEPS), "--epochs", "1", "-p", "1", "--seed", "3",
               "--lr", "0.05", "--training-only", "--checkpoint-interval", "5"]
@@ -45,6 +54,8 @@ def test_compiled_training_follows_eager_and_resumes_after_a_mid_epoch_stop(tiny
             os.kill(os.getpid(), signal.SIGTERM)
 
     monkeypatch.setattr(engine_module.Engine, "train_step", stopped_at_step_12)
+    if backend != "inductor":  # torch.compile's default
+        monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=backend))
     compiled = common + ["--compile", "--workspace", str(tmp_path / "compiled")]
     assert main(compiled) == EXIT_PREEMPTED
     partial = torch.load(tmp_path / "compiled" / "checkpoint.pth.tar", weights_only=True)

@@ -358,6 +358,35 @@ def test_bad_input_is_one_line_and_exit_2(bad_inputs, case):
     assert result.stdout == ""
 
 
+@pytest.mark.parametrize("case", ["missing image", "pipe as image", "missing labels"])
+def test_a_path_that_names_nothing_readable_is_refused_before_the_classifier_is_imported(tmp_path, photo, monkeypatch,
+                                                                                       capsys, case):
+    """classify.py's --image and --labels are checked as soon as they are parsed: a typo answers in a fraction of a
+    second, before the seconds of torch's import, in the words the classification would use."""
+    import os
+    from types import SimpleNamespace
+
+    from image_classification import commands
+
+    pipe = tmp_path / "pipe.jpg"
+    os.mkfifo(pipe)
+    argv, said = {
+        "missing image": (["--image", str(photo), str(tmp_path / "nowhere.jpg")],
+                          f"error: image file {tmp_path / 'nowhere.jpg'} does not exist"),
+        "pipe as image": (["--image", str(pipe)], f"error: image file {pipe} is a pipe, not a regular file"),
+        "missing labels": (["--image", str(tmp_path), "--labels", str(tmp_path / "labels.txt")],
+                           f"error: labels file {tmp_path / 'labels.txt'} does not exist"),
+    }[case]
+
+    def imported(name: str):
+        raise AssertionError(f"{name} was imported")
+
+    monkeypatch.setattr(commands, "importlib", SimpleNamespace(import_module=imported))
+    monkeypatch.setattr(sys, "argv", ["classify.py", *argv])
+    assert commands.classify() == 2
+    assert capsys.readouterr().err == said + "\n"
+
+
 @pytest.mark.parametrize("case, words", [
     ("weights of another arch", "resnet34"), ("checkpoint of another arch", "pass --arch resnet18"),
     ("another class count", "pass --num-classes 3"), ("missing weights", "does not exist"),

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from ..models.preprocessing import Preprocessing, choose_preprocessing
 from ..models.quantized import check_quantizers, holds_quantizers, quantize_model
 from ..models.weights import (checked_arch, checked_num_classes, extract_state_dict, fetch_pretrained, read_weights,
                               recorded_class_names)
+from ..records.datafile import unreadable_reason
 from ..records.integrity import recorded_description
 from ..system import host, machine
 from ..system.runtime import Runtime, make_runtime
@@ -130,20 +130,8 @@ def expand_image_paths(paths: Sequence[str]) -> tuple[list[Path], list[LabelledS
         elif path.is_file():
             found.append(path)
         else:
-            raise UserError(f"image file {path} {_missing(path)}")
+            raise UserError(f"image file {path} {unreadable_reason(path)}")
     return readable_images(found), splits
-
-
-def _missing(path: Path) -> str:
-    """Why ``path``, which is not a regular file (nor, for an image, a folder), cannot be read: the end of a
-    sentence that begins with its name.  Reading a FIFO would wait for a writer for good."""
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        return "does not exist"
-    kind = ("a folder" if stat.S_ISDIR(mode) else "a pipe" if stat.S_ISFIFO(mode) else
-            "a socket" if stat.S_ISSOCK(mode) else "a device")
-    return f"is {kind}, not a regular file"
 
 
 def readable_images(paths: Sequence[Path], short_side: int | None = None) -> list[Path]:
@@ -365,7 +353,7 @@ def classify(args: argparse.Namespace) -> int:
     runtime_name = _runtime_name(args, package)
     paths, splits = expand_image_paths(args.image)
     if args.labels and not Path(args.labels).is_file():
-        raise UserError(f"labels file {args.labels} {_missing(Path(args.labels))}")
+        raise UserError(f"labels file {args.labels} {unreadable_reason(Path(args.labels))}")
     if package:
         model, names, preprocessing = package_to_run(args)
         scoring = SplitScoring(splits, names, warn) if splits else None  # before any image is classified

@@ -93,6 +93,19 @@ def own_file_problem(path: str | os.PathLike) -> str | None:
     return None
 
 
+def unreadable_reason(path: str | os.PathLike) -> str:
+    """Why ``path``, which is not a regular file, cannot be read as one: the end of a sentence that begins with its
+    name ("does not exist", "is a pipe, not a regular file").  Found without opening it (a FIFO's open would wait
+    for a writer, for good)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "does not exist"
+    kind = ("a folder" if stat.S_ISDIR(mode) else "a pipe" if stat.S_ISFIFO(mode) else
+            "a socket" if stat.S_ISSOCK(mode) else "a device")
+    return f"is {kind}, not a regular file"
+
+
 def nearest_existing(path: str | os.PathLike) -> Path:
     """``path`` itself when it exists, else the closest folder above it that does (where mkdir would start)."""
     path = Path(os.path.abspath(path))
