@@ -321,8 +321,16 @@ def _print_summary(config: RunConfig, runtime: Runtime, engine: Engine, loop: Lo
                         evaluation=config.run.evaluate, best_file=best_file)
     if line:
         print(line, flush=True)
-    if engine.progress.skipped_steps:
-        print(f"skipped optimizer steps with inf/NaN gradients: {engine.progress.skipped_steps}", flush=True)
+    progress = engine.progress
+    if progress.skipped_steps:
+        print(f"skipped optimizer steps with inf/NaN gradients: {progress.skipped_steps}", flush=True)
+        if not progress.taken_steps and not config.run.evaluate:
+            hint = ("the scale halves at each skipped step: a run of more steps gets past them"
+                    if config.precision.loss_scale_adapts else
+                    "the scale is fixed: lower --static-loss-scale, or add --dynamic-loss-scale")
+            print(f"warning: no optimizer step was taken: all {progress.skipped_steps} had inf/NaN gradients at the "
+                  f"fp16 loss scale {engine.grad_scale:g} ({hint}); the weights are the ones the run started from",
+                  file=sys.stderr, flush=True)
     skipped = sum(loader.skipped for loader in (train_loader, val_loader) if loader is not None)
     if skipped:
         print(f"skipped unreadable images: {skipped}", flush=True)

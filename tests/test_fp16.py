@@ -204,3 +204,27 @@ def test_an_fp16_run_stopped_mid_epoch_resumes_bitwise_with_its_scaler_and_skipp
     assert straight["scaler"] == resumed["scaler"] and straight["optimizer"]["state"]  # steps were taken
     for name in ("state_dict", "optimizer"):
         assert_same_tensors(straight[name], resumed[name], name)
+
+
+@pytest.mark.parametrize("adapts", [False, True])
+def test_a_run_whose_every_step_overflows_says_that_it_trained_nothing(tiny_arch, tmp_path, capsys, adapts):
+    """A loss scale that overflows every step (1e30; fp16's largest value is 65,504) has them all skipped: the run
+    ends as it would, and says that its weights are the ones it started from, and what to change for the scale it
+    has (a fixed one, or a dynamic one that had too few steps to come down); a run that took its steps says nothing
+    of the kind."""
+    from image_classification.system.cli import run
+    from image_classification.training import main
+
+    argv = ["-a", tiny_arch, "--image-size", "32", "-b", "2", "--prof", "2", "--device", "cpu", "--num-classes", "3",
+            "--data-backend", "synthetic", "--epochs", "1", "--seed", "5", "--training-only", "--no-checkpoints",
+            "--amp", "--amp-dtype", "float16", *(["--dynamic-loss-scale"] if adapts else [])]
+    assert run(main, argv + ["--static-loss-scale", "1e30", "--workspace", str(tmp_path / "overflowing")]) == 0
+    out, err = capsys.readouterr()
+    assert "skipped optimizer steps with inf/NaN gradients: 2" in out
+    scale, hint = (("2.5e+29", "the scale halves at each skipped step: a run of more steps gets past them") if adapts
+                   else ("1e+30", "the scale is fixed: lower --static-loss-scale, or add --dynamic-loss-scale"))
+    assert f"warning: no optimizer step was taken: all 2 had inf/NaN gradients at the fp16 loss scale {scale} " \
+           f"({hint}); the weights are the ones the run started from\n" in err
+    assert run(main, argv + ["--static-loss-scale", "1", "--workspace", str(tmp_path / "taken")]) == 0
+    out, err = capsys.readouterr()
+    assert "skipped optimizer steps" not in out and "no optimizer step was taken" not in err

@@ -653,9 +653,11 @@ def test_diverging_from_a_healthy_checkpoint_leaves_it_and_the_best_untouched(im
         assert (tmp_path / name).read_bytes() == content, name
 
 
-def test_a_long_stretch_of_overflowing_steps_stops_the_run():
+@pytest.mark.parametrize("adapts", [False, True])
+def test_a_long_stretch_of_overflowing_steps_stops_the_run(adapts):
     """Gradients that always overflow: each step is skipped and counted, and after MAX_OVERFLOW_RUN of them
-    in a row the run stops (the loss itself stays finite, so only the skipped steps can tell)."""
+    in a row the run stops (the loss itself stays finite, so only the skipped steps can tell); at a fixed scale
+    the message names the scale as the likelier cause, and the flags that change it."""
     from image_classification.train.engine import MAX_OVERFLOW_RUN
 
     class OverflowingGradient(torch.autograd.Function):
@@ -672,7 +674,7 @@ def test_a_long_stretch_of_overflowing_steps_stops_the_run():
             return OverflowingGradient.apply(x)
 
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2), Overflowing())
-    engine = make_engine(model, num_classes=2, loss_scale=128.0, dynamic_loss_scale=False)
+    engine = make_engine(model, num_classes=2, loss_scale=128.0, dynamic_loss_scale=adapts)
     engine.scaler = torch.amp.GradScaler("cpu", init_scale=128.0, growth_interval=2**31 - 1)
     images, targets = torch.ones(2, 1, 2, 2), torch.tensor([0, 1])
     for _ in range(MAX_OVERFLOW_RUN - 1):
@@ -680,8 +682,12 @@ def test_a_long_stretch_of_overflowing_steps_stops_the_run():
     assert engine.read_window("a").loss > 0 and engine.progress.skipped_steps == MAX_OVERFLOW_RUN - 1
     for _ in range(MAX_OVERFLOW_RUN):
         engine.train_step(images, targets, accumulation=1, step_now=True)
-    with pytest.raises(TrainingDiverged, match=f"skipped {2 * MAX_OVERFLOW_RUN - 1} optimizer steps in a row"):
+    with pytest.raises(TrainingDiverged, match=f"skipped {2 * MAX_OVERFLOW_RUN - 1} optimizer steps in a row") as raised:
         engine.read_window("b")
+    fixed = "at the fixed loss scale 128 (--static-loss-scale without --dynamic-loss-scale: lower it, or add " \
+            "--dynamic-loss-scale); no checkpoint was written from these weights"
+    assert (fixed in str(raised.value)) == (not adapts), raised.value
+    assert adapts == ("(loss scale now " in str(raised.value))
 
 
 def test_a_model_with_non_finite_validation_outputs_is_never_the_best(image_folder, tmp_path, capsys):
