@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
-from pathlib import Path
 from typing import Callable
 
 from .arguments import parse_args
-from .arguments.tools import checkpoint2model_parser, classify_parser, model2onnx_parser, pack_parser
-from .errors import UserError
-from .records.datafile import unreadable_reason
+from .arguments.tools import (check_classify_paths, checkpoint2model_parser, classify_parser, model2onnx_parser,
+                              pack_parser)
 from .system.cli import run
 from .system.signals import catch_early
 
@@ -72,15 +69,11 @@ def launch(prog: str = "ic-launch") -> int:
 
 
 def classify() -> int:
-    """classify.py: classify images with a trained model; a path of ``--image`` or ``--labels`` that names nothing
-    readable is refused before torch is imported (in the words the classification itself would use)."""
+    """classify.py: classify images with a trained model; an ``--image`` or ``--labels`` path that names nothing
+    readable is refused before torch is imported."""
     def parse() -> argparse.Namespace:
         args = classify_parser().parse_args()
-        for raw in args.image:
-            if not (os.path.isdir(raw) or os.path.isfile(raw)):
-                raise UserError(f"image file {Path(raw)} {unreadable_reason(raw)}")
-        if args.labels and not os.path.isfile(args.labels):
-            raise UserError(f"labels file {args.labels} {unreadable_reason(args.labels)}")
+        check_classify_paths(args)
         return args
 
     return _parse_then_run(parse, "deploy.inference", "classify")

@@ -7,10 +7,13 @@ answer before torch is loaded.  The default precision's help names this machine'
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 from ..errors import UserError
 from ..models import MODEL_CONFIGS, list_models
 from ..models.preprocessing import DECODE_SCALES
+from ..records.datafile import unreadable_reason
 from ..system import machine
 from ..system.cli import UserErrorParser, positive_int, whole
 from .values import flag
@@ -80,6 +83,16 @@ def add_int8_arguments(group: argparse._ArgumentGroup, what: str) -> None:
     """:func:`int8_fields`'s flags as arguments of ``group``."""
     for name, item in int8_fields(what).items():
         group.add_argument(*item.metadata["flags"], dest=name, default=item.default, **item.metadata["options"])
+
+
+def check_classify_paths(args: argparse.Namespace) -> None:
+    """classify.py's ``--image`` paths each name a file or a folder, and ``--labels`` a file: checked without torch,
+    as soon as the flags are parsed, so that a typo answers at once.  Raises :class:`UserError`."""
+    for raw in args.image:
+        if not (os.path.isdir(raw) or os.path.isfile(raw)):
+            raise UserError(f"image file {Path(raw)} {unreadable_reason(raw)}")
+    if args.labels and not os.path.isfile(args.labels):
+        raise UserError(f"labels file {args.labels} {unreadable_reason(args.labels)}")
 
 
 def check_int8_flags(args: argparse.Namespace, needs_runtime: bool) -> None:

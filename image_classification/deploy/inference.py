@@ -24,7 +24,7 @@ from PIL import Image, UnidentifiedImageError
 from torch import nn
 from torchvision import transforms
 
-from ..arguments.tools import check_int8_flags, classify_parser
+from ..arguments.tools import check_classify_paths, check_int8_flags, classify_parser
 from ..data.files import is_image_file, open_image, open_rgb
 from ..data.transforms import open_resized, val_transform
 from ..errors import UserError
@@ -351,9 +351,8 @@ def classify(args: argparse.Namespace) -> int:
     check_int8_flags(args, needs_runtime=True)
     package = bool(args.weights) and is_package(args.weights)
     runtime_name = _runtime_name(args, package)
+    check_classify_paths(args)
     paths, splits = expand_image_paths(args.image)
-    if args.labels and not Path(args.labels).is_file():
-        raise UserError(f"labels file {args.labels} {unreadable_reason(Path(args.labels))}")
     if package:
         model, names, preprocessing = package_to_run(args)
         scoring = SplitScoring(splits, names, warn) if splits else None  # before any image is classified
