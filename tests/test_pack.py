@@ -266,7 +266,8 @@ def test_every_rank_reads_from_the_shards_what_it_reads_from_the_folder(image_fo
     for rank in range(world):
         batches = []
         for root in (image_folder, packed):
-            config = DataConfig(data=str(root), data_backend="pytorch", image_size=SIZE, batch_size=2, seed=5)
+            config = DataConfig(data=str(root), data_backend="pytorch", image_size=SIZE, batch_size=2, seed=5,
+                                workers=2)  # worker processes, as many as the 2 cores the suite plans for
             train, val = folder_loaders(config, cpu_runtime(rank, world), classes, want_train=True, want_val=True)
             train.set_epoch(3, start_batch=1)
             batches.append((list(train), list(val), len(train)))
@@ -296,7 +297,8 @@ def test_shards_are_opened_once_per_run_not_per_image(packed):
     sys.addaudithook(hook)
     try:
         classes = check_dataset(str(packed), None, want_train=True, want_val=False)
-        config = DataConfig(data=str(packed), data_backend="pytorch", image_size=SIZE, batch_size=4)
+        # read in this process (-j 0), where the audit hook sees every open of the epochs too
+        config = DataConfig(data=str(packed), data_backend="pytorch", image_size=SIZE, batch_size=4, workers=0)
         train, _ = folder_loaders(config, cpu_runtime(), classes, want_train=True, want_val=False)
         at_start = [path for path in opened if path.endswith(".tar")]
         for epoch in range(2):
