@@ -342,16 +342,20 @@ def classify_runtime(device: str, precision: str | None, memory_format: str) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """classify.py's job from its command line; returns the exit code."""
-    return classify(classify_parser().parse_args(argv))
+    """classify.py's job from its command line; returns the exit code.  The paths are checked as the script checks
+    them once its flags are parsed (:func:`~image_classification.commands.classify`), which then calls
+    :func:`classify`."""
+    args = classify_parser().parse_args(argv)
+    check_classify_paths(args)
+    return classify(args)
 
 
 def classify(args: argparse.Namespace) -> int:
-    """Classify the images that classify.py's parsed arguments name; returns the exit code."""
+    """Classify the images that classify.py's parsed arguments name, their paths checked
+    (:func:`~image_classification.arguments.tools.check_classify_paths`); returns the exit code."""
     check_int8_flags(args, needs_runtime=True)
     package = bool(args.weights) and is_package(args.weights)
     runtime_name = _runtime_name(args, package)
-    check_classify_paths(args)
     paths, splits = expand_image_paths(args.image)
     if package:
         model, names, preprocessing = package_to_run(args)

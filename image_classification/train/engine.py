@@ -272,13 +272,12 @@ class Engine:
             raise TrainingDiverged(f"training diverged at {where}: the training loss became {loss}; no checkpoint "
                                    "was written from these weights (lower --lr, or resume an earlier checkpoint)")
         if longest >= MAX_OVERFLOW_RUN:
+            skipped = f"the fp16 loss scaler skipped {longest} optimizer steps in a row for inf/NaN gradients"
             if self.config.precision.loss_scale_adapts:
-                why = (f"the gradients stopped being finite: the fp16 loss scaler skipped {longest} optimizer steps in "
-                       f"a row for inf/NaN gradients (loss scale now {grad_scale:g})")
+                why = f"the gradients stopped being finite: {skipped} (loss scale now {grad_scale:g})"
             else:  # a fixed scale never comes down: the scale itself is the likelier cause
-                why = (f"the fp16 loss scaler skipped {longest} optimizer steps in a row for inf/NaN gradients at the "
-                       f"fixed loss scale {grad_scale:g} (--static-loss-scale without --dynamic-loss-scale: lower it, "
-                       "or add --dynamic-loss-scale)")
+                why = (f"{skipped} at the fixed loss scale {grad_scale:g} (--static-loss-scale without "
+                       "--dynamic-loss-scale: lower it, or add --dynamic-loss-scale)")
             raise TrainingDiverged(f"training diverged at {where}: {why}; no checkpoint was written from these weights")
         return reading
 
